@@ -1,0 +1,1 @@
+//! kube-h2 (placeholder: being built).

@@ -1,0 +1,1 @@
+//! kube-sim (placeholder: being built).

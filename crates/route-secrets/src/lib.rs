@@ -1,0 +1,1 @@
+//! route-secrets (placeholder: being built).

@@ -1,0 +1,1 @@
+//! secret-monitor (placeholder: being built).

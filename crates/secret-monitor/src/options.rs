@@ -1,0 +1,93 @@
+//! Tuning knobs and the observer hook.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{MonitorError, ObjectKey};
+
+/// How a key's watch obtains the object's initial state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InitialList {
+    /// One watch request with `sendInitialEvents=true` (Kubernetes streaming lists):
+    /// the first sync costs one request. When the server refuses it (400/422, e.g. a
+    /// cluster without the `WatchList` feature), the monitor falls back to
+    /// [`InitialList::ListThenWatch`] for this and every later key.
+    #[default]
+    Streaming,
+    /// A LIST, then a WATCH from the list's resourceVersion: two requests.
+    ListThenWatch,
+}
+
+/// Receives notifications for metrics. Every method has an empty default.
+///
+/// Methods are called from watch tasks and must return quickly.
+pub trait MonitorObserver: Send + Sync + 'static {
+    /// A key's first sync finished, successfully or not, `elapsed` after it started
+    /// (after any wait for a [`MonitorOptions::max_concurrent_syncs`] permit).
+    fn first_sync(&self, key: &ObjectKey, elapsed: Duration, outcome: Result<(), &MonitorError>) {
+        let _ = (key, elapsed, outcome);
+    }
+
+    /// A watch request failed; the watch retries with backoff (or, during the first
+    /// sync, the sync may fail with this error).
+    fn watch_error(&self, key: &ObjectKey, error: &MonitorError) {
+        let _ = (key, error);
+    }
+}
+
+/// Options for an [`ObjectMonitor`](crate::ObjectMonitor).
+#[derive(Clone)]
+pub struct MonitorOptions {
+    /// How long a first sync may take before every caller waiting for it fails with
+    /// [`MonitorError::SyncTimeout`]. Counted from the start of the sync.
+    pub sync_timeout: Duration,
+    /// How the initial state is obtained.
+    pub initial_list: InitialList,
+    /// At most this many first syncs run at once (others wait for a slot); `None`
+    /// means no bound. Useful against an API server with a small concurrency budget.
+    pub max_concurrent_syncs: Option<usize>,
+    /// How many times a first sync tries before a transient error (throttling, 5xx,
+    /// connection failure) fails it. Permanent errors (401, 403, other 4xx) fail it at
+    /// once.
+    pub first_sync_attempts: u32,
+    /// Smallest delay between retries of a failed watch request.
+    pub backoff_min: Duration,
+    /// Largest delay between retries of a failed watch request.
+    pub backoff_max: Duration,
+    /// Server-side timeout of each watch request (`timeoutSeconds`); the watch is then
+    /// resumed from its last resourceVersion. `None` uses kube's default (290 s).
+    pub watch_timeout: Option<u32>,
+    /// Metrics hook.
+    pub observer: Option<Arc<dyn MonitorObserver>>,
+}
+
+impl Default for MonitorOptions {
+    fn default() -> Self {
+        Self {
+            sync_timeout: Duration::from_secs(120),
+            initial_list: InitialList::default(),
+            max_concurrent_syncs: None,
+            first_sync_attempts: 3,
+            backoff_min: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+            watch_timeout: None,
+            observer: None,
+        }
+    }
+}
+
+impl fmt::Debug for MonitorOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MonitorOptions")
+            .field("sync_timeout", &self.sync_timeout)
+            .field("initial_list", &self.initial_list)
+            .field("max_concurrent_syncs", &self.max_concurrent_syncs)
+            .field("first_sync_attempts", &self.first_sync_attempts)
+            .field("backoff_min", &self.backoff_min)
+            .field("backoff_max", &self.backoff_max)
+            .field("watch_timeout", &self.watch_timeout)
+            .field("observer", &self.observer.as_ref().map(|_| ".."))
+            .finish()
+    }
+}

@@ -1,0 +1,533 @@
+//! The registry of per-key entries: who holds which watch, and the first-sync rendezvous.
+//!
+//! This is the concurrency core of the crate and knows nothing about Kubernetes. An
+//! entry is created by the first caller for a key and published in the map *before* its
+//! first sync starts, so that every later caller for the key joins it instead of
+//! starting a second watch. Callers then wait for the sync with no lock held. Whoever
+//! drives the sync (the watch task, or a test's model task) reports the outcome through
+//! a [`SyncDriver`].
+//!
+//! # Holders
+//!
+//! An entry is held by every caller waiting for its first sync (a [`Ticket`]) and by
+//! every registered handler. The holder count lives next to the entry in the map, under
+//! the map's lock, so that joining an entry and releasing the last hold on it are
+//! totally ordered: an entry is removed from the map exactly when its count reaches
+//! zero, or when its first sync fails. Removal stops the entry's driver, which closes
+//! the watch.
+//!
+//! # Invariants
+//!
+//! * At most one live entry per key; every entry in the map has at least one holder.
+//! * A failed first sync removes its entry (if it is still the key's entry) before the
+//!   waiters are told, so a caller arriving afterwards starts afresh. It cannot remove an
+//!   entry with registered handlers: handlers attach only after a successful sync, and a
+//!   sync's outcome is reported once.
+//! * A cancelled waiter (its [`Ticket`] dropped) releases only its own hold.
+//!
+//! # Lock order
+//!
+//! The map lock may be taken before an entry's lock, never the other way round.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use crate::event::{EventSink, ObjectEvent};
+use crate::lock::{Lock, LockFamily};
+use crate::{MonitorError, ObjectKey};
+
+/// Identifies one incarnation of a key's entry. A key that is dropped and registered
+/// again gets a new entry with a new id, so stale handles never touch the new one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct EntryId(u64);
+
+/// Identifies one registered handler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct HandlerId(u64);
+
+/// Where an entry's first sync stands.
+#[derive(Clone, Debug)]
+pub(crate) enum SyncState {
+    Pending,
+    Synced,
+    Failed(MonitorError),
+}
+
+/// A handle to one registered handler, returned by a successful registration.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HandlerHandle {
+    key: ObjectKey,
+    entry: EntryId,
+    handler: HandlerId,
+}
+
+impl HandlerHandle {
+    /// The watched object this handler is registered for.
+    pub fn key(&self) -> &ObjectKey {
+        &self.key
+    }
+
+    /// A number that identifies the handler among all handlers of its monitor.
+    pub fn id(&self) -> u64 {
+        self.handler.0
+    }
+}
+
+impl fmt::Display for HandlerHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}#{}", self.key, self.handler.0)
+    }
+}
+
+/// Per-key counts, for metrics and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyStatus {
+    /// Registered handlers.
+    pub handlers: usize,
+    /// Callers still waiting for the first sync.
+    pub waiting: usize,
+    /// Whether the first sync has completed.
+    pub synced: bool,
+    /// Whether the object exists, as far as the watch cache knows.
+    pub exists: bool,
+}
+
+/// The registry. Cheap to clone; clones share the same map.
+pub(crate) struct Registry<K: Send + Sync + 'static, L: LockFamily> {
+    inner: Arc<RegistryInner<K, L>>,
+}
+
+impl<K: Send + Sync + 'static, L: LockFamily> Clone for Registry<K, L> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+struct RegistryInner<K: Send + Sync + 'static, L: LockFamily> {
+    /// Guards the set of live entries and each entry's holder count. See the module
+    /// docs for why the count lives here and not in the entry.
+    slots: L::Lock<HashMap<ObjectKey, Slot<K, L>>>,
+    /// Source of entry and handler ids.
+    next_id: AtomicU64,
+    /// Plural resource name, for error messages.
+    resource: String,
+}
+
+struct Slot<K: Send + Sync + 'static, L: LockFamily> {
+    entry: Arc<Entry<K, L>>,
+    /// Waiting tickets plus registered handlers. Never zero while in the map.
+    holders: usize,
+}
+
+struct Entry<K: Send + Sync + 'static, L: LockFamily> {
+    id: EntryId,
+    key: ObjectKey,
+    /// Guards the cached object and the handler sinks. Events are delivered while it is
+    /// held, which orders them per handler and makes "current object, then later
+    /// events" atomic for a handler that attaches.
+    state: L::Lock<EntryState<K>>,
+    /// The first-sync outcome, for waiters to observe without any lock.
+    sync: watch::Sender<SyncState>,
+    /// Cancelled when the entry leaves the map; its driver then stops the watch.
+    stop: CancellationToken,
+}
+
+struct EntryState<K> {
+    object: Option<Arc<K>>,
+    sinks: BTreeMap<HandlerId, Box<dyn EventSink<K>>>,
+}
+
+impl<K, L> Registry<K, L>
+where
+    K: Send + Sync + 'static,
+    L: LockFamily,
+{
+    /// An empty registry for objects of the named (plural) resource.
+    pub(crate) fn new(resource: impl Into<String>) -> Self {
+        Self {
+            inner: Arc::new(RegistryInner {
+                slots: L::Lock::new(HashMap::new()),
+                next_id: AtomicU64::new(1),
+                resource: resource.into(),
+            }),
+        }
+    }
+
+    fn next_id(&self) -> u64 {
+        self.inner.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Joins the key's entry, creating it if there is none.
+    ///
+    /// Returns the caller's ticket and, when this call created the entry, the driver
+    /// that must run its first sync. The driver is returned rather than started here so
+    /// that nothing but map bookkeeping happens under the map lock.
+    pub(crate) fn join(&self, key: &ObjectKey) -> (Ticket<K, L>, Option<SyncDriver<K, L>>) {
+        let fresh_id = EntryId(self.next_id());
+        let (entry, created) = self.inner.slots.with(|slots| match slots.get_mut(key) {
+            Some(slot) => {
+                slot.holders += 1;
+                (Arc::clone(&slot.entry), false)
+            }
+            None => {
+                let (sync, _) = watch::channel(SyncState::Pending);
+                let entry = Arc::new(Entry {
+                    id: fresh_id,
+                    key: key.clone(),
+                    state: L::Lock::new(EntryState {
+                        object: None,
+                        sinks: BTreeMap::new(),
+                    }),
+                    sync,
+                    stop: CancellationToken::new(),
+                });
+                slots.insert(
+                    key.clone(),
+                    Slot {
+                        entry: Arc::clone(&entry),
+                        holders: 1,
+                    },
+                );
+                (entry, true)
+            }
+        });
+        let driver = created.then(|| SyncDriver {
+            registry: Arc::downgrade(&self.inner),
+            entry: Arc::clone(&entry),
+        });
+        let ticket = Ticket {
+            registry: self.clone(),
+            entry: Some(entry),
+        };
+        (ticket, driver)
+    }
+
+    /// Releases one hold on the entry `id` of `key`, removing and stopping the entry
+    /// when it was the last. A no-op when that entry is no longer in the map (its sync
+    /// failed, or the monitor shut down).
+    fn release(&self, key: &ObjectKey, id: EntryId) {
+        let removed = self.inner.slots.with(|slots| {
+            let slot = slots.get_mut(key).filter(|slot| slot.entry.id == id)?;
+            slot.holders -= 1;
+            if slot.holders == 0 {
+                slots.remove(key).map(|slot| slot.entry)
+            } else {
+                None
+            }
+        });
+        if let Some(entry) = removed {
+            entry.stop.cancel();
+        }
+    }
+
+    /// Removes a registered handler. Its event sink is dropped, which ends an
+    /// [`EventStream`](crate::EventStream).
+    pub(crate) fn remove(&self, handle: &HandlerHandle) -> Result<(), MonitorError> {
+        let outcome = self.inner.slots.with(|slots| {
+            let slot = slots
+                .get_mut(&handle.key)
+                .filter(|slot| slot.entry.id == handle.entry)?;
+            let sink = slot
+                .entry
+                .state
+                .with(|state| state.sinks.remove(&handle.handler))?;
+            slot.holders -= 1;
+            let removed = if slot.holders == 0 {
+                slots.remove(&handle.key).map(|slot| slot.entry)
+            } else {
+                None
+            };
+            Some((sink, removed))
+        });
+        match outcome {
+            Some((sink, removed)) => {
+                // Dropped outside the lock: a sink's drop may wake its consumer.
+                drop(sink);
+                if let Some(entry) = removed {
+                    entry.stop.cancel();
+                }
+                Ok(())
+            }
+            None => Err(self.not_registered(handle)),
+        }
+    }
+
+    /// The cached object for a registered handler: `Ok(None)` when the object is known
+    /// to be absent.
+    pub(crate) fn get(&self, handle: &HandlerHandle) -> Result<Option<Arc<K>>, MonitorError> {
+        self.inner
+            .slots
+            .with(|slots| {
+                let slot = slots
+                    .get(&handle.key)
+                    .filter(|slot| slot.entry.id == handle.entry)?;
+                slot.entry.state.with(|state| {
+                    state
+                        .sinks
+                        .contains_key(&handle.handler)
+                        .then(|| state.object.clone())
+                })
+            })
+            .ok_or_else(|| self.not_registered(handle))
+    }
+
+    /// Per-key counts of every live entry.
+    pub(crate) fn snapshot(&self) -> BTreeMap<ObjectKey, KeyStatus> {
+        self.inner.slots.with(|slots| {
+            slots
+                .iter()
+                .map(|(key, slot)| {
+                    let (handlers, exists) = slot
+                        .entry
+                        .state
+                        .with(|state| (state.sinks.len(), state.object.is_some()));
+                    let synced = matches!(*slot.entry.sync.borrow(), SyncState::Synced);
+                    let status = KeyStatus {
+                        handlers,
+                        waiting: slot.holders - handlers,
+                        synced,
+                        exists,
+                    };
+                    (key.clone(), status)
+                })
+                .collect()
+        })
+    }
+
+    /// Stops and forgets every entry. Waiting callers fail with
+    /// [`MonitorError::Cancelled`].
+    pub(crate) fn shutdown(&self) {
+        let entries: Vec<_> = self
+            .inner
+            .slots
+            .with(|slots| slots.drain().map(|(_, slot)| slot.entry).collect());
+        for entry in entries {
+            entry.sync.send_if_modified(|state| {
+                if matches!(state, SyncState::Pending) {
+                    *state = SyncState::Failed(MonitorError::Cancelled {
+                        resource: self.inner.resource.clone(),
+                        key: entry.key.clone(),
+                    });
+                    true
+                } else {
+                    false
+                }
+            });
+            entry.stop.cancel();
+        }
+    }
+
+    fn not_registered(&self, handle: &HandlerHandle) -> MonitorError {
+        MonitorError::NotRegistered {
+            resource: self.inner.resource.clone(),
+            key: handle.key.clone(),
+            handler: handle.handler.0,
+        }
+    }
+}
+
+/// One caller's hold on an entry while it waits for the first sync.
+///
+/// Dropping it (the caller was cancelled, timed out, or the sync failed) releases the
+/// hold; [`Ticket::attach`] turns it into a registered handler instead.
+pub(crate) struct Ticket<K, L: LockFamily>
+where
+    K: Send + Sync + 'static,
+{
+    registry: Registry<K, L>,
+    /// `None` once converted into a handler.
+    entry: Option<Arc<Entry<K, L>>>,
+}
+
+impl<K, L> Ticket<K, L>
+where
+    K: Send + Sync + 'static,
+    L: LockFamily,
+{
+    /// Waits, holding no lock, until the entry's first sync has an outcome.
+    pub(crate) async fn synced(&self) -> Result<(), MonitorError> {
+        let Some(entry) = &self.entry else {
+            return Ok(());
+        };
+        let mut sync = entry.sync.subscribe();
+        let outcome = sync
+            .wait_for(|state| !matches!(state, SyncState::Pending))
+            .await
+            .map(|state| state.clone());
+        match outcome {
+            Ok(SyncState::Failed(err)) => Err(err),
+            Ok(_) => Ok(()),
+            // The sender lives in the entry, which this ticket keeps alive.
+            Err(_) => Err(self.cancelled(entry)),
+        }
+    }
+
+    /// Registers `sink` as a handler of the (synced) entry. The sink first receives the
+    /// current object, if there is one, before any later event.
+    pub(crate) fn attach(
+        mut self,
+        sink: Box<dyn EventSink<K>>,
+    ) -> Result<HandlerHandle, MonitorError> {
+        let Some(entry) = self.entry.take() else {
+            unreachable_attached()
+        };
+        if entry.stop.is_cancelled() {
+            // The monitor shut down between the sync and this call.
+            let err = self.cancelled(&entry);
+            self.entry = Some(entry);
+            return Err(err);
+        }
+        let handler = HandlerId(self.registry.next_id());
+        entry.state.with(|state| {
+            let mut sink = sink;
+            if let Some(object) = &state.object {
+                sink.deliver(ObjectEvent::Added(Arc::clone(object)));
+            }
+            state.sinks.insert(handler, sink);
+        });
+        Ok(HandlerHandle {
+            key: entry.key.clone(),
+            entry: entry.id,
+            handler,
+        })
+    }
+
+    /// The entry's first-sync state, for the model checker.
+    #[cfg(test)]
+    pub(crate) fn state(&self) -> SyncState {
+        self.entry
+            .as_ref()
+            .map_or(SyncState::Synced, |entry| entry.sync.borrow().clone())
+    }
+
+    fn cancelled(&self, entry: &Entry<K, L>) -> MonitorError {
+        MonitorError::Cancelled {
+            resource: self.registry.inner.resource.clone(),
+            key: entry.key.clone(),
+        }
+    }
+}
+
+#[cold]
+fn unreachable_attached() -> ! {
+    // `attach` consumes the ticket, so a ticket without an entry cannot reach it.
+    unreachable!("a ticket is attached at most once")
+}
+
+impl<K, L> Drop for Ticket<K, L>
+where
+    K: Send + Sync + 'static,
+    L: LockFamily,
+{
+    fn drop(&mut self) {
+        if let Some(entry) = self.entry.take() {
+            self.registry.release(&entry.key, entry.id);
+        }
+    }
+}
+
+/// The side of an entry that runs its watch: reports the first sync's outcome and
+/// publishes later changes to the handlers.
+pub(crate) struct SyncDriver<K: Send + Sync + 'static, L: LockFamily> {
+    /// Weak, so that running watches do not keep a dropped monitor alive.
+    registry: Weak<RegistryInner<K, L>>,
+    entry: Arc<Entry<K, L>>,
+}
+
+impl<K, L> SyncDriver<K, L>
+where
+    K: Send + Sync + 'static,
+    L: LockFamily,
+{
+    /// The key this driver watches.
+    pub(crate) fn key(&self) -> &ObjectKey {
+        &self.entry.key
+    }
+
+    /// Completes when the entry has left the registry and the watch must stop.
+    pub(crate) fn stopped(&self) -> WaitForCancellationFutureOwned {
+        self.entry.stop.clone().cancelled_owned()
+    }
+
+    /// Whether the entry has left the registry.
+    #[cfg(test)]
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.entry.stop.is_cancelled()
+    }
+
+    /// Reports a successful first sync: `object` is the object's state, `None` when it
+    /// does not exist. Wakes every waiter.
+    pub(crate) fn synced(&self, object: Option<Arc<K>>) {
+        self.entry.state.with(|state| state.object = object);
+        self.entry.sync.send_replace(SyncState::Synced);
+    }
+
+    /// Reports a failed first sync: removes the entry, so the next caller starts a
+    /// fresh watch, then fails every waiter with `error`. A no-op after a success.
+    pub(crate) fn failed(&self, error: MonitorError) {
+        self.fail_pending(|_| error);
+    }
+
+    fn fail_pending(&self, make_error: impl FnOnce(&str) -> MonitorError) {
+        if !matches!(*self.entry.sync.borrow(), SyncState::Pending) {
+            return;
+        }
+        let registry = self.registry.upgrade();
+        if let Some(registry) = &registry {
+            registry.slots.with(|slots| {
+                if slots
+                    .get(&self.entry.key)
+                    .is_some_and(|slot| slot.entry.id == self.entry.id)
+                {
+                    slots.remove(&self.entry.key);
+                }
+            });
+        }
+        self.entry.stop.cancel();
+        let error = make_error(registry.as_ref().map_or("", |r| r.resource.as_str()));
+        self.entry.sync.send_if_modified(|state| {
+            let pending = matches!(state, SyncState::Pending);
+            if pending {
+                *state = SyncState::Failed(error);
+            }
+            pending
+        });
+    }
+
+    /// Publishes the object's new state and delivers `events` to every handler, in
+    /// order, atomically with respect to handlers attaching.
+    pub(crate) fn publish(&self, object: Option<Arc<K>>, events: &[ObjectEvent<K>]) {
+        self.entry.state.with(|state| {
+            state.object = object;
+            for sink in state.sinks.values_mut() {
+                for event in events {
+                    sink.deliver(event.clone());
+                }
+            }
+        });
+    }
+}
+
+impl<K, L> Drop for SyncDriver<K, L>
+where
+    K: Send + Sync + 'static,
+    L: LockFamily,
+{
+    fn drop(&mut self) {
+        // A driver that ends without reporting (its task was aborted or panicked) must
+        // not leave waiters hanging or a dead entry in the map: treat it as a failed
+        // first sync. After a reported outcome this is a no-op.
+        let key = self.entry.key.clone();
+        self.fail_pending(|resource| MonitorError::Cancelled {
+            resource: resource.to_owned(),
+            key,
+        });
+    }
+}

@@ -1,0 +1,361 @@
+//! The task behind one key: a kube-runtime watcher on `metadata.name=<name>`, its first
+//! sync, and the reconnect loop after it.
+//!
+//! The watch protocol itself (list/watch, resume from the last resourceVersion, re-list
+//! after `410 Gone`, streaming lists) is kube-runtime's [`watcher`]; this module adds
+//! what a shared per-object watch needs on top: classifying errors into "fail the
+//! waiters now" and "retry", the fallback from streaming lists, a bound on concurrent
+//! first syncs, a deadline, and backoff with jitter between failed requests.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use backon::BackoffBuilder;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use kube::api::Api;
+use kube::runtime::watcher;
+use kube::{Resource, core::Status};
+use serde::de::DeserializeOwned;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::lock::StdLocks;
+use crate::options::{InitialList, MonitorOptions};
+use crate::reconcile::{Reconciler, Step};
+use crate::registry::SyncDriver;
+use crate::{MonitorError, ObjectKey};
+
+/// State shared by all watch tasks of one monitor.
+pub(crate) struct WatchContext {
+    pub(crate) options: MonitorOptions,
+    /// Plural resource name, for errors.
+    pub(crate) resource: String,
+    /// Set once a server refused a streaming list, so later keys go straight to
+    /// list-then-watch instead of paying for a refused request each.
+    streaming_refused: AtomicBool,
+    /// Bounds concurrent first syncs, when configured.
+    sync_permits: Option<Semaphore>,
+}
+
+impl WatchContext {
+    pub(crate) fn new(options: MonitorOptions, resource: String) -> Self {
+        let sync_permits = options
+            .max_concurrent_syncs
+            .map(|n| Semaphore::new(n.max(1)));
+        Self {
+            options,
+            resource,
+            streaming_refused: AtomicBool::new(false),
+            sync_permits,
+        }
+    }
+
+    fn streaming(&self) -> bool {
+        self.options.initial_list == InitialList::Streaming
+            && !self.streaming_refused.load(Ordering::Relaxed)
+    }
+}
+
+/// What to do about an error.
+#[derive(Debug, PartialEq, Eq)]
+enum Disposition {
+    /// Retrying cannot help until someone changes something (RBAC, the request).
+    Permanent,
+    /// Throttling, server errors, broken connections: retry after a backoff.
+    Transient,
+    /// `410 Gone`: the watcher re-lists on its own; no backoff needed.
+    Resync,
+    /// The server does not accept `sendInitialEvents`.
+    StreamingRefused,
+}
+
+/// Runs the watch for the driver's key until the entry leaves the registry.
+pub(crate) async fn run<K>(driver: SyncDriver<K, StdLocks>, api: Api<K>, ctx: Arc<WatchContext>)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let stopped = driver.stopped();
+    tokio::select! {
+        biased;
+        // Dropping `drive` drops the watcher stream, which closes its HTTP request.
+        () = stopped => debug!(key = %driver.key(), "watch stopped: no handlers left"),
+        () = drive(&driver, api, &ctx) => {}
+    }
+}
+
+async fn drive<K>(driver: &SyncDriver<K, StdLocks>, api: Api<K>, ctx: &WatchContext)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let key = driver.key().clone();
+    let mut reconciler = Reconciler::new(key.name.clone());
+    let mut backoff = new_backoff(&ctx.options);
+
+    let permit = match &ctx.sync_permits {
+        // The semaphore is never closed, so acquiring only fails in theory.
+        Some(permits) => permits.acquire().await.ok(),
+        None => None,
+    };
+    let started = Instant::now();
+    let mut streaming = ctx.streaming();
+    let mut stream = open(&api, &key.name, streaming, &ctx.options);
+    let first = tokio::time::timeout(
+        ctx.options.sync_timeout,
+        first_sync(
+            &key,
+            &api,
+            ctx,
+            &mut stream,
+            &mut streaming,
+            &mut reconciler,
+            &mut backoff,
+        ),
+    )
+    .await
+    .unwrap_or_else(|_elapsed| {
+        Err(MonitorError::SyncTimeout {
+            resource: ctx.resource.clone(),
+            key: key.clone(),
+            timeout: ctx.options.sync_timeout,
+        })
+    });
+    drop(permit);
+    if let Some(observer) = &ctx.options.observer {
+        observer.first_sync(&key, started.elapsed(), first.as_ref().map(|_| ()));
+    }
+    match first {
+        Ok(object) => driver.synced(object),
+        Err(error) => {
+            debug!(%key, %error, "first sync failed");
+            driver.failed(error);
+            return;
+        }
+    }
+
+    backoff = new_backoff(&ctx.options);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(event) => {
+                backoff = new_backoff(&ctx.options);
+                if let Step::Changed { object, events } = reconciler.step(event) {
+                    driver.publish(object, &events);
+                }
+            }
+            Err(err) => {
+                let (error, disposition) = classify(&err, &key, &ctx.resource);
+                if let Some(observer) = &ctx.options.observer {
+                    observer.watch_error(&key, &error);
+                }
+                if disposition == Disposition::Resync {
+                    debug!(%key, "watch expired (410); re-listing");
+                    continue;
+                }
+                warn!(%key, %error, "watch failed; retrying");
+                tokio::time::sleep(next_delay(&mut backoff, &ctx.options)).await;
+            }
+        }
+    }
+}
+
+/// Polls the watcher until the first complete listing. Returns the object (or `None`
+/// when it does not exist).
+async fn first_sync<K>(
+    key: &ObjectKey,
+    api: &Api<K>,
+    ctx: &WatchContext,
+    stream: &mut BoxStream<'static, watcher::Result<watcher::Event<K>>>,
+    streaming: &mut bool,
+    reconciler: &mut Reconciler<K>,
+    backoff: &mut backon::ExponentialBackoff,
+) -> Result<Option<Arc<K>>, MonitorError>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let mut failures = 0;
+    loop {
+        let Some(item) = stream.next().await else {
+            // kube's watcher never ends on its own.
+            return Err(MonitorError::Transport {
+                resource: ctx.resource.clone(),
+                key: key.clone(),
+                verb: "watch".into(),
+                message: "watch stream ended before the first sync".into(),
+            });
+        };
+        let err = match item {
+            Ok(event) => match reconciler.step(event) {
+                Step::FirstSync(object) => return Ok(object),
+                Step::Unchanged | Step::Changed { .. } => continue,
+            },
+            Err(err) => err,
+        };
+        let (error, disposition) = classify(&err, key, &ctx.resource);
+        if let Some(observer) = &ctx.options.observer {
+            observer.watch_error(key, &error);
+        }
+        match disposition {
+            Disposition::StreamingRefused if *streaming => {
+                debug!(%key, %error, "server refused a streaming list; using list then watch");
+                ctx.streaming_refused.store(true, Ordering::Relaxed);
+                *streaming = false;
+                *stream = open(api, &key.name, false, &ctx.options);
+            }
+            Disposition::Resync => {}
+            Disposition::Permanent | Disposition::StreamingRefused => return Err(error),
+            Disposition::Transient => {
+                failures += 1;
+                if failures >= ctx.options.first_sync_attempts.max(1) {
+                    return Err(error);
+                }
+                tokio::time::sleep(next_delay(backoff, &ctx.options)).await;
+            }
+        }
+    }
+}
+
+/// Opens a kube-runtime watcher on the one object called `name`.
+fn open<K>(
+    api: &Api<K>,
+    name: &str,
+    streaming: bool,
+    options: &MonitorOptions,
+) -> BoxStream<'static, watcher::Result<watcher::Event<K>>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let mut config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    if streaming {
+        config = config.streaming_lists();
+    }
+    if let Some(timeout) = options.watch_timeout {
+        config = config.timeout(timeout);
+    }
+    watcher(api.clone(), config).boxed()
+}
+
+fn new_backoff(options: &MonitorOptions) -> backon::ExponentialBackoff {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(options.backoff_min)
+        .with_max_delay(options.backoff_max)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+fn next_delay(backoff: &mut backon::ExponentialBackoff, options: &MonitorOptions) -> Duration {
+    backoff.next().unwrap_or(options.backoff_max)
+}
+
+/// Names the failed verb and turns a watcher error into a [`MonitorError`].
+fn classify(err: &watcher::Error, key: &ObjectKey, resource: &str) -> (MonitorError, Disposition) {
+    let (verb, source) = match err {
+        watcher::Error::InitialListFailed(source) => ("list", source),
+        watcher::Error::WatchStartFailed(source) | watcher::Error::WatchFailed(source) => {
+            ("watch", source)
+        }
+        watcher::Error::WatchError(status) => return from_status(status, "watch", key, resource),
+        watcher::Error::NoResourceVersion => {
+            let error = MonitorError::Api {
+                resource: resource.to_owned(),
+                key: key.clone(),
+                verb: "list".into(),
+                code: 500,
+                reason: "NoResourceVersion".into(),
+                message: "the list response carried no metadata.resourceVersion".into(),
+            };
+            return (error, Disposition::Transient);
+        }
+    };
+    let streaming_start = matches!(err, watcher::Error::WatchStartFailed(_));
+    match source {
+        kube::Error::Api(status) => {
+            let (error, disposition) = from_status(status, verb, key, resource);
+            let refused = streaming_start && matches!(status.code, 400 | 422);
+            (
+                error,
+                if refused {
+                    Disposition::StreamingRefused
+                } else {
+                    disposition
+                },
+            )
+        }
+        other => {
+            let error = MonitorError::Transport {
+                resource: resource.to_owned(),
+                key: key.clone(),
+                verb: verb.into(),
+                message: transport_message(other),
+            };
+            (error, Disposition::Transient)
+        }
+    }
+}
+
+fn from_status(
+    status: &Status,
+    verb: &str,
+    key: &ObjectKey,
+    resource: &str,
+) -> (MonitorError, Disposition) {
+    let resource = resource.to_owned();
+    let key = key.clone();
+    let verb = verb.to_owned();
+    let message = status.message.clone();
+    match status.code {
+        401 => (
+            MonitorError::Unauthorized {
+                resource,
+                key,
+                verb,
+                message,
+            },
+            Disposition::Permanent,
+        ),
+        403 => (
+            MonitorError::Forbidden {
+                resource,
+                key,
+                verb,
+                message,
+            },
+            Disposition::Permanent,
+        ),
+        code => {
+            let disposition = match code {
+                410 => Disposition::Resync,
+                408 | 409 | 429 | 500..=599 => Disposition::Transient,
+                _ => Disposition::Permanent,
+            };
+            let error = MonitorError::Api {
+                resource,
+                key,
+                verb,
+                code,
+                reason: status.reason.clone(),
+                message,
+            };
+            (error, disposition)
+        }
+    }
+}
+
+/// Describes a failure that is not an API status. Decoding errors are described by
+/// position only: serde's own messages may quote the offending value, which for a
+/// Secret could be its data.
+fn transport_message(err: &kube::Error) -> String {
+    match err {
+        kube::Error::SerdeError(e) => format!(
+            "could not decode the response ({:?} error at line {}, column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        ),
+        other => other.to_string(),
+    }
+}

@@ -1,1 +1,87 @@
-//! kube-h2 (placeholder: being built).
+//! A [`kube::Client`] on a pool of HTTP/2 connections, so that thousands of long-lived
+//! watches share a few connections; HTTP/1.1 where the server does not offer HTTP/2.
+//!
+//! kube's default client speaks HTTP/1.1 only: every open watch is its own TCP+TLS
+//! connection. hyper-util's legacy client in `http2_only` mode goes the other way and
+//! queues every request beyond the server's `SETTINGS_MAX_CONCURRENT_STREAMS` on its one
+//! connection; since a watch never ends, the 101st watch would wait forever. This crate
+//! does what Go's HTTP/2 transport (and so client-go) does: it keeps each connection
+//! under the limit the server advertises (kube-apiserver: 100) and opens another
+//! connection when all are full.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use k8s_openapi::api::core::v1::Secret;
+//! use kube::{Api, api::WatchParams};
+//! use kube_h2::{ClientOptions, build_client};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = kube::Config::infer().await?;
+//! let pooled = build_client(config, ClientOptions::default())?;
+//! let secrets: Api<Secret> = Api::namespaced(pooled.client(), "router");
+//!
+//! // One watch per secret, as an RBAC rule with resourceNames requires; a few hundred of
+//! // these share a handful of HTTP/2 connections.
+//! let params = WatchParams::default().fields("metadata.name=route-cert");
+//! let _events = secrets.watch(&params, "0").await?;
+//!
+//! let stats = pooled.stats();
+//! println!(
+//!     "{} streams over {} HTTP/2 connections",
+//!     stats.active_streams, stats.http2_connections_open
+//! );
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Design
+//!
+//! - **h2 directly, not hyper's HTTP/2 client.** The pool must know each connection's
+//!   stream limit before it places a stream on it; hyper does not expose the server's
+//!   SETTINGS, h2 does ([`h2::client::SendRequest::current_max_send_streams`]). A new
+//!   connection joins the pool only after a PING round trip, which guarantees the
+//!   server's first SETTINGS frame has been applied.
+//! - **Stream slots** are counted per connection under the origin's lock; a slot is held
+//!   from sending the request until the response body ends, fails or is dropped, and the
+//!   pool never asks h2 for more streams than `min(cap, advertised)`. Requests that find
+//!   no free slot wait; a new connection is opened when the waiting requests outnumber
+//!   what the connections being opened will hold, so 1,000 watches started at once open
+//!   about ten connections, concurrently. Connections that receive a GOAWAY stop taking
+//!   streams and close after their last one; connections that fail leave the pool, and
+//!   streams on them fail with [`Error::ConnectionLost`] (kube's watcher retries).
+//! - **Fallback.** Over TLS, ALPN offers `h2` and `http/1.1` ([`Protocol::Auto`]); over
+//!   plain TCP, HTTP/2 with prior knowledge is tried first. An origin that answers
+//!   HTTP/1.1 is remembered and served by hyper-util's HTTP/1.1 client from then on.
+//! - **No deadline on bodies.** Only the response *headers* may have a deadline
+//!   ([`ClientOptions::response_headers_timeout`]); an idle watch lives until the server
+//!   ends it (its `timeoutSeconds`). Dead peers are found by HTTP/2 keep-alive PINGs
+//!   instead, as client-go does (30 s interval, 15 s timeout).
+//! - **Errors** are typed ([`Error`]); kube wraps transport errors in
+//!   `kube::Error::Service`, from which they can be downcast.
+//! - **One crypto back-end.** [`build_client`] installs rustls's ring provider as the
+//!   process default if none is installed, so kube's TLS setup never panics for want of
+//!   one.
+//!
+//! # Locks
+//!
+//! Two kinds of `std::sync::Mutex`, never held across an `.await`: the pool's table of
+//! origins (lookup/insert only), and one per origin guarding its connection list, slot
+//! counts and connect bookkeeping. Statistics are atomics.
+
+mod body;
+mod client;
+mod connection;
+mod error;
+mod http1;
+mod options;
+mod pool;
+mod service;
+mod stats;
+mod transport;
+
+pub use body::ResponseBody;
+pub use client::{PoolHandle, PooledClient, build_client};
+pub use error::{ConnectError, Error};
+pub use options::{ClientOptions, DEFAULT_MAX_STREAMS_PER_CONNECTION, Protocol};
+pub use stats::{ConnectionInfo, PoolStats};

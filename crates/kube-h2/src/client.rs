@@ -1,0 +1,185 @@
+//! Building the `kube::Client`: kube's middleware (base URI, retries, auth, extra
+//! headers) on top of the pooled transport.
+
+use std::sync::{Arc, Weak};
+
+use kube::client::{ConfigExt, retry::RetryPolicy};
+use tower::{BoxError, ServiceBuilder, retry::RetryLayer};
+
+use crate::{
+    connection::Keepalive,
+    error::Error,
+    http1,
+    options::ClientOptions,
+    pool::{Pool, PoolConfig},
+    service::{Dispatcher, PoolService},
+    stats::{ConnectionInfo, Counters, PoolStats},
+    transport::{Connector, Origin},
+};
+
+/// A `kube::Client` on the pooled transport, and a handle to watch the pool.
+#[derive(Clone)]
+pub struct PooledClient {
+    client: kube::Client,
+    pool: PoolHandle,
+}
+
+impl PooledClient {
+    /// The kube client (cheap to clone; all clones share the pool).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// The pool's statistics handle.
+    pub fn pool(&self) -> &PoolHandle {
+        &self.pool
+    }
+
+    /// Shortcut for `self.pool().stats()`.
+    pub fn stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Splits into the kube client and the pool handle.
+    pub fn into_parts(self) -> (kube::Client, PoolHandle) {
+        (self.client, self.pool)
+    }
+}
+
+impl std::fmt::Debug for PooledClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PooledClient")
+            .field("stats", &self.pool.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Read access to the pool's statistics.
+///
+/// The handle does not keep the pool alive: once every clone of the kube client is
+/// dropped, the connections close and [`connections`](Self::connections) is empty.
+#[derive(Clone)]
+pub struct PoolHandle {
+    counters: Arc<Counters>,
+    pool: Weak<Pool>,
+}
+
+impl PoolHandle {
+    /// The pool's counters now.
+    pub fn stats(&self) -> PoolStats {
+        self.counters.snapshot()
+    }
+
+    /// The HTTP/2 connections in the pool now, in opening order.
+    pub fn connections(&self) -> Vec<ConnectionInfo> {
+        self.pool
+            .upgrade()
+            .map(|pool| pool.connections())
+            .unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for PoolHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolHandle")
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a `kube::Client` whose requests share a pool of HTTP/2 connections.
+///
+/// The service stack mirrors kube's default one, minus its HTTP/1.1-only connector:
+/// base URI, kube's server-aware retry policy (if `config.default_retry`), the auth layer
+/// (bearer token, refreshing token file, exec plugin, basic auth), extra and
+/// impersonation headers, then the pooled transport. TLS uses
+/// `config.rustls_client_config()` (CA, client certificate, `accept_invalid_certs`,
+/// rotating CA file), with ALPN set from [`ClientOptions::protocol`].
+///
+/// Must be called within a Tokio runtime (as `kube::Client::new`). Proxies
+/// (`config.proxy_url`) are not supported and yield [`Error::ProxyNotSupported`].
+pub fn build_client(config: kube::Config, options: ClientOptions) -> Result<PooledClient, Error> {
+    ensure_crypto_provider();
+    if let Some(proxy) = &config.proxy_url {
+        return Err(Error::ProxyNotSupported {
+            proxy: proxy.to_string(),
+        });
+    }
+    let origin = Origin::from_uri(&config.cluster_url)?;
+    let tls = if origin.tls {
+        Some(config.rustls_client_config().map_err(Error::TlsConfig)?)
+    } else {
+        None
+    };
+    let connector = Arc::new(Connector::new(
+        tls,
+        options.protocol,
+        config.tls_server_name.as_deref(),
+        options.connect_timeout.or(config.connect_timeout),
+    )?);
+    let counters = Arc::new(Counters::default());
+    let pool = Arc::new(Pool::new(PoolConfig {
+        connector: connector.clone(),
+        protocol: options.protocol,
+        stream_cap: options.stream_cap(),
+        keepalive: Keepalive {
+            interval: options.keepalive_interval,
+            timeout: options.keepalive_timeout,
+        },
+        max_idle: options.max_idle_connections_per_origin,
+        counters: counters.clone(),
+    }));
+    let dispatcher = Dispatcher {
+        pool: pool.clone(),
+        http1: http1::client(connector, counters.clone()),
+        protocol: options.protocol,
+        response_headers_timeout: options.response_headers_timeout.or(config.read_timeout),
+        counters: counters.clone(),
+    };
+
+    let auth = config.auth_layer().map_err(Error::Auth)?;
+    let extra_headers = config.extra_headers_layer().map_err(Error::Headers)?;
+    let retry = config
+        .default_retry
+        .then(|| RetryLayer::new(RetryPolicy::server_retry()));
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(retry)
+        .option_layer(auth)
+        .layer(extra_headers)
+        .map_err(BoxError::from)
+        .service(PoolService::new(dispatcher));
+
+    let client = kube::Client::new(service, config.default_namespace.clone())
+        .with_valid_until(exec_identity_expiry(&config));
+    Ok(PooledClient {
+        client,
+        pool: PoolHandle {
+            counters,
+            pool: Arc::downgrade(&pool),
+        },
+    })
+}
+
+/// Makes sure rustls has a process-wide crypto provider before kube builds its TLS
+/// configuration (kube uses `ClientConfig::builder()`, which panics when no provider is
+/// installed and the crate features enable more than one). This workspace builds
+/// rustls with ring only; ring is installed unless something else installed a provider
+/// first.
+fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race against another installer is fine: a provider is installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// When a client certificate from an exec plugin expires, as kube's default builder
+/// records it. kube computes this only inside its own builder, so for exec-based configs
+/// a throwaway default client is built (no connection is opened; the plugin runs once
+/// more).
+fn exec_identity_expiry(config: &kube::Config) -> Option<jiff::Timestamp> {
+    config.auth_info.exec.as_ref()?;
+    kube::Client::try_from(config.clone())
+        .ok()
+        .and_then(|client| *client.valid_until())
+}

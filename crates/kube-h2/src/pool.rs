@@ -1,0 +1,666 @@
+//! The pool of HTTP/2 connections: stream slots, when to open another connection, and
+//! dropping dead ones.
+//!
+//! # Accounting
+//!
+//! Every HTTP/2 connection has a limit, `min(cap, server's SETTINGS_MAX_CONCURRENT_STREAMS)`,
+//! read from h2 each time a slot is handed out (a server may change it mid-connection).
+//! A request takes a *slot* on a connection before it opens its stream and gives it back
+//! when its response body ends or is dropped (see [`StreamSlot`]). Slots are counted under
+//! the origin's lock, so requests racing for the last slot cannot over-subscribe a
+//! connection: the pool never asks h2 for more streams than the server allows, so h2's
+//! internal queue of streams beyond the limit (which is what makes hyper's legacy client
+//! hang the 101st watch) is never used.
+//!
+//! # Opening connections
+//!
+//! A request that finds no free slot registers as *waiting*. A new connection is started
+//! when the waiting requests outnumber what the connections being opened will hold
+//! (`waiting > connecting x expected limit`), so 1,000 watches arriving at once open
+//! about 1,000 / 100 connections, concurrently, rather than one or a thousand. While the
+//! origin's protocol and limit are still unknown, only one connection is opened; its
+//! SETTINGS then tell how many more are needed. Connection attempts run in their own
+//! task, so a request that gives up does not abort a connect others wait for.
+//!
+//! A failed connection attempt fails every request that was waiting when it failed
+//! (kube's watcher retries with backoff); the next request starts a fresh attempt.
+//!
+//! # Dead connections
+//!
+//! Each connection is driven by its own task ([`connection::drive`]). After every poll
+//! the task checks whether h2 still accepts new streams; once a GOAWAY arrived (or the
+//! connection failed) the pool stops placing streams on it and drops its handle, so the
+//! connection closes after its last stream. When the task ends (closed, I/O error,
+//! keep-alive PING unanswered) the connection leaves the pool; streams still on it fail
+//! with [`Error::ConnectionLost`](crate::Error::ConnectionLost).
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError, Weak,
+        atomic::{AtomicU64, Ordering},
+    },
+    task::Context,
+};
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use tokio::sync::Notify;
+
+use crate::{
+    connection::{self, CloseReason, ConnectionOwner, Handshaken, Keepalive},
+    error::{ConnectError, Error},
+    options::Protocol,
+    stats::{ConnectionInfo, Counters},
+    transport::{Connector, Origin, Purpose, with_timeout},
+};
+
+/// Locks a mutex, ignoring poisoning: every critical section in this crate leaves the
+/// guarded state consistent between statements, so a panic elsewhere cannot leave it
+/// half-updated.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Settings every origin pool shares.
+pub(crate) struct PoolConfig {
+    /// Opens TCP/TLS connections.
+    pub(crate) connector: Arc<Connector>,
+    /// Which HTTP versions to speak.
+    pub(crate) protocol: Protocol,
+    /// Cap on streams per connection (at least 1).
+    pub(crate) stream_cap: usize,
+    /// Keep-alive PING timing.
+    pub(crate) keepalive: Keepalive,
+    /// Idle HTTP/2 connections kept per origin.
+    pub(crate) max_idle: usize,
+    /// Shared counters.
+    pub(crate) counters: Arc<Counters>,
+}
+
+/// All HTTP/2 connections of one client, per origin.
+pub(crate) struct Pool {
+    config: Arc<PoolConfig>,
+    /// Source of connection ids, unique across origins.
+    next_connection_id: Arc<AtomicU64>,
+    /// Guards the table of origins; held only to look up or insert an entry.
+    origins: Mutex<HashMap<Origin, Arc<OriginPool>>>,
+}
+
+impl Pool {
+    pub(crate) fn new(config: PoolConfig) -> Self {
+        Self {
+            config: Arc::new(config),
+            next_connection_id: Arc::new(AtomicU64::new(1)),
+            origins: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The pool of one origin, created on first use.
+    pub(crate) fn origin(&self, origin: &Origin) -> Arc<OriginPool> {
+        let mut origins = lock(&self.origins);
+        if let Some(existing) = origins.get(origin) {
+            return existing.clone();
+        }
+        let created = Arc::new(OriginPool {
+            origin: origin.clone(),
+            label: origin.to_string().into(),
+            config: self.config.clone(),
+            next_connection_id: self.next_connection_id.clone(),
+            state: Mutex::new(OriginState::default()),
+            changed: Notify::new(),
+        });
+        origins.insert(origin.clone(), created.clone());
+        created
+    }
+
+    /// Every HTTP/2 connection of every origin, in opening order.
+    pub(crate) fn connections(&self) -> Vec<ConnectionInfo> {
+        let origins: Vec<Arc<OriginPool>> = lock(&self.origins).values().cloned().collect();
+        let mut all: Vec<ConnectionInfo> = origins.iter().flat_map(|o| o.connections()).collect();
+        all.sort_by_key(|c| c.id);
+        all
+    }
+}
+
+/// What the origin's protocol turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Learned {
+    /// No connection attempt has finished yet.
+    #[default]
+    Unknown,
+    /// The server speaks HTTP/2.
+    Http2,
+    /// The server does not speak HTTP/2 (ALPN chose http/1.1, or the h2c preface was
+    /// rejected): every later request goes over HTTP/1.1.
+    Http1,
+}
+
+/// One HTTP/2 connection in the pool.
+struct ConnEntry {
+    /// The pool's id of the connection.
+    id: u64,
+    /// Handle to open streams; `None` once the connection stopped accepting streams
+    /// (GOAWAY, error) or was retired as surplus idle. Dropping the last handle lets h2
+    /// close the connection once its streams are done.
+    send: Option<SendRequest<Bytes>>,
+    /// Slots taken now.
+    in_use: usize,
+    /// Most slots ever taken at once.
+    peak: usize,
+}
+
+impl ConnEntry {
+    fn limit(&self, cap: usize) -> Option<usize> {
+        self.send
+            .as_ref()
+            .map(|send| send.current_max_send_streams().min(cap))
+    }
+}
+
+/// The mutable state of one origin.
+#[derive(Default)]
+struct OriginState {
+    protocol: Learned,
+    /// Connections in opening order; a request takes the first with a free slot.
+    connections: Vec<ConnEntry>,
+    /// Connection attempts in flight.
+    connecting: usize,
+    /// Requests waiting for a slot.
+    waiting: usize,
+    /// The server's stream limit as of the latest new connection.
+    learned_limit: Option<usize>,
+    /// Number of failed connection attempts so far; a waiter that sees it change fails.
+    failed_connects: u64,
+    /// Why the latest attempt failed.
+    last_connect_error: Option<Arc<ConnectError>>,
+}
+
+impl OriginState {
+    fn take_slot(&mut self, cap: usize) -> Option<(u64, SendRequest<Bytes>, usize)> {
+        self.connections.iter_mut().find_map(|entry| {
+            let limit = entry.limit(cap)?;
+            if entry.in_use >= limit {
+                return None;
+            }
+            let send = entry.send.clone()?;
+            entry.in_use += 1;
+            entry.peak = entry.peak.max(entry.in_use);
+            Some((entry.id, send, entry.in_use))
+        })
+    }
+
+    /// Whether the waiting requests need one more connection than is being opened.
+    fn wants_connection(&self, cap: usize) -> bool {
+        match self.protocol {
+            Learned::Http1 => false,
+            // One probe at a time until ALPN / SETTINGS tell what a connection holds.
+            Learned::Unknown => self.connecting == 0,
+            Learned::Http2 => {
+                let per_connection = self.learned_limit.unwrap_or(cap).clamp(1, cap);
+                self.waiting > self.connecting.saturating_mul(per_connection)
+            }
+        }
+    }
+}
+
+/// The connections of one origin.
+pub(crate) struct OriginPool {
+    /// Where the connections go.
+    pub(crate) origin: Origin,
+    /// `origin` rendered once, for errors and logs.
+    pub(crate) label: Arc<str>,
+    config: Arc<PoolConfig>,
+    next_connection_id: Arc<AtomicU64>,
+    /// Guards the connection list and the bookkeeping that decides when to open another:
+    /// slots in use per connection, attempts in flight, waiting requests, what was
+    /// learned about the protocol. Never held across an `.await`.
+    state: Mutex<OriginState>,
+    /// Woken when a slot may have come free, a connection was added, stopped accepting
+    /// streams or closed, or a connection attempt finished.
+    changed: Notify,
+}
+
+/// The outcome of [`OriginPool::acquire`].
+pub(crate) enum Acquired {
+    /// A slot on an HTTP/2 connection.
+    Http2(Grant),
+    /// The origin does not speak HTTP/2: use HTTP/1.1.
+    Http1,
+}
+
+/// A slot on a connection and the handle to open the stream with.
+pub(crate) struct Grant {
+    /// The connection's id.
+    pub(crate) connection: u64,
+    /// A handle to that connection.
+    pub(crate) send: SendRequest<Bytes>,
+    /// Gives the slot back when dropped.
+    pub(crate) slot: StreamSlot,
+}
+
+/// Counts a request among the origin's waiting requests while it waits.
+struct Waiter<'a> {
+    origin: &'a OriginPool,
+    registered: bool,
+    /// `failed_connects` when this request started waiting.
+    epoch: u64,
+}
+
+impl Waiter<'_> {
+    fn register(&mut self, state: &mut OriginState) {
+        if !self.registered {
+            state.waiting += 1;
+            self.registered = true;
+            self.epoch = state.failed_connects;
+        }
+    }
+
+    fn leave(&mut self, state: &mut OriginState) {
+        if self.registered {
+            state.waiting -= 1;
+            self.registered = false;
+        }
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        // Only reached with `registered` when the request was cancelled while waiting.
+        if self.registered {
+            lock(&self.origin.state).waiting -= 1;
+        }
+    }
+}
+
+impl OriginPool {
+    /// Waits for a free stream slot, opening connections as needed.
+    pub(crate) async fn acquire(self: &Arc<Self>) -> Result<Acquired, Error> {
+        let cap = self.config.stream_cap;
+        let mut waiter = Waiter {
+            origin: self,
+            registered: false,
+            epoch: 0,
+        };
+        loop {
+            // Enabled before the state is inspected, so a change made between the
+            // inspection and the `.await` still wakes us.
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let start_connect = {
+                let mut state = lock(&self.state);
+                if state.protocol == Learned::Http1 {
+                    waiter.leave(&mut state);
+                    return Ok(Acquired::Http1);
+                }
+                if let Some((connection, send, in_use)) = state.take_slot(cap) {
+                    waiter.leave(&mut state);
+                    drop(state);
+                    let counters = &self.config.counters;
+                    Counters::inc(&counters.active_streams);
+                    counters
+                        .peak_streams_per_connection
+                        .fetch_max(in_use as u64, Ordering::Relaxed);
+                    return Ok(Acquired::Http2(Grant {
+                        connection,
+                        send,
+                        slot: StreamSlot::http2(self.clone(), connection),
+                    }));
+                }
+                if waiter.registered
+                    && state.failed_connects != waiter.epoch
+                    && let Some(source) = state.last_connect_error.clone()
+                {
+                    waiter.leave(&mut state);
+                    return Err(Error::Connect {
+                        origin: self.label.to_string(),
+                        source,
+                    });
+                }
+                waiter.register(&mut state);
+                let start = state.wants_connection(cap);
+                if start {
+                    state.connecting += 1;
+                }
+                start
+            };
+            if start_connect {
+                tokio::spawn(connect(self.clone()));
+            }
+            notified.await;
+        }
+    }
+
+    /// Gives a slot back; retires the connection if it is now a surplus idle one.
+    fn release(&self, connection: u64) {
+        let mut retired = None;
+        let wake = {
+            let mut state = lock(&self.state);
+            let waiting = state.waiting;
+            let idle = state
+                .connections
+                .iter()
+                .filter(|c| c.in_use == 0 && c.send.is_some())
+                .count();
+            if let Some(entry) = state.connections.iter_mut().find(|c| c.id == connection) {
+                entry.in_use = entry.in_use.saturating_sub(1);
+                // `idle` was counted before this release, so this entry is idle number
+                // `idle + 1`.
+                if entry.in_use == 0 && waiting == 0 && idle >= self.config.max_idle {
+                    retired = entry.send.take();
+                }
+            }
+            waiting > 0
+        };
+        if retired.is_some() {
+            tracing::debug!(origin = %self.label, connection, "closing surplus idle HTTP/2 connection");
+        }
+        // Dropped outside the lock: it takes h2's own lock and may wake the driver.
+        drop(retired);
+        Counters::dec(&self.config.counters.active_streams);
+        if wake {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Stops placing streams on a connection that refused one (GOAWAY or error).
+    pub(crate) fn stop_using(&self, connection: u64) {
+        let dropped = lock(&self.state)
+            .connections
+            .iter_mut()
+            .find(|c| c.id == connection)
+            .and_then(|c| c.send.take());
+        drop(dropped);
+        self.changed.notify_waiters();
+    }
+
+    fn connections(&self) -> Vec<ConnectionInfo> {
+        let cap = self.config.stream_cap;
+        lock(&self.state)
+            .connections
+            .iter()
+            .map(|c| ConnectionInfo {
+                id: c.id,
+                origin: self.label.to_string(),
+                active_streams: c.in_use,
+                peak_streams: c.peak,
+                stream_limit: c.limit(cap).unwrap_or(0),
+                accepting_streams: c.send.is_some(),
+            })
+            .collect()
+    }
+}
+
+/// A connection attempt that ended: with HTTP/2, or the news that the origin speaks
+/// HTTP/1.1 only.
+enum Established {
+    Http2(Box<Handshaken>),
+    Http1,
+}
+
+/// Opens a connection and adds it to the pool (or records what went wrong).
+async fn connect(origin: Arc<OriginPool>) {
+    let config = origin.config.clone();
+    let counters = &config.counters;
+    let result = establish(&config, &origin.origin).await;
+    let mut new_connection = None;
+    {
+        let mut state = lock(&origin.state);
+        state.connecting -= 1;
+        match result {
+            Ok(Established::Http2(handshaken)) => {
+                let id = origin.next_connection_id.fetch_add(1, Ordering::Relaxed);
+                state.protocol = Learned::Http2;
+                state.learned_limit = Some(handshaken.server_limit);
+                state.connections.push(ConnEntry {
+                    id,
+                    send: Some(handshaken.send.clone()),
+                    in_use: 0,
+                    peak: 0,
+                });
+                Counters::inc(&counters.http2_opened);
+                Counters::inc(&counters.http2_open);
+                new_connection = Some((id, handshaken));
+            }
+            Ok(Established::Http1) => {
+                state.protocol = Learned::Http1;
+                Counters::inc(&counters.http1_fallbacks);
+                tracing::info!(origin = %origin.label, "server does not speak HTTP/2; using HTTP/1.1");
+            }
+            Err(error) => {
+                state.failed_connects += 1;
+                tracing::warn!(origin = %origin.label, %error, "opening an HTTP/2 connection failed");
+                state.last_connect_error = Some(Arc::new(error));
+                Counters::inc(&counters.connect_failures);
+            }
+        }
+    }
+    // Spawned only after the entry is in the list, so the driver's removal on close
+    // always finds it.
+    if let Some((id, handshaken)) = new_connection {
+        tracing::debug!(
+            origin = %origin.label,
+            connection = id,
+            server_limit = handshaken.server_limit,
+            "opened HTTP/2 connection"
+        );
+        let owner = Owner {
+            origin: Arc::downgrade(&origin),
+            counters: config.counters.clone(),
+            label: origin.label.clone(),
+            connection: id,
+            accepting: true,
+        };
+        tokio::spawn(connection::drive(*handshaken, config.keepalive, owner));
+    }
+    origin.changed.notify_waiters();
+}
+
+/// TCP, TLS, and the HTTP/2 SETTINGS exchange, all under the connect timeout.
+async fn establish(config: &PoolConfig, origin: &Origin) -> Result<Established, ConnectError> {
+    let connector = &config.connector;
+    with_timeout(connector.connect_timeout, async {
+        let connected = connector
+            .connect_untimed(origin, Purpose::Http2Pool)
+            .await?;
+        let require_h2 = config.protocol == Protocol::Http2Only;
+        match connected.alpn_h2 {
+            Some(false) if require_h2 => Err(ConnectError::Http2NotOffered),
+            Some(false) => Ok(Established::Http1),
+            Some(true) => match connection::handshake(connected.io, config.stream_cap).await {
+                Ok(handshaken) => Ok(Established::Http2(Box::new(handshaken))),
+                Err(failed) => Err(failed
+                    .source
+                    .map_or(ConnectError::ClosedBeforeSettings, ConnectError::Http2Handshake)),
+            },
+            // Plain TCP: only the preface exchange tells whether the server speaks h2c.
+            None => match connection::handshake(connected.io, config.stream_cap).await {
+                Ok(handshaken) => Ok(Established::Http2(Box::new(handshaken))),
+                Err(failed) if require_h2 => {
+                    Err(ConnectError::Http2PrefaceRejected(failed.to_string()))
+                }
+                Err(failed) => {
+                    tracing::debug!(%origin, reason = %failed, "server rejected the HTTP/2 preface");
+                    Ok(Established::Http1)
+                }
+            },
+        }
+    })
+    .await
+}
+
+/// The pool's side of a connection's driver task.
+struct Owner {
+    origin: Weak<OriginPool>,
+    counters: Arc<Counters>,
+    label: Arc<str>,
+    connection: u64,
+    /// Cleared once the connection stopped accepting streams, to skip further checks.
+    accepting: bool,
+}
+
+impl ConnectionOwner for Owner {
+    fn after_poll(&mut self, cx: &mut Context<'_>) {
+        if !self.accepting {
+            return;
+        }
+        let Some(origin) = self.origin.upgrade() else {
+            self.accepting = false;
+            return;
+        };
+        let stopped = {
+            let mut state = lock(&origin.state);
+            match state
+                .connections
+                .iter_mut()
+                .find(|c| c.id == self.connection)
+            {
+                Some(entry) => match entry.send.as_mut() {
+                    Some(send) => {
+                        if connection::accepts_new_streams(send, cx) {
+                            None
+                        } else {
+                            Some(entry.send.take())
+                        }
+                    }
+                    None => Some(None),
+                },
+                None => Some(None),
+            }
+        };
+        if let Some(handle) = stopped {
+            self.accepting = false;
+            if handle.is_some() {
+                tracing::debug!(
+                    origin = %self.label,
+                    connection = self.connection,
+                    "HTTP/2 connection stopped accepting streams (GOAWAY); draining"
+                );
+                drop(handle);
+                origin.changed.notify_waiters();
+            }
+        }
+    }
+
+    fn closed(self, reason: CloseReason) {
+        Counters::dec(&self.counters.http2_open);
+        match &reason {
+            CloseReason::Closed => tracing::debug!(
+                origin = %self.label,
+                connection = self.connection,
+                "HTTP/2 connection closed"
+            ),
+            _ => {
+                Counters::inc(&self.counters.connections_lost);
+                tracing::warn!(
+                    origin = %self.label,
+                    connection = self.connection,
+                    %reason,
+                    "HTTP/2 connection lost"
+                );
+            }
+        }
+        if let Some(origin) = self.origin.upgrade() {
+            let removed = {
+                let mut state = lock(&origin.state);
+                let position = state
+                    .connections
+                    .iter()
+                    .position(|c| c.id == self.connection);
+                position.map(|i| state.connections.remove(i))
+            };
+            drop(removed);
+            origin.changed.notify_waiters();
+        }
+    }
+}
+
+/// A request's hold on a stream slot, given back when dropped.
+///
+/// The response body owns it, so an open watch holds its slot for its whole life; an
+/// error anywhere drops it, so failures give slots back too.
+pub(crate) struct StreamSlot {
+    release: Release,
+}
+
+enum Release {
+    /// A slot on an HTTP/2 connection.
+    Http2 {
+        origin: Arc<OriginPool>,
+        connection: u64,
+    },
+    /// An HTTP/1.1 request in flight (only counted).
+    Http1 { counters: Arc<Counters> },
+}
+
+impl StreamSlot {
+    fn http2(origin: Arc<OriginPool>, connection: u64) -> Self {
+        Self {
+            release: Release::Http2 { origin, connection },
+        }
+    }
+
+    /// Counts an HTTP/1.1 request as an active stream until dropped.
+    pub(crate) fn http1(counters: Arc<Counters>) -> Self {
+        Counters::inc(&counters.active_streams);
+        Self {
+            release: Release::Http1 { counters },
+        }
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        match &self.release {
+            Release::Http2 { origin, connection } => origin.release(*connection),
+            Release::Http1 { counters } => Counters::dec(&counters.active_streams),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(
+        protocol: Learned,
+        waiting: usize,
+        connecting: usize,
+        limit: Option<usize>,
+    ) -> OriginState {
+        OriginState {
+            protocol,
+            waiting,
+            connecting,
+            learned_limit: limit,
+            ..OriginState::default()
+        }
+    }
+
+    #[test]
+    fn unknown_origin_probes_with_one_connection() {
+        assert!(state(Learned::Unknown, 1000, 0, None).wants_connection(100));
+        assert!(!state(Learned::Unknown, 1000, 1, None).wants_connection(100));
+    }
+
+    #[test]
+    fn http2_origin_opens_one_connection_per_limit_of_waiters() {
+        // 900 waiting at limit 100: connections 1..=9 are wanted, the 10th is not.
+        for connecting in 0..9 {
+            assert!(state(Learned::Http2, 900, connecting, Some(100)).wants_connection(100));
+        }
+        assert!(!state(Learned::Http2, 900, 9, Some(100)).wants_connection(100));
+        // The server's lower limit wins over the cap.
+        assert!(state(Learned::Http2, 25, 2, Some(10)).wants_connection(100));
+        assert!(!state(Learned::Http2, 25, 3, Some(10)).wants_connection(100));
+        // The cap wins over a higher server limit; "unlimited" is capped too.
+        assert!(state(Learned::Http2, 25, 2, Some(usize::MAX)).wants_connection(10));
+        assert!(!state(Learned::Http2, 25, 3, Some(usize::MAX)).wants_connection(10));
+    }
+
+    #[test]
+    fn http1_origin_never_opens_http2_connections() {
+        assert!(!state(Learned::Http1, 5, 0, None).wants_connection(100));
+    }
+}

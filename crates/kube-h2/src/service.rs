@@ -1,0 +1,302 @@
+//! The tower service under kube's middleware: sends each request over a pooled HTTP/2
+//! stream, or over HTTP/1.1 where the origin does not speak HTTP/2.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{HeaderName, Request, Response, Version, header, request::Parts};
+use http_body_util::{BodyExt, Full};
+use tracing::{Instrument, field::Empty};
+
+use crate::{
+    body::{ResponseBody, h2_error},
+    error::Error,
+    http1::{self, Http1Client},
+    options::Protocol,
+    pool::{Acquired, Grant, OriginPool, Pool, StreamSlot},
+    stats::Counters,
+    transport::Origin,
+};
+
+/// How often a request moves on to another connection after the one it was given
+/// refused new streams (GOAWAY arrived between taking the slot and opening the stream).
+const MAX_REFUSED_ATTEMPTS: usize = 3;
+
+/// Headers that are specific to one HTTP/1.1 connection and are forbidden in HTTP/2
+/// (RFC 9113, section 8.2.2). `Host` is carried by `:authority` instead.
+const CONNECTION_SPECIFIC: [HeaderName; 5] = [
+    header::CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::HOST,
+    HeaderName::from_static("keep-alive"),
+];
+
+/// Everything a request needs; shared by all clones of the service.
+pub(crate) struct Dispatcher {
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) http1: Http1Client,
+    pub(crate) protocol: Protocol,
+    pub(crate) response_headers_timeout: Option<Duration>,
+    pub(crate) counters: Arc<Counters>,
+}
+
+/// The innermost service of the kube client's stack.
+#[derive(Clone)]
+pub(crate) struct PoolService {
+    dispatcher: Arc<Dispatcher>,
+}
+
+impl PoolService {
+    pub(crate) fn new(dispatcher: Dispatcher) -> Self {
+        Self {
+            dispatcher: Arc::new(dispatcher),
+        }
+    }
+}
+
+impl tower::Service<Request<kube::client::Body>> for PoolService {
+    type Response = Response<ResponseBody>;
+    type Error = Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        // Back-pressure is per origin, inside the pool: a request waits there for a slot.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<kube::client::Body>) -> Self::Future {
+        // Same attributes as kube's default stack (OpenTelemetry HTTP conventions), plus
+        // the protocol and connection the request went over.
+        let span = tracing::debug_span!(
+            "HTTP",
+            http.method = %request.method(),
+            http.url = %request.uri(),
+            http.status_code = Empty,
+            otel.name = request.extensions().get::<&'static str>().unwrap_or(&"HTTP"),
+            otel.kind = "client",
+            otel.status_code = Empty,
+            network.protocol.version = Empty,
+            connection = Empty,
+        );
+        let dispatcher = self.dispatcher.clone();
+        Box::pin(
+            async move {
+                let result = dispatcher.send(request).await;
+                let span = tracing::Span::current();
+                match &result {
+                    Ok(response) => {
+                        let status = response.status();
+                        span.record("http.status_code", status.as_u16());
+                        if status.is_client_error() || status.is_server_error() {
+                            span.record("otel.status_code", "ERROR");
+                        }
+                        tracing::debug!("response headers received");
+                    }
+                    Err(error) => {
+                        span.record("otel.status_code", "ERROR");
+                        tracing::debug!(%error, "request failed");
+                    }
+                }
+                result
+            }
+            .instrument(span),
+        )
+    }
+}
+
+/// Why one attempt on an HTTP/2 connection did not produce a response.
+enum AttemptFailed {
+    /// The connection refused the stream before anything was sent: safe to retry on
+    /// another connection.
+    Refused(Error),
+    /// The request failed.
+    Failed(Error),
+}
+
+impl Dispatcher {
+    async fn send(
+        &self,
+        request: Request<kube::client::Body>,
+    ) -> Result<Response<ResponseBody>, Error> {
+        let origin = Origin::from_uri(request.uri())?;
+        let (parts, body) = request.into_parts();
+        // kube's request bodies are small, fully buffered JSON; buffering them here lets a
+        // request move to another connection if its first one refuses the stream.
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| Error::RequestBody(Box::new(e)))?
+            .to_bytes();
+        Counters::inc(&self.counters.requests);
+        if self.protocol == Protocol::Http1Only {
+            return self
+                .send_http1(origin.to_string().into(), parts, body)
+                .await;
+        }
+        let pool = self.pool.origin(&origin);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let grant = match pool.acquire().await? {
+                Acquired::Http1 => return self.send_http1(pool.label.clone(), parts, body).await,
+                Acquired::Http2(grant) => grant,
+            };
+            match self.send_http2(&pool, grant, &parts, &body).await {
+                Ok(response) => return Ok(response),
+                Err(AttemptFailed::Refused(error)) if attempt < MAX_REFUSED_ATTEMPTS => {
+                    tracing::debug!(%error, "connection refused the stream; trying another");
+                }
+                Err(AttemptFailed::Refused(error) | AttemptFailed::Failed(error)) => {
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    async fn send_http2(
+        &self,
+        pool: &Arc<OriginPool>,
+        grant: Grant,
+        parts: &Parts,
+        body: &Bytes,
+    ) -> Result<Response<ResponseBody>, AttemptFailed> {
+        let Grant {
+            connection,
+            mut send,
+            slot,
+        } = grant;
+        let span = tracing::Span::current();
+        span.record("network.protocol.version", "2");
+        span.record("connection", connection);
+        let head = http2_head(parts).map_err(AttemptFailed::Failed)?;
+        let end_of_stream = body.is_empty();
+        let (response, mut stream) = match send.send_request(head, end_of_stream) {
+            Ok(pair) => pair,
+            Err(e) if e.is_go_away() || e.is_io() => {
+                pool.stop_using(connection);
+                return Err(AttemptFailed::Refused(h2_error(&pool.label, connection, e)));
+            }
+            Err(e) => return Err(AttemptFailed::Failed(h2_error(&pool.label, connection, e))),
+        };
+        if !end_of_stream {
+            // h2 queues the data and sends it as the flow-control window allows.
+            stream
+                .send_data(body.clone(), true)
+                .map_err(|e| AttemptFailed::Failed(h2_error(&pool.label, connection, e)))?;
+        }
+        // Dropping our half does not reset the stream: the response future still holds
+        // it, and queued request data keeps flowing.
+        drop(stream);
+        let response = match self.response_headers_timeout {
+            Some(limit) => tokio::time::timeout(limit, response).await.map_err(|_| {
+                AttemptFailed::Failed(Error::ResponseTimeout {
+                    origin: pool.label.to_string(),
+                    timeout: limit,
+                })
+            })?,
+            None => response.await,
+        }
+        .map_err(|e| AttemptFailed::Failed(h2_error(&pool.label, connection, e)))?;
+        let (head, recv) = response.into_parts();
+        Ok(Response::from_parts(
+            head,
+            ResponseBody::http2(recv, connection, slot, pool.label.clone()),
+        ))
+    }
+
+    async fn send_http1(
+        &self,
+        origin: Arc<str>,
+        parts: Parts,
+        body: Bytes,
+    ) -> Result<Response<ResponseBody>, Error> {
+        tracing::Span::current().record("network.protocol.version", "1.1");
+        let slot = StreamSlot::http1(self.counters.clone());
+        let mut request = Request::from_parts(parts, Full::new(body));
+        *request.version_mut() = Version::HTTP_11;
+        let response = self.http1.request(request);
+        let response =
+            match self.response_headers_timeout {
+                Some(limit) => tokio::time::timeout(limit, response).await.map_err(|_| {
+                    Error::ResponseTimeout {
+                        origin: origin.to_string(),
+                        timeout: limit,
+                    }
+                })?,
+                None => response.await,
+            }
+            .map_err(|e| http1::error(&origin, e))?;
+        Ok(response.map(|body| ResponseBody::http1(body, slot, origin)))
+    }
+}
+
+/// The HTTP/2 request head for `parts`: absolute URI, no connection-specific headers.
+fn http2_head(parts: &Parts) -> Result<Request<()>, Error> {
+    if parts.uri.authority().is_none() {
+        return Err(Error::InvalidRequest {
+            uri: parts.uri.to_string(),
+            reason: "an HTTP/2 request needs an absolute URI with a host".to_owned(),
+        });
+    }
+    let mut head = Request::new(());
+    *head.method_mut() = parts.method.clone();
+    *head.uri_mut() = parts.uri.clone();
+    *head.version_mut() = Version::HTTP_2;
+    let mut headers = parts.headers.clone();
+    for name in &CONNECTION_SPECIFIC {
+        headers.remove(name);
+    }
+    headers.remove("proxy-connection");
+    // `TE` is allowed only as `TE: trailers`.
+    if headers
+        .get(header::TE)
+        .is_some_and(|te| te.as_bytes() != b"trailers")
+    {
+        headers.remove(header::TE);
+    }
+    *head.headers_mut() = headers;
+    Ok(head)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http2_head_drops_connection_specific_headers() {
+        let request = Request::builder()
+            .uri("https://kube.example:6443/api/v1/secrets?watch=true")
+            .header(header::CONNECTION, "keep-alive")
+            .header(header::HOST, "kube.example")
+            .header("keep-alive", "timeout=5")
+            .header(header::TE, "gzip")
+            .header(header::AUTHORIZATION, "Bearer x")
+            .body(())
+            .unwrap();
+        let (parts, ()) = request.into_parts();
+        let head = http2_head(&parts).unwrap();
+        assert_eq!(head.version(), Version::HTTP_2);
+        assert_eq!(head.headers().len(), 1);
+        assert!(head.headers().contains_key(header::AUTHORIZATION));
+    }
+
+    #[test]
+    fn http2_head_needs_an_absolute_uri() {
+        let (parts, ()) = Request::builder()
+            .uri("/api/v1/secrets")
+            .body(())
+            .unwrap()
+            .into_parts();
+        assert!(matches!(
+            http2_head(&parts),
+            Err(Error::InvalidRequest { .. })
+        ));
+    }
+}

@@ -1,1 +1,66 @@
-//! route-secrets (placeholder: being built).
+//! OpenShift routes whose certificate lives in a secret: the pure foundation of
+//! certwatch's route pipeline.
+//!
+//! - [`route`]: the `Route` resource (`route.openshift.io/v1`) with the fields a router
+//!   uses, lossless for fields it does not model, plus [`route::status`] helpers that
+//!   write and recognise this router's `status.ingress[]` entry.
+//! - [`reason`]: why a route was rejected or re-admitted, with OpenShift's reason names
+//!   (`ExternalCertificateValidationFailed`, ...) and messages a person can act on.
+//! - [`tls`]: validation of the certificate and key of a `kubernetes.io/tls` secret:
+//!   chain order, key format, key/certificate match, validity, host coverage.
+//! - `testing` (feature `test-support`): rcgen-built certificate and key fixtures.
+//!
+//! Nothing in this crate performs I/O.
+//!
+//! # Example
+//!
+//! A route points at a secret; the secret is validated and the outcome recorded in the
+//! route's status, once:
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//!
+//! use jiff::Timestamp;
+//! use k8s_openapi::ByteString;
+//! use route_secrets::reason::{Reason, ValidationProblem};
+//! use route_secrets::route::Route;
+//! use route_secrets::route::status::{RouterIdentity, record_admission, records_admission};
+//! use route_secrets::tls::{self, TlsRejection};
+//!
+//! let mut route: Route = serde_json::from_value(serde_json::json!({
+//!     "apiVersion": "route.openshift.io/v1",
+//!     "kind": "Route",
+//!     "metadata": {"name": "shop", "namespace": "team-a"},
+//!     "spec": {
+//!         "host": "shop.example.com",
+//!         "to": {"kind": "Service", "name": "shop"},
+//!         "tls": {"termination": "edge", "externalCertificate": {"name": "shop-tls"}}
+//!     }
+//! }))?;
+//! let secret_name = route.external_certificate_name().expect("edge route with a secret");
+//!
+//! // A secret created with `kubectl create secret generic` has the wrong type.
+//! let data = BTreeMap::from([("tls.crt".to_owned(), ByteString(b"...".to_vec()))]);
+//! let now = Timestamp::from_second(1_750_000_000)?;
+//! let rejection = tls::validate(Some("Opaque"), &data, route.host(), now).unwrap_err();
+//! assert!(matches!(rejection, TlsRejection::WrongSecretType { .. }));
+//!
+//! let reason = Reason::ExternalCertificateValidationFailed {
+//!     route: route.key().expect("namespaced route"),
+//!     secret: secret_name.to_owned(),
+//!     problem: ValidationProblem::Tls(rejection),
+//! };
+//! assert_eq!(reason.name(), "ExternalCertificateValidationFailed");
+//!
+//! let router = RouterIdentity::new("default");
+//! let admission = reason.admission();
+//! assert!(record_admission(&mut route, &router, &admission, now)); // write this status
+//! assert!(records_admission(&route, &router, &admission)); // its echo needs no write
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod reason;
+pub mod route;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
+pub mod tls;

@@ -1,0 +1,497 @@
+//! Validation of the TLS material in a `kubernetes.io/tls` secret.
+//!
+//! [`TlsValidator::validate`] runs every check a router needs before it serves a
+//! certificate, in a fixed order, and reports the first failure as a [`TlsRejection`]:
+//!
+//! 1. the secret type is `kubernetes.io/tls`;
+//! 2. `tls.crt` is present and non-empty; 3. `tls.key` is present and non-empty;
+//! 4. `tls.crt` is UTF-8 text; 5. it holds well-formed PEM with at least one
+//!    `CERTIFICATE` block;
+//! 6. every certificate parses as X.509; 7. the chain is in order (each certificate is
+//!    issued by the next one: names, and signatures where ring can verify them);
+//! 8. the key parses and is supported (PKCS#8 RSA / ECDSA P-256 / P-384 / Ed25519,
+//!    PKCS#1 `RSA PRIVATE KEY`, SEC1 `EC PRIVATE KEY`; encrypted keys are not);
+//! 9. the key belongs to the server (first) certificate;
+//! 10. the server certificate is within its validity period.
+//!
+//! Valid material can still carry [`TlsWarning`]s: it expires within the warning window
+//! (30 days by default), its names do not cover the route's host (RFC 6125 wildcards),
+//! or some PEM blocks were ignored.
+//!
+//! Nothing here puts key bytes into an error, a warning or `Debug` output; the key is
+//! only reachable through [`SecretPem::expose_secret`].
+
+mod chain;
+pub(crate) mod der;
+mod error;
+mod host;
+mod key;
+mod pem;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use x509_parser::certificate::X509Certificate;
+use x509_parser::extensions::GeneralName;
+
+pub use error::{TlsRejection, TlsWarning};
+pub use host::{dns_name_covers, names_cover};
+pub use key::{KeyAlgorithm, KeyEncoding};
+pub use pem::PemProblem;
+
+use error::shorten;
+
+/// The secret type that holds a certificate and its key.
+pub const SECRET_TYPE_TLS: &str = "kubernetes.io/tls";
+/// The data entry holding the PEM certificate chain.
+pub const TLS_CERT_ENTRY: &str = "tls.crt";
+/// The data entry holding the PEM private key.
+pub const TLS_KEY_ENTRY: &str = "tls.key";
+/// Default window before expiry in which [`TlsWarning::ExpiresSoon`] is raised.
+pub const DEFAULT_EXPIRY_WARNING: SignedDuration = SignedDuration::from_hours(30 * 24);
+
+const PEM_LABEL_CERTIFICATE: &str = "CERTIFICATE";
+const SECONDS_PER_DAY: i64 = 24 * 60 * 60;
+
+/// PEM text that contains private key material. `Debug` shows only its length, and there
+/// is no `Display`: reading the text takes an explicit [`SecretPem::expose_secret`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretPem(String);
+
+impl SecretPem {
+    /// The PEM text, key included. Do not log it.
+    pub fn expose_secret(&self) -> &str {
+        &self.0
+    }
+
+    /// Length of the text in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the text is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for SecretPem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretPem(<redacted, {} bytes>)", self.0.len())
+    }
+}
+
+/// SHA-256 digest of a DER certificate.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sha256Fingerprint(pub [u8; 32]);
+
+impl Sha256Fingerprint {
+    /// Digests `der`.
+    pub fn of(der: &[u8]) -> Self {
+        let digest = ring::digest::digest(&ring::digest::SHA256, der);
+        let mut bytes = [0; 32];
+        bytes.copy_from_slice(digest.as_ref());
+        Self(bytes)
+    }
+
+    /// Lower-case hex without separators.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// Upper-case hex pairs separated by colons, as `openssl x509 -fingerprint` prints.
+impl fmt::Display for Sha256Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, byte) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(":")?;
+            }
+            write!(f, "{byte:02X}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Sha256Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Sha256Fingerprint({self})")
+    }
+}
+
+/// The inputs of a validation: the secret's type and its two data entries.
+#[derive(Clone, Copy, Default)]
+pub struct TlsMaterial<'a> {
+    /// The secret's `type`.
+    pub secret_type: Option<&'a str>,
+    /// The bytes of `tls.crt`.
+    pub certificate: Option<&'a [u8]>,
+    /// The bytes of `tls.key`.
+    pub key: Option<&'a [u8]>,
+}
+
+impl<'a> TlsMaterial<'a> {
+    /// Reads the type and the `tls.crt` / `tls.key` entries of a secret's `data`.
+    pub fn from_data(secret_type: Option<&'a str>, data: &'a BTreeMap<String, ByteString>) -> Self {
+        Self {
+            secret_type,
+            certificate: data.get(TLS_CERT_ENTRY).map(|value| value.0.as_slice()),
+            key: data.get(TLS_KEY_ENTRY).map(|value| value.0.as_slice()),
+        }
+    }
+
+    /// Reads a secret as the API server returns it (`data`; `stringData` is write-only).
+    pub fn from_secret(secret: &'a Secret) -> Self {
+        let secret_type = secret.type_.as_deref();
+        match &secret.data {
+            Some(data) => Self::from_data(secret_type, data),
+            None => Self {
+                secret_type,
+                ..Self::default()
+            },
+        }
+    }
+}
+
+/// Shows lengths only.
+impl fmt::Debug for TlsMaterial<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsMaterial")
+            .field("secret_type", &self.secret_type)
+            .field("certificate_len", &self.certificate.map(<[u8]>::len))
+            .field("key_len", &self.key.map(<[u8]>::len))
+            .finish()
+    }
+}
+
+/// TLS material that passed every check, normalized for serving.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ValidatedTls {
+    chain_pem: String,
+    key: SecretPem,
+    key_algorithm: KeyAlgorithm,
+    key_encoding: KeyEncoding,
+    chain_len: usize,
+    subject: String,
+    not_before: Timestamp,
+    not_after: Timestamp,
+    fingerprint: Sha256Fingerprint,
+    dns_names: Vec<String>,
+    ip_addresses: Vec<IpAddr>,
+    warnings: Vec<TlsWarning>,
+}
+
+impl ValidatedTls {
+    /// The certificate chain as PEM, server certificate first, re-encoded from DER (no
+    /// comments or other blocks).
+    pub fn chain_pem(&self) -> &str {
+        &self.chain_pem
+    }
+
+    /// The private key as PEM, with its original label (PKCS#8, PKCS#1 or SEC1).
+    pub fn key_pem(&self) -> &SecretPem {
+        &self.key
+    }
+
+    /// The chain followed by the key, as HAProxy's `crt` files expect.
+    pub fn pem_bundle(&self) -> SecretPem {
+        SecretPem(format!("{}{}", self.chain_pem, self.key.expose_secret()))
+    }
+
+    /// The key's algorithm.
+    pub fn key_algorithm(&self) -> KeyAlgorithm {
+        self.key_algorithm
+    }
+
+    /// How the key was encoded.
+    pub fn key_encoding(&self) -> KeyEncoding {
+        self.key_encoding
+    }
+
+    /// Number of certificates in the chain.
+    pub fn chain_len(&self) -> usize {
+        self.chain_len
+    }
+
+    /// Subject of the server certificate.
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    /// Start of the server certificate's validity.
+    pub fn not_before(&self) -> Timestamp {
+        self.not_before
+    }
+
+    /// End of the server certificate's validity (for an expiry metric).
+    pub fn not_after(&self) -> Timestamp {
+        self.not_after
+    }
+
+    /// SHA-256 fingerprint of the server certificate.
+    pub fn fingerprint(&self) -> Sha256Fingerprint {
+        self.fingerprint
+    }
+
+    /// The server certificate's DNS names: its SAN dNSNames, or its CN when it has no
+    /// SAN extension.
+    pub fn dns_names(&self) -> &[String] {
+        &self.dns_names
+    }
+
+    /// The server certificate's SAN IP addresses.
+    pub fn ip_addresses(&self) -> &[IpAddr] {
+        &self.ip_addresses
+    }
+
+    /// Whether the server certificate covers `host` (RFC 6125).
+    pub fn covers_host(&self, host: &str) -> bool {
+        names_cover(&self.dns_names, &self.ip_addresses, host)
+    }
+
+    /// What a person should know although the material is valid.
+    pub fn warnings(&self) -> &[TlsWarning] {
+        &self.warnings
+    }
+}
+
+/// Everything but the key.
+impl fmt::Debug for ValidatedTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ValidatedTls")
+            .field("subject", &self.subject)
+            .field("chain_len", &self.chain_len)
+            .field("key", &self.key)
+            .field("key_algorithm", &self.key_algorithm)
+            .field("key_encoding", &self.key_encoding)
+            .field("not_before", &self.not_before)
+            .field("not_after", &self.not_after)
+            .field("fingerprint", &self.fingerprint)
+            .field("dns_names", &self.dns_names)
+            .field("ip_addresses", &self.ip_addresses)
+            .field("warnings", &self.warnings)
+            .finish()
+    }
+}
+
+/// Validates TLS material; see the [module documentation](self) for the checks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsValidator {
+    expiry_warning: SignedDuration,
+}
+
+impl Default for TlsValidator {
+    fn default() -> Self {
+        Self {
+            expiry_warning: DEFAULT_EXPIRY_WARNING,
+        }
+    }
+}
+
+impl TlsValidator {
+    /// A validator that warns when the certificate expires within `window`.
+    pub fn with_expiry_warning(window: SignedDuration) -> Self {
+        Self {
+            expiry_warning: window,
+        }
+    }
+
+    /// The expiry warning window.
+    pub fn expiry_warning(&self) -> SignedDuration {
+        self.expiry_warning
+    }
+
+    /// Validates a secret's TLS material for a route whose host is `route_host` (no host
+    /// check when `None` or empty), at time `now`.
+    pub fn validate_secret(
+        &self,
+        secret: &Secret,
+        route_host: Option<&str>,
+        now: Timestamp,
+    ) -> Result<ValidatedTls, TlsRejection> {
+        self.validate(TlsMaterial::from_secret(secret), route_host, now)
+    }
+
+    /// Validates `material`; see [`TlsValidator::validate_secret`].
+    pub fn validate(
+        &self,
+        material: TlsMaterial<'_>,
+        route_host: Option<&str>,
+        now: Timestamp,
+    ) -> Result<ValidatedTls, TlsRejection> {
+        if material.secret_type != Some(SECRET_TYPE_TLS) {
+            return Err(TlsRejection::WrongSecretType {
+                found: material.secret_type.map(str::to_owned),
+            });
+        }
+        let certificate_bytes = match material.certificate {
+            None => return Err(TlsRejection::CertificateMissing),
+            Some([]) => return Err(TlsRejection::CertificateEmpty),
+            Some(bytes) => bytes,
+        };
+        let key_bytes = match material.key {
+            None => return Err(TlsRejection::KeyMissing),
+            Some([]) => return Err(TlsRejection::KeyEmpty),
+            Some(bytes) => bytes,
+        };
+
+        let mut warnings = Vec::new();
+        let blocks = certificate_blocks(certificate_bytes, &mut warnings)?;
+        let ders: Vec<&[u8]> = blocks.iter().map(|block| block.der.as_slice()).collect();
+        let certificates = chain::parse(&ders)?;
+        chain::check_order(&certificates)?;
+        let Some(leaf) = certificates.first() else {
+            return Err(TlsRejection::NoCertificate {
+                found_labels: Vec::new(),
+            });
+        };
+
+        let (private_key, key_warnings) = key::parse_key_file(key_bytes)?;
+        warnings.extend(key_warnings);
+        key::check_matches(&private_key, leaf)?;
+
+        let subject = shorten(leaf.subject().to_string());
+        let not_before = timestamp(leaf.validity().not_before.timestamp())?;
+        let not_after = timestamp(leaf.validity().not_after.timestamp())?;
+        if now < not_before {
+            return Err(TlsRejection::CertificateNotYetValid {
+                subject,
+                not_before,
+                now,
+            });
+        }
+        if now > not_after {
+            return Err(TlsRejection::CertificateExpired {
+                subject,
+                not_after,
+                now,
+            });
+        }
+
+        let remaining = now.duration_until(not_after);
+        if remaining <= self.expiry_warning {
+            warnings.push(TlsWarning::ExpiresSoon {
+                not_after,
+                days_left: remaining.as_secs() / SECONDS_PER_DAY,
+            });
+        }
+        let (dns_names, ip_addresses) = identities(leaf);
+        if let Some(host) = route_host.map(str::trim).filter(|host| !host.is_empty())
+            && !names_cover(&dns_names, &ip_addresses, host)
+        {
+            warnings.push(TlsWarning::HostNotCovered {
+                host: shorten(host),
+                names: dns_names
+                    .iter()
+                    .map(|name| shorten(name.as_str()))
+                    .collect(),
+            });
+        }
+
+        let chain_pem = ders
+            .iter()
+            .map(|der| pem::encode(PEM_LABEL_CERTIFICATE, der))
+            .collect();
+        Ok(ValidatedTls {
+            chain_pem,
+            key: SecretPem(private_key.to_pem()),
+            key_algorithm: private_key.algorithm,
+            key_encoding: private_key.encoding,
+            chain_len: certificates.len(),
+            subject,
+            not_before,
+            not_after,
+            fingerprint: Sha256Fingerprint::of(leaf.as_raw()),
+            dns_names,
+            ip_addresses,
+            warnings,
+        })
+    }
+}
+
+/// Validates with the default [`TlsValidator`] (30-day expiry warning).
+pub fn validate(
+    secret_type: Option<&str>,
+    data: &BTreeMap<String, ByteString>,
+    route_host: Option<&str>,
+    now: Timestamp,
+) -> Result<ValidatedTls, TlsRejection> {
+    TlsValidator::default().validate(TlsMaterial::from_data(secret_type, data), route_host, now)
+}
+
+/// Checks that `tls.crt` is PEM text and returns its CERTIFICATE blocks (warning about
+/// any others, which are left out of the served chain as Go's `tls.X509KeyPair` does).
+fn certificate_blocks(
+    bytes: &[u8],
+    warnings: &mut Vec<TlsWarning>,
+) -> Result<Vec<pem::PemBlock>, TlsRejection> {
+    let text = std::str::from_utf8(bytes).map_err(|err| TlsRejection::CertificateNotText {
+        offset: err.valid_up_to(),
+        // A DER SEQUENCE with a long-form length: someone stored the binary certificate.
+        looks_like_der: bytes.first() == Some(&0x30) && bytes.get(1).is_some_and(|b| b & 0x80 != 0),
+    })?;
+    let blocks =
+        pem::parse(text).map_err(|problem| TlsRejection::CertificatePemMalformed { problem })?;
+    let (certificates, others): (Vec<_>, Vec<_>) = blocks
+        .into_iter()
+        .partition(|block| block.label == PEM_LABEL_CERTIFICATE);
+    let other_labels: Vec<String> = others.iter().map(pem::PemBlock::display_label).collect();
+    if certificates.is_empty() {
+        return Err(TlsRejection::NoCertificate {
+            found_labels: other_labels,
+        });
+    }
+    if !other_labels.is_empty() {
+        warnings.push(TlsWarning::IgnoredPemBlocks {
+            entry: TLS_CERT_ENTRY,
+            labels: other_labels,
+        });
+    }
+    Ok(certificates)
+}
+
+fn timestamp(seconds: i64) -> Result<Timestamp, TlsRejection> {
+    Timestamp::from_second(seconds).map_err(|_| TlsRejection::CertificateUnparseable {
+        position: 1,
+        detail: "its validity dates are out of range".to_owned(),
+    })
+}
+
+/// The DNS names and IP addresses a certificate is for: SAN entries, or the CN when there
+/// is no SAN extension.
+fn identities(certificate: &X509Certificate<'_>) -> (Vec<String>, Vec<IpAddr>) {
+    let mut dns_names = Vec::new();
+    let mut ip_addresses = Vec::new();
+    match certificate.subject_alternative_name() {
+        Ok(Some(san)) => {
+            for name in &san.value.general_names {
+                match name {
+                    GeneralName::DNSName(dns) => dns_names.push((*dns).to_owned()),
+                    GeneralName::IPAddress(bytes) => {
+                        if let Ok(octets) = <[u8; 4]>::try_from(*bytes) {
+                            ip_addresses.push(IpAddr::from(octets));
+                        } else if let Ok(octets) = <[u8; 16]>::try_from(*bytes) {
+                            ip_addresses.push(IpAddr::from(octets));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // No SAN extension (or an unreadable one): fall back to the common name.
+        _ => {
+            dns_names.extend(
+                certificate
+                    .subject()
+                    .iter_common_name()
+                    .filter_map(|cn| cn.as_str().ok())
+                    .map(str::to_owned),
+            );
+        }
+    }
+    (dns_names, ip_addresses)
+}

@@ -148,6 +148,9 @@ impl Body for ResponseBody {
                 Poll::Ready(Some(Ok(frame)))
             }
             Some(Err(e)) => {
+                if let (Error::ConnectionLost { .. }, Some(slot)) = (&e, &this.slot) {
+                    slot.connection_failed();
+                }
                 this.finish();
                 Poll::Ready(Some(Err(e)))
             }

@@ -148,6 +148,8 @@ struct ConnEntry {
     in_use: usize,
     /// Most slots ever taken at once.
     peak: usize,
+    /// A stream on it failed because the connection failed.
+    failed: bool,
 }
 
 impl ConnEntry {
@@ -418,6 +420,7 @@ async fn connect(origin: Arc<OriginPool>) {
                     send: Some(handshaken.send.clone()),
                     in_use: 0,
                     peak: 0,
+                    failed: false,
                 });
                 Counters::inc(&counters.http2_opened);
                 Counters::inc(&counters.http2_open);
@@ -545,23 +548,7 @@ impl ConnectionOwner for Owner {
 
     fn closed(self, reason: CloseReason) {
         Counters::dec(&self.counters.http2_open);
-        match &reason {
-            CloseReason::Closed => tracing::debug!(
-                origin = %self.label,
-                connection = self.connection,
-                "HTTP/2 connection closed"
-            ),
-            _ => {
-                Counters::inc(&self.counters.connections_lost);
-                tracing::warn!(
-                    origin = %self.label,
-                    connection = self.connection,
-                    %reason,
-                    "HTTP/2 connection lost"
-                );
-            }
-        }
-        if let Some(origin) = self.origin.upgrade() {
+        let removed = self.origin.upgrade().and_then(|origin| {
             let removed = {
                 let mut state = lock(&origin.state);
                 let position = state
@@ -570,9 +557,31 @@ impl ConnectionOwner for Owner {
                     .position(|c| c.id == self.connection);
                 position.map(|i| state.connections.remove(i))
             };
-            drop(removed);
             origin.changed.notify_waiters();
+            removed
+        });
+        // h2 reports a peer's plain TCP close as a clean end; if streams were cut off by
+        // it, it is a loss all the same. (Streams may have given their slots back before
+        // this runs; they flag the entry then.)
+        let streams_cut = removed.as_ref().map_or(0, |entry| entry.in_use);
+        let failed = removed.as_ref().is_some_and(|entry| entry.failed);
+        if matches!(reason, CloseReason::Closed) && streams_cut == 0 && !failed {
+            tracing::debug!(
+                origin = %self.label,
+                connection = self.connection,
+                "HTTP/2 connection closed"
+            );
+        } else {
+            Counters::inc(&self.counters.connections_lost);
+            tracing::warn!(
+                origin = %self.label,
+                connection = self.connection,
+                %reason,
+                streams_cut,
+                "HTTP/2 connection lost"
+            );
         }
+        drop(removed);
     }
 }
 
@@ -598,6 +607,19 @@ impl StreamSlot {
     fn http2(origin: Arc<OriginPool>, connection: u64) -> Self {
         Self {
             release: Release::Http2 { origin, connection },
+        }
+    }
+
+    /// Records that this stream failed because its connection failed, so that the
+    /// connection's end counts as a loss even if the peer closed it "cleanly".
+    pub(crate) fn connection_failed(&self) {
+        if let Release::Http2 { origin, connection } = &self.release
+            && let Some(entry) = lock(&origin.state)
+                .connections
+                .iter_mut()
+                .find(|c| c.id == *connection)
+        {
+            entry.failed = true;
         }
     }
 

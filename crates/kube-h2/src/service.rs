@@ -203,7 +203,13 @@ impl Dispatcher {
             })?,
             None => response.await,
         }
-        .map_err(|e| AttemptFailed::Failed(h2_error(&pool.label, connection, e)))?;
+        .map_err(|e| {
+            let error = h2_error(&pool.label, connection, e);
+            if matches!(error, Error::ConnectionLost { .. }) {
+                slot.connection_failed();
+            }
+            AttemptFailed::Failed(error)
+        })?;
         let (head, recv) = response.into_parts();
         Ok(Response::from_parts(
             head,

@@ -250,10 +250,12 @@ impl TestServer {
                 let task_state = state.clone();
                 let task = tokio::spawn(async move {
                     match acceptor {
-                        Some(acceptor) => match acceptor.accept(tcp).await {
-                            Ok(tls) => serve(tls, id, task_state, options, goaway_rx).await,
-                            Err(_) => {}
-                        },
+                        Some(acceptor) => {
+                            // A failed handshake (an untrusting client) just ends here.
+                            if let Ok(tls) = acceptor.accept(tcp).await {
+                                serve(tls, id, task_state, options, goaway_rx).await;
+                            }
+                        }
                         None => serve(tcp, id, task_state, options, goaway_rx).await,
                     }
                 });

@@ -4,13 +4,16 @@
 //! certificate, in a fixed order, and reports the first failure as a [`TlsRejection`]:
 //!
 //! 1. the secret type is `kubernetes.io/tls`;
-//! 2. `tls.crt` is present and non-empty; 3. `tls.key` is present and non-empty;
-//! 4. `tls.crt` is UTF-8 text; 5. it holds well-formed PEM with at least one
-//!    `CERTIFICATE` block;
-//! 6. every certificate parses as X.509; 7. the chain is in order (each certificate is
-//!    issued by the next one: names, and signatures where ring can verify them);
-//! 8. the key parses and is supported (PKCS#8 RSA / ECDSA P-256 / P-384 / Ed25519,
-//!    PKCS#1 `RSA PRIVATE KEY`, SEC1 `EC PRIVATE KEY`; encrypted keys are not);
+//! 2. `tls.crt` is present and non-empty;
+//! 3. `tls.key` is present and non-empty;
+//! 4. `tls.crt` is UTF-8 text;
+//! 5. it is well-formed PEM with at least one `CERTIFICATE` block;
+//! 6. every certificate parses as X.509;
+//! 7. the chain is in order: each certificate is issued by the next one (names, and
+//!    signatures where ring can verify them);
+//! 8. the key is PEM and of a supported kind: unencrypted PKCS#8 RSA / ECDSA P-256 /
+//!    P-384 / Ed25519, PKCS#1 `RSA PRIVATE KEY` or SEC1 `EC PRIVATE KEY`, RSA of 2048
+//!    bits or more;
 //! 9. the key belongs to the server (first) certificate;
 //! 10. the server certificate is within its validity period.
 //!
@@ -253,6 +256,13 @@ impl ValidatedTls {
         names_cover(&self.dns_names, &self.ip_addresses, host)
     }
 
+    /// The [`TlsWarning::HostNotCovered`] warning for `host`, if the server certificate
+    /// does not cover it (`None` for an empty host). Lets a caller validate a secret once
+    /// without a host and check each route that shares it.
+    pub fn host_warning(&self, host: &str) -> Option<TlsWarning> {
+        host_warning(&self.dns_names, &self.ip_addresses, host)
+    }
+
     /// What a person should know although the material is valid.
     pub fn warnings(&self) -> &[TlsWarning] {
         &self.warnings
@@ -380,16 +390,10 @@ impl TlsValidator {
             });
         }
         let (dns_names, ip_addresses) = identities(leaf);
-        if let Some(host) = route_host.map(str::trim).filter(|host| !host.is_empty())
-            && !names_cover(&dns_names, &ip_addresses, host)
+        if let Some(warning) =
+            route_host.and_then(|host| host_warning(&dns_names, &ip_addresses, host))
         {
-            warnings.push(TlsWarning::HostNotCovered {
-                host: shorten(host),
-                names: dns_names
-                    .iter()
-                    .map(|name| shorten(name.as_str()))
-                    .collect(),
-            });
+            warnings.push(warning);
         }
 
         let chain_pem = ders
@@ -458,6 +462,20 @@ fn timestamp(seconds: i64) -> Result<Timestamp, TlsRejection> {
     Timestamp::from_second(seconds).map_err(|_| TlsRejection::CertificateUnparseable {
         position: 1,
         detail: "its validity dates are out of range".to_owned(),
+    })
+}
+
+fn host_warning(dns_names: &[String], ip_addresses: &[IpAddr], host: &str) -> Option<TlsWarning> {
+    let host = host.trim();
+    if host.is_empty() || names_cover(dns_names, ip_addresses, host) {
+        return None;
+    }
+    Some(TlsWarning::HostNotCovered {
+        host: shorten(host),
+        names: dns_names
+            .iter()
+            .map(|name| shorten(name.as_str()))
+            .collect(),
     })
 }
 

@@ -626,12 +626,13 @@ fn host_coverage_is_a_warning() {
         }]
     );
     assert_eq!(validated.warnings()[0].code(), "host_not_covered");
-    // No host, no check.
+    // No host, no check; the same check is available per host afterwards.
+    let hostless = check_host(crt.as_bytes(), key.as_bytes(), None).unwrap();
+    assert_eq!(hostless.warnings(), &[]);
+    assert_eq!(hostless.host_warning("a.example.com"), None);
     assert_eq!(
-        check_host(crt.as_bytes(), key.as_bytes(), None)
-            .unwrap()
-            .warnings(),
-        &[]
+        hostless.host_warning("a.b.example.com").as_ref(),
+        validated.warnings().first()
     );
     assert_eq!(
         check_host(crt.as_bytes(), key.as_bytes(), Some(""))

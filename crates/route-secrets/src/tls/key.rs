@@ -372,8 +372,12 @@ fn parse_sec1(
     for (tag, contents) in fields.context_tagged().ok_or_else(broken)? {
         match tag {
             0 => {
-                let oid = der::single(contents, Tag::Oid)
-                    .ok_or_else(|| invalid(label, "the EC parameters are not a named curve"))?;
+                let oid = der::single(contents, Tag::Oid).ok_or_else(|| {
+                    unsupported(
+                        label,
+                        "explicit curve parameters cannot be served; use a named curve",
+                    )
+                })?;
                 inner_curve =
                     Some(Curve::from_oid(oid).map_err(|detail| unsupported(label, detail))?);
             }
@@ -512,5 +516,91 @@ pub(crate) fn check_matches(
             certificate: describe_public_key(spki),
             subject: shorten(certificate.subject().to_string()),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tlv(tag: u8, contents: &[u8]) -> Vec<u8> {
+        assert!(contents.len() < 0x80);
+        let mut out = vec![tag, contents.len() as u8];
+        out.extend_from_slice(contents);
+        out
+    }
+
+    fn sec1_with_parameters(parameters: &[u8]) -> Vec<u8> {
+        let fields = [tlv(0x02, &[1]), tlv(0x04, &[7; 32]), tlv(0xa0, parameters)].concat();
+        tlv(0x30, &fields)
+    }
+
+    fn rejection(result: Result<PrivateKey, TlsRejection>) -> TlsRejection {
+        match result {
+            Ok(_) => panic!("expected a rejection"),
+            Err(err) => err,
+        }
+    }
+
+    #[test]
+    fn explicit_or_unknown_curves_are_unsupported() {
+        let explicit = sec1_with_parameters(&tlv(0x30, &tlv(0x02, &[1])));
+        let err = rejection(parse_sec1(&explicit, None, LABEL_SEC1, KeyEncoding::Sec1));
+        assert!(
+            matches!(&err, TlsRejection::UnsupportedKey { detail, .. } if detail.contains("named curve")),
+            "{err}"
+        );
+
+        // secp256k1, 1.3.132.0.10
+        let unknown = sec1_with_parameters(&tlv(0x06, &[0x2b, 0x81, 0x04, 0x00, 0x0a]));
+        let err = rejection(parse_sec1(&unknown, None, LABEL_SEC1, KeyEncoding::Sec1));
+        assert!(
+            matches!(&err, TlsRejection::UnsupportedKey { detail, .. } if detail.contains("1.3.132.0.10")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn curve_must_be_named_once() {
+        let p256 = sec1_with_parameters(&tlv(0x06, OID_EC_P256.as_bytes()));
+        let err = rejection(parse_sec1(
+            &p256,
+            Some(Curve::P384),
+            LABEL_PKCS8,
+            KeyEncoding::Pkcs8,
+        ));
+        assert!(
+            matches!(&err, TlsRejection::KeyInvalid { detail, .. } if detail.contains("two different curves")),
+            "{err}"
+        );
+
+        let unnamed = tlv(0x30, &[tlv(0x02, &[1]), tlv(0x04, &[7; 32])].concat());
+        let err = rejection(parse_sec1(&unnamed, None, LABEL_SEC1, KeyEncoding::Sec1));
+        assert!(
+            matches!(&err, TlsRejection::KeyInvalid { detail, .. } if detail.contains("no curve")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_pkcs8_algorithms_are_named() {
+        let algorithm = tlv(0x30, &tlv(0x06, &[0x2a, 0x03, 0x04]));
+        let pkcs8 = tlv(
+            0x30,
+            &[tlv(0x02, &[0]), algorithm, tlv(0x04, &[0; 4])].concat(),
+        );
+        let err = rejection(parse_pkcs8(&pkcs8));
+        assert!(
+            matches!(&err, TlsRejection::UnsupportedKey { detail, .. } if detail.contains("1.2.3.4")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn trailing_garbage_in_a_key_is_invalid() {
+        let mut p256 = sec1_with_parameters(&tlv(0x06, OID_EC_P256.as_bytes()));
+        p256.push(0);
+        let err = rejection(parse_sec1(&p256, None, LABEL_SEC1, KeyEncoding::Sec1));
+        assert!(matches!(err, TlsRejection::KeyInvalid { .. }), "{err}");
     }
 }

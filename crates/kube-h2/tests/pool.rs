@@ -490,3 +490,124 @@ async fn proxies_are_refused_with_a_clear_error() {
     assert!(matches!(error, kube_h2::Error::ProxyNotSupported { .. }));
     assert!(error.to_string().contains("proxy.example"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_answering_is_dropped_by_keepalive() {
+    let server = TestServer::start(ServerOptions::default()).await;
+    let proxy = support::FreezableProxy::start(server.addr).await;
+    let config = kube::Config::new(format!("http://{}", proxy.addr).parse().unwrap());
+    let options = ClientOptions::default()
+        .keepalive(Some(Duration::from_millis(100)), Duration::from_millis(300));
+    let pooled = build_client(config, options).unwrap();
+    let api: Api<Secret> = Api::namespaced(pooled.client(), "ns");
+
+    let mut watches = open_watches(&api, 0..4).await;
+    proxy.freeze_existing();
+
+    // Without keep-alive these would wait forever for the next event.
+    for watch in &mut watches {
+        let ended = tokio::time::timeout(HANG_GUARD, async {
+            loop {
+                match watch.next().await {
+                    Some(Ok(_)) => continue,
+                    Some(Err(error)) => return Some(error),
+                    None => return None,
+                }
+            }
+        })
+        .await
+        .expect("a watch on a dead connection never ended");
+        if let Some(error) = ended {
+            assert!(
+                matches!(
+                    find_pool_error(&error),
+                    Some(kube_h2::Error::ConnectionLost { .. })
+                ),
+                "{error}"
+            );
+        }
+    }
+    eventually("dead connection left the pool", || {
+        pooled.stats().http2_connections_open == 0
+    })
+    .await;
+    assert_eq!(pooled.stats().connections_lost, 1);
+    assert_eq!(pooled.stats().active_streams, 0);
+
+    // New connections through the proxy flow again.
+    api.list(&ListParams::default()).await.unwrap();
+    assert_eq!(pooled.stats().http2_connections_opened, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_response_header_deadline_spares_watch_bodies() {
+    let server = TestServer::start(ServerOptions::default()).await;
+    let options = ClientOptions::default().response_headers_timeout(Duration::from_millis(200));
+    let (pooled, api) = client(&server, options);
+
+    let error = api.get("hang").await.unwrap_err();
+    assert!(
+        matches!(
+            find_pool_error(&error),
+            Some(kube_h2::Error::ResponseTimeout { .. })
+        ),
+        "{error}"
+    );
+    eventually("the timed-out request gave its slot back", || {
+        pooled.stats().active_streams == 0
+    })
+    .await;
+
+    // A watch's events arrive slower than the deadline (every 500 ms); it lives on.
+    let mut watch = open_watch(api.clone(), "slow".to_owned()).await;
+    for _ in 0..2 {
+        assert!(matches!(
+            watch.next().await,
+            Some(Ok(WatchEvent::Bookmark(_)))
+        ));
+    }
+    assert_eq!(pooled.stats().active_streams, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_are_sent_over_http2() {
+    let server = TestServer::start(ServerOptions::default()).await;
+    let (pooled, api) = client(&server, ClientOptions::default());
+
+    let mut secret = Secret::default();
+    secret.metadata.name = Some("created".to_owned());
+    secret.string_data = Some([("big".to_owned(), "x".repeat(300_000))].into());
+    let created = api
+        .create(&kube::api::PostParams::default(), &secret)
+        .await
+        .unwrap();
+
+    assert_eq!(created.metadata.name.as_deref(), Some("created"));
+    assert_eq!(created.string_data, secret.string_data);
+    assert_eq!(server.state.http2_requests.load(Ordering::SeqCst), 1);
+    assert_eq!(pooled.stats().active_streams, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_client_closes_its_connections() {
+    let server = TestServer::start(ServerOptions {
+        max_concurrent_streams: 2,
+        ..ServerOptions::default()
+    })
+    .await;
+    let (pooled, api) = client(&server, ClientOptions::default());
+    let watches = open_watches(&api, 0..4).await;
+    assert_eq!(server.state.connections_open(), 2);
+    let (kube_client, handle) = pooled.into_parts();
+
+    drop(watches);
+    drop(api);
+    drop(kube_client);
+
+    eventually("server saw every connection close", || {
+        server.state.connections_open() == 0
+    })
+    .await;
+    eventually("pool is gone", || handle.connections().is_empty()).await;
+    assert_eq!(handle.stats().http2_connections_open, 0);
+}

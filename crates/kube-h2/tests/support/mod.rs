@@ -314,7 +314,7 @@ async fn serve<I>(
     let service_state = state.clone();
     let service = service_fn(move |request: Request<Incoming>| {
         let state = service_state.clone();
-        async move { Ok::<_, Infallible>(handle(state, id, request)) }
+        async move { Ok::<_, Infallible>(handle(state, id, request).await) }
     });
     let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
@@ -328,7 +328,7 @@ async fn serve<I>(
 
 type ServerBody = BoxBody<Bytes, Infallible>;
 
-fn handle(
+async fn handle(
     state: Arc<ServerState>,
     connection: u64,
     request: Request<Incoming>,
@@ -344,14 +344,16 @@ fn handle(
             seen.push(value);
         }
     }
-    let path = request.uri().path();
-    let query = request.uri().query().unwrap_or("");
+    let path = request.uri().path().to_owned();
+    let query = request.uri().query().unwrap_or("").to_owned();
     let params: HashMap<String, String> = form_urlencoded::parse(query.as_bytes())
         .into_owned()
         .collect();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match segments.as_slice() {
-        ["api", "v1", "namespaces", namespace, "secrets"] => {
+        ["api", "v1", "namespaces", namespace, "secrets"]
+            if request.method() == http::Method::GET =>
+        {
             let name = params
                 .get("fieldSelector")
                 .and_then(|f| f.strip_prefix("metadata.name="))
@@ -368,6 +370,17 @@ fn handle(
                 });
                 json(StatusCode::OK, &list)
             }
+        }
+        ["api", "v1", "namespaces", _, "secrets"] if request.method() == http::Method::POST => {
+            // Echo the created object back, as the API server does.
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            let object: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            json(StatusCode::CREATED, &object)
+        }
+        ["api", "v1", "namespaces", _, "secrets", "hang"] => {
+            // Never answers: for response-header deadlines.
+            std::future::pending::<()>().await;
+            unreachable!()
         }
         ["api", "v1", "namespaces", namespace, "secrets", name] => {
             json(StatusCode::OK, &secret(namespace, name))
@@ -433,6 +446,86 @@ fn watch(
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(BodyExt::boxed(StreamBody::new(first.chain(bookmarks))))
         .unwrap()
+}
+
+/// A TCP proxy in front of a server whose existing connections can be frozen: bytes
+/// stop flowing both ways but the sockets stay open, as with a peer that vanished
+/// without a FIN. Connections accepted after a freeze flow normally.
+pub struct FreezableProxy {
+    pub addr: SocketAddr,
+    /// One switch per accepted connection.
+    switches: Arc<Mutex<Vec<tokio::sync::watch::Sender<bool>>>>,
+    accept_task: AbortHandle,
+}
+
+impl Drop for FreezableProxy {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+    }
+}
+
+impl FreezableProxy {
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let switches: Arc<Mutex<Vec<tokio::sync::watch::Sender<bool>>>> = Arc::default();
+        let accept_switches = switches.clone();
+        let accept_task = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let (frozen_tx, frozen_rx) = tokio::sync::watch::channel(false);
+                accept_switches.lock().unwrap().push(frozen_tx);
+                let (client_read, client_write) = client.into_split();
+                let (server_read, server_write) = server.into_split();
+                tokio::spawn(pipe(client_read, server_write, frozen_rx.clone()));
+                tokio::spawn(pipe(server_read, client_write, frozen_rx));
+            }
+        })
+        .abort_handle();
+        Self {
+            addr,
+            switches,
+            accept_task,
+        }
+    }
+
+    /// Stops all traffic on the connections accepted so far.
+    pub fn freeze_existing(&self) {
+        for switch in self.switches.lock().unwrap().iter() {
+            let _ = switch.send(true);
+        }
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut frozen: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        if *frozen.borrow() {
+            // Hold both sockets open and move nothing.
+            std::future::pending::<()>().await;
+        }
+        tokio::select! {
+            read = from.read(&mut buffer) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if to.write_all(&buffer[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            },
+            _ = frozen.changed() => {}
+        }
+    }
 }
 
 /// Polls `condition` every 10 ms until it holds; panics with `what` after ~60 s so a

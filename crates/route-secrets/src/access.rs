@@ -34,10 +34,11 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, ResourceRule, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
-    SelfSubjectRulesReview, SelfSubjectRulesReviewSpec, SubjectAccessReview, SubjectAccessReviewSpec,
+    SelfSubjectRulesReview, SelfSubjectRulesReviewSpec, SubjectAccessReview,
+    SubjectAccessReviewSpec,
 };
-use kube::api::{Api, PostParams};
 use kube::Client;
+use kube::api::{Api, PostParams};
 use tokio::time::Instant;
 
 /// The verbs a router needs on its route's secret, in the order they are reported.
@@ -121,13 +122,22 @@ struct Inner {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Question {
-    Rules { namespace: String },
-    Review { namespace: String, secret: String, verb: &'static str },
+    Rules {
+        namespace: String,
+    },
+    Review {
+        namespace: String,
+        secret: String,
+        verb: &'static str,
+    },
 }
 
 #[derive(Clone, Debug)]
 enum Answer {
-    Rules { rules: Arc<Vec<ResourceRule>>, incomplete: bool },
+    Rules {
+        rules: Arc<Vec<ResourceRule>>,
+        incomplete: bool,
+    },
     Allowed(bool),
 }
 
@@ -189,7 +199,11 @@ impl AccessChecker {
     }
 
     /// Which of get, list and watch the identity may not use on `namespace/secret`.
-    pub async fn check(&self, namespace: &str, secret: &str) -> Result<AccessDecision, AccessError> {
+    pub async fn check(
+        &self,
+        namespace: &str,
+        secret: &str,
+    ) -> Result<AccessDecision, AccessError> {
         let subject = match &self.inner.policy {
             AccessPolicy::Subject { user, .. } => format!("user {user:?}"),
             AccessPolicy::SelfRules | AccessPolicy::SelfReviews => "the router identity".to_owned(),
@@ -201,7 +215,13 @@ impl AccessChecker {
                     namespace: namespace.to_owned(),
                 };
                 let Answer::Rules { rules, incomplete } = self.ask(question, secret).await? else {
-                    return Err(self.error(namespace, secret, "rules review", None, "unexpected answer"));
+                    return Err(self.error(
+                        namespace,
+                        secret,
+                        "rules review",
+                        None,
+                        "unexpected answer",
+                    ));
                 };
                 for verb in REQUIRED_VERBS {
                     if rules_allow(&rules, verb, secret) {
@@ -215,10 +235,11 @@ impl AccessChecker {
                 }
             }
             AccessPolicy::SelfReviews | AccessPolicy::Subject { .. } => {
-                let answers = futures::future::join_all(
-                    REQUIRED_VERBS.map(|verb| async move { (verb, self.review(namespace, secret, verb).await) }),
-                )
-                .await;
+                let answers =
+                    futures::future::join_all(REQUIRED_VERBS.map(|verb| async move {
+                        (verb, self.review(namespace, secret, verb).await)
+                    }))
+                    .await;
                 for (verb, allowed) in answers {
                     if !allowed? {
                         denied.push(verb);
@@ -229,7 +250,12 @@ impl AccessChecker {
         Ok(AccessDecision { denied, subject })
     }
 
-    async fn review(&self, namespace: &str, secret: &str, verb: &'static str) -> Result<bool, AccessError> {
+    async fn review(
+        &self,
+        namespace: &str,
+        secret: &str,
+        verb: &'static str,
+    ) -> Result<bool, AccessError> {
         let question = Question::Review {
             namespace: namespace.to_owned(),
             secret: secret.to_owned(),
@@ -237,7 +263,13 @@ impl AccessChecker {
         };
         match self.ask(question, secret).await? {
             Answer::Allowed(allowed) => Ok(allowed),
-            Answer::Rules { .. } => Err(self.error(namespace, secret, "access review", None, "unexpected answer")),
+            Answer::Rules { .. } => Err(self.error(
+                namespace,
+                secret,
+                "access review",
+                None,
+                "unexpected answer",
+            )),
         }
     }
 
@@ -246,7 +278,11 @@ impl AccessChecker {
     async fn ask(&self, question: Question, secret: &str) -> Result<Answer, AccessError> {
         let now = Instant::now();
         let (id, answer) = {
-            let mut cache = self.inner.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut cache = self
+                .inner
+                .cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let fresh = cache
                 .get(&question)
                 .filter(|slot| now.saturating_duration_since(slot.asked_at) < self.inner.ttl);
@@ -263,7 +299,10 @@ impl AccessChecker {
                         cache.retain(|_, slot| now.saturating_duration_since(slot.asked_at) < ttl);
                     }
                     let id = self.inner.next_slot.fetch_add(1, Ordering::Relaxed);
-                    let answer = self.request(question.clone(), secret.to_owned()).boxed().shared();
+                    let answer = self
+                        .request(question.clone(), secret.to_owned())
+                        .boxed()
+                        .shared();
                     cache.insert(
                         question.clone(),
                         Slot {
@@ -278,7 +317,11 @@ impl AccessChecker {
         };
         let result = answer.await;
         if result.is_err() {
-            let mut cache = self.inner.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut cache = self
+                .inner
+                .cache
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             if cache.get(&question).is_some_and(|slot| slot.id == id) {
                 cache.remove(&question);
             }
@@ -287,7 +330,11 @@ impl AccessChecker {
     }
 
     /// Sends the review that answers `question`.
-    fn request(&self, question: Question, secret: String) -> impl Future<Output = Result<Answer, AccessError>> + Send + 'static {
+    fn request(
+        &self,
+        question: Question,
+        secret: String,
+    ) -> impl Future<Output = Result<Answer, AccessError>> + Send + 'static {
         let this = self.clone();
         async move {
             this.inner.requests.fetch_add(1, Ordering::Relaxed);
@@ -315,7 +362,11 @@ impl AccessChecker {
                         incomplete: status.incomplete,
                     })
                 }
-                Question::Review { namespace, secret, verb } => {
+                Question::Review {
+                    namespace,
+                    secret,
+                    verb,
+                } => {
                     let attributes = ResourceAttributes {
                         namespace: Some(namespace.clone()),
                         verb: Some(verb.to_owned()),
@@ -338,7 +389,14 @@ impl AccessChecker {
                             let api: Api<SubjectAccessReview> = Api::all(client);
                             api.create(&params, &review)
                                 .await
-                                .map_err(|err| this.api_error(&namespace, &secret, "subject access review", &err))?
+                                .map_err(|err| {
+                                    this.api_error(
+                                        &namespace,
+                                        &secret,
+                                        "subject access review",
+                                        &err,
+                                    )
+                                })?
                                 .status
                                 .is_some_and(|status| status.allowed)
                         }
@@ -353,7 +411,14 @@ impl AccessChecker {
                             let api: Api<SelfSubjectAccessReview> = Api::all(client);
                             api.create(&params, &review)
                                 .await
-                                .map_err(|err| this.api_error(&namespace, &secret, "self subject access review", &err))?
+                                .map_err(|err| {
+                                    this.api_error(
+                                        &namespace,
+                                        &secret,
+                                        "self subject access review",
+                                        &err,
+                                    )
+                                })?
                                 .status
                                 .is_some_and(|status| status.allowed)
                         }
@@ -364,14 +429,33 @@ impl AccessChecker {
         }
     }
 
-    fn api_error(&self, namespace: &str, secret: &str, review: &'static str, err: &kube::Error) -> AccessError {
+    fn api_error(
+        &self,
+        namespace: &str,
+        secret: &str,
+        review: &'static str,
+        err: &kube::Error,
+    ) -> AccessError {
         match err {
-            kube::Error::Api(status) => self.error(namespace, secret, review, Some(status.code), &status.message),
+            kube::Error::Api(status) => self.error(
+                namespace,
+                secret,
+                review,
+                Some(status.code),
+                &status.message,
+            ),
             other => self.error(namespace, secret, review, None, &other.to_string()),
         }
     }
 
-    fn error(&self, namespace: &str, secret: &str, review: &'static str, code: Option<u16>, message: &str) -> AccessError {
+    fn error(
+        &self,
+        namespace: &str,
+        secret: &str,
+        review: &'static str,
+        code: Option<u16>,
+        message: &str,
+    ) -> AccessError {
         AccessError {
             namespace: namespace.to_owned(),
             secret: secret.to_owned(),
@@ -413,13 +497,22 @@ mod tests {
             verbs: verbs.iter().map(|s| (*s).to_owned()).collect(),
             api_groups: strings(groups),
             resources: strings(resources),
-            resource_names: if names.is_empty() { None } else { strings(names) },
+            resource_names: if names.is_empty() {
+                None
+            } else {
+                strings(names)
+            },
         }
     }
 
     #[test]
     fn resource_names_restrict_rules() {
-        let rules = vec![rule(&["get", "list", "watch"], &[""], &["secrets"], &["a", "b"])];
+        let rules = vec![rule(
+            &["get", "list", "watch"],
+            &[""],
+            &["secrets"],
+            &["a", "b"],
+        )];
         for verb in REQUIRED_VERBS {
             assert!(rules_allow(&rules, verb, "a"));
             assert!(!rules_allow(&rules, verb, "c"));
@@ -429,14 +522,30 @@ mod tests {
 
     #[test]
     fn wildcards_and_other_groups() {
-        assert!(rules_allow(&[rule(&["*"], &["*"], &["*"], &[])], "watch", "x"));
-        assert!(!rules_allow(&[rule(&["get"], &["apps"], &["secrets"], &[])], "get", "x"));
-        assert!(!rules_allow(&[rule(&["get"], &[""], &["configmaps"], &[])], "get", "x"));
+        assert!(rules_allow(
+            &[rule(&["*"], &["*"], &["*"], &[])],
+            "watch",
+            "x"
+        ));
+        assert!(!rules_allow(
+            &[rule(&["get"], &["apps"], &["secrets"], &[])],
+            "get",
+            "x"
+        ));
+        assert!(!rules_allow(
+            &[rule(&["get"], &[""], &["configmaps"], &[])],
+            "get",
+            "x"
+        ));
         // Each verb may come from a different rule.
         let split = vec![
             rule(&["get"], &[""], &["secrets"], &["x"]),
             rule(&["list", "watch"], &[""], &["secrets"], &["x"]),
         ];
-        assert!(REQUIRED_VERBS.iter().all(|verb| rules_allow(&split, verb, "x")));
+        assert!(
+            REQUIRED_VERBS
+                .iter()
+                .all(|verb| rules_allow(&split, verb, "x"))
+        );
     }
 }

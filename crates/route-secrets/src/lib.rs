@@ -59,8 +59,17 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+// Errors carry the route, the secret and the monitor's cause; they are returned on cold
+// paths only, so their size is not worth boxing away.
+#![allow(clippy::result_large_err)]
+
+pub mod access;
+pub mod manager;
+pub mod pipeline;
 pub mod reason;
 pub mod route;
+pub mod source;
+pub mod status;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
 pub mod tls;

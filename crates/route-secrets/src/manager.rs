@@ -17,11 +17,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Secret;
-use secret_monitor::{EventSink, HandlerHandle, KeyStatus, MonitorError, ObjectEvent, ObjectKey, SecretMonitor};
+use secret_monitor::{
+    EventSink, HandlerHandle, KeyStatus, MonitorError, ObjectEvent, ObjectKey, SecretMonitor,
+};
 use tokio::task::AbortHandle;
 
 /// Namespace and name of a route.
-pub type RouteKey = ObjectKey;
+pub use crate::route::RouteKey;
 
 /// Errors of the manager. Each names the route and, where known, the secret.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -82,7 +84,10 @@ struct Inner {
 enum RouteEntry {
     /// Waiting for the secret's first sync; `ticket` identifies this attempt.
     Registering { secret: String, ticket: u64 },
-    Registered { secret: String, handle: HandlerHandle },
+    Registered {
+        secret: String,
+        handle: HandlerHandle,
+    },
 }
 
 impl RouteEntry {
@@ -94,7 +99,10 @@ impl RouteEntry {
 }
 
 enum Prefetch {
-    Pending { ticket: u64, task: AbortHandle },
+    Pending {
+        ticket: u64,
+        task: AbortHandle,
+    },
     Held(HandlerHandle),
     /// Remembered until release, so that the routes of the same batch fail at once
     /// instead of asking the API server again.
@@ -133,11 +141,17 @@ impl SecretManager {
     }
 
     fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<RouteKey, RouteEntry>> {
-        self.inner.routes.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner
+            .routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn prefetched(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Prefetch>> {
-        self.inner.prefetched.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner
+            .prefetched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Registers `route` with the secret called `secret` in the route's namespace and
@@ -146,7 +160,12 @@ impl SecretManager {
     ///
     /// Fails with [`ManagerError::AlreadyRegistered`] when the route is registered (or
     /// registering) already. Dropping the future cancels the registration.
-    pub async fn register_route(&self, route: &RouteKey, secret: &str, sink: impl EventSink<Secret>) -> Result<(), ManagerError> {
+    pub async fn register_route(
+        &self,
+        route: &RouteKey,
+        secret: &str,
+        sink: impl EventSink<Secret>,
+    ) -> Result<(), ManagerError> {
         let ticket = self.inner.next_ticket.fetch_add(1, Ordering::Relaxed);
         {
             let mut routes = self.routes();
@@ -169,6 +188,7 @@ impl SecretManager {
             manager: self,
             route,
             ticket,
+            armed: true,
         };
         let key = ObjectKey::new(route.namespace.clone(), secret);
         if let Some(Prefetch::Failed(source)) = self.prefetched().get(&key) {
@@ -188,26 +208,26 @@ impl SecretManager {
                 secret: secret.to_owned(),
                 source,
             })?;
-        std::mem::forget(reservation);
+        reservation.disarm();
         let mut routes = self.routes();
-        match routes.get_mut(route) {
-            Some(entry @ RouteEntry::Registering { .. }) if matches!(entry, RouteEntry::Registering { ticket: t, .. } if *t == ticket) => {
-                *entry = RouteEntry::Registered {
+        let ours = matches!(routes.get(route), Some(RouteEntry::Registering { ticket: t, .. }) if *t == ticket);
+        if ours {
+            routes.insert(
+                route.clone(),
+                RouteEntry::Registered {
                     secret: secret.to_owned(),
                     handle,
-                };
-                Ok(())
-            }
-            _ => {
-                drop(routes);
-                // Unregistered while waiting: give the handler back.
-                let _ = self.inner.monitor.remove_handler(&handle);
-                Err(ManagerError::Unregistered {
-                    route: route.clone(),
-                    secret: secret.to_owned(),
-                })
-            }
+                },
+            );
+            return Ok(());
         }
+        drop(routes);
+        // Unregistered while waiting: give the handler back.
+        let _ = self.inner.monitor.remove_handler(&handle);
+        Err(ManagerError::Unregistered {
+            route: route.clone(),
+            secret: secret.to_owned(),
+        })
     }
 
     /// Unregisters `route`, releasing its hold on its secret's watch. A registration in
@@ -215,18 +235,19 @@ impl SecretManager {
     pub fn unregister_route(&self, route: &RouteKey) -> Result<(), ManagerError> {
         let entry = self.routes().remove(route);
         match entry {
-            None => Err(ManagerError::NotRegistered { route: route.clone() }),
+            None => Err(ManagerError::NotRegistered {
+                route: route.clone(),
+            }),
             Some(RouteEntry::Registering { .. }) => Ok(()),
-            Some(RouteEntry::Registered { secret, handle }) => {
-                self.inner
-                    .monitor
-                    .remove_handler(&handle)
-                    .map_err(|source| ManagerError::Secret {
-                        route: route.clone(),
-                        secret,
-                        source,
-                    })
-            }
+            Some(RouteEntry::Registered { secret, handle }) => self
+                .inner
+                .monitor
+                .remove_handler(&handle)
+                .map_err(|source| ManagerError::Secret {
+                    route: route.clone(),
+                    secret,
+                    source,
+                }),
         }
     }
 
@@ -237,18 +258,27 @@ impl SecretManager {
     pub fn get_secret(&self, route: &RouteKey) -> Result<Arc<Secret>, ManagerError> {
         let (secret, handle) = match self.routes().get(route) {
             Some(RouteEntry::Registered { secret, handle }) => (secret.clone(), handle.clone()),
-            _ => return Err(ManagerError::NotRegistered { route: route.clone() }),
+            _ => {
+                return Err(ManagerError::NotRegistered {
+                    route: route.clone(),
+                });
+            }
         };
-        self.inner.monitor.get(&handle).map_err(|source| ManagerError::Secret {
-            route: route.clone(),
-            secret,
-            source,
-        })
+        self.inner
+            .monitor
+            .get(&handle)
+            .map_err(|source| ManagerError::Secret {
+                route: route.clone(),
+                secret,
+                source,
+            })
     }
 
     /// The name of the secret the route is registered (or registering) with.
     pub fn secret_of(&self, route: &RouteKey) -> Option<String> {
-        self.routes().get(route).map(|entry| entry.secret().to_owned())
+        self.routes()
+            .get(route)
+            .map(|entry| entry.secret().to_owned())
     }
 
     /// Number of routes registered or registering.
@@ -321,12 +351,24 @@ struct Reservation<'a> {
     manager: &'a SecretManager,
     route: &'a RouteKey,
     ticket: u64,
+    armed: bool,
+}
+
+impl Reservation<'_> {
+    /// The registration completed: the caller takes over the route's entry.
+    fn disarm(mut self) {
+        self.armed = false;
+    }
 }
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
         let mut routes = self.manager.routes();
-        if matches!(routes.get(self.route), Some(RouteEntry::Registering { ticket, .. }) if *ticket == self.ticket) {
+        if matches!(routes.get(self.route), Some(RouteEntry::Registering { ticket, .. }) if *ticket == self.ticket)
+        {
             routes.remove(self.route);
         }
     }

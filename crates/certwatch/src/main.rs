@@ -1,6 +1,59 @@
-//! certwatch: the daemon binary (being built).
+//! certwatch: watches the per-route Kubernetes TLS secrets that ingress routes
+//! reference and serves them to a proxy. This file only wires subcommands to the
+//! crates that implement them.
 
-fn main() {
-    eprintln!("certwatch: not built yet");
-    std::process::exit(2);
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "certwatch",
+    version,
+    about = "Watches per-route Kubernetes TLS secrets and serves them to an ingress proxy"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Sim(kube_sim::cli::SimArgs),
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("certwatch: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Sim(args) => kube_sim::cli::run(args).await.map_err(|e| e.to_string()),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("certwatch: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

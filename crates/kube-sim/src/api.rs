@@ -1,0 +1,837 @@
+//! The Kubernetes API request pipeline, in kube-apiserver's filter order:
+//! authentication (401), accounting, the concurrency limit (429), latency, injected
+//! faults, authorization (403), then the verb handlers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+
+use crate::body::SimBody;
+use crate::error::{ApiError, FieldError};
+use crate::limits::InflightPermit;
+use crate::patch::{PatchBody, PatchKind};
+use crate::rbac::{Attributes, UserInfo, forbidden_reason};
+use crate::request_info::{self, ResourceRequest, Target};
+use crate::resources::{ResourceDef, ResourceKind};
+use crate::review;
+use crate::selectors::{FieldSelector, LabelSelector, ObjectFilter};
+use crate::server::Shared;
+use crate::stats::{Protocol, RequestRecord};
+use crate::store::{
+    ContinueToken, Key, ListPage, ListVersion, Preconditions, UpdateTarget, WatchStart,
+    WatchStartError, WriteOptions,
+};
+use crate::table::{self, TableOptions};
+use crate::watch_stream::{self, WatchOptions};
+
+/// Largest request body accepted (kube-apiserver's limit is 3 MiB).
+const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// What a handler produced.
+pub(crate) enum Reply {
+    Json {
+        code: u16,
+        body: Bytes,
+    },
+    Text {
+        code: u16,
+        body: &'static str,
+    },
+    Watch {
+        body_builder: Box<dyn FnOnce(Option<InflightPermit>) -> SimBody + Send>,
+        /// Keep the request in flight until the initial-events-end bookmark.
+        holds_permit: bool,
+    },
+}
+
+impl Reply {
+    fn json(code: u16, value: &Value) -> Reply {
+        Reply::Json {
+            code,
+            body: Bytes::from(serde_json::to_vec(value).unwrap_or_default()),
+        }
+    }
+}
+
+fn json_response(code: u16, body: Bytes, retry_after: Option<u64>) -> Response<SimBody> {
+    let mut resp = Response::new(SimBody::full(body));
+    *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+    if let Some(secs) = retry_after
+        && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+    {
+        h.insert(RETRY_AFTER, v);
+    }
+    resp
+}
+
+fn error_response(e: &ApiError) -> Response<SimBody> {
+    json_response(
+        e.code,
+        Bytes::from(serde_json::to_vec(&e.to_status()).unwrap_or_default()),
+        e.retry_after,
+    )
+}
+
+/// What the request log and the stats need to know about a request.
+struct Accounting {
+    verb: String,
+    resource: String,
+    namespace: Option<String>,
+    name: Option<String>,
+    field_selector: Option<String>,
+    label_selector: Option<String>,
+    send_initial_events: bool,
+    resource_version: Option<String>,
+}
+
+impl Accounting {
+    fn for_target(method: &Method, path: &str, target: &Result<Target, ApiError>) -> Accounting {
+        match target {
+            Ok(Target::Resource(rr)) => {
+                let field_selector = rr.param("fieldSelector").map(str::to_string);
+                let name = rr.name.clone().or_else(|| {
+                    field_selector
+                        .as_deref()
+                        .and_then(|f| FieldSelector::parse(f).ok())
+                        .and_then(|f| f.exact("metadata.name").map(str::to_string))
+                });
+                Accounting {
+                    verb: rr.verb.to_string(),
+                    resource: rr.resource_key(),
+                    namespace: rr.namespace.clone(),
+                    name,
+                    field_selector,
+                    label_selector: rr.param("labelSelector").map(str::to_string),
+                    send_initial_events: rr.flag("sendInitialEvents"),
+                    resource_version: rr.param("resourceVersion").map(str::to_string),
+                }
+            }
+            Ok(Target::NonResource { path }) => Accounting::plain(method, path),
+            Err(_) => Accounting::plain(method, path),
+        }
+    }
+
+    fn plain(method: &Method, path: &str) -> Accounting {
+        let verb = match *method {
+            Method::GET | Method::HEAD => "get",
+            Method::POST => "create",
+            Method::PUT => "update",
+            Method::PATCH => "patch",
+            Method::DELETE => "delete",
+            _ => "other",
+        };
+        Accounting {
+            verb: verb.to_string(),
+            resource: path.to_string(),
+            namespace: None,
+            name: None,
+            field_selector: None,
+            label_selector: None,
+            send_initial_events: false,
+            resource_version: None,
+        }
+    }
+}
+
+/// Serves one API request (everything outside `/sim/`).
+pub(crate) async fn serve(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+    protocol: Protocol,
+) -> Response<SimBody> {
+    shared.faults.wait_while_hanging().await;
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path().to_string();
+    let target = request_info::classify(&parts.method, &path, parts.uri.query());
+    let acct = Accounting::for_target(&parts.method, &path, &target);
+    let user = shared.users.authenticate(
+        parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    );
+    shared.stats.count_request(&acct.verb, &acct.resource);
+
+    let (response, code) = respond(&shared, &parts, body, target, &acct, user.as_deref()).await;
+    shared.stats.count_response(code);
+    shared.log.push(RequestRecord {
+        seq: 0,
+        verb: acct.verb,
+        resource: acct.resource,
+        namespace: acct.namespace,
+        name: acct.name,
+        field_selector: acct.field_selector,
+        label_selector: acct.label_selector,
+        user: user
+            .as_ref()
+            .map_or_else(|| "system:anonymous".to_string(), |u| u.name.clone()),
+        code,
+        protocol: protocol.as_str().to_string(),
+        send_initial_events: acct.send_initial_events,
+        resource_version: acct.resource_version,
+    });
+    response
+}
+
+async fn respond(
+    shared: &Arc<Shared>,
+    parts: &http::request::Parts,
+    body: Incoming,
+    target: Result<Target, ApiError>,
+    acct: &Accounting,
+    user: Option<&UserInfo>,
+) -> (Response<SimBody>, u16) {
+    let counted = |resp: Response<SimBody>| {
+        let code = resp.status().as_u16();
+        let (p, b) = resp.into_parts();
+        (
+            Response::from_parts(p, b.counted(shared.stats.clone())),
+            code,
+        )
+    };
+    let Some(user) = user else {
+        return counted(error_response(&ApiError::unauthorized()));
+    };
+    let target = match target {
+        Ok(t) => t,
+        Err(e) => return counted(error_response(&e)),
+    };
+    let permit = match shared.limiter.acquire().await {
+        Ok(p) => p,
+        Err(rejected) => {
+            shared.stats.count_rejected();
+            return counted(error_response(&ApiError::too_many_requests(
+                rejected.retry_after_secs,
+            )));
+        }
+    };
+    let delay = shared.latency_for(&acct.verb);
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    if let Some(e) = shared.faults.take_failure(
+        &acct.verb,
+        &acct.resource,
+        acct.namespace.as_deref(),
+        acct.name.as_deref(),
+    ) {
+        return counted(with_permit(error_response(&e), permit));
+    }
+    let reply = match &target {
+        Target::NonResource { path } => non_resource(shared, user, &parts.method, path),
+        Target::Resource(rr) => match authorize(shared, user, rr, acct) {
+            Err(e) => Err(e),
+            Ok(()) => resource(shared, parts, body, rr, user).await,
+        },
+    };
+    let resp = match reply {
+        Err(e) => with_permit(error_response(&e), permit),
+        Ok(Reply::Json { code, body }) => with_permit(json_response(code, body, None), permit),
+        Ok(Reply::Text { code, body }) => {
+            let mut resp = Response::new(SimBody::full(body));
+            *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
+            resp.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            with_permit(resp, permit)
+        }
+        Ok(Reply::Watch {
+            body_builder,
+            holds_permit,
+        }) => {
+            // A list-then-watch style watch leaves the in-flight count as its headers
+            // go out; a streaming list stays until its initial-events-end bookmark.
+            let permit = if holds_permit {
+                Some(permit)
+            } else {
+                drop(permit);
+                None
+            };
+            let mut resp = Response::new(body_builder(permit));
+            let h = resp.headers_mut();
+            h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+            resp
+        }
+    };
+    counted(resp)
+}
+
+fn with_permit(resp: Response<SimBody>, permit: InflightPermit) -> Response<SimBody> {
+    let (p, b) = resp.into_parts();
+    Response::from_parts(p, b.holding(Some(permit)))
+}
+
+fn authorize(
+    shared: &Shared,
+    user: &UserInfo,
+    rr: &ResourceRequest,
+    acct: &Accounting,
+) -> Result<(), ApiError> {
+    let def = rr.id.def();
+    let attrs = Attributes {
+        verb: rr.verb.to_string(),
+        group: def.group.to_string(),
+        resource: def.name.to_string(),
+        subresource: rr.subresource.clone().unwrap_or_default(),
+        namespace: rr.namespace.clone().unwrap_or_default(),
+        // For list and watch, a metadata.name field selector supplies the name.
+        name: acct.name.clone().unwrap_or_default(),
+        path: None,
+    };
+    if shared.authorizer.authorize(user, &attrs).allowed {
+        return Ok(());
+    }
+    Err(ApiError::forbidden(
+        def,
+        rr.name.as_deref().unwrap_or(""),
+        &forbidden_reason(&user.name, &attrs),
+    ))
+}
+
+fn non_resource(
+    shared: &Shared,
+    user: &UserInfo,
+    method: &Method,
+    path: &str,
+) -> Result<Reply, ApiError> {
+    let verb = method.as_str().to_ascii_lowercase();
+    let attrs = Attributes {
+        verb: verb.clone(),
+        path: Some(path.to_string()),
+        ..Attributes::default()
+    };
+    if !shared.authorizer.authorize(user, &attrs).allowed {
+        return Err(ApiError::forbidden_path(&user.name, &verb, path));
+    }
+    if *method != Method::GET && *method != Method::HEAD {
+        return Err(ApiError::method_not_allowed(format!(
+            "{method} is not allowed on {path}"
+        )));
+    }
+    if crate::discovery::is_health(path) {
+        return Ok(Reply::Text {
+            code: 200,
+            body: "ok",
+        });
+    }
+    match crate::discovery::document(path, shared.addr) {
+        Some(doc) => Ok(Reply::json(200, &doc)),
+        None => Err(ApiError::no_route()),
+    }
+}
+
+async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
+    Limited::new(body, MAX_BODY)
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                ApiError::new(
+                    413,
+                    "RequestEntityTooLarge",
+                    "the request body is too large (limit 3 MiB)",
+                )
+            } else {
+                ApiError::bad_request(format!("cannot read the request body: {e}"))
+            }
+        })
+}
+
+fn decode_object(content_type: Option<&str>, body: &[u8]) -> Result<Value, ApiError> {
+    let ct = content_type.unwrap_or("application/json");
+    let base = ct.split(';').next().unwrap_or("").trim();
+    let value: Value = match base {
+        "application/yaml" | "application/x-yaml" | "text/yaml" => serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
+        "application/json" | "" | "*/*" => serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding JSON: {e}")))?,
+        other => return Err(ApiError::unsupported_media_type(other)),
+    };
+    if !value.is_object() {
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
+    }
+    Ok(value)
+}
+
+fn check_kind(def: &ResourceDef, obj: &Value) -> Result<(), ApiError> {
+    let want_version = def.api_version();
+    if let Some(kind) = obj.get("kind").and_then(Value::as_str)
+        && !kind.is_empty()
+        && kind != def.kind
+    {
+        return Err(ApiError::bad_request(format!(
+            "the body is a {kind}, but this endpoint serves {} ({want_version})",
+            def.kind
+        )));
+    }
+    if let Some(av) = obj.get("apiVersion").and_then(Value::as_str)
+        && !av.is_empty()
+        && av != want_version
+    {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({av}) does not match the expected API version ({want_version})"
+        )));
+    }
+    Ok(())
+}
+
+/// Puts the URL's namespace into the object, refusing a different one in the body.
+fn bind_namespace(
+    def: &ResourceDef,
+    rr: &ResourceRequest,
+    obj: &mut Value,
+) -> Result<(), ApiError> {
+    if !def.namespaced {
+        return Ok(());
+    }
+    let url_ns = rr.namespace.clone().unwrap_or_default();
+    let meta = obj
+        .as_object_mut()
+        .map(|m| m.entry("metadata").or_insert_with(|| json!({})))
+        .ok_or_else(|| ApiError::bad_request("the request body must be a JSON object"))?;
+    let Some(meta) = meta.as_object_mut() else {
+        return Err(ApiError::bad_request("metadata must be an object"));
+    };
+    match meta.get("namespace").and_then(Value::as_str) {
+        Some(ns) if !ns.is_empty() && ns != url_ns => Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )),
+        _ => {
+            meta.insert("namespace".into(), json!(url_ns));
+            Ok(())
+        }
+    }
+}
+
+fn write_options(rr: &ResourceRequest) -> Result<WriteOptions, ApiError> {
+    let dry_run = match rr.param("dryRun") {
+        None | Some("") => false,
+        Some("All") => true,
+        Some(other) => {
+            return Err(ApiError::invalid_params(
+                "CreateOptions",
+                &[FieldError::not_supported(
+                    "dryRun",
+                    Some(other.to_string()),
+                    "supported values: \"All\"",
+                )],
+            ));
+        }
+    };
+    Ok(WriteOptions {
+        api: true,
+        dry_run,
+        ..WriteOptions::default()
+    })
+}
+
+fn key_for(rr: &ResourceRequest) -> Key {
+    (
+        rr.namespace.clone().unwrap_or_default(),
+        rr.name.clone().unwrap_or_default(),
+    )
+}
+
+fn build_filter(rr: &ResourceRequest) -> Result<ObjectFilter, ApiError> {
+    let def = rr.id.def();
+    let fields = FieldSelector::parse(rr.param("fieldSelector").unwrap_or(""))
+        .map_err(ApiError::bad_request)?;
+    fields.validate_for(def).map_err(ApiError::bad_request)?;
+    let labels = LabelSelector::parse(rr.param("labelSelector").unwrap_or(""))
+        .map_err(ApiError::bad_request)?;
+    Ok(ObjectFilter {
+        namespace: rr.namespace.clone(),
+        fields,
+        labels,
+    })
+}
+
+fn parse_rv(s: &str) -> Result<u64, ApiError> {
+    s.parse::<u64>().map_err(|_| {
+        ApiError::bad_request(format!(
+            "invalid resource version {s:?}: must be a decimal number"
+        ))
+    })
+}
+
+async fn resource(
+    shared: &Arc<Shared>,
+    parts: &http::request::Parts,
+    body: Incoming,
+    rr: &ResourceRequest,
+    user: &UserInfo,
+) -> Result<Reply, ApiError> {
+    let def = rr.id.def();
+    let accept = parts
+        .headers
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok());
+    let content_type = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let table = TableOptions::from_request(accept, rr.param("includeObject"));
+    if def.storage == ResourceKind::AccessReview {
+        let body = read_body(body).await?;
+        let obj = decode_object(content_type.as_deref(), &body)?;
+        check_kind(def, &obj)?;
+        return review::answer(shared, rr, user, obj).map(|v| Reply::json(201, &v));
+    }
+    match rr.verb {
+        "get" => {
+            let obj = shared
+                .store
+                .get(rr.id, &key_for(rr))
+                .ok_or_else(|| ApiError::not_found(def, rr.name.as_deref().unwrap_or("")))?;
+            Ok(match table {
+                Some(t) => Reply::json(200, &table::object_table(def, &obj, t)),
+                None => Reply::json(200, &obj),
+            })
+        }
+        "list" => list(shared, rr, table),
+        "watch" => watch(shared, rr, table),
+        "create" => {
+            let body = read_body(body).await?;
+            let mut obj = decode_object(content_type.as_deref(), &body)?;
+            check_kind(def, &obj)?;
+            bind_namespace(def, rr, &mut obj)?;
+            let stored = shared.store.create(rr.id, obj, write_options(rr)?)?;
+            Ok(Reply::json(201, &stored))
+        }
+        "update" => {
+            let body = read_body(body).await?;
+            let mut obj = decode_object(content_type.as_deref(), &body)?;
+            check_kind(def, &obj)?;
+            bind_namespace(def, rr, &mut obj)?;
+            let url_name = rr.name.clone().unwrap_or_default();
+            if let Some(n) = obj.pointer("/metadata/name").and_then(Value::as_str)
+                && !n.is_empty()
+                && n != url_name
+            {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({url_name})"
+                )));
+            }
+            let target = if rr.subresource.is_some() {
+                UpdateTarget::Status
+            } else {
+                UpdateTarget::Main
+            };
+            let stored =
+                shared
+                    .store
+                    .update(rr.id, key_for(rr), obj, target, write_options(rr)?)?;
+            Ok(Reply::json(200, &stored))
+        }
+        "patch" => {
+            let kind = PatchKind::from_content_type(content_type.as_deref().unwrap_or(""))?;
+            if kind == PatchKind::Apply && rr.param("fieldManager").is_none_or(str::is_empty) {
+                return Err(ApiError::invalid_params(
+                    "PatchOptions",
+                    &[FieldError::required(
+                        "fieldManager",
+                        "is required for apply patch",
+                    )],
+                ));
+            }
+            let body = read_body(body).await?;
+            let patch = PatchBody::decode(kind, &body)?;
+            let target = if rr.subresource.is_some() {
+                UpdateTarget::Status
+            } else {
+                UpdateTarget::Main
+            };
+            let (stored, created) =
+                shared
+                    .store
+                    .patch(rr.id, key_for(rr), &patch, target, write_options(rr)?)?;
+            Ok(Reply::json(if created { 201 } else { 200 }, &stored))
+        }
+        "delete" => {
+            let body = read_body(body).await?;
+            let opts: Value = if body.iter().all(u8::is_ascii_whitespace) {
+                json!({})
+            } else {
+                decode_object(content_type.as_deref(), &body)?
+            };
+            let pre = Preconditions {
+                uid: opts
+                    .pointer("/preconditions/uid")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+                resource_version: opts
+                    .pointer("/preconditions/resourceVersion")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+            };
+            let mut wopts = write_options(rr)?;
+            if opts
+                .get("dryRun")
+                .and_then(Value::as_array)
+                .is_some_and(|a| a.iter().any(|v| v == "All"))
+            {
+                wopts.dry_run = true;
+            }
+            let gone = shared.store.delete(rr.id, key_for(rr), &pre, wopts)?;
+            let mut details = json!({
+                "name": rr.name.clone().unwrap_or_default(),
+                "kind": def.name,
+                "uid": crate::store::meta_str(&gone, "uid").unwrap_or(""),
+            });
+            if !def.group.is_empty() {
+                details["group"] = json!(def.group);
+            }
+            Ok(Reply::json(
+                200,
+                &json!({
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Success",
+                    "details": details,
+                }),
+            ))
+        }
+        "deletecollection" => {
+            let filter = build_filter(rr)?;
+            let gone = shared
+                .store
+                .delete_collection(rr.id, &filter, write_options(rr)?)?;
+            let page = ListPage {
+                items: gone,
+                rv: shared.store.current_rv(),
+                continue_token: None,
+                remaining: None,
+            };
+            Ok(Reply::Json {
+                code: 200,
+                body: list_json(def, &page),
+            })
+        }
+        other => Err(ApiError::method_not_allowed(format!(
+            "verb {other} is not supported"
+        ))),
+    }
+}
+
+/// Encodes a list page as `<Kind>List` JSON without building a Value tree.
+fn list_json(def: &ResourceDef, page: &ListPage) -> Bytes {
+    let mut buf = Vec::with_capacity(128 + page.items.len() * 512);
+    let mut meta = json!({ "resourceVersion": page.rv.to_string() });
+    if let Some(c) = &page.continue_token {
+        meta["continue"] = json!(c);
+    }
+    if let Some(r) = page.remaining {
+        meta["remainingItemCount"] = json!(r);
+    }
+    buf.extend_from_slice(b"{\"kind\":\"");
+    buf.extend_from_slice(def.list_kind.as_bytes());
+    buf.extend_from_slice(b"\",\"apiVersion\":\"");
+    buf.extend_from_slice(def.api_version().as_bytes());
+    buf.extend_from_slice(b"\",\"metadata\":");
+    let _ = serde_json::to_writer(&mut buf, &meta);
+    buf.extend_from_slice(b",\"items\":[");
+    for (i, item) in page.items.iter().enumerate() {
+        if i > 0 {
+            buf.push(b',');
+        }
+        let _ = serde_json::to_writer(&mut buf, &**item);
+    }
+    buf.extend_from_slice(b"]}");
+    Bytes::from(buf)
+}
+
+fn list(
+    shared: &Shared,
+    rr: &ResourceRequest,
+    table: Option<TableOptions>,
+) -> Result<Reply, ApiError> {
+    let def = rr.id.def();
+    let filter = build_filter(rr)?;
+    let rv = rr.param("resourceVersion").filter(|s| !s.is_empty());
+    let rvm = rr.param("resourceVersionMatch").filter(|s| !s.is_empty());
+    let cont = rr.param("continue").filter(|s| !s.is_empty());
+    let mut errs = Vec::new();
+    if rr.param("sendInitialEvents").is_some() {
+        errs.push(FieldError::forbidden(
+            "sendInitialEvents",
+            "sendInitialEvents is forbidden for list",
+        ));
+    }
+    if rvm.is_some() && rv.is_none() {
+        errs.push(FieldError::forbidden(
+            "resourceVersionMatch",
+            "resourceVersionMatch is forbidden unless resourceVersion is provided",
+        ));
+    }
+    if cont.is_some() && rv.is_some_and(|r| r != "0") {
+        errs.push(FieldError::forbidden(
+            "resourceVersion",
+            "specifying resource version is not allowed when using continue",
+        ));
+    }
+    if let Some(m) = rvm
+        && m != "NotOlderThan"
+        && m != "Exact"
+    {
+        errs.push(FieldError::not_supported(
+            "resourceVersionMatch",
+            Some(m.to_string()),
+            "supported values: \"Exact\", \"NotOlderThan\"",
+        ));
+    }
+    if rvm == Some("Exact") && rv == Some("0") {
+        errs.push(FieldError::forbidden(
+            "resourceVersionMatch",
+            "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+        ));
+    }
+    if !errs.is_empty() {
+        return Err(ApiError::invalid_params("ListOptions", &errs));
+    }
+    let limit = match rr.param("limit").filter(|s| !s.is_empty()) {
+        Some(l) => Some(l.parse::<usize>().map_err(|_| {
+            ApiError::bad_request(format!(
+                "invalid limit {l:?}: must be a non-negative integer"
+            ))
+        })?),
+        None => None,
+    };
+    let cont = cont.map(ContinueToken::decode).transpose()?;
+    let version = match (rv, rvm) {
+        (None, _) => ListVersion::Latest,
+        (Some("0"), _) => ListVersion::Any,
+        (Some(r), Some("Exact")) => ListVersion::Exact(parse_rv(r)?),
+        (Some(r), _) => ListVersion::NotOlderThan(parse_rv(r)?),
+    };
+    let page = shared
+        .store
+        .list(rr.id, &filter, limit, cont.as_ref(), version)?;
+    Ok(match table {
+        Some(t) => Reply::json(
+            200,
+            &table::list_table(def, &page.items, t, page.rv, page.continue_token.as_deref()),
+        ),
+        None => Reply::Json {
+            code: 200,
+            body: list_json(def, &page),
+        },
+    })
+}
+
+fn watch(
+    shared: &Arc<Shared>,
+    rr: &ResourceRequest,
+    table: Option<TableOptions>,
+) -> Result<Reply, ApiError> {
+    let def = rr.id.def();
+    let filter = Arc::new(build_filter(rr)?);
+    let send_initial_events = match rr.param("sendInitialEvents") {
+        None | Some("") => None,
+        Some("true" | "1") => Some(true),
+        Some("false" | "0") => Some(false),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "invalid sendInitialEvents {other:?}: must be true or false"
+            )));
+        }
+    };
+    let rv = rr.param("resourceVersion").filter(|s| !s.is_empty());
+    let rvm = rr.param("resourceVersionMatch").filter(|s| !s.is_empty());
+    let bookmarks = rr.flag("allowWatchBookmarks");
+    let mut errs = Vec::new();
+    match send_initial_events {
+        Some(_) => {
+            if rvm != Some("NotOlderThan") {
+                errs.push(FieldError::forbidden(
+                    "resourceVersionMatch",
+                    "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                ));
+            }
+            if !bookmarks {
+                errs.push(FieldError::forbidden(
+                    "allowWatchBookmarks",
+                    "allowWatchBookmarks must be set to true when sendInitialEvents is set",
+                ));
+            }
+        }
+        None => {
+            if rvm.is_some() {
+                errs.push(FieldError::forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+                ));
+            }
+        }
+    }
+    if !errs.is_empty() {
+        return Err(ApiError::invalid_params("ListOptions", &errs));
+    }
+    let timeout = match rr.param("timeoutSeconds").filter(|s| !s.is_empty()) {
+        Some(t) => Some(Duration::from_secs(t.parse::<u64>().map_err(|_| {
+            ApiError::bad_request(format!("invalid timeoutSeconds {t:?}"))
+        })?)),
+        None => None,
+    };
+    let start = match (send_initial_events, rv) {
+        (Some(true), Some(r)) if r != "0" => {
+            let r = parse_rv(r)?;
+            let current = shared.store.current_rv();
+            if r > current {
+                return Err(ApiError::too_large_resource_version(r, current));
+            }
+            WatchStart::CurrentWithState
+        }
+        (Some(true), _) => WatchStart::CurrentWithState,
+        (Some(false), None | Some("0")) => WatchStart::After(shared.store.current_rv()),
+        (None, None | Some("0")) => WatchStart::CurrentWithState,
+        (_, Some(r)) => WatchStart::After(parse_rv(r)?),
+    };
+    let sub = match shared.store.watch(rr.id, filter, start) {
+        Ok(sub) => sub,
+        Err(WatchStartError::Expired { requested, oldest }) => {
+            let status =
+                ApiError::expired(format!("too old resource version: {requested} ({oldest})"))
+                    .to_status();
+            let shared = shared.clone();
+            return Ok(Reply::Watch {
+                body_builder: Box::new(move |_| watch_stream::error_body(&shared, &status)),
+                holds_permit: false,
+            });
+        }
+        Err(WatchStartError::TooLarge { requested, current }) => {
+            return Err(ApiError::too_large_resource_version(requested, current));
+        }
+    };
+    let opts = WatchOptions {
+        bookmarks,
+        timeout,
+        initial_events_end: send_initial_events == Some(true),
+        table,
+    };
+    let holds_permit = opts.initial_events_end;
+    let shared = shared.clone();
+    Ok(Reply::Watch {
+        body_builder: Box::new(move |permit| {
+            watch_stream::watch_body(shared, def, sub, opts, permit)
+        }),
+        holds_permit,
+    })
+}

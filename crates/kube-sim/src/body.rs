@@ -1,0 +1,94 @@
+//! The response body type: counts bytes sent and holds the request's in-flight slot
+//! until the body is complete (or dropped).
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use futures::Stream;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+
+use crate::limits::InflightPermit;
+use crate::stats::Stats;
+
+pin_project_lite::pin_project! {
+    /// Every response the simulator sends.
+    pub struct SimBody {
+        #[pin]
+        inner: UnsyncBoxBody<Bytes, Infallible>,
+        stats: Option<Arc<Stats>>,
+        permit: Option<InflightPermit>,
+    }
+}
+
+impl SimBody {
+    /// A complete body.
+    pub(crate) fn full(bytes: impl Into<Bytes>) -> SimBody {
+        SimBody {
+            inner: Full::new(bytes.into()).boxed_unsync(),
+            stats: None,
+            permit: None,
+        }
+    }
+
+    /// A streamed body.
+    pub(crate) fn stream<S>(stream: S) -> SimBody
+    where
+        S: Stream<Item = Result<Frame<Bytes>, Infallible>> + Send + 'static,
+    {
+        SimBody {
+            inner: StreamBody::new(stream).boxed_unsync(),
+            stats: None,
+            permit: None,
+        }
+    }
+
+    /// Counts the bytes of this body in `stats`.
+    pub(crate) fn counted(mut self, stats: Arc<Stats>) -> SimBody {
+        self.stats = Some(stats);
+        self
+    }
+
+    /// Keeps the request in flight until the body is complete.
+    pub(crate) fn holding(mut self, permit: Option<InflightPermit>) -> SimBody {
+        self.permit = permit;
+        self
+    }
+}
+
+impl Body for SimBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.project();
+        match ready!(this.inner.poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if let (Some(stats), Some(data)) = (this.stats.as_ref(), frame.data_ref()) {
+                    stats.add_bytes(data.len());
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(never)) => match never {},
+            None => {
+                this.permit.take();
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

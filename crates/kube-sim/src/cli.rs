@@ -1,0 +1,216 @@
+//! `certwatch sim`: run the simulator as a standalone server (arguments and the run
+//! loop; the binary only wires this into its subcommands).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::admin::ENDPOINTS;
+use crate::config::{LatencyConfig, LimitsConfig, SimConfig, parse_duration};
+use crate::error::SimError;
+use crate::generate::GenerateSpec;
+use crate::{ADMIN_CONTEXT, ROUTER_CONTEXT, ROUTER_USER, Simulator};
+
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn verb_latency_arg(s: &str) -> Result<(String, Duration), String> {
+    let (verb, d) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected VERB=DURATION (e.g. list=2s), got {s:?}"))?;
+    Ok((verb.to_string(), duration_arg(d)?))
+}
+
+fn generate_arg(s: &str) -> Result<GenerateSpec, String> {
+    s.parse::<GenerateSpec>().map_err(|e| e.to_string())
+}
+
+fn admin_help() -> String {
+    let mut s = String::from(
+        "Admin API (JSON, no authentication, at the server's URL; never under /api or /apis):\n",
+    );
+    for (method, path, what) in ENDPOINTS {
+        s.push_str(&format!("  {method:<8} {path:<28} {what}\n"));
+    }
+    s.push_str(&format!(
+        "\nThe kubeconfig has two contexts: {ROUTER_CONTEXT:?} (current; user {ROUTER_USER}, with only a router's rights)\nand {ADMIN_CONTEXT:?} (system:masters). Durations: 1400ms, 1.4s, 2m, 1h, 90d.\n\nExample:\n  certwatch sim --listen 127.0.0.1:6443 --latency 1.4s --generate routes=2000,namespaces=50 \\\n      --write-kubeconfig /tmp/sim.kubeconfig\n  kubectl --kubeconfig /tmp/sim.kubeconfig --context admin get routes -A\n  curl -s http://127.0.0.1:6443/sim/stats\n"
+    ));
+    s
+}
+
+/// Arguments of `certwatch sim`.
+#[derive(Debug, Clone, Args)]
+#[command(
+    about = "Run the embedded Kubernetes API simulator until interrupted",
+    long_about = "Run kube-sim, an embedded Kubernetes API simulator speaking the real wire protocol \
+(secrets, namespaces, OpenShift routes, RBAC, access reviews, watches, HTTP/1.1 and HTTP/2 on one port), \
+with latency, a concurrency limit and fault injection. It prints where it listens and where the \
+kubeconfig is, and runs until SIGINT or SIGTERM.",
+    after_long_help = admin_help()
+)]
+pub struct SimArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+
+    /// Serve HTTPS (ALPN h2 and http/1.1) with a freshly generated CA, written into
+    /// the kubeconfig's certificate-authority-data. Without it: plain HTTP/1.1 and h2c
+    /// (prior knowledge) on the same port.
+    #[arg(long)]
+    pub tls: bool,
+
+    /// Server-side latency applied to every request before it is answered (for a
+    /// watch: before its response headers).
+    #[arg(long, value_name = "D", value_parser = duration_arg, default_value = "0s")]
+    pub latency: Duration,
+
+    /// Random deviation of the latency, uniform in [-D, +D].
+    #[arg(long, value_name = "D", value_parser = duration_arg, default_value = "0s")]
+    pub jitter: Duration,
+
+    /// Latency for one verb, overriding --latency (repeatable), e.g. --verb-latency list=2s.
+    #[arg(long = "verb-latency", value_name = "VERB=D", value_parser = verb_latency_arg)]
+    pub verb_latency: Vec<(String, Duration)>,
+
+    /// Maximum concurrent in-flight requests (API Priority and Fairness model);
+    /// unlimited when absent. Idle open watches are not in flight.
+    #[arg(long, value_name = "N")]
+    pub max_inflight: Option<usize>,
+
+    /// Requests that may wait for a slot beyond --max-inflight; more get 429.
+    #[arg(long = "queue", value_name = "N", default_value_t = 50)]
+    pub queue: usize,
+
+    /// Retry-After sent with 429 responses.
+    #[arg(long, value_name = "D", value_parser = duration_arg, default_value = "1s")]
+    pub retry_after: Duration,
+
+    /// SETTINGS_MAX_CONCURRENT_STREAMS advertised on HTTP/2 connections.
+    #[arg(long = "max-streams", value_name = "N", default_value_t = 100)]
+    pub max_streams: u32,
+
+    /// Events kept in the watch history; older resourceVersions get 410 Expired.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub history: usize,
+
+    /// Interval of periodic BOOKMARK events on watches that allow them.
+    #[arg(long, value_name = "D", value_parser = duration_arg, default_value = "60s")]
+    pub bookmark_interval: Duration,
+
+    /// YAML or JSON manifests (multi-document) to load at start (repeatable).
+    #[arg(long = "seed", value_name = "FILE")]
+    pub seed: Vec<PathBuf>,
+
+    /// Generate routes with external certificates, their secrets, namespaces and the
+    /// router's RBAC: routes=N,namespaces=K[,secrets=S][,host=PATTERN][,validity=90d]
+    /// [,shards=2][,rbac=true]. PATTERN may use {route}, {namespace}, {index}.
+    #[arg(long, value_name = "SPEC", value_parser = generate_arg)]
+    pub generate: Option<GenerateSpec>,
+
+    /// Where to write the kubeconfig (contexts "router" (current) and "admin").
+    #[arg(long, value_name = "PATH")]
+    pub write_kubeconfig: PathBuf,
+
+    /// Fixed bearer token for the admin user (random by default).
+    #[arg(long, value_name = "TOKEN")]
+    pub admin_token: Option<String>,
+
+    /// Fixed bearer token for the router identity (random by default).
+    #[arg(long, value_name = "TOKEN")]
+    pub router_token: Option<String>,
+}
+
+impl SimArgs {
+    /// The simulator configuration these arguments describe.
+    pub fn config(&self) -> SimConfig {
+        SimConfig {
+            listen: self.listen,
+            tls: self.tls,
+            latency: LatencyConfig {
+                default: self.latency,
+                jitter: self.jitter,
+                per_verb: self.verb_latency.iter().cloned().collect(),
+            },
+            max_concurrent_streams: self.max_streams,
+            limits: LimitsConfig {
+                max_inflight: self.max_inflight,
+                queue_len: self.queue,
+                retry_after: self.retry_after,
+            },
+            history_limit: self.history,
+            bookmark_interval: self.bookmark_interval,
+            admin_token: self.admin_token.clone(),
+            router_token: self.router_token.clone(),
+            ..SimConfig::default()
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Starts the simulator, seeds it, writes the kubeconfig, prints where everything
+/// is, and serves until SIGINT/SIGTERM.
+pub async fn run(args: SimArgs) -> Result<(), SimError> {
+    let sim = Simulator::start(args.config()).await?;
+    for path in &args.seed {
+        let text = std::fs::read_to_string(path).map_err(|source| SimError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let n = sim.load_manifests(&text)?;
+        println!("seeded {n} objects from {}", path.display());
+    }
+    if let Some(spec) = &args.generate {
+        let started = std::time::Instant::now();
+        let generated = sim.generate(spec)?;
+        println!(
+            "generated {} routes with {} secrets in {} namespaces ({:.1}s)",
+            generated.routes.len(),
+            generated.secrets,
+            generated.namespaces.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    sim.write_kubeconfig(&args.write_kubeconfig)?;
+    println!(
+        "kube-sim listening on {} (HTTP/1.1 and HTTP/2{})",
+        sim.url(),
+        if args.tls { ", TLS with ALPN" } else { " h2c" }
+    );
+    println!(
+        "kubeconfig: {} (contexts: {ROUTER_CONTEXT} (current), {ADMIN_CONTEXT})",
+        args.write_kubeconfig.display()
+    );
+    println!(
+        "admin API: {}/sim (stats: {}/sim/stats)",
+        sim.url(),
+        sim.url()
+    );
+    wait_for_signal().await;
+    println!("shutting down");
+    sim.shutdown().await;
+    Ok(())
+}

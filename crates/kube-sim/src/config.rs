@@ -1,0 +1,316 @@
+//! Simulator configuration: listen address, transport, latency, concurrency limits,
+//! history size and users. Every knob that can change at run time has its own type
+//! ([`LatencyConfig`], [`LimitsConfig`]) so the admin API can replace it whole.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything [`crate::Simulator::start`] needs. `SimConfig::default()` is a plain-HTTP
+/// simulator on an ephemeral loopback port with no latency and no concurrency limit.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Address to listen on (default `127.0.0.1:0`: an ephemeral loopback port).
+    pub listen: SocketAddr,
+    /// Serve TLS (ALPN `h2` and `http/1.1`) with a freshly generated CA instead of
+    /// plain HTTP (h1 and h2c with prior knowledge).
+    pub tls: bool,
+    /// Server-side latency model.
+    pub latency: LatencyConfig,
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` advertised on every HTTP/2 connection.
+    pub max_concurrent_streams: u32,
+    /// Concurrency limit and queue (a model of API Priority and Fairness).
+    pub limits: LimitsConfig,
+    /// Number of events kept in the watch history. Older resource versions get 410.
+    pub history_limit: usize,
+    /// Interval between periodic BOOKMARK events on watches that allow them.
+    pub bookmark_interval: Duration,
+    /// Events buffered per watcher before the watcher is considered too slow and its
+    /// watch is terminated (as kube-apiserver does), so memory stays bounded.
+    pub watch_buffer: usize,
+    /// Number of recent requests kept in the request log.
+    pub request_log_limit: usize,
+    /// Bearer token of the `admin` user (random when `None`).
+    pub admin_token: Option<String>,
+    /// Bearer token of the router service account (random when `None`).
+    pub router_token: Option<String>,
+    /// Additional users beyond `admin` and the router.
+    pub users: Vec<SimUser>,
+    /// Extra DNS names or IP addresses for the generated server certificate (TLS only);
+    /// `localhost`, `127.0.0.1`, `::1` and the listen IP are always included.
+    pub tls_subject_alt_names: Vec<String>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            tls: false,
+            latency: LatencyConfig::default(),
+            max_concurrent_streams: 100,
+            limits: LimitsConfig::default(),
+            history_limit: 10_000,
+            bookmark_interval: Duration::from_secs(60),
+            watch_buffer: 1_000,
+            request_log_limit: 200_000,
+            admin_token: None,
+            router_token: None,
+            users: Vec::new(),
+            tls_subject_alt_names: Vec::new(),
+        }
+    }
+}
+
+/// A bearer-token user known to the simulator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SimUser {
+    /// The bearer token that authenticates this user.
+    pub token: String,
+    /// The user name RBAC subjects refer to.
+    pub name: String,
+    /// Groups the user belongs to (`system:authenticated` is always added).
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+/// Server-side latency: how long a request is held in flight before it is answered
+/// (for a watch: before its response headers are sent).
+///
+/// The delay for a verb is `per_verb[verb]` if present, else `default`, shifted by a
+/// uniformly random amount in `[-jitter, +jitter]` and clamped at zero.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LatencyConfig {
+    /// Delay for verbs without their own entry.
+    #[serde(with = "duration_serde")]
+    pub default: Duration,
+    /// Maximum random deviation from the base delay, in either direction.
+    #[serde(with = "duration_serde")]
+    pub jitter: Duration,
+    /// Per-verb delays (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`).
+    #[serde(with = "duration_map_serde")]
+    pub per_verb: BTreeMap<String, Duration>,
+}
+
+impl LatencyConfig {
+    /// The same fixed delay for every verb, without jitter.
+    pub fn fixed(delay: Duration) -> Self {
+        LatencyConfig {
+            default: delay,
+            ..LatencyConfig::default()
+        }
+    }
+
+    /// The delay to apply to one request of `verb`, with jitter drawn at random.
+    pub fn sample(&self, verb: &str) -> Duration {
+        let base = self.per_verb.get(verb).copied().unwrap_or(self.default);
+        if self.jitter.is_zero() {
+            return base;
+        }
+        let jitter = self.jitter.as_nanos().min(u64::MAX as u128) as i128;
+        let offset = rand::random_range(-jitter..=jitter);
+        let nanos = (base.as_nanos() as i128 + offset).max(0);
+        Duration::from_nanos(nanos.min(u64::MAX as i128) as u64)
+    }
+}
+
+/// The server's concurrency limit: at most `max_inflight` requests in flight, up to
+/// `queue_len` more waiting in FIFO order, everything beyond answered with 429 and a
+/// `Retry-After` header.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LimitsConfig {
+    /// Maximum concurrent in-flight requests (`None`: unlimited).
+    pub max_inflight: Option<usize>,
+    /// Maximum number of requests waiting for a slot.
+    pub queue_len: usize,
+    /// The `Retry-After` value sent with 429 responses (rounded up to whole seconds).
+    #[serde(with = "duration_serde")]
+    pub retry_after: Duration,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_inflight: None,
+            queue_len: 50,
+            retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Error from [`parse_duration`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid duration {input:?}: {reason} (examples: 1400ms, 1.4s, 2m, 1h, 90d)")]
+pub struct DurationParseError {
+    input: String,
+    reason: &'static str,
+}
+
+/// Parses a duration such as `1400ms`, `1.4s`, `250us`, `2m`, `1h`, `90d` or `0`.
+/// A bare number is taken as milliseconds.
+pub fn parse_duration(input: &str) -> Result<Duration, DurationParseError> {
+    let err = |reason| DurationParseError {
+        input: input.to_string(),
+        reason,
+    };
+    let s = input.trim();
+    if s.is_empty() {
+        return Err(err("empty"));
+    }
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    if number.is_empty() {
+        return Err(err("missing number"));
+    }
+    let value: f64 = number.parse().map_err(|_| err("bad number"))?;
+    let unit_secs = match unit.trim() {
+        "" | "ms" => 1e-3,
+        "ns" => 1e-9,
+        "us" | "µs" => 1e-6,
+        "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        "d" => 86_400.0,
+        _ => return Err(err("unknown unit")),
+    };
+    let secs = value * unit_secs;
+    if !secs.is_finite() || !(0.0..=1e12).contains(&secs) {
+        return Err(err("out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Formats a duration the way [`parse_duration`] reads it back (`1400ms`, `2s`, `0s`).
+pub fn format_duration(d: Duration) -> String {
+    if d.is_zero() {
+        return "0s".to_string();
+    }
+    if d.subsec_nanos() == 0 {
+        return format!("{}s", d.as_secs());
+    }
+    if d.as_nanos().is_multiple_of(1_000_000) {
+        return format!("{}ms", d.as_millis());
+    }
+    format!("{}us", d.as_micros())
+}
+
+/// Serde for a [`Duration`] as a string (`"1400ms"`) or a number of milliseconds.
+pub mod duration_serde {
+    use super::*;
+    use serde::{Deserializer, Serializer, de::Error as _};
+
+    /// Serializes as a string such as `"1400ms"`.
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_duration(*d))
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Text(String),
+        Millis(f64),
+    }
+
+    /// Deserializes from a string (`"1.4s"`) or a number of milliseconds.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        match Repr::deserialize(d)? {
+            Repr::Text(t) => parse_duration(&t).map_err(D::Error::custom),
+            Repr::Millis(ms) if ms.is_finite() && ms >= 0.0 => {
+                Ok(Duration::from_secs_f64(ms / 1000.0))
+            }
+            Repr::Millis(_) => Err(D::Error::custom("duration must be a non-negative number")),
+        }
+    }
+}
+
+mod duration_map_serde {
+    use super::*;
+    use serde::{Deserializer, Serializer, ser::SerializeMap};
+
+    pub fn serialize<S: Serializer>(
+        m: &BTreeMap<String, Duration>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(m.len()))?;
+        for (k, v) in m {
+            map.serialize_entry(k, &format_duration(*v))?;
+        }
+        map.end()
+    }
+
+    #[derive(Deserialize)]
+    struct Wrapper(#[serde(with = "duration_serde")] Duration);
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, Duration>, D::Error> {
+        let raw = BTreeMap::<String, Wrapper>::deserialize(d)?;
+        Ok(raw.into_iter().map(|(k, v)| (k, v.0)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_common_durations() {
+        assert_eq!(
+            parse_duration("1400ms").unwrap(),
+            Duration::from_millis(1400)
+        );
+        assert_eq!(parse_duration("1.4s").unwrap(), Duration::from_millis(1400));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(
+            parse_duration("90d").unwrap(),
+            Duration::from_secs(90 * 86_400)
+        );
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_duration("250").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("1x").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn duration_round_trips_through_format() {
+        for d in [
+            Duration::ZERO,
+            Duration::from_millis(1400),
+            Duration::from_secs(3),
+        ] {
+            assert_eq!(parse_duration(&format_duration(d)).unwrap(), d);
+        }
+    }
+
+    #[test]
+    fn latency_config_json_accepts_strings_and_numbers() {
+        let cfg: LatencyConfig =
+            serde_json::from_str(r#"{"default":"1.4s","jitter":100,"per_verb":{"list":"2s"}}"#)
+                .unwrap();
+        assert_eq!(cfg.default, Duration::from_millis(1400));
+        assert_eq!(cfg.jitter, Duration::from_millis(100));
+        assert_eq!(cfg.per_verb["list"], Duration::from_secs(2));
+        let back: LatencyConfig =
+            serde_json::from_value(serde_json::to_value(&cfg).unwrap()).unwrap();
+        assert_eq!(back, cfg);
+    }
+
+    #[test]
+    fn jitter_stays_within_bounds() {
+        let cfg = LatencyConfig {
+            default: Duration::from_millis(100),
+            jitter: Duration::from_millis(50),
+            per_verb: BTreeMap::new(),
+        };
+        for _ in 0..200 {
+            let d = cfg.sample("get");
+            assert!(d >= Duration::from_millis(50) && d <= Duration::from_millis(150));
+        }
+    }
+}

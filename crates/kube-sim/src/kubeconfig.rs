@@ -1,0 +1,66 @@
+//! The kubeconfig the simulator hands out: one cluster, two users, two contexts
+//! (`router`, current, and `admin`).
+
+use std::path::Path;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use kube::config::Kubeconfig;
+use serde_json::json;
+
+use crate::error::SimError;
+
+/// Name of the cluster entry.
+pub const CLUSTER_NAME: &str = "kube-sim";
+/// The router identity's context (the current context).
+pub const ROUTER_CONTEXT: &str = "router";
+/// The cluster admin's context.
+pub const ADMIN_CONTEXT: &str = "admin";
+
+pub(crate) fn build(
+    url: &str,
+    ca_pem: Option<&str>,
+    router_token: &str,
+    admin_token: &str,
+) -> Result<Kubeconfig, SimError> {
+    let mut cluster = json!({ "server": url });
+    if let Some(ca) = ca_pem {
+        cluster["certificate-authority-data"] = json!(B64.encode(ca.as_bytes()));
+    }
+    let doc = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{ "name": CLUSTER_NAME, "cluster": cluster }],
+        "users": [
+            { "name": ROUTER_CONTEXT, "user": { "token": router_token } },
+            { "name": ADMIN_CONTEXT, "user": { "token": admin_token } },
+        ],
+        "contexts": [
+            { "name": ROUTER_CONTEXT, "context": { "cluster": CLUSTER_NAME, "user": ROUTER_CONTEXT, "namespace": "default" } },
+            { "name": ADMIN_CONTEXT, "context": { "cluster": CLUSTER_NAME, "user": ADMIN_CONTEXT, "namespace": "default" } },
+        ],
+        "current-context": ROUTER_CONTEXT,
+    });
+    serde_json::from_value(doc).map_err(|e| SimError::Kubeconfig(e.to_string()))
+}
+
+/// Writes a kubeconfig as YAML, readable only by the owner (it holds tokens).
+pub(crate) fn write(config: &Kubeconfig, path: &Path) -> Result<(), SimError> {
+    let text = serde_yaml::to_string(config).map_err(|e| SimError::Kubeconfig(e.to_string()))?;
+    let write_err = |source| SimError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(write_err)?;
+    }
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut file = opts.open(path).map_err(write_err)?;
+    std::io::Write::write_all(&mut file, text.as_bytes()).map_err(write_err)
+}

@@ -144,20 +144,16 @@ struct ConnEntry {
     /// (GOAWAY, error) or was retired as surplus idle. Dropping the last handle lets h2
     /// close the connection once its streams are done.
     send: Option<SendRequest<Bytes>>,
+    /// Effective stream limit: `min(cap, server's SETTINGS_MAX_CONCURRENT_STREAMS)`.
+    /// Cached (refreshed by the driver after each poll, which is when h2 applies new
+    /// SETTINGS), so that scanning for a free slot does not take h2's lock per entry.
+    limit: usize,
     /// Slots taken now.
     in_use: usize,
     /// Most slots ever taken at once.
     peak: usize,
     /// A stream on it failed because the connection failed.
     failed: bool,
-}
-
-impl ConnEntry {
-    fn limit(&self, cap: usize) -> Option<usize> {
-        self.send
-            .as_ref()
-            .map(|send| send.current_max_send_streams().min(cap))
-    }
 }
 
 /// The mutable state of one origin.
@@ -179,10 +175,9 @@ struct OriginState {
 }
 
 impl OriginState {
-    fn take_slot(&mut self, cap: usize) -> Option<(u64, SendRequest<Bytes>, usize)> {
+    fn take_slot(&mut self) -> Option<(u64, SendRequest<Bytes>, usize)> {
         self.connections.iter_mut().find_map(|entry| {
-            let limit = entry.limit(cap)?;
-            if entry.in_use >= limit {
+            if entry.in_use >= entry.limit {
                 return None;
             }
             let send = entry.send.clone()?;
@@ -296,7 +291,7 @@ impl OriginPool {
                     waiter.leave(&mut state);
                     return Ok(Acquired::Http1);
                 }
-                if let Some((connection, send, in_use)) = state.take_slot(cap) {
+                if let Some((connection, send, in_use)) = state.take_slot() {
                     waiter.leave(&mut state);
                     drop(state);
                     let counters = &self.config.counters;
@@ -378,7 +373,6 @@ impl OriginPool {
     }
 
     fn connections(&self) -> Vec<ConnectionInfo> {
-        let cap = self.config.stream_cap;
         lock(&self.state)
             .connections
             .iter()
@@ -387,7 +381,7 @@ impl OriginPool {
                 origin: self.label.to_string(),
                 active_streams: c.in_use,
                 peak_streams: c.peak,
-                stream_limit: c.limit(cap).unwrap_or(0),
+                stream_limit: c.limit,
                 accepting_streams: c.send.is_some(),
             })
             .collect()
@@ -418,6 +412,7 @@ async fn connect(origin: Arc<OriginPool>) {
                 state.connections.push(ConnEntry {
                     id,
                     send: Some(handshaken.send.clone()),
+                    limit: handshaken.server_limit.min(config.stream_cap),
                     in_use: 0,
                     peak: 0,
                     failed: false,
@@ -512,6 +507,8 @@ impl ConnectionOwner for Owner {
             self.accepting = false;
             return;
         };
+        let cap = origin.config.stream_cap;
+        let mut limit_raised = false;
         let stopped = {
             let mut state = lock(&origin.state);
             match state
@@ -522,6 +519,9 @@ impl ConnectionOwner for Owner {
                 Some(entry) => match entry.send.as_mut() {
                     Some(send) => {
                         if connection::accepts_new_streams(send, cx) {
+                            let limit = send.current_max_send_streams().min(cap);
+                            limit_raised = limit > entry.limit;
+                            entry.limit = limit;
                             None
                         } else {
                             Some(entry.send.take())
@@ -532,6 +532,9 @@ impl ConnectionOwner for Owner {
                 None => Some(None),
             }
         };
+        if limit_raised {
+            origin.changed.notify_waiters();
+        }
         if let Some(handle) = stopped {
             self.accepting = false;
             if handle.is_some() {

@@ -70,6 +70,16 @@ impl ResponseBody {
     }
 }
 
+/// The final item of a body.
+enum Last {
+    /// The body ended.
+    End,
+    /// The last frame (trailers).
+    Frame(Frame<Bytes>),
+    /// The body failed.
+    Failed(Error),
+}
+
 /// Maps an h2 error on a stream to a connection-level or stream-level error.
 pub(crate) fn h2_error(origin: &str, connection: u64, source: h2::Error) -> Error {
     let origin = origin.to_owned();
@@ -97,7 +107,7 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
         let this = self.get_mut();
-        let outcome = match &mut this.kind {
+        let last = match &mut this.kind {
             Kind::Done => return Poll::Ready(None),
             Kind::Http2 {
                 recv,
@@ -105,8 +115,9 @@ impl Body for ResponseBody {
                 data_done,
             } => {
                 let connection = *connection;
-                let failed = |e| h2_error(&this.origin, connection, e);
-                if !*data_done {
+                let data_failed = if *data_done {
+                    None
+                } else {
                     match ready!(recv.poll_data(cx)) {
                         Some(Ok(data)) => {
                             // The bytes now belong to the caller: let the server send more.
@@ -115,50 +126,41 @@ impl Body for ResponseBody {
                             let _ = recv.flow_control().release_capacity(data.len());
                             return Poll::Ready(Some(Ok(Frame::data(data))));
                         }
-                        Some(Err(e)) => Some(Err(failed(e))),
+                        Some(Err(e)) => Some(h2_error(&this.origin, connection, e)),
                         None => {
                             *data_done = true;
                             None
                         }
                     }
-                } else {
-                    None
+                };
+                match data_failed {
+                    Some(error) => Last::Failed(error),
+                    None => match ready!(recv.poll_trailers(cx)) {
+                        Ok(Some(trailers)) => Last::Frame(Frame::trailers(trailers)),
+                        Ok(None) => Last::End,
+                        Err(e) => Last::Failed(h2_error(&this.origin, connection, e)),
+                    },
                 }
-                .or_else(|| match recv.poll_trailers(cx) {
-                    Poll::Pending => Some(Ok(None)),
-                    Poll::Ready(Ok(Some(trailers))) => Some(Ok(Some(Frame::trailers(trailers)))),
-                    Poll::Ready(Ok(None)) => None,
-                    Poll::Ready(Err(e)) => Some(Err(failed(e))),
-                })
             }
             Kind::Http1(body) => match ready!(Pin::new(body).poll_frame(cx)) {
                 Some(Ok(frame)) => return Poll::Ready(Some(Ok(frame))),
-                Some(Err(source)) => Some(Err(Error::Http1Body {
+                Some(Err(source)) => Last::Failed(Error::Http1Body {
                     origin: this.origin.to_string(),
                     source,
-                })),
-                None => None,
+                }),
+                None => Last::End,
             },
         };
-        match outcome {
-            // Trailers not there yet.
-            Some(Ok(None)) => Poll::Pending,
-            Some(Ok(Some(frame))) => {
-                this.finish();
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Some(Err(e)) => {
-                if let (Error::ConnectionLost { .. }, Some(slot)) = (&e, &this.slot) {
-                    slot.connection_failed();
-                }
-                this.finish();
-                Poll::Ready(Some(Err(e)))
-            }
-            None => {
-                this.finish();
-                Poll::Ready(None)
-            }
+        // Whatever comes last gives the slot back.
+        if let (Last::Failed(Error::ConnectionLost { .. }), Some(slot)) = (&last, &this.slot) {
+            slot.connection_failed();
         }
+        this.finish();
+        Poll::Ready(match last {
+            Last::End => None,
+            Last::Frame(frame) => Some(Ok(frame)),
+            Last::Failed(error) => Some(Err(error)),
+        })
     }
 
     fn is_end_stream(&self) -> bool {

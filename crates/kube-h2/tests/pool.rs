@@ -178,11 +178,19 @@ async fn a_server_without_http2_is_served_over_http1() {
     // One probe found out, once; the origin is remembered as HTTP/1.1-only.
     assert_eq!(stats.http1_fallbacks, 1);
     assert_eq!(stats.http2_connections_opened, 0);
-    // One connection per open watch, one more for the list/get.
-    assert_eq!(stats.http1_connections_opened, 4);
+    // HTTP/1.1 carries one request per connection at a time: the three open watches
+    // and the get need four; the list's connection may or may not have been back in
+    // hyper's idle pool when the watches started.
+    assert!(
+        (4..=5).contains(&stats.http1_connections_opened),
+        "{stats:?}"
+    );
     assert_eq!(stats.active_streams, 3);
     // The probe plus the HTTP/1.1 connections.
-    assert_eq!(server.state.connections_accepted(), 5);
+    assert_eq!(
+        server.state.connections_accepted() as u64,
+        stats.http1_connections_opened + 1
+    );
     drop(watches);
 }
 

@@ -331,6 +331,9 @@ impl OriginPool {
 
     /// Gives a slot back; retires the connection if it is now a surplus idle one.
     fn release(&self, connection: u64) {
+        // First, so that whoever sees the effects of the release (a closed surplus
+        // connection) also sees the stream gone from the count.
+        Counters::dec(&self.config.counters.active_streams);
         let mut retired = None;
         let wake = {
             let mut state = lock(&self.state);
@@ -355,7 +358,6 @@ impl OriginPool {
         }
         // Dropped outside the lock: it takes h2's own lock and may wake the driver.
         drop(retired);
-        Counters::dec(&self.config.counters.active_streams);
         if wake {
             self.changed.notify_waiters();
         }
@@ -550,7 +552,6 @@ impl ConnectionOwner for Owner {
     }
 
     fn closed(self, reason: CloseReason) {
-        Counters::dec(&self.counters.http2_open);
         let removed = self.origin.upgrade().and_then(|origin| {
             let removed = {
                 let mut state = lock(&origin.state);
@@ -584,6 +585,8 @@ impl ConnectionOwner for Owner {
                 "HTTP/2 connection lost"
             );
         }
+        // Last, so that whoever sees the connection gone also sees it counted as lost.
+        Counters::dec(&self.counters.http2_open);
         drop(removed);
     }
 }

@@ -539,8 +539,9 @@ async fn a_peer_that_stops_answering_is_dropped_by_keepalive() {
         pooled.stats().http2_connections_open == 0
     })
     .await;
-    assert_eq!(pooled.stats().connections_lost, 1);
-    assert_eq!(pooled.stats().active_streams, 0);
+    let stats = pooled.stats();
+    assert_eq!(stats.connections_lost, 1, "{stats:?}");
+    assert_eq!(stats.active_streams, 0, "{stats:?}");
 
     // New connections through the proxy flow again.
     api.list(&ListParams::default()).await.unwrap();

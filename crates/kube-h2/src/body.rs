@@ -16,7 +16,7 @@ use crate::{error::Error, pool::StreamSlot};
 /// It holds the request's stream slot: the slot is given back when the body reaches its
 /// end, fails, or is dropped, whichever comes first. For a watch that is when the
 /// watch ends.
-pub struct ResponseBody {
+pub(crate) struct ResponseBody {
     kind: Kind,
     /// `None` once given back.
     slot: Option<StreamSlot>,

@@ -80,7 +80,6 @@ mod service;
 mod stats;
 mod transport;
 
-pub use body::ResponseBody;
 pub use client::{PoolHandle, PooledClient, build_client};
 pub use error::{ConnectError, Error};
 pub use options::{ClientOptions, DEFAULT_MAX_STREAMS_PER_CONNECTION, Protocol};

@@ -193,6 +193,8 @@ impl OriginState {
             Learned::Http1 => false,
             // One probe at a time until ALPN / SETTINGS tell what a connection holds.
             Learned::Unknown => self.connecting == 0,
+            // A server that advertises no streams at all: do not storm it, probe again.
+            Learned::Http2 if self.learned_limit == Some(0) => self.connecting == 0,
             Learned::Http2 => {
                 let per_connection = self.learned_limit.unwrap_or(cap).clamp(1, cap);
                 self.waiting > self.connecting.saturating_mul(per_connection)
@@ -685,6 +687,12 @@ mod tests {
         // The cap wins over a higher server limit; "unlimited" is capped too.
         assert!(state(Learned::Http2, 25, 2, Some(usize::MAX)).wants_connection(10));
         assert!(!state(Learned::Http2, 25, 3, Some(usize::MAX)).wants_connection(10));
+    }
+
+    #[test]
+    fn a_server_advertising_zero_streams_gets_one_attempt_at_a_time() {
+        assert!(state(Learned::Http2, 50, 0, Some(0)).wants_connection(100));
+        assert!(!state(Learned::Http2, 50, 1, Some(0)).wants_connection(100));
     }
 
     #[test]

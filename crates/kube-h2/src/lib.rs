@@ -57,11 +57,24 @@
 //!   ([`ClientOptions::response_headers_timeout`]); an idle watch lives until the server
 //!   ends it (its `timeoutSeconds`). Dead peers are found by HTTP/2 keep-alive PINGs
 //!   instead, as client-go does (30 s interval, 15 s timeout).
-//! - **Errors** are typed ([`Error`]); kube wraps transport errors in
-//!   `kube::Error::Service`, from which they can be downcast.
+//! - **Errors** are typed ([`Error`]). kube wraps errors of a request in
+//!   `kube::Error::Service` and errors while reading a watch in an `std::io::Error`
+//!   (`kube::Error::ReadEvents`); both can be downcast to [`Error`] along the source
+//!   chain.
 //! - **One crypto back-end.** [`build_client`] installs rustls's ring provider as the
 //!   process default if none is installed, so kube's TLS setup never panics for want of
 //!   one.
+//!
+//! # Limitations
+//!
+//! - Proxies (`proxy_url` in the kube config) are refused with
+//!   [`Error::ProxyNotSupported`]; the client connects to the API server directly.
+//! - HTTP upgrades (kube's `ws` feature: exec, attach, port-forward) need HTTP/1.1 and
+//!   are not routed specially; certwatch does not use them.
+//! - Request trailers are not sent; kube never sets them. Request bodies are buffered
+//!   before sending (kube's bodies are already in memory).
+//! - Over plain TCP, a server that neither answers the HTTP/2 preface nor closes the
+//!   connection within the connect timeout is a connect error, not a fallback.
 //!
 //! # Locks
 //!

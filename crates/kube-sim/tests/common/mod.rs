@@ -107,3 +107,11 @@ pub fn routes(client: Client, ns: &str) -> Api<DynamicObject> {
 pub fn rv_of(v: &Value) -> u64 {
     v["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap()
 }
+
+/// A kube client without kube's default retries of 429/503/504, for tests that
+/// look at those answers themselves.
+pub async fn client_without_retries(sim: &Simulator, context: &str) -> Client {
+    let mut config = sim.client_config(context).await.unwrap();
+    config.default_retry = false;
+    Client::try_from(config).unwrap()
+}

@@ -57,6 +57,11 @@ impl<K: Resource> Reconciler<K> {
         }
     }
 
+    /// Whether a (re-)list is in progress: `Init` seen, `InitDone` not yet.
+    pub(crate) fn is_relisting(&self) -> bool {
+        self.relist.is_some()
+    }
+
     /// Whether the first listing has completed.
     #[cfg(test)]
     pub(crate) fn is_synced(&self) -> bool {

@@ -93,7 +93,6 @@ where
 {
     let key = driver.key().clone();
     let mut reconciler = Reconciler::new(key.name.clone());
-    let mut backoff = new_backoff(&ctx.options);
 
     let permit = match &ctx.sync_permits {
         // The semaphore is never closed, so acquiring only fails in theory.
@@ -101,19 +100,10 @@ where
         None => None,
     };
     let started = Instant::now();
-    let mut streaming = ctx.streaming();
-    let mut stream = open(&api, &key.name, streaming, &ctx.options);
+    let mut watch = KeyWatch::open(api, &key, ctx);
     let first = tokio::time::timeout(
         ctx.options.sync_timeout,
-        first_sync(
-            &key,
-            &api,
-            ctx,
-            &mut stream,
-            &mut streaming,
-            &mut reconciler,
-            &mut backoff,
-        ),
+        first_sync(&mut watch, &mut reconciler, ctx),
     )
     .await
     .unwrap_or_else(|_elapsed| {
@@ -136,9 +126,9 @@ where
         }
     }
 
-    backoff = new_backoff(&ctx.options);
-    while let Some(item) = stream.next().await {
-        match item {
+    let mut backoff = new_backoff(&ctx.options);
+    loop {
+        match watch.next(&reconciler).await {
             Ok(event) => {
                 backoff = new_backoff(&ctx.options);
                 if let Step::Changed { object, events } = reconciler.step(event) {
@@ -164,45 +154,32 @@ where
 /// Polls the watcher until the first complete listing. Returns the object (or `None`
 /// when it does not exist).
 async fn first_sync<K>(
-    key: &ObjectKey,
-    api: &Api<K>,
-    ctx: &WatchContext,
-    stream: &mut BoxStream<'static, watcher::Result<watcher::Event<K>>>,
-    streaming: &mut bool,
+    watch: &mut KeyWatch<'_, K>,
     reconciler: &mut Reconciler<K>,
-    backoff: &mut backon::ExponentialBackoff,
+    ctx: &WatchContext,
 ) -> Result<Option<Arc<K>>, MonitorError>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
+    let mut backoff = new_backoff(&ctx.options);
     let mut failures = 0;
     loop {
-        let Some(item) = stream.next().await else {
-            // kube's watcher never ends on its own.
-            return Err(MonitorError::Transport {
-                resource: ctx.resource.clone(),
-                key: key.clone(),
-                verb: "watch".into(),
-                message: "watch stream ended before the first sync".into(),
-            });
-        };
-        let err = match item {
+        let err = match watch.next(reconciler).await {
             Ok(event) => match reconciler.step(event) {
                 Step::FirstSync(object) => return Ok(object),
                 Step::Unchanged | Step::Changed { .. } => continue,
             },
             Err(err) => err,
         };
-        let (error, disposition) = classify(&err, key, &ctx.resource);
+        let (error, disposition) = classify(&err, watch.key, &ctx.resource);
         if let Some(observer) = &ctx.options.observer {
-            observer.watch_error(key, &error);
+            observer.watch_error(watch.key, &error);
         }
         match disposition {
-            Disposition::StreamingRefused if *streaming => {
-                debug!(%key, %error, "server refused a streaming list; using list then watch");
+            Disposition::StreamingRefused if watch.streaming => {
+                debug!(key = %watch.key, %error, "server refused a streaming list; using list then watch");
                 ctx.streaming_refused.store(true, Ordering::Relaxed);
-                *streaming = false;
-                *stream = open(api, &key.name, false, &ctx.options);
+                watch.list_then_watch();
             }
             Disposition::Resync => {}
             Disposition::Permanent | Disposition::StreamingRefused => return Err(error),
@@ -211,7 +188,59 @@ where
                 if failures >= ctx.options.first_sync_attempts.max(1) {
                     return Err(error);
                 }
-                tokio::time::sleep(next_delay(backoff, &ctx.options)).await;
+                tokio::time::sleep(next_delay(&mut backoff, &ctx.options)).await;
+            }
+        }
+    }
+}
+
+/// One key's kube-runtime watcher, and how it lists.
+struct KeyWatch<'a, K> {
+    api: Api<K>,
+    key: &'a ObjectKey,
+    options: &'a MonitorOptions,
+    streaming: bool,
+    stream: BoxStream<'static, watcher::Result<watcher::Event<K>>>,
+}
+
+impl<'a, K> KeyWatch<'a, K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    fn open(api: Api<K>, key: &'a ObjectKey, ctx: &'a WatchContext) -> Self {
+        let streaming = ctx.streaming();
+        let stream = open(&api, &key.name, streaming, &ctx.options);
+        Self {
+            api,
+            key,
+            options: &ctx.options,
+            streaming,
+            stream,
+        }
+    }
+
+    /// Restarts the watch with a plain list then watch.
+    fn list_then_watch(&mut self) {
+        self.streaming = false;
+        self.stream = open(&self.api, &self.key.name, false, self.options);
+    }
+
+    /// The next watcher event.
+    ///
+    /// A streaming list that breaks before its initial-events bookmark is restarted by
+    /// kube's watcher as another streaming list, which a connection that keeps breaking
+    /// early would never finish; when that happens this key lists then watches instead
+    /// (a plain list is one response, not a stream that can break half-way).
+    async fn next(&mut self, reconciler: &Reconciler<K>) -> watcher::Result<watcher::Event<K>> {
+        loop {
+            match self.stream.next().await {
+                Some(Ok(watcher::Event::Init)) if self.streaming && reconciler.is_relisting() => {
+                    debug!(key = %self.key, "streaming list broke off; using list then watch for this key");
+                    self.list_then_watch();
+                }
+                Some(item) => return item,
+                // kube's watcher never ends on its own; reopen it if it does.
+                None => self.stream = open(&self.api, &self.key.name, self.streaming, self.options),
             }
         }
     }

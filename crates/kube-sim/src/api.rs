@@ -151,6 +151,14 @@ pub(crate) async fn serve(
     shared.faults.wait_while_hanging().await;
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
+    tracing::trace!(
+        method = %parts.method,
+        uri = %parts.uri,
+        accept = ?parts.headers.get(http::header::ACCEPT),
+        content_type = ?parts.headers.get(CONTENT_TYPE),
+        protocol = protocol.as_str(),
+        "request"
+    );
     let target = request_info::classify(&parts.method, &path, parts.uri.query());
     let acct = Accounting::for_target(&parts.method, &path, &target);
     let user = shared.users.authenticate(
@@ -359,6 +367,8 @@ fn decode_object(content_type: Option<&str>, body: &[u8]) -> Result<Value, ApiEr
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
         "application/json" | "" | "*/*" => serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding JSON: {e}")))?,
+        "application/vnd.kubernetes.protobuf" => crate::protobuf::decode(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding protobuf: {e}")))?,
         other => return Err(ApiError::unsupported_media_type(other)),
     };
     if !value.is_object() {

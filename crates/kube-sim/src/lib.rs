@@ -59,6 +59,7 @@ mod kubeconfig;
 mod limits;
 pub mod loadgen;
 mod patch;
+mod protobuf;
 mod rbac;
 mod request_info;
 mod resources;

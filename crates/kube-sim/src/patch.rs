@@ -110,6 +110,7 @@ fn strip_directives(v: &mut Value) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use serde_json::json;

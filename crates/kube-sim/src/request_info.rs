@@ -174,6 +174,7 @@ pub(crate) fn classify(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -340,6 +340,7 @@ pub(crate) fn event_table(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -532,6 +532,7 @@ pub fn resource_of(obj: &Value) -> Result<ResourceId, String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use crate::resources::{NAMESPACES, ROUTES, SECRETS};

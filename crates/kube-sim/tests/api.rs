@@ -1,6 +1,8 @@
 //! The API through kube-rs's `Api` and raw requests: CRUD, error Status objects,
 //! the routes status subresource, namespaces, pagination, RBAC and access reviews.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;
@@ -29,7 +31,10 @@ async fn secret_crud_and_conflicts() {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
 
     let created: Secret = secrets
-        .create(&PostParams::default(), &serde_json::from_value(opaque_secret("default", "s1", &[("a", "1")])).unwrap())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(opaque_secret("default", "s1", &[("a", "1")])).unwrap(),
+        )
         .await
         .unwrap();
     let meta = &created.metadata;
@@ -39,7 +44,10 @@ async fn secret_crud_and_conflicts() {
 
     // Create of an existing name: 409 AlreadyExists.
     let dup = secrets
-        .create(&PostParams::default(), &serde_json::from_value(opaque_secret("default", "s1", &[])).unwrap())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(opaque_secret("default", "s1", &[])).unwrap(),
+        )
         .await
         .unwrap_err();
     let st = api_err(dup);
@@ -49,30 +57,64 @@ async fn secret_crud_and_conflicts() {
     // Update with the current resourceVersion works and bumps it.
     let mut s = secrets.get("s1").await.unwrap();
     s.string_data = Some([("b".to_string(), "2".to_string())].into());
-    let updated = secrets.replace("s1", &PostParams::default(), &s).await.unwrap();
-    let rv2: u64 = updated.metadata.resource_version.clone().unwrap().parse().unwrap();
+    let updated = secrets
+        .replace("s1", &PostParams::default(), &s)
+        .await
+        .unwrap();
+    let rv2: u64 = updated
+        .metadata
+        .resource_version
+        .clone()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(rv2 > rv1);
-    assert_eq!(updated.data.as_ref().unwrap().len(), 2, "stringData merged into data");
+    assert_eq!(
+        updated.data.as_ref().unwrap().len(),
+        2,
+        "stringData merged into data"
+    );
     assert_eq!(updated.metadata.uid, created.metadata.uid);
 
     // The stale object now conflicts.
-    let stale = secrets.replace("s1", &PostParams::default(), &s).await.unwrap_err();
+    let stale = secrets
+        .replace("s1", &PostParams::default(), &s)
+        .await
+        .unwrap_err();
     let st = api_err(stale);
     assert_eq!((st.code, st.reason.as_str()), (409, "Conflict"));
-    assert!(st.message.contains("the object has been modified"), "{}", st.message);
+    assert!(
+        st.message.contains("the object has been modified"),
+        "{}",
+        st.message
+    );
 
     // A no-op update does not take a new resourceVersion.
-    let same = secrets.replace("s1", &PostParams::default(), &updated).await.unwrap();
-    assert_eq!(same.metadata.resource_version, updated.metadata.resource_version);
+    let same = secrets
+        .replace("s1", &PostParams::default(), &updated)
+        .await
+        .unwrap();
+    assert_eq!(
+        same.metadata.resource_version,
+        updated.metadata.resource_version
+    );
 
     // Merge patch, strategic merge patch, JSON patch.
     let p = secrets
-        .patch("s1", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})))
+        .patch(
+            "s1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
+        )
         .await
         .unwrap();
     assert_eq!(p.metadata.labels.unwrap()["x"], "1");
     let p = secrets
-        .patch("s1", &PatchParams::default(), &Patch::Strategic(json!({"data": {"c": b64("3")}})))
+        .patch(
+            "s1",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"data": {"c": b64("3")}})),
+        )
         .await
         .unwrap();
     assert_eq!(p.data.unwrap().len(), 3);
@@ -80,7 +122,9 @@ async fn secret_crud_and_conflicts() {
         .patch(
             "s1",
             &PatchParams::default(),
-            &Patch::<Value>::Json(serde_json::from_value(json!([{"op": "remove", "path": "/data/c"}])).unwrap()),
+            &Patch::<Value>::Json(
+                serde_json::from_value(json!([{"op": "remove", "path": "/data/c"}])).unwrap(),
+            ),
         )
         .await
         .unwrap();
@@ -97,12 +141,20 @@ async fn secret_crud_and_conflicts() {
     assert_eq!(applied.metadata.name.as_deref(), Some("s2"));
 
     // Delete returns a Success Status and a later get is 404 NotFound.
-    let deleted = secrets.delete("s1", &DeleteParams::default()).await.unwrap();
+    let deleted = secrets
+        .delete("s1", &DeleteParams::default())
+        .await
+        .unwrap();
     assert!(deleted.is_right());
     let st = api_err(secrets.get("s1").await.unwrap_err());
     assert_eq!((st.code, st.reason.as_str()), (404, "NotFound"));
     assert_eq!(st.message, "secrets \"s1\" not found");
-    let st = api_err(secrets.delete("s1", &DeleteParams::default()).await.unwrap_err());
+    let st = api_err(
+        secrets
+            .delete("s1", &DeleteParams::default())
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(st.code, 404);
 
     // Patch of a missing object is 404; a namespace that does not exist is 404.
@@ -116,7 +168,10 @@ async fn secret_crud_and_conflicts() {
     let elsewhere: Api<Secret> = Api::namespaced(client, "no-such-ns");
     let st = api_err(
         elsewhere
-            .create(&PostParams::default(), &serde_json::from_value(opaque_secret("no-such-ns", "x", &[])).unwrap())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(opaque_secret("no-such-ns", "x", &[])).unwrap(),
+            )
             .await
             .unwrap_err(),
     );
@@ -130,19 +185,35 @@ async fn invalid_objects_get_422_without_leaking_data() {
     let client = sim.client("admin").await.unwrap();
     let post = |body: Value| {
         let client = client.clone();
-        async move { raw(&client, Method::POST, "/api/v1/namespaces/default/secrets", Some(body), "application/json").await }
+        async move {
+            raw(
+                &client,
+                Method::POST,
+                "/api/v1/namespaces/default/secrets",
+                Some(body),
+                "application/json",
+            )
+            .await
+        }
     };
     // kubernetes.io/tls without tls.key.
-    let (code, _, st) = post(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "t"},
-        "type": "kubernetes.io/tls", "data": {"tls.crt": b64("c")}}))
+    let (code, _, st) = post(
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "t"},
+        "type": "kubernetes.io/tls", "data": {"tls.crt": b64("c")}}),
+    )
     .await;
     assert_eq!(code, 422);
     assert_eq!(st["reason"], "Invalid");
-    assert_eq!(st["message"], "Secret \"t\" is invalid: data[tls.key]: Required value");
+    assert_eq!(
+        st["message"],
+        "Secret \"t\" is invalid: data[tls.key]: Required value"
+    );
     assert_eq!(st["details"]["causes"][0]["field"], "data[tls.key]");
     // Data that is not base64; the value must not appear in the answer.
-    let (code, _, st) = post(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "u"},
-        "data": {"k": "%%%SECRET-BYTES%%%"}}))
+    let (code, _, st) = post(
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "u"},
+        "data": {"k": "%%%SECRET-BYTES%%%"}}),
+    )
     .await;
     assert_eq!(code, 422);
     assert!(!st.to_string().contains("SECRET-BYTES"));
@@ -150,25 +221,48 @@ async fn invalid_objects_get_422_without_leaking_data() {
     let big = "x".repeat(1024 * 1024 + 1);
     let (code, _, st) = post(opaque_secret("default", "big", &[("big", &big)])).await;
     assert_eq!(code, 422);
-    assert!(st["message"].as_str().unwrap().contains("data: Too long"), "{st}");
+    assert!(
+        st["message"].as_str().unwrap().contains("data: Too long"),
+        "{st}"
+    );
     // Invalid name.
     let (code, _, st) = post(opaque_secret("default", "Not_Valid", &[])).await;
     assert_eq!(code, 422);
-    assert!(st["message"].as_str().unwrap().contains("metadata.name: Invalid value: \"Not_Valid\""));
+    assert!(
+        st["message"]
+            .as_str()
+            .unwrap()
+            .contains("metadata.name: Invalid value: \"Not_Valid\"")
+    );
     // Namespace in body differs from the URL.
     let (code, _, _) = post(opaque_secret("other", "n", &[])).await;
     assert_eq!(code, 400);
     // Wrong kind for the endpoint.
-    let (code, _, _) = post(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}})).await;
+    let (code, _, _) =
+        post(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}})).await;
     assert_eq!(code, 400);
     // Type is immutable.
-    sim.store().create("secrets", opaque_secret("default", "typed", &[("a", "b")])).unwrap();
+    sim.store()
+        .create("secrets", opaque_secret("default", "typed", &[("a", "b")]))
+        .unwrap();
     let mut changed = sim.store().get("secrets", "default", "typed").unwrap();
     changed["type"] = json!("kubernetes.io/tls");
     changed["data"] = json!({"tls.crt": b64("c"), "tls.key": b64("k")});
-    let (code, _, st) = raw(&client, Method::PUT, "/api/v1/namespaces/default/secrets/typed", Some(changed), "application/json").await;
+    let (code, _, st) = raw(
+        &client,
+        Method::PUT,
+        "/api/v1/namespaces/default/secrets/typed",
+        Some(changed),
+        "application/json",
+    )
+    .await;
     assert_eq!(code, 422);
-    assert!(st["message"].as_str().unwrap().contains("type: Invalid value"));
+    assert!(
+        st["message"]
+            .as_str()
+            .unwrap()
+            .contains("type: Invalid value")
+    );
     // Nothing invalid was stored.
     assert!(sim.store().get("secrets", "default", "t").is_none());
     // ...but insert_unchecked models objects a real server would refuse.
@@ -186,18 +280,26 @@ async fn route_status_subresource_and_generation() {
     let sim = start().await;
     let client = sim.client("admin").await.unwrap();
     let routes = routes(client.clone(), "default");
-    let mut r: DynamicObject = serde_json::from_value(route("default", "r1", "a.example.com", "s1")).unwrap();
+    let mut r: DynamicObject =
+        serde_json::from_value(route("default", "r1", "a.example.com", "s1")).unwrap();
     r.data["status"] = json!({"ingress": [{"host": "ignored"}]});
     let created = routes.create(&PostParams::default(), &r).await.unwrap();
     assert_eq!(created.metadata.generation, Some(1));
-    assert_eq!(created.data["status"], json!({}), "status is not settable on create");
+    assert_eq!(
+        created.data["status"],
+        json!({}),
+        "status is not settable on create"
+    );
     assert_eq!(created.data["spec"]["wildcardPolicy"], "None");
 
     // PUT on the main resource ignores status changes, bumps generation on spec change.
     let mut changed = created.clone();
     changed.data["spec"]["host"] = json!("b.example.com");
     changed.data["status"] = json!({"ingress": [{"routerName": "x"}]});
-    let updated = routes.replace("r1", &PostParams::default(), &changed).await.unwrap();
+    let updated = routes
+        .replace("r1", &PostParams::default(), &changed)
+        .await
+        .unwrap();
     assert_eq!(updated.metadata.generation, Some(2));
     assert_eq!(updated.data["spec"]["host"], "b.example.com");
     assert_eq!(updated.data["status"], json!({}));
@@ -216,7 +318,11 @@ async fn route_status_subresource_and_generation() {
     assert_eq!(st.metadata.generation, Some(2));
     // Merge patch on /status.
     let st = routes
-        .patch_status("r1", &PatchParams::default(), &Patch::Merge(json!({"status": {"ingress": []}})))
+        .patch_status(
+            "r1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"ingress": []}})),
+        )
         .await
         .unwrap();
     assert_eq!(st.data["status"]["ingress"], json!([]));
@@ -225,9 +331,19 @@ async fn route_status_subresource_and_generation() {
         "apiVersion": "route.openshift.io/v1", "kind": "Route", "metadata": {"name": "bad"},
         "spec": {"host": "x.example.com", "tls": {"termination": "passthrough", "externalCertificate": {"name": "s"}}}}))
     .unwrap();
-    let st = api_err(routes.create(&PostParams::default(), &bad).await.unwrap_err());
+    let st = api_err(
+        routes
+            .create(&PostParams::default(), &bad)
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((st.code, st.reason.as_str()), (422, "Invalid"));
-    assert!(st.message.starts_with("Route.route.openshift.io \"bad\" is invalid"), "{}", st.message);
+    assert!(
+        st.message
+            .starts_with("Route.route.openshift.io \"bad\" is invalid"),
+        "{}",
+        st.message
+    );
     sim.shutdown().await;
 }
 
@@ -236,15 +352,31 @@ async fn namespaces_with_labels_and_cascading_delete() {
     let sim = start().await;
     let client = sim.client("admin").await.unwrap();
     let nss: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "team-a", "labels": {"certwatch.io/shard": "1"}}})).unwrap();
+    let ns: Namespace = serde_json::from_value(
+        json!({"metadata": {"name": "team-a", "labels": {"certwatch.io/shard": "1"}}}),
+    )
+    .unwrap();
     nss.create(&PostParams::default(), &ns).await.unwrap();
     let got = nss.get("team-a").await.unwrap();
-    assert_eq!(got.metadata.labels.as_ref().unwrap()["kubernetes.io/metadata.name"], "team-a");
-    let sharded = nss.list(&ListParams::default().labels("certwatch.io/shard=1")).await.unwrap();
+    assert_eq!(
+        got.metadata.labels.as_ref().unwrap()["kubernetes.io/metadata.name"],
+        "team-a"
+    );
+    let sharded = nss
+        .list(&ListParams::default().labels("certwatch.io/shard=1"))
+        .await
+        .unwrap();
     assert_eq!(sharded.items.len(), 1);
-    sim.store().create("secrets", opaque_secret("team-a", "inside", &[])).unwrap();
-    nss.delete("team-a", &DeleteParams::default()).await.unwrap();
-    assert!(sim.store().get("secrets", "team-a", "inside").is_none(), "contents deleted with the namespace");
+    sim.store()
+        .create("secrets", opaque_secret("team-a", "inside", &[]))
+        .unwrap();
+    nss.delete("team-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(
+        sim.store().get("secrets", "team-a", "inside").is_none(),
+        "contents deleted with the namespace"
+    );
     assert!(sim.store().get("namespaces", "", "team-a").is_none());
     sim.shutdown().await;
 }
@@ -253,27 +385,53 @@ async fn namespaces_with_labels_and_cascading_delete() {
 async fn pagination_is_consistent_and_expires() {
     let sim = start().await;
     for i in 0..25 {
-        sim.store().create("secrets", opaque_secret("default", &format!("s{i:02}"), &[])).unwrap();
+        sim.store()
+            .create(
+                "secrets",
+                opaque_secret("default", &format!("s{i:02}"), &[]),
+            )
+            .unwrap();
     }
     let client = sim.client("admin").await.unwrap();
     let (code, page1) = get(&client, "/api/v1/namespaces/default/secrets?limit=10").await;
     assert_eq!(code, 200);
     assert_eq!(page1["items"].as_array().unwrap().len(), 10);
     assert_eq!(page1["metadata"]["remainingItemCount"], 15);
-    let rv = page1["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    let rv = page1["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let cont = page1["metadata"]["continue"].as_str().unwrap().to_string();
     // Writes after the first page do not show up in later pages (consistent snapshot).
     sim.store().delete("secrets", "default", "s15").unwrap();
-    sim.store().create("secrets", opaque_secret("default", "s99", &[])).unwrap();
+    sim.store()
+        .create("secrets", opaque_secret("default", "s99", &[]))
+        .unwrap();
     let mut names: Vec<String> = Vec::new();
     let mut next = Some(cont);
     let mut pages = 1;
-    names.extend(page1["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap().to_string()));
+    names.extend(
+        page1["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string()),
+    );
     while let Some(c) = next {
-        let (code, page) = get(&client, &format!("/api/v1/namespaces/default/secrets?limit=10&continue={c}")).await;
+        let (code, page) = get(
+            &client,
+            &format!("/api/v1/namespaces/default/secrets?limit=10&continue={c}"),
+        )
+        .await;
         assert_eq!(code, 200);
         assert_eq!(page["metadata"]["resourceVersion"].as_str().unwrap(), rv);
-        names.extend(page["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap().to_string()));
+        names.extend(
+            page["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["metadata"]["name"].as_str().unwrap().to_string()),
+        );
         next = page["metadata"]["continue"].as_str().map(str::to_string);
         pages += 1;
     }
@@ -287,23 +445,53 @@ async fn pagination_is_consistent_and_expires() {
     assert_eq!(all.items.len(), 7);
 
     // An exact list at an old resourceVersion, then after compaction: 410.
-    let (code, exact) = get(&client, &format!("/api/v1/namespaces/default/secrets?resourceVersion={rv}&resourceVersionMatch=Exact")).await;
+    let (code, exact) = get(
+        &client,
+        &format!(
+            "/api/v1/namespaces/default/secrets?resourceVersion={rv}&resourceVersionMatch=Exact"
+        ),
+    )
+    .await;
     assert_eq!(code, 200);
     assert_eq!(exact["items"].as_array().unwrap().len(), 25);
     let (_, page) = get(&client, "/api/v1/namespaces/default/secrets?limit=5").await;
     let stale_continue = page["metadata"]["continue"].as_str().unwrap().to_string();
-    sim.store().create("secrets", opaque_secret("default", "later", &[])).unwrap();
+    sim.store()
+        .create("secrets", opaque_secret("default", "later", &[]))
+        .unwrap();
     sim.faults().compact_history();
-    let (code, st) = get(&client, &format!("/api/v1/namespaces/default/secrets?resourceVersion={rv}&resourceVersionMatch=Exact")).await;
+    let (code, st) = get(
+        &client,
+        &format!(
+            "/api/v1/namespaces/default/secrets?resourceVersion={rv}&resourceVersionMatch=Exact"
+        ),
+    )
+    .await;
     assert_eq!((code, st["reason"].as_str()), (410, Some("Expired")));
-    let (code, st) = get(&client, &format!("/api/v1/namespaces/default/secrets?limit=5&continue={stale_continue}")).await;
+    let (code, st) = get(
+        &client,
+        &format!("/api/v1/namespaces/default/secrets?limit=5&continue={stale_continue}"),
+    )
+    .await;
     assert_eq!((code, st["reason"].as_str()), (410, Some("Expired")));
     // Parameter validation as in kube-apiserver.
-    let (code, st) = get(&client, "/api/v1/namespaces/default/secrets?resourceVersionMatch=Exact").await;
+    let (code, st) = get(
+        &client,
+        "/api/v1/namespaces/default/secrets?resourceVersionMatch=Exact",
+    )
+    .await;
     assert_eq!((code, st["reason"].as_str()), (422, Some("Invalid")));
-    let (code, _) = get(&client, "/api/v1/namespaces/default/secrets?continue=garbage").await;
+    let (code, _) = get(
+        &client,
+        "/api/v1/namespaces/default/secrets?continue=garbage",
+    )
+    .await;
     assert_eq!(code, 400);
-    let (code, _) = get(&client, "/api/v1/namespaces/default/secrets?fieldSelector=spec.nope%3Dx").await;
+    let (code, _) = get(
+        &client,
+        "/api/v1/namespaces/default/secrets?fieldSelector=spec.nope%3Dx",
+    )
+    .await;
     assert_eq!(code, 400);
     sim.shutdown().await;
 }
@@ -323,7 +511,10 @@ async fn rbac_by_resource_names_and_401() {
     assert_eq!((st.code, st.reason.as_str()), (403, "Forbidden"));
     assert_eq!(
         st.message,
-        format!("secrets is forbidden: User \"{ROUTER_USER}\" cannot list resource \"secrets\" in API group \"\" in the namespace \"{}\"", mine.namespace)
+        format!(
+            "secrets is forbidden: User \"{ROUTER_USER}\" cannot list resource \"secrets\" in API group \"\" in the namespace \"{}\"",
+            mine.namespace
+        )
     );
     // ...with metadata.name=<its secret>: allowed.
     let one = secrets
@@ -334,39 +525,88 @@ async fn rbac_by_resource_names_and_401() {
     let (code, _) = get(&router, &format!("/api/v1/namespaces/{}/secrets?watch=true&timeoutSeconds=1&fieldSelector=metadata.name%3D{}", mine.namespace, mine.secret)).await;
     assert_eq!(code, 200);
     // A secret it was not granted: 403 with the name in the message.
-    sim.store().create("secrets", opaque_secret(&mine.namespace, "other", &[])).unwrap();
+    sim.store()
+        .create("secrets", opaque_secret(&mine.namespace, "other", &[]))
+        .unwrap();
     let st = api_err(secrets.get("other").await.unwrap_err());
     assert_eq!(
         st.message,
-        format!("secrets \"other\" is forbidden: User \"{ROUTER_USER}\" cannot get resource \"secrets\" in API group \"\" in the namespace \"{}\"", mine.namespace)
+        format!(
+            "secrets \"other\" is forbidden: User \"{ROUTER_USER}\" cannot get resource \"secrets\" in API group \"\" in the namespace \"{}\"",
+            mine.namespace
+        )
     );
     assert_eq!(st.details.as_ref().unwrap().name, "other");
-    let st = api_err(secrets.list(&ListParams::default().fields("metadata.name=other")).await.unwrap_err());
+    let st = api_err(
+        secrets
+            .list(&ListParams::default().fields("metadata.name=other"))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(st.code, 403);
     // Router may list routes everywhere and update their status, but not write specs.
     let all_routes = kube::Api::<DynamicObject>::all_with(router.clone(), &route_resource());
-    assert_eq!(all_routes.list(&ListParams::default()).await.unwrap().items.len(), 6);
+    assert_eq!(
+        all_routes
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        6
+    );
     let ns_routes = routes(router.clone(), &mine.namespace);
-    let r = sim.store().get("routes", mine.namespace.as_str(), &mine.route).unwrap();
+    let r = sim
+        .store()
+        .get("routes", mine.namespace.as_str(), &mine.route)
+        .unwrap();
     let as_obj: DynamicObject = serde_json::from_value(r.clone()).unwrap();
-    ns_routes.replace_status(&mine.route, &PostParams::default(), &as_obj).await.unwrap();
-    let st = api_err(ns_routes.replace(&mine.route, &PostParams::default(), &serde_json::from_value(r).unwrap()).await.unwrap_err());
+    ns_routes
+        .replace_status(&mine.route, &PostParams::default(), &as_obj)
+        .await
+        .unwrap();
+    let st = api_err(
+        ns_routes
+            .replace(
+                &mine.route,
+                &PostParams::default(),
+                &serde_json::from_value(r).unwrap(),
+            )
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(st.code, 403);
     // RBAC edits take effect at once: granting "other" allows it.
-    sim.grant_router_secrets(&mine.namespace, &["other"]).unwrap();
+    sim.grant_router_secrets(&mine.namespace, &["other"])
+        .unwrap();
     secrets.get("other").await.unwrap();
     // Deleting the binding takes the grants away.
-    sim.store().delete("rolebindings", mine.namespace.as_str(), kube_sim::ROUTER_SECRETS_ROLE).unwrap();
-    assert_eq!(api_err(secrets.get(&mine.secret).await.unwrap_err()).code, 403);
+    sim.store()
+        .delete(
+            "rolebindings",
+            mine.namespace.as_str(),
+            kube_sim::ROUTER_SECRETS_ROLE,
+        )
+        .unwrap();
+    assert_eq!(
+        api_err(secrets.get(&mine.secret).await.unwrap_err()).code,
+        403
+    );
 
     // Unknown or missing tokens: 401 Status.
     let mut config = sim.client_config("router").await.unwrap();
     config.auth_info.token = Some("not-a-token".to_string().into());
     let stranger = kube::Client::try_from(config).unwrap();
     let (code, st) = get(&stranger, "/api/v1/namespaces/default/secrets").await;
-    assert_eq!((code, st["kind"].as_str(), st["reason"].as_str()), (401, Some("Status"), Some("Unauthorized")));
+    assert_eq!(
+        (code, st["kind"].as_str(), st["reason"].as_str()),
+        (401, Some("Status"), Some("Unauthorized"))
+    );
     let log = sim.request_log();
-    assert!(log.iter().any(|r| r.code == 401 && r.user == "system:anonymous"));
+    assert!(
+        log.iter()
+            .any(|r| r.code == 401 && r.user == "system:anonymous")
+    );
     sim.shutdown().await;
 }
 
@@ -393,46 +633,64 @@ async fn access_reviews_answer_from_rbac() {
     let sars: Api<SubjectAccessReview> = Api::all(router.clone());
     // As Kubernetes answers SARs, list/watch with a name is allowed by resourceNames.
     for verb in ["get", "list", "watch"] {
-        let r = sars.create(&PostParams::default(), &sar(verb, &mine.secret)).await.unwrap();
+        let r = sars
+            .create(&PostParams::default(), &sar(verb, &mine.secret))
+            .await
+            .unwrap();
         assert!(r.status.unwrap().allowed, "{verb}");
     }
-    let r = sars.create(&PostParams::default(), &sar("get", "not-mine")).await.unwrap();
+    let r = sars
+        .create(&PostParams::default(), &sar("get", "not-mine"))
+        .await
+        .unwrap();
     assert!(!r.status.unwrap().allowed);
-    let r = sars.create(&PostParams::default(), &sar("list", "")).await.unwrap();
+    let r = sars
+        .create(&PostParams::default(), &sar("list", ""))
+        .await
+        .unwrap();
     assert!(!r.status.unwrap().allowed);
     // Self reviews.
     let ssars: Api<SelfSubjectAccessReview> = Api::all(router.clone());
     let r = ssars
-        .create(&PostParams::default(), &SelfSubjectAccessReview {
-            spec: SelfSubjectAccessReviewSpec {
-                resource_attributes: Some(ResourceAttributes {
-                    verb: Some("update".into()),
-                    group: Some("route.openshift.io".into()),
-                    resource: Some("routes".into()),
-                    subresource: Some("status".into()),
-                    namespace: Some(mine.namespace.clone()),
+        .create(
+            &PostParams::default(),
+            &SelfSubjectAccessReview {
+                spec: SelfSubjectAccessReviewSpec {
+                    resource_attributes: Some(ResourceAttributes {
+                        verb: Some("update".into()),
+                        group: Some("route.openshift.io".into()),
+                        resource: Some("routes".into()),
+                        subresource: Some("status".into()),
+                        namespace: Some(mine.namespace.clone()),
+                        ..Default::default()
+                    }),
                     ..Default::default()
-                }),
+                },
                 ..Default::default()
             },
-            ..Default::default()
-        })
+        )
         .await
         .unwrap();
     assert!(r.status.unwrap().allowed);
     let rules: Api<SelfSubjectRulesReview> = Api::all(router);
     let r = rules
-        .create(&PostParams::default(), &SelfSubjectRulesReview {
-            spec: SelfSubjectRulesReviewSpec { namespace: Some(mine.namespace.clone()) },
-            ..Default::default()
-        })
+        .create(
+            &PostParams::default(),
+            &SelfSubjectRulesReview {
+                spec: SelfSubjectRulesReviewSpec {
+                    namespace: Some(mine.namespace.clone()),
+                },
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     let status = r.status.unwrap();
-    assert!(status.resource_rules.iter().any(|rule| rule
-        .resource_names
-        .as_ref()
-        .is_some_and(|n| n.contains(&mine.secret))));
+    assert!(status.resource_rules.iter().any(|rule| {
+        rule.resource_names
+            .as_ref()
+            .is_some_and(|n| n.contains(&mine.secret))
+    }));
     // A malformed SAR is 422.
     let admin = sim.client("admin").await.unwrap();
     let (code, st) = raw(&admin, Method::POST, "/apis/authorization.k8s.io/v1/subjectaccessreviews",
@@ -460,10 +718,21 @@ async fn discovery_and_stats_accounting() {
     assert_eq!(version.major, "1");
     let (code, apis) = get(&client, "/apis").await;
     assert_eq!(code, 200);
-    let groups: Vec<&str> = apis["groups"].as_array().unwrap().iter().map(|g| g["name"].as_str().unwrap()).collect();
+    let groups: Vec<&str> = apis["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["name"].as_str().unwrap())
+        .collect();
     assert!(groups.contains(&"route.openshift.io"));
     let (_, v1) = get(&client, "/apis/route.openshift.io/v1").await;
-    assert!(v1["resources"].as_array().unwrap().iter().any(|r| r["name"] == "routes/status"));
+    assert!(
+        v1["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["name"] == "routes/status")
+    );
     let (code, _) = get(&client, "/apis/example.com/v1/widgets").await;
     assert_eq!(code, 404);
 
@@ -482,13 +751,35 @@ async fn discovery_and_stats_accounting() {
     assert_eq!(code, 200);
     let parsed: kube_sim::SimStats = serde_json::from_value(json_stats.clone()).unwrap();
     assert_eq!(parsed.requests, stats.requests);
-    for key in ["requests", "requests_total", "responses", "inflight", "peak_inflight", "open_watches",
-        "open_watches_by_resource", "peak_open_watches", "watches_started", "connections", "open_connections",
-        "bytes_sent", "watch_events_sent", "rejected_429", "peak_queued"] {
+    for key in [
+        "requests",
+        "requests_total",
+        "responses",
+        "inflight",
+        "peak_inflight",
+        "open_watches",
+        "open_watches_by_resource",
+        "peak_open_watches",
+        "watches_started",
+        "connections",
+        "open_connections",
+        "bytes_sent",
+        "watch_events_sent",
+        "rejected_429",
+        "peak_queued",
+    ] {
         assert!(json_stats.get(key).is_some(), "missing {key}");
     }
     let rec = sim.request_log().into_iter().last().unwrap();
-    assert_eq!((rec.verb.as_str(), rec.resource.as_str(), rec.name.as_deref(), rec.code), ("get", "secrets", Some("nope"), 403));
+    assert_eq!(
+        (
+            rec.verb.as_str(),
+            rec.resource.as_str(),
+            rec.name.as_deref(),
+            rec.code
+        ),
+        ("get", "secrets", Some("nope"), 403)
+    );
     assert_eq!(rec.protocol, "h1");
     sim.shutdown().await;
 }

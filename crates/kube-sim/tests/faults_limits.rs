@@ -1,6 +1,8 @@
 //! The concurrency limit (queue, 429 + Retry-After, in-flight semantics of watches),
 //! every fault, the admin API over HTTP, and manifest seeding.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;
@@ -11,7 +13,9 @@ use http::Method;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams};
 use kube_sim::loadgen::H2Connection;
-use kube_sim::{FailRule, INITIAL_EVENTS_END, LatencyConfig, LimitsConfig, OutageMode, SimConfig, Simulator};
+use kube_sim::{
+    FailRule, INITIAL_EVENTS_END, LatencyConfig, LimitsConfig, OutageMode, SimConfig, Simulator,
+};
 use serde_json::{Value, json};
 
 async fn wait_for(sim: &Simulator, what: &str, pred: impl Fn(&kube_sim::SimStats) -> bool) {
@@ -51,18 +55,34 @@ async fn concurrency_limit_queues_then_rejects_with_retry_after() {
     let second = tokio::spawn(async move { get(&c2, "/api/v1/namespaces/default/secrets").await });
     wait_for(&sim, "one queued", |s| s.peak_queued == 1).await;
     // The queue is full: 429 TooManyRequests with Retry-After.
-    let (code, headers, st) = raw(&client, Method::GET, "/api/v1/namespaces/default/secrets/x", None, "application/json").await;
+    let (code, headers, st) = raw(
+        &client,
+        Method::GET,
+        "/api/v1/namespaces/default/secrets/x",
+        None,
+        "application/json",
+    )
+    .await;
     assert_eq!(code, 429);
     assert_eq!(headers["retry-after"], "3");
     assert_eq!(st["reason"], "TooManyRequests");
     assert_eq!(st["details"]["retryAfterSeconds"], 3);
     let stats = sim.stats();
-    assert_eq!((stats.rejected_429, stats.peak_inflight, stats.inflight), (1, 1, 1));
-    assert_eq!(stats.requests["get"]["secrets"], 1, "rejected requests are counted");
+    assert_eq!(
+        (stats.rejected_429, stats.peak_inflight, stats.inflight),
+        (1, 1, 1)
+    );
+    assert_eq!(
+        stats.requests["get"]["secrets"], 1,
+        "rejected requests are counted"
+    );
     assert_eq!(stats.responses["429"], 1);
     // Cancelling the in-flight request hands its slot to the queued one.
     first.abort();
-    wait_for(&sim, "the queued list to be in flight", |s| s.inflight == 1 && s.requests_total >= 3).await;
+    wait_for(&sim, "the queued list to be in flight", |s| {
+        s.inflight == 1 && s.requests_total >= 3
+    })
+    .await;
     second.abort();
     wait_for(&sim, "nothing in flight", |s| s.inflight == 0).await;
     sim.set_latency(LatencyConfig::default());
@@ -78,7 +98,10 @@ async fn open_watches_are_not_in_flight_but_streaming_lists_are_until_their_book
     let client = client_without_retries(&sim, "admin").await;
     let conn = H2Connection::connect(sim.addr(), &token).await.unwrap();
     // A list-then-watch style watch leaves the in-flight count with its headers.
-    let _idle = conn.watch("/api/v1/namespaces/default/secrets?watch=true&resourceVersion=0").await.unwrap();
+    let _idle = conn
+        .watch("/api/v1/namespaces/default/secrets?watch=true&resourceVersion=0")
+        .await
+        .unwrap();
     assert_eq!(sim.stats().inflight, 0);
     assert_eq!(sim.stats().open_watches, 1);
     let (code, _) = get(&client, "/api/v1/namespaces/default/secrets").await;
@@ -88,7 +111,12 @@ async fn open_watches_are_not_in_flight_but_streaming_lists_are_until_their_book
     // stays in flight until the initial-events-end bookmark goes out.
     let payload = "p".repeat(2000);
     for i in 0..100 {
-        sim.store().create("secrets", opaque_secret("default", &format!("big{i}"), &[("p", &payload)])).unwrap();
+        sim.store()
+            .create(
+                "secrets",
+                opaque_secret("default", &format!("big{i}"), &[("p", &payload)]),
+            )
+            .unwrap();
     }
     let tcp = tokio::net::TcpStream::connect(sim.addr()).await.unwrap();
     let (h2c, h2conn) = h2::client::handshake(tcp).await.unwrap();
@@ -103,7 +131,14 @@ async fn open_watches_are_not_in_flight_but_streaming_lists_are_until_their_book
     let resp = resp.await.unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(sim.stats().inflight, 1, "still sending initial events");
-    let (code, headers, _) = raw(&client, Method::GET, "/api/v1/namespaces/default/secrets/big0", None, "application/json").await;
+    let (code, headers, _) = raw(
+        &client,
+        Method::GET,
+        "/api/v1/namespaces/default/secrets/big0",
+        None,
+        "application/json",
+    )
+    .await;
     assert_eq!(code, 429);
     assert_eq!(headers["retry-after"], "3");
     // Drain the initial events up to the bookmark.
@@ -120,7 +155,10 @@ async fn open_watches_are_not_in_flight_but_streaming_lists_are_until_their_book
             match ev["type"].as_str().unwrap() {
                 "ADDED" => added += 1,
                 "BOOKMARK" => {
-                    assert_eq!(ev["object"]["metadata"]["annotations"][INITIAL_EVENTS_END], "true");
+                    assert_eq!(
+                        ev["object"]["metadata"]["annotations"][INITIAL_EVENTS_END],
+                        "true"
+                    );
                     break 'outer;
                 }
                 other => panic!("unexpected {other}"),
@@ -128,7 +166,12 @@ async fn open_watches_are_not_in_flight_but_streaming_lists_are_until_their_book
         }
     }
     assert_eq!(added, 100);
-    wait_for(&sim, "the streaming list to leave the in-flight count", |s| s.inflight == 0).await;
+    wait_for(
+        &sim,
+        "the streaming list to leave the in-flight count",
+        |s| s.inflight == 0,
+    )
+    .await;
     let (code, _) = get(&client, "/api/v1/namespaces/default/secrets/big0").await;
     assert_eq!(code, 200);
     assert_eq!(sim.stats().open_watches, 2);
@@ -145,7 +188,11 @@ async fn latency_is_applied_while_in_flight() {
     let token = sim.token("admin").unwrap();
     let conn = H2Connection::connect(sim.addr(), &token).await.unwrap();
     // The watch's headers are held back by its latency: it is in flight, not open.
-    let pending = tokio::spawn(async move { conn.watch("/api/v1/namespaces/default/secrets?watch=true").await.map(|_| ()) });
+    let pending = tokio::spawn(async move {
+        conn.watch("/api/v1/namespaces/default/secrets?watch=true")
+            .await
+            .map(|_| ())
+    });
     wait_for(&sim, "the delayed watch in flight", |s| s.inflight == 1).await;
     assert_eq!(sim.stats().open_watches, 0);
     assert!(!pending.is_finished());
@@ -158,11 +205,16 @@ async fn latency_is_applied_while_in_flight() {
 async fn watch_faults_close_now_and_after_k_events() {
     let sim = start().await;
     for i in 0..3 {
-        sim.store().create("secrets", opaque_secret("default", &format!("f{i}"), &[])).unwrap();
+        sim.store()
+            .create("secrets", opaque_secret("default", &format!("f{i}"), &[]))
+            .unwrap();
     }
     let token = sim.token("admin").unwrap();
     let conn = H2Connection::connect(sim.addr(), &token).await.unwrap();
-    let mut w = conn.watch("/api/v1/namespaces/default/secrets?watch=true&resourceVersion=0").await.unwrap();
+    let mut w = conn
+        .watch("/api/v1/namespaces/default/secrets?watch=true&resourceVersion=0")
+        .await
+        .unwrap();
     for _ in 0..3 {
         w.next_event().await.unwrap();
     }
@@ -170,25 +222,40 @@ async fn watch_faults_close_now_and_after_k_events() {
     assert!(w.next_event().await.is_none(), "closed");
 
     sim.faults().close_watches_after(Some(2));
-    let mut w = conn.watch("/api/v1/namespaces/default/secrets?watch=true&resourceVersion=0").await.unwrap();
+    let mut w = conn
+        .watch("/api/v1/namespaces/default/secrets?watch=true&resourceVersion=0")
+        .await
+        .unwrap();
     assert!(w.next_event().await.is_some());
     assert!(w.next_event().await.is_some());
     assert!(w.next_event().await.is_none(), "closed after two events");
     sim.faults().close_watches_after(None);
-    let mut w = conn.watch("/api/v1/namespaces/default/secrets?watch=true&resourceVersion=0").await.unwrap();
+    let mut w = conn
+        .watch("/api/v1/namespaces/default/secrets?watch=true&resourceVersion=0")
+        .await
+        .unwrap();
     for _ in 0..3 {
         w.next_event().await.unwrap();
     }
-    sim.store().create("secrets", opaque_secret("default", "f3", &[])).unwrap();
-    assert_eq!(w.next_event().await.unwrap()["object"]["metadata"]["name"], "f3");
+    sim.store()
+        .create("secrets", opaque_secret("default", "f3", &[]))
+        .unwrap();
+    assert_eq!(
+        w.next_event().await.unwrap()["object"]["metadata"]["name"],
+        "f3"
+    );
     sim.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_rules_match_verb_resource_namespace_and_name() {
     let sim = start().await;
-    sim.store().create("secrets", opaque_secret("default", "a", &[])).unwrap();
-    sim.store().create("secrets", opaque_secret("kube-system", "a", &[])).unwrap();
+    sim.store()
+        .create("secrets", opaque_secret("default", "a", &[]))
+        .unwrap();
+    sim.store()
+        .create("secrets", opaque_secret("kube-system", "a", &[]))
+        .unwrap();
     let client = client_without_retries(&sim, "admin").await;
     sim.faults().fail_next(FailRule {
         namespace: Some("default".into()),
@@ -197,18 +264,37 @@ async fn fail_rules_match_verb_resource_namespace_and_name() {
     });
     let (code, _) = get(&client, "/api/v1/namespaces/kube-system/secrets/a").await;
     assert_eq!(code, 200, "other namespace unaffected");
-    let (code, headers, st) = raw(&client, Method::GET, "/api/v1/namespaces/default/secrets/a", None, "application/json").await;
-    assert_eq!((code, st["reason"].as_str()), (503, Some("ServiceUnavailable")));
+    let (code, headers, st) = raw(
+        &client,
+        Method::GET,
+        "/api/v1/namespaces/default/secrets/a",
+        None,
+        "application/json",
+    )
+    .await;
+    assert_eq!(
+        (code, st["reason"].as_str()),
+        (503, Some("ServiceUnavailable"))
+    );
     assert!(headers.contains_key("retry-after"));
     let (code, _) = get(&client, "/api/v1/namespaces/default/secrets/a").await;
     assert_eq!(code, 503);
     let (code, _) = get(&client, "/api/v1/namespaces/default/secrets/a").await;
     assert_eq!(code, 200, "only the next two");
     // List/watch rules match the metadata.name field selector too.
-    sim.faults().fail_next(FailRule { name: Some("a".into()), ..FailRule::new("list", "secrets", 500, 1) });
+    sim.faults().fail_next(FailRule {
+        name: Some("a".into()),
+        ..FailRule::new("list", "secrets", 500, 1)
+    });
     let api: Api<Secret> = Api::namespaced(client.clone(), "default");
-    let err = api.list(&ListParams::default().fields("metadata.name=a")).await.unwrap_err();
-    assert!(matches!(err, kube::Error::Api(ref s) if s.code == 500), "{err:?}");
+    let err = api
+        .list(&ListParams::default().fields("metadata.name=a"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 500),
+        "{err:?}"
+    );
     // clear() removes pending rules.
     sim.faults().fail_next(FailRule::new("*", "*", 500, 10));
     assert_eq!(sim.faults().state().fail_rules.len(), 1);
@@ -226,12 +312,24 @@ async fn outages_refuse_and_hang() {
     assert_eq!(code, 200);
     let token = sim.token("admin").unwrap();
     let conn = H2Connection::connect(sim.addr(), &token).await.unwrap();
-    let mut w = conn.watch("/api/v1/namespaces/default/secrets?watch=true").await.unwrap();
+    let mut w = conn
+        .watch("/api/v1/namespaces/default/secrets?watch=true")
+        .await
+        .unwrap();
 
-    sim.faults().outage(Duration::from_secs(3600), OutageMode::Refuse);
-    assert!(w.next_event().await.is_none(), "open connections are closed");
-    let req = http::Request::get("/api/v1/namespaces/default/secrets").body(kube::client::Body::empty()).unwrap();
-    assert!(client.send(req).await.is_err(), "new connections are refused");
+    sim.faults()
+        .outage(Duration::from_secs(3600), OutageMode::Refuse);
+    assert!(
+        w.next_event().await.is_none(),
+        "open connections are closed"
+    );
+    let req = http::Request::get("/api/v1/namespaces/default/secrets")
+        .body(kube::client::Body::empty())
+        .unwrap();
+    assert!(
+        client.send(req).await.is_err(),
+        "new connections are refused"
+    );
     let refused = match H2Connection::connect(sim.addr(), &token).await {
         Err(_) => true,
         Ok(c) => c.request(Method::GET, "/version", None).await.is_err(),
@@ -241,7 +339,8 @@ async fn outages_refuse_and_hang() {
     let (code, _) = get(&client, "/api/v1/namespaces/default/secrets").await;
     assert_eq!(code, 200, "served again after the outage");
 
-    sim.faults().outage(Duration::from_secs(3600), OutageMode::Hang);
+    sim.faults()
+        .outage(Duration::from_secs(3600), OutageMode::Hang);
     let c = client.clone();
     let hung = tokio::spawn(async move { get(&c, "/api/v1/namespaces/default/secrets").await });
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -250,7 +349,8 @@ async fn outages_refuse_and_hang() {
     sim.faults().clear();
     assert_eq!(hung.await.unwrap().0, 200, "answered once the hang ends");
     // An outage ends by itself after its duration.
-    sim.faults().outage(Duration::from_millis(50), OutageMode::Hang);
+    sim.faults()
+        .outage(Duration::from_millis(50), OutageMode::Hang);
     let (code, _) = get(&client, "/api/v1/namespaces/default/secrets").await;
     assert_eq!(code, 200);
     assert_eq!(sim.faults().state().outage, None);
@@ -264,24 +364,60 @@ async fn admin_api_over_http() {
     assert_eq!(code, 200);
     assert!(index["endpoints"].as_array().unwrap().len() >= 14);
 
-    let (code, lat) = admin(&sim, Method::PUT, "/sim/latency", Some(json!({"default": "5ms", "per_verb": {"list": "7ms"}}))).await;
+    let (code, lat) = admin(
+        &sim,
+        Method::PUT,
+        "/sim/latency",
+        Some(json!({"default": "5ms", "per_verb": {"list": "7ms"}})),
+    )
+    .await;
     assert_eq!((code, lat["per_verb"]["list"].as_str()), (200, Some("7ms")));
     let (_, lat) = admin(&sim, Method::GET, "/sim/latency", None).await;
     assert_eq!(lat["default"], "5ms");
     admin(&sim, Method::PUT, "/sim/latency", Some(json!({}))).await;
 
-    let (code, limits) = admin(&sim, Method::PUT, "/sim/limits", Some(json!({"max_inflight": 7, "queue_len": 3, "retry_after": "2s"}))).await;
+    let (code, limits) = admin(
+        &sim,
+        Method::PUT,
+        "/sim/limits",
+        Some(json!({"max_inflight": 7, "queue_len": 3, "retry_after": "2s"})),
+    )
+    .await;
     assert_eq!((code, limits["max_inflight"].as_u64()), (200, Some(7)));
-    admin(&sim, Method::PUT, "/sim/limits", Some(json!({"max_inflight": null}))).await;
+    admin(
+        &sim,
+        Method::PUT,
+        "/sim/limits",
+        Some(json!({"max_inflight": null})),
+    )
+    .await;
 
-    let (code, _) = admin(&sim, Method::POST, "/sim/faults/fail", Some(json!({"verb": "get", "resource": "secrets", "code": 500}))).await;
+    let (code, _) = admin(
+        &sim,
+        Method::POST,
+        "/sim/faults/fail",
+        Some(json!({"verb": "get", "resource": "secrets", "code": 500})),
+    )
+    .await;
     assert_eq!(code, 200);
     let (_, state) = admin(&sim, Method::GET, "/sim/faults", None).await;
     assert_eq!(state["fail_rules"][0]["count"], 1);
-    let (code, _) = admin(&sim, Method::PUT, "/sim/faults/close-after", Some(json!({"events": 3}))).await;
+    let (code, _) = admin(
+        &sim,
+        Method::PUT,
+        "/sim/faults/close-after",
+        Some(json!({"events": 3})),
+    )
+    .await;
     assert_eq!(code, 200);
     assert_eq!(sim.faults().state().close_watches_after, Some(3));
-    let (code, _) = admin(&sim, Method::POST, "/sim/faults/outage", Some(json!({"duration": "1h", "mode": "hang"}))).await;
+    let (code, _) = admin(
+        &sim,
+        Method::POST,
+        "/sim/faults/outage",
+        Some(json!({"duration": "1h", "mode": "hang"})),
+    )
+    .await;
     assert_eq!(code, 200);
     assert_eq!(sim.faults().state().outage, Some(OutageMode::Hang));
     let (code, cleared) = admin(&sim, Method::DELETE, "/sim/faults", None).await;
@@ -292,30 +428,56 @@ async fn admin_api_over_http() {
     let (_, closed) = admin(&sim, Method::POST, "/sim/faults/close-watches", None).await;
     assert_eq!(closed["closed"], 0);
     let (_, compacted) = admin(&sim, Method::POST, "/sim/faults/compact", None).await;
-    assert_eq!(compacted["resourceVersion"], sim.store().resource_version().to_string());
+    assert_eq!(
+        compacted["resourceVersion"],
+        sim.store().resource_version().to_string()
+    );
 
     // Seeding and generation over HTTP.
     let conn = H2Connection::connect(sim.addr(), "").await.unwrap();
     let manifests = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: seeded\n  namespace: team\nstringData:\n  a: b\n---\napiVersion: route.openshift.io/v1\nkind: Route\nmetadata:\n  name: r\n  namespace: team\nspec:\n  host: r.example.com\n";
     let (status, body) = conn
-        .request(Method::POST, "/sim/seed", Some((bytes::Bytes::from(manifests), "application/yaml")))
+        .request(
+            Method::POST,
+            "/sim/seed",
+            Some((bytes::Bytes::from(manifests), "application/yaml")),
+        )
         .await
         .unwrap();
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     assert!(sim.store().get("routes", "team", "r").is_some());
-    let (code, generated) = admin(&sim, Method::POST, "/sim/generate", Some(json!({"routes": 4, "namespaces": 2, "secrets": 2}))).await;
+    let (code, generated) = admin(
+        &sim,
+        Method::POST,
+        "/sim/generate",
+        Some(json!({"routes": 4, "namespaces": 2, "secrets": 2})),
+    )
+    .await;
     assert_eq!(code, 200);
     assert_eq!(generated["routes"].as_array().unwrap().len(), 4);
-    assert!(generated["ca_pem"].as_str().unwrap().contains("BEGIN CERTIFICATE"));
+    assert!(
+        generated["ca_pem"]
+            .as_str()
+            .unwrap()
+            .contains("BEGIN CERTIFICATE")
+    );
 
     // The request log and stats reset.
     let client = client_without_retries(&sim, "admin").await;
     let (code, _) = get(&client, "/api/v1/namespaces/team/secrets/seeded").await;
     assert_eq!(code, 200);
     let (_, all) = admin(&sim, Method::GET, "/sim/requests", None).await;
-    let last_seq = all.as_array().unwrap().last().unwrap()["seq"].as_u64().unwrap();
+    let last_seq = all.as_array().unwrap().last().unwrap()["seq"]
+        .as_u64()
+        .unwrap();
     get(&client, "/api/v1/namespaces/team/secrets/seeded").await;
-    let (_, newer) = admin(&sim, Method::GET, &format!("/sim/requests?since={last_seq}"), None).await;
+    let (_, newer) = admin(
+        &sim,
+        Method::GET,
+        &format!("/sim/requests?since={last_seq}"),
+        None,
+    )
+    .await;
     assert_eq!(newer.as_array().unwrap().len(), 1);
     assert_eq!(newer[0]["name"], "seeded");
     let (code, _) = admin(&sim, Method::POST, "/sim/stats/reset", None).await;
@@ -326,7 +488,13 @@ async fn admin_api_over_http() {
     assert_eq!(code, 404);
     let (code, _) = admin(&sim, Method::DELETE, "/sim/stats", None).await;
     assert_eq!(code, 405);
-    let (code, err) = admin(&sim, Method::PUT, "/sim/latency", Some(json!({"default": "fast"}))).await;
+    let (code, err) = admin(
+        &sim,
+        Method::PUT,
+        "/sim/latency",
+        Some(json!({"default": "fast"})),
+    )
+    .await;
     assert_eq!(code, 400);
     assert!(err["error"].as_str().unwrap().contains("invalid duration"));
     sim.shutdown().await;
@@ -358,8 +526,14 @@ items:
 {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "nons"}, "stringData": {"a": "b"}}
 "#;
     assert_eq!(sim.load_manifests(text).unwrap(), 4);
-    assert_eq!(sim.store().get("namespaces", "", "shop").unwrap()["metadata"]["labels"]["tier"], "front");
-    assert!(sim.store().get("secrets", "default", "nons").is_some(), "no namespace: default");
+    assert_eq!(
+        sim.store().get("namespaces", "", "shop").unwrap()["metadata"]["labels"]["tier"],
+        "front"
+    );
+    assert!(
+        sim.store().get("secrets", "default", "nons").is_some(),
+        "no namespace: default"
+    );
     // Loading again replaces (no AlreadyExists).
     assert_eq!(sim.load_manifests(text).unwrap(), 4);
     // Errors name the document.
@@ -368,6 +542,9 @@ items:
     let err = sim
         .load_manifests("apiVersion: v1\nkind: Secret\nmetadata: {name: bad, namespace: shop}\ntype: kubernetes.io/tls\ndata: {}\n")
         .unwrap_err();
-    assert!(err.to_string().contains("data[tls.crt]: Required value"), "{err}");
+    assert!(
+        err.to_string().contains("data[tls.crt]: Required value"),
+        "{err}"
+    );
     sim.shutdown().await;
 }

@@ -2,6 +2,8 @@
 //! `watch_object`) and raw requests: resourceVersion semantics, 410 Expired,
 //! bookmarks, streaming lists, timeouts, selector transitions, slow watchers.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;
@@ -10,8 +12,8 @@ use common::*;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::watcher::watch_object;
+use kube::runtime::watcher::{self, Event};
 use kube_sim::loadgen::H2Connection;
 use kube_sim::{INITIAL_EVENTS_END, SimConfig};
 use serde_json::{Value, json};
@@ -23,7 +25,12 @@ fn name_of(s: &Secret) -> String {
 async fn run_watcher(strategy_streaming: bool) {
     let sim = start().await;
     for i in 0..3 {
-        sim.store().create("secrets", opaque_secret("default", &format!("w{i}"), &[("v", "0")])).unwrap();
+        sim.store()
+            .create(
+                "secrets",
+                opaque_secret("default", &format!("w{i}"), &[("v", "0")]),
+            )
+            .unwrap();
     }
     let client = sim.client("admin").await.unwrap();
     let api: Api<Secret> = Api::namespaced(client, "default");
@@ -43,7 +50,9 @@ async fn run_watcher(strategy_streaming: bool) {
     }
     initial.sort();
     assert_eq!(initial, ["w0", "w1", "w2"]);
-    sim.store().merge_patch("secrets", "default", "w1", json!({"data": {"v": b64("1")}})).unwrap();
+    sim.store()
+        .merge_patch("secrets", "default", "w1", json!({"data": {"v": b64("1")}}))
+        .unwrap();
     match stream.try_next().await.unwrap().unwrap() {
         Event::Apply(s) => {
             assert_eq!(name_of(&s), "w1");
@@ -57,8 +66,14 @@ async fn run_watcher(strategy_streaming: bool) {
         other => panic!("expected Delete, got {other:?}"),
     }
     let log = sim.request_log();
-    let lists = log.iter().filter(|r| r.verb == "list" && r.resource == "secrets").count();
-    let watches: Vec<_> = log.iter().filter(|r| r.verb == "watch" && r.resource == "secrets").collect();
+    let lists = log
+        .iter()
+        .filter(|r| r.verb == "list" && r.resource == "secrets")
+        .count();
+    let watches: Vec<_> = log
+        .iter()
+        .filter(|r| r.verb == "watch" && r.resource == "secrets")
+        .collect();
     if strategy_streaming {
         assert_eq!(lists, 0);
         assert_eq!(watches.len(), 1);
@@ -89,20 +104,36 @@ async fn watch_object_follows_deletion_and_recreation() {
     let client = sim.client("admin").await.unwrap();
     let api: Api<Secret> = Api::namespaced(client, "default");
     let mut stream = watch_object(api, "target").boxed();
-    assert!(stream.try_next().await.unwrap().unwrap().is_none(), "absent at first");
-    sim.store().create("secrets", opaque_secret("default", "target", &[("a", "1")])).unwrap();
-    sim.store().create("secrets", opaque_secret("default", "bystander", &[])).unwrap();
+    assert!(
+        stream.try_next().await.unwrap().unwrap().is_none(),
+        "absent at first"
+    );
+    sim.store()
+        .create("secrets", opaque_secret("default", "target", &[("a", "1")]))
+        .unwrap();
+    sim.store()
+        .create("secrets", opaque_secret("default", "bystander", &[]))
+        .unwrap();
     let got = stream.try_next().await.unwrap().unwrap().unwrap();
     assert_eq!(name_of(&got), "target");
     sim.store().delete("secrets", "default", "target").unwrap();
     assert!(stream.try_next().await.unwrap().unwrap().is_none());
-    sim.store().create("secrets", opaque_secret("default", "target", &[("a", "2")])).unwrap();
+    sim.store()
+        .create("secrets", opaque_secret("default", "target", &[("a", "2")]))
+        .unwrap();
     let again = stream.try_next().await.unwrap().unwrap().unwrap();
     assert_eq!(again.data.unwrap()["a"].0, b"2");
     // The watch was a per-object field-selector watch.
-    let watch = sim.request_log().into_iter().find(|r| r.verb == "watch").unwrap();
+    let watch = sim
+        .request_log()
+        .into_iter()
+        .find(|r| r.verb == "watch")
+        .unwrap();
     assert_eq!(watch.name.as_deref(), Some("target"));
-    assert_eq!(watch.field_selector.as_deref(), Some("metadata.name=target"));
+    assert_eq!(
+        watch.field_selector.as_deref(),
+        Some("metadata.name=target")
+    );
     sim.shutdown().await;
 }
 
@@ -120,18 +151,40 @@ async fn resource_version_semantics() {
     let sim = start().await;
     let token = sim.token("admin").unwrap();
     let conn = H2Connection::connect(sim.addr(), &token).await.unwrap();
-    let a = sim.store().create("secrets", opaque_secret("default", "a", &[])).unwrap();
+    let a = sim
+        .store()
+        .create("secrets", opaque_secret("default", "a", &[]))
+        .unwrap();
     let rv_a = rv_of(&a);
-    sim.store().create("secrets", opaque_secret("default", "b", &[])).unwrap();
-    sim.store().merge_patch("secrets", "default", "a", json!({"metadata": {"labels": {"x": "y"}}})).unwrap();
+    sim.store()
+        .create("secrets", opaque_secret("default", "b", &[]))
+        .unwrap();
+    sim.store()
+        .merge_patch(
+            "secrets",
+            "default",
+            "a",
+            json!({"metadata": {"labels": {"x": "y"}}}),
+        )
+        .unwrap();
 
     // Unset and "0": the current objects as ADDED.
     let ev = lines(&conn, "/api/v1/namespaces/default/secrets?watch=true", 2).await;
     assert!(ev.iter().all(|e| e["type"] == "ADDED"));
-    let ev = lines(&conn, "/api/v1/namespaces/default/secrets?watch=true&resourceVersion=0", 2).await;
+    let ev = lines(
+        &conn,
+        "/api/v1/namespaces/default/secrets?watch=true&resourceVersion=0",
+        2,
+    )
+    .await;
     assert!(ev.iter().all(|e| e["type"] == "ADDED"));
     // An explicit resourceVersion: exactly what happened after it.
-    let ev = lines(&conn, &format!("/api/v1/namespaces/default/secrets?watch=true&resourceVersion={rv_a}"), 2).await;
+    let ev = lines(
+        &conn,
+        &format!("/api/v1/namespaces/default/secrets?watch=true&resourceVersion={rv_a}"),
+        2,
+    )
+    .await;
     assert_eq!(ev[0]["type"], "ADDED");
     assert_eq!(ev[0]["object"]["metadata"]["name"], "b");
     assert_eq!(ev[1]["type"], "MODIFIED");
@@ -148,26 +201,55 @@ async fn resource_version_semantics() {
     assert_eq!(del["type"], "DELETED");
     assert_eq!(rv_of(&del["object"]), before + 1);
     // A resourceVersion from the future is refused.
-    let err = conn.watch("/api/v1/namespaces/default/secrets?watch=true&resourceVersion=999999").await;
+    let err = conn
+        .watch("/api/v1/namespaces/default/secrets?watch=true&resourceVersion=999999")
+        .await;
     assert!(err.is_err());
     sim.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_resource_version_yields_410_and_watcher_relists() {
-    let sim = start_with(SimConfig { history_limit: 5, ..SimConfig::default() }).await;
+    let sim = start_with(SimConfig {
+        history_limit: 5,
+        ..SimConfig::default()
+    })
+    .await;
     let token = sim.token("admin").unwrap();
     let conn = H2Connection::connect(sim.addr(), &token).await.unwrap();
-    let first = sim.store().create("secrets", opaque_secret("default", "h", &[("n", "0")])).unwrap();
+    let first = sim
+        .store()
+        .create("secrets", opaque_secret("default", "h", &[("n", "0")]))
+        .unwrap();
     for i in 1..10 {
-        sim.store().merge_patch("secrets", "default", "h", json!({"data": {"n": b64(&i.to_string())}})).unwrap();
+        sim.store()
+            .merge_patch(
+                "secrets",
+                "default",
+                "h",
+                json!({"data": {"n": b64(&i.to_string())}}),
+            )
+            .unwrap();
     }
-    let ev = lines(&conn, &format!("/api/v1/namespaces/default/secrets?watch=true&resourceVersion={}", rv_of(&first)), 1).await;
+    let ev = lines(
+        &conn,
+        &format!(
+            "/api/v1/namespaces/default/secrets?watch=true&resourceVersion={}",
+            rv_of(&first)
+        ),
+        1,
+    )
+    .await;
     assert_eq!(ev[0]["type"], "ERROR");
     assert_eq!(ev[0]["object"]["kind"], "Status");
     assert_eq!(ev[0]["object"]["code"], 410);
     assert_eq!(ev[0]["object"]["reason"], "Expired");
-    assert!(ev[0]["object"]["message"].as_str().unwrap().starts_with("too old resource version"));
+    assert!(
+        ev[0]["object"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("too old resource version")
+    );
 
     // kube's watcher resumes from its last resourceVersion; after a compaction that
     // is too old, so it gets the 410, re-lists and converges.
@@ -175,11 +257,23 @@ async fn expired_resource_version_yields_410_and_watcher_relists() {
     let api: Api<Secret> = Api::namespaced(client, "default");
     let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
     while !matches!(stream.try_next().await.unwrap().unwrap(), Event::InitDone) {}
-    sim.store().merge_patch("secrets", "default", "h", json!({"data": {"n": b64("final")}})).unwrap();
-    assert!(matches!(stream.try_next().await.unwrap().unwrap(), Event::Apply(_)));
+    sim.store()
+        .merge_patch(
+            "secrets",
+            "default",
+            "h",
+            json!({"data": {"n": b64("final")}}),
+        )
+        .unwrap();
+    assert!(matches!(
+        stream.try_next().await.unwrap().unwrap(),
+        Event::Apply(_)
+    ));
     // The global resourceVersion moves on where this watcher does not look, the
     // history is compacted, and the watch is closed: resuming is now too old.
-    sim.store().create("secrets", opaque_secret("kube-system", "elsewhere", &[])).unwrap();
+    sim.store()
+        .create("secrets", opaque_secret("kube-system", "elsewhere", &[]))
+        .unwrap();
     sim.faults().compact_history();
     sim.faults().close_all_watches();
     let mut saw_410 = false;
@@ -199,19 +293,35 @@ async fn expired_resource_version_yields_410_and_watcher_relists() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn periodic_bookmarks_only_when_allowed() {
-    let sim = start_with(SimConfig { bookmark_interval: Duration::from_millis(50), ..SimConfig::default() }).await;
+    let sim = start_with(SimConfig {
+        bookmark_interval: Duration::from_millis(50),
+        ..SimConfig::default()
+    })
+    .await;
     let token = sim.token("admin").unwrap();
     let conn = H2Connection::connect(sim.addr(), &token).await.unwrap();
-    let s = sim.store().create("secrets", opaque_secret("default", "bm", &[])).unwrap();
+    let s = sim
+        .store()
+        .create("secrets", opaque_secret("default", "bm", &[]))
+        .unwrap();
     let mut w = conn
         .watch(&format!("/api/v1/namespaces/default/secrets?watch=true&allowWatchBookmarks=true&resourceVersion={}", rv_of(&s)))
         .await
         .unwrap();
-    sim.store().merge_patch("secrets", "default", "bm", json!({"metadata": {"labels": {"a": "b"}}})).unwrap();
+    sim.store()
+        .merge_patch(
+            "secrets",
+            "default",
+            "bm",
+            json!({"metadata": {"labels": {"a": "b"}}}),
+        )
+        .unwrap();
     let modified = w.next_event().await.unwrap();
     assert_eq!(modified["type"], "MODIFIED");
     // Something unrelated moves the global resourceVersion; bookmarks carry it.
-    sim.store().create("secrets", opaque_secret("kube-system", "elsewhere", &[])).unwrap();
+    sim.store()
+        .create("secrets", opaque_secret("kube-system", "elsewhere", &[]))
+        .unwrap();
     let current = sim.store().resource_version();
     loop {
         let e = w.next_event().await.unwrap();
@@ -231,7 +341,11 @@ async fn periodic_bookmarks_only_when_allowed() {
     while let Some(e) = plain.next_event().await {
         types.push(e["type"].as_str().unwrap().to_string());
     }
-    assert_eq!(types, ["ADDED"], "one ADDED, then a clean end at the timeout");
+    assert_eq!(
+        types,
+        ["ADDED"],
+        "one ADDED, then a clean end at the timeout"
+    );
     sim.shutdown().await;
 }
 
@@ -241,7 +355,9 @@ async fn streaming_list_protocol() {
     let token = sim.token("admin").unwrap();
     let conn = H2Connection::connect(sim.addr(), &token).await.unwrap();
     for i in 0..3 {
-        sim.store().create("secrets", opaque_secret("default", &format!("s{i}"), &[])).unwrap();
+        sim.store()
+            .create("secrets", opaque_secret("default", &format!("s{i}"), &[]))
+            .unwrap();
     }
     let rv = sim.store().resource_version();
     let path = "/api/v1/namespaces/default/secrets?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&resourceVersion=0";
@@ -251,11 +367,22 @@ async fn streaming_list_protocol() {
     }
     let end = w.next_event().await.unwrap();
     assert_eq!(end["type"], "BOOKMARK");
-    assert_eq!(end["object"]["metadata"]["annotations"][INITIAL_EVENTS_END], "true");
+    assert_eq!(
+        end["object"]["metadata"]["annotations"][INITIAL_EVENTS_END],
+        "true"
+    );
     assert_eq!(rv_of(&end["object"]), rv);
-    sim.store().create("secrets", opaque_secret("default", "s3", &[])).unwrap();
+    sim.store()
+        .create("secrets", opaque_secret("default", "s3", &[]))
+        .unwrap();
     let live = w.next_event().await.unwrap();
-    assert_eq!((live["type"].as_str(), live["object"]["metadata"]["name"].as_str()), (Some("ADDED"), Some("s3")));
+    assert_eq!(
+        (
+            live["type"].as_str(),
+            live["object"]["metadata"]["name"].as_str()
+        ),
+        (Some("ADDED"), Some("s3"))
+    );
 
     // Invalid combinations: 422 Invalid, as kube-apiserver answers.
     let admin = sim.client("admin").await.unwrap();
@@ -266,7 +393,11 @@ async fn streaming_list_protocol() {
         "/api/v1/namespaces/default/secrets?sendInitialEvents=true",
     ] {
         let (code, st) = get(&admin, bad).await;
-        assert_eq!((code, st["reason"].as_str()), (422, Some("Invalid")), "{bad}: {st}");
+        assert_eq!(
+            (code, st["reason"].as_str()),
+            (422, Some("Invalid")),
+            "{bad}: {st}"
+        );
     }
     sim.shutdown().await;
 }
@@ -283,17 +414,44 @@ async fn label_selector_transitions_and_timeout() {
         .watch(&format!("/api/v1/namespaces/default/secrets?watch=true&labelSelector=app%3Da&resourceVersion={}", rv_of(&created)))
         .await
         .unwrap();
-    sim.store().merge_patch("secrets", "default", "moving", json!({"metadata": {"labels": {"app": "b"}}})).unwrap();
+    sim.store()
+        .merge_patch(
+            "secrets",
+            "default",
+            "moving",
+            json!({"metadata": {"labels": {"app": "b"}}}),
+        )
+        .unwrap();
     let gone = w.next_event().await.unwrap();
     assert_eq!(gone["type"], "DELETED");
-    assert_eq!(gone["object"]["metadata"]["labels"]["app"], "a", "the last state that matched");
-    sim.store().merge_patch("secrets", "default", "moving", json!({"metadata": {"labels": {"x": "1"}}})).unwrap();
-    sim.store().merge_patch("secrets", "default", "moving", json!({"metadata": {"labels": {"app": "a"}}})).unwrap();
+    assert_eq!(
+        gone["object"]["metadata"]["labels"]["app"], "a",
+        "the last state that matched"
+    );
+    sim.store()
+        .merge_patch(
+            "secrets",
+            "default",
+            "moving",
+            json!({"metadata": {"labels": {"x": "1"}}}),
+        )
+        .unwrap();
+    sim.store()
+        .merge_patch(
+            "secrets",
+            "default",
+            "moving",
+            json!({"metadata": {"labels": {"app": "a"}}}),
+        )
+        .unwrap();
     let back = w.next_event().await.unwrap();
     assert_eq!(back["type"], "ADDED");
 
     // timeoutSeconds ends the watch cleanly and it leaves the open-watch count.
-    let mut short = conn.watch("/api/v1/namespaces/default/secrets?watch=true&timeoutSeconds=1&resourceVersion=0").await.unwrap();
+    let mut short = conn
+        .watch("/api/v1/namespaces/default/secrets?watch=true&timeoutSeconds=1&resourceVersion=0")
+        .await
+        .unwrap();
     while short.next_event().await.is_some() {}
     drop(w);
     let mut open = sim.stats().open_watches;
@@ -306,9 +464,16 @@ async fn label_selector_transitions_and_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watcher_that_cannot_keep_up_is_terminated() {
-    let sim = start_with(SimConfig { watch_buffer: 4, ..SimConfig::default() }).await;
+    let sim = start_with(SimConfig {
+        watch_buffer: 4,
+        ..SimConfig::default()
+    })
+    .await;
     let token = sim.token("admin").unwrap();
-    let created = sim.store().create("secrets", opaque_secret("default", "busy", &[])).unwrap();
+    let created = sim
+        .store()
+        .create("secrets", opaque_secret("default", "busy", &[]))
+        .unwrap();
     // A raw h2 client that never releases flow-control capacity: after its 64 KiB
     // window the server cannot send, and the watcher's buffer fills.
     let tcp = tokio::net::TcpStream::connect(sim.addr()).await.unwrap();
@@ -316,7 +481,11 @@ async fn a_watcher_that_cannot_keep_up_is_terminated() {
     tokio::spawn(conn);
     let mut client = client.ready().await.unwrap();
     let req = http::Request::builder()
-        .uri(format!("http://{}/api/v1/namespaces/default/secrets?watch=true&resourceVersion={}", sim.addr(), rv_of(&created)))
+        .uri(format!(
+            "http://{}/api/v1/namespaces/default/secrets?watch=true&resourceVersion={}",
+            sim.addr(),
+            rv_of(&created)
+        ))
         .header("authorization", format!("Bearer {token}"))
         .body(())
         .unwrap();
@@ -326,7 +495,12 @@ async fn a_watcher_that_cannot_keep_up_is_terminated() {
     let payload = "x".repeat(2048);
     for i in 0..200 {
         sim.store()
-            .merge_patch("secrets", "default", "busy", json!({"data": {"blob": b64(&format!("{i}{payload}"))}}))
+            .merge_patch(
+                "secrets",
+                "default",
+                "busy",
+                json!({"data": {"blob": b64(&format!("{i}{payload}"))}}),
+            )
             .unwrap();
     }
     assert_eq!(sim.slow_watchers_terminated(), 1);
@@ -338,6 +512,9 @@ async fn a_watcher_that_cannot_keep_up_is_terminated() {
         events += chunk.iter().filter(|b| **b == b'\n').count();
         let _ = body.flow_control().release_capacity(chunk.len());
     }
-    assert!(events > 0 && events < 200, "got {events} of 200 events before the end");
+    assert!(
+        events > 0 && events < 200,
+        "got {events} of 200 events before the end"
+    );
     sim.shutdown().await;
 }

@@ -29,7 +29,9 @@ pub async fn raw(
     body: Option<Value>,
     content_type: &str,
 ) -> (u16, HeaderMap, Value) {
-    let bytes = body.map(|b| serde_json::to_vec(&b).unwrap()).unwrap_or_default();
+    let bytes = body
+        .map(|b| serde_json::to_vec(&b).unwrap())
+        .unwrap_or_default();
     let req = Request::builder()
         .method(method)
         .uri(path)
@@ -54,16 +56,31 @@ pub async fn get(client: &Client, path: &str) -> (u16, Value) {
 }
 
 /// An admin API call over plain HTTP/2.
-pub async fn admin(sim: &Simulator, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+pub async fn admin(
+    sim: &Simulator,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     let conn = H2Connection::connect(sim.addr(), "").await.unwrap();
-    let body = body.map(|b| (bytes::Bytes::from(serde_json::to_vec(&b).unwrap()), "application/json"));
+    let body = body.map(|b| {
+        (
+            bytes::Bytes::from(serde_json::to_vec(&b).unwrap()),
+            "application/json",
+        )
+    });
     let (status, bytes) = conn.request(method, path, body).await.unwrap();
-    (status.as_u16(), serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    (
+        status.as_u16(),
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 pub fn opaque_secret(ns: &str, name: &str, pairs: &[(&str, &str)]) -> Value {
-    let data: serde_json::Map<String, Value> =
-        pairs.iter().map(|(k, v)| (k.to_string(), json!(b64(v)))).collect();
+    let data: serde_json::Map<String, Value> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(b64(v))))
+        .collect();
     json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": { "name": name, "namespace": ns },
@@ -105,7 +122,11 @@ pub fn routes(client: Client, ns: &str) -> Api<DynamicObject> {
 }
 
 pub fn rv_of(v: &Value) -> u64 {
-    v["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap()
+    v["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 /// A kube client without kube's default retries of 429/503/504, for tests that

@@ -56,6 +56,11 @@ impl FieldSelector {
         Ok(FieldSelector { terms })
     }
 
+    /// Escapes a value for use in a field selector term (`\\`, `,`, `=`, `!`).
+    pub fn escape(value: &str) -> String {
+        escape_field_value(value)
+    }
+
     /// Checks every field label is supported by `def`.
     pub fn validate_for(&self, def: &ResourceDef) -> Result<(), String> {
         for t in &self.terms {

@@ -15,7 +15,9 @@ use kube_sim::{GenerateSpec, ROUTER_SECRETS_ROLE, SHARD_LABEL};
 use x509_parser::prelude::*;
 
 fn decode(v: &serde_json::Value) -> Vec<u8> {
-    base64::engine::general_purpose::STANDARD.decode(v.as_str().unwrap()).unwrap()
+    base64::engine::general_purpose::STANDARD
+        .decode(v.as_str().unwrap())
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,11 +45,20 @@ async fn generated_cluster_is_consistent() {
         let route = store.get("routes", r.namespace.as_str(), &r.route).unwrap();
         assert_eq!(route["spec"]["host"], r.host.as_str());
         assert_eq!(route["spec"]["tls"]["termination"], "edge");
-        assert_eq!(route["spec"]["tls"]["externalCertificate"]["name"], r.secret.as_str());
-        let created = route["metadata"]["creationTimestamp"].as_str().unwrap().to_string();
+        assert_eq!(
+            route["spec"]["tls"]["externalCertificate"]["name"],
+            r.secret.as_str()
+        );
+        let created = route["metadata"]["creationTimestamp"]
+            .as_str()
+            .unwrap()
+            .to_string();
         let parsed: jiff::Timestamp = created.parse().unwrap();
         if !last_created.is_empty() {
-            assert!(parsed > last_created.parse::<jiff::Timestamp>().unwrap(), "{created} after {last_created}");
+            assert!(
+                parsed > last_created.parse::<jiff::Timestamp>().unwrap(),
+                "{created} after {last_created}"
+            );
         }
         last_created = created;
     }
@@ -58,14 +69,21 @@ async fn generated_cluster_is_consistent() {
     let (_, ca) = X509Certificate::from_der(ca_pem.contents()).unwrap();
     let mut hosts_by_secret: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
     for r in &cluster.routes {
-        hosts_by_secret.entry((r.namespace.clone(), r.secret.clone())).or_default().insert(r.host.clone());
+        hosts_by_secret
+            .entry((r.namespace.clone(), r.secret.clone()))
+            .or_default()
+            .insert(r.host.clone());
     }
     for ((ns, name), hosts) in &hosts_by_secret {
         let secret = store.get("secrets", ns.as_str(), name).unwrap();
         assert_eq!(secret["type"], "kubernetes.io/tls");
         let chain = ::pem::parse_many(decode(&secret["data"]["tls.crt"])).unwrap();
         assert_eq!(chain.len(), 2);
-        assert_eq!(chain[1].contents(), ca_pem.contents(), "the CA follows the leaf");
+        assert_eq!(
+            chain[1].contents(),
+            ca_pem.contents(),
+            "the CA follows the leaf"
+        );
         let (_, leaf) = X509Certificate::from_der(chain[0].contents()).unwrap();
         leaf.verify_signature(Some(ca.public_key())).unwrap();
         assert_eq!(leaf.issuer(), ca.subject());
@@ -85,7 +103,10 @@ async fn generated_cluster_is_consistent() {
         assert!(hosts.is_subset(&sans), "{hosts:?} not in {sans:?}");
         let key_pem = String::from_utf8(decode(&secret["data"]["tls.key"])).unwrap();
         let key = rcgen::KeyPair::from_pem(&key_pem).unwrap();
-        assert_eq!(key.public_key_raw(), leaf.public_key().subject_public_key.data.as_ref());
+        assert_eq!(
+            key.public_key_raw(),
+            leaf.public_key().subject_public_key.data.as_ref()
+        );
     }
 
     // Namespaces carry the shard label.
@@ -96,7 +117,9 @@ async fn generated_cluster_is_consistent() {
 
     // RBAC: per namespace exactly the secrets its routes use.
     for ns in &cluster.namespaces {
-        let role = store.get("roles", ns.as_str(), ROUTER_SECRETS_ROLE).unwrap();
+        let role = store
+            .get("roles", ns.as_str(), ROUTER_SECRETS_ROLE)
+            .unwrap();
         let names: BTreeSet<String> = role["rules"][0]["resourceNames"]
             .as_array()
             .unwrap()
@@ -115,31 +138,65 @@ async fn generated_cluster_is_consistent() {
     let r0 = &cluster.routes[0];
     let secrets: Api<Secret> = Api::namespaced(router.clone(), &r0.namespace);
     secrets.get(&r0.secret).await.unwrap();
-    let foreign = cluster.routes.iter().find(|r| r.namespace != r0.namespace).unwrap();
+    let foreign = cluster
+        .routes
+        .iter()
+        .find(|r| r.namespace != r0.namespace)
+        .unwrap();
     let there: Api<Secret> = Api::namespaced(router, &foreign.namespace);
     there.get(&foreign.secret).await.unwrap();
     let err = secrets.get(&foreign.secret).await.unwrap_err();
-    assert!(matches!(err, kube::Error::Api(ref s) if s.code == 403 || s.code == 404), "{err:?}");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 403 || s.code == 404),
+        "{err:?}"
+    );
     sim.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fewer_secrets_than_namespaces_and_spec_parsing() {
     let sim = start().await;
-    let spec: GenerateSpec = "routes=9,namespaces=5,secrets=3,host={route}.apps.test,shards=3".parse().unwrap();
-    assert_eq!((spec.routes, spec.namespaces, spec.secrets, spec.shards), (9, 5, Some(3), 3));
+    let spec: GenerateSpec = "routes=9,namespaces=5,secrets=3,host={route}.apps.test,shards=3"
+        .parse()
+        .unwrap();
+    assert_eq!(
+        (spec.routes, spec.namespaces, spec.secrets, spec.shards),
+        (9, 5, Some(3), 3)
+    );
     let cluster = sim.generate(&spec).unwrap();
-    let used: BTreeSet<&str> = cluster.routes.iter().map(|r| r.namespace.as_str()).collect();
+    let used: BTreeSet<&str> = cluster
+        .routes
+        .iter()
+        .map(|r| r.namespace.as_str())
+        .collect();
     assert_eq!(used.len(), 3);
     for ns in &cluster.namespaces {
         let role = sim.store().get("roles", ns.as_str(), ROUTER_SECRETS_ROLE);
-        assert_eq!(role.is_some(), used.contains(ns.as_str()), "no empty (all-granting) Role in {ns}");
+        assert_eq!(
+            role.is_some(),
+            used.contains(ns.as_str()),
+            "no empty (all-granting) Role in {ns}"
+        );
     }
     assert_eq!(cluster.routes[4].host, "route-4.apps.test");
     assert!("routes=x".parse::<GenerateSpec>().is_err());
     assert!("colour=blue".parse::<GenerateSpec>().is_err());
-    assert!(sim.generate(&GenerateSpec { namespaces: 0, ..GenerateSpec::new(1, 1) }).is_err());
-    let bad_host = GenerateSpec { host_pattern: "Bad_{route}".into(), ..GenerateSpec::new(1, 1) };
-    assert!(sim.generate(&bad_host).unwrap_err().to_string().contains("host pattern"));
+    assert!(
+        sim.generate(&GenerateSpec {
+            namespaces: 0,
+            ..GenerateSpec::new(1, 1)
+        })
+        .is_err()
+    );
+    let bad_host = GenerateSpec {
+        host_pattern: "Bad_{route}".into(),
+        ..GenerateSpec::new(1, 1)
+    };
+    assert!(
+        sim.generate(&bad_host)
+            .unwrap_err()
+            .to_string()
+            .contains("host pattern")
+    );
     sim.shutdown().await;
 }

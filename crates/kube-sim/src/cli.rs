@@ -58,7 +58,8 @@ pub struct SimArgs {
 
     /// Serve HTTPS (ALPN h2 and http/1.1) with a freshly generated CA, written into
     /// the kubeconfig's certificate-authority-data. Without it: plain HTTP/1.1 and h2c
-    /// (prior knowledge) on the same port.
+    /// (prior knowledge) on the same port. kubectl sends credentials only over TLS,
+    /// so use --tls to drive the simulator with kubectl.
     #[arg(long)]
     pub tls: bool,
 
@@ -105,8 +106,9 @@ pub struct SimArgs {
     pub seed: Vec<PathBuf>,
 
     /// Generate routes with external certificates, their secrets, namespaces and the
-    /// router's RBAC: routes=N,namespaces=K[,secrets=S][,host=PATTERN][,validity=90d]
-    /// [,shards=2][,rbac=true]. PATTERN may use {route}, {namespace}, {index}.
+    /// router's RBAC: routes=N,namespaces=K, optionally followed by secrets=S (shared
+    /// round-robin when fewer than routes), host=PATTERN (may use {route},
+    /// {namespace}, {index}), validity=90d, shards=2, rbac=true.
     #[arg(long, value_name = "SPEC", value_parser = generate_arg)]
     pub generate: Option<GenerateSpec>,
 

@@ -13,6 +13,11 @@
 //!
 //! HTTP/1.1 and HTTP/2 share one port (h2c with prior knowledge on plain TCP, ALPN
 //! under TLS); HTTP/2 connections advertise at most 100 concurrent streams by default.
+//! kubectl (client-go) sends bearer tokens only over TLS, so drive a simulator with
+//! kubectl only when it was started with `tls: true`; kube-rs sends them either way.
+//! kubectl 1.32+ sends protobuf bodies for objects it generates (`kubectl create
+//! secret ...`); those are decoded for Secret, Namespace, RBAC and review kinds, and
+//! every response is JSON.
 //! Latency, a concurrency limit with a queue (429 + `Retry-After` beyond it) and
 //! faults can be set at start and changed while running, in-process or through the
 //! admin API under `/sim/` (see [`admin`]). Every request is counted ([`SimStats`])

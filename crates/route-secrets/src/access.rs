@@ -41,6 +41,9 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use tokio::time::Instant;
 
+/// How long a cached denial is trusted by default.
+const DEFAULT_DENIED_TTL: Duration = Duration::from_secs(30);
+
 /// The verbs a router needs on its route's secret, in the order they are reported.
 pub const REQUIRED_VERBS: [&str; 3] = ["get", "list", "watch"];
 
@@ -111,6 +114,10 @@ struct Inner {
     client: Client,
     policy: AccessPolicy,
     ttl: Duration,
+    /// Denials are trusted for this long only, so that a grant made after an answer
+    /// was cached is noticed soon (as Kubernetes' webhook authorizer caches denials
+    /// for less time than approvals).
+    denied_ttl: Duration,
     /// Guards the answer cache: one slot per question, holding the (possibly still
     /// running) request. Never held across an `.await`: callers clone the shared future
     /// out and await it after unlocking.
@@ -166,12 +173,22 @@ impl AccessChecker {
                 client,
                 policy,
                 ttl,
+                denied_ttl: ttl.min(DEFAULT_DENIED_TTL),
                 cache: Mutex::new(HashMap::new()),
                 next_slot: AtomicU64::new(1),
                 requests: AtomicU64::new(0),
                 shared: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// Trusts a cached denial for `denied_ttl` only (default: the smaller of the TTL
+    /// and 30 s); an older denial is asked again before it rejects a route.
+    pub fn with_denied_ttl(mut self, denied_ttl: Duration) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.denied_ttl = denied_ttl;
+        }
+        self
     }
 
     /// The policy in use.
@@ -214,24 +231,14 @@ impl AccessChecker {
                 let question = Question::Rules {
                     namespace: namespace.to_owned(),
                 };
-                let Answer::Rules { rules, incomplete } = self.ask(question, secret).await? else {
-                    return Err(self.error(
-                        namespace,
-                        secret,
-                        "rules review",
-                        None,
-                        "unexpected answer",
-                    ));
-                };
-                for verb in REQUIRED_VERBS {
-                    if rules_allow(&rules, verb, secret) {
-                        continue;
-                    }
-                    // An incomplete rule list cannot prove a denial: ask precisely.
-                    if incomplete && self.review(namespace, secret, verb).await? {
-                        continue;
-                    }
-                    denied.push(verb);
+                denied = self
+                    .rules_denials(&question, namespace, secret, self.inner.ttl)
+                    .await?;
+                if !denied.is_empty() {
+                    // Only a recent answer may reject a route.
+                    denied = self
+                        .rules_denials(&question, namespace, secret, self.inner.denied_ttl)
+                        .await?;
                 }
             }
             AccessPolicy::SelfReviews | AccessPolicy::Subject { .. } => {
@@ -250,6 +257,34 @@ impl AccessChecker {
         Ok(AccessDecision { denied, subject })
     }
 
+    /// The required verbs that a rules review of `namespace` (at most `max_age` old)
+    /// does not grant on `secret`.
+    async fn rules_denials(
+        &self,
+        question: &Question,
+        namespace: &str,
+        secret: &str,
+        max_age: Duration,
+    ) -> Result<Vec<&'static str>, AccessError> {
+        let Answer::Rules { rules, incomplete } =
+            self.ask(question.clone(), secret, max_age).await?
+        else {
+            return Err(self.error(namespace, secret, "rules review", None, "unexpected answer"));
+        };
+        let mut denied = Vec::new();
+        for verb in REQUIRED_VERBS {
+            if rules_allow(&rules, verb, secret) {
+                continue;
+            }
+            // An incomplete rule list cannot prove a denial: ask precisely.
+            if incomplete && self.review(namespace, secret, verb).await? {
+                continue;
+            }
+            denied.push(verb);
+        }
+        Ok(denied)
+    }
+
     async fn review(
         &self,
         namespace: &str,
@@ -261,21 +296,36 @@ impl AccessChecker {
             secret: secret.to_owned(),
             verb,
         };
-        match self.ask(question, secret).await? {
-            Answer::Allowed(allowed) => Ok(allowed),
-            Answer::Rules { .. } => Err(self.error(
-                namespace,
-                secret,
-                "access review",
-                None,
-                "unexpected answer",
-            )),
+        let mut max_age = self.inner.ttl;
+        loop {
+            match self.ask(question.clone(), secret, max_age).await? {
+                Answer::Allowed(true) => return Ok(true),
+                // Only a recent answer may reject a route.
+                Answer::Allowed(false) if max_age > self.inner.denied_ttl => {
+                    max_age = self.inner.denied_ttl
+                }
+                Answer::Allowed(false) => return Ok(false),
+                Answer::Rules { .. } => {
+                    return Err(self.error(
+                        namespace,
+                        secret,
+                        "access review",
+                        None,
+                        "unexpected answer",
+                    ));
+                }
+            }
         }
     }
 
-    /// Answers `question` from the cache, by joining a request in flight, or by sending
-    /// one. Failed answers are not cached.
-    async fn ask(&self, question: Question, secret: &str) -> Result<Answer, AccessError> {
+    /// Answers `question` from the cache (an answer at most `max_age` old), by joining a
+    /// request in flight, or by sending one. Failed answers are not cached.
+    async fn ask(
+        &self,
+        question: Question,
+        secret: &str,
+        max_age: Duration,
+    ) -> Result<Answer, AccessError> {
         let now = Instant::now();
         let (id, answer) = {
             let mut cache = self
@@ -285,7 +335,7 @@ impl AccessChecker {
                 .unwrap_or_else(PoisonError::into_inner);
             let fresh = cache
                 .get(&question)
-                .filter(|slot| now.saturating_duration_since(slot.asked_at) < self.inner.ttl);
+                .filter(|slot| now.saturating_duration_since(slot.asked_at) < max_age);
             match fresh {
                 Some(slot) => {
                     self.inner.shared.fetch_add(1, Ordering::Relaxed);

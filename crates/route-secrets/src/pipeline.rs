@@ -398,6 +398,7 @@ impl RoutePipeline {
 
     /// Decides what applying the route takes; does everything that needs no network.
     fn plan(&mut self, key: RouteKey, forced: bool) -> Option<Plan> {
+        debug!(route = %key, forced, "applying route");
         let Some(route) = self.known.get(&key).cloned() else {
             self.teardown(&key);
             return None;
@@ -508,6 +509,7 @@ impl RoutePipeline {
             access,
             registered,
         } = prepared;
+        debug!(route = %key, %secret, ?access, registered = ?registered.as_ref().map(|r| r.is_ok()), "route prepared");
         if let (Some(Ok(())), Some(id)) = (&registered, register)
             && let Some(state) = self.routes.get_mut(&key)
         {
@@ -518,9 +520,11 @@ impl RoutePipeline {
             state.seen = None;
             state.secret_deleted = false;
         }
-        // The route changed or vanished while this was in flight: it is queued again,
-        // and that apply will reconcile what was registered here.
+        // A newer event for the route arrived while this was in flight: it is queued
+        // again, and that apply (forced, in case the event changed nothing the plan
+        // looks at, such as our own status write) decides with the latest route.
         if self.queued.contains(&key) {
+            self.forced.insert(key);
             return;
         }
 

@@ -137,6 +137,8 @@ impl WatchState {
         if self.done || self.close.is_cancelled() {
             return None;
         }
+        // During a `Hang` outage an open watch delivers nothing.
+        self.shared.faults.wait_while_hanging().await;
         if let Some(item) = self.sub.initial.pop_front() {
             let line = match item {
                 InitialItem::Current(obj) => {

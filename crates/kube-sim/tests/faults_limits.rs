@@ -339,15 +339,33 @@ async fn outages_refuse_and_hang() {
     let (code, _) = get(&client, "/api/v1/namespaces/default/secrets").await;
     assert_eq!(code, 200, "served again after the outage");
 
+    let conn = H2Connection::connect(sim.addr(), &token).await.unwrap();
+    let rv = sim.store().resource_version();
+    let mut open = conn
+        .watch(&format!(
+            "/api/v1/namespaces/default/secrets?watch=true&resourceVersion={rv}"
+        ))
+        .await
+        .unwrap();
     sim.faults()
         .outage(Duration::from_secs(3600), OutageMode::Hang);
+    sim.store()
+        .create("secrets", opaque_secret("default", "during-hang", &[]))
+        .unwrap();
+    let pending_event = tokio::spawn(async move { open.next_event().await });
     let c = client.clone();
     let hung = tokio::spawn(async move { get(&c, "/api/v1/namespaces/default/secrets").await });
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!hung.is_finished(), "no answer during a hang");
+    assert!(
+        !pending_event.is_finished(),
+        "open watches deliver nothing during a hang"
+    );
     assert_eq!(sim.faults().state().outage, Some(OutageMode::Hang));
     sim.faults().clear();
     assert_eq!(hung.await.unwrap().0, 200, "answered once the hang ends");
+    let event = pending_event.await.unwrap().unwrap();
+    assert_eq!(event["object"]["metadata"]["name"], "during-hang");
     // An outage ends by itself after its duration.
     sim.faults()
         .outage(Duration::from_millis(50), OutageMode::Hang);

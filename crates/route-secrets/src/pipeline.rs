@@ -531,15 +531,11 @@ impl RoutePipeline {
         match access {
             Err(error) => {
                 self.release(&key);
-                self.reject(
+                self.get_failed(
                     &key,
-                    Reason::ExternalCertificateGetFailed {
-                        route: key.clone(),
-                        secret,
-                        detail: format!("cannot verify the router's access: {error}"),
-                    },
+                    secret,
+                    format!("cannot verify the router's access: {error}"),
                 );
-                self.schedule_retry(&key);
                 return;
             }
             Ok(decision) if !decision.allowed() => {
@@ -582,15 +578,7 @@ impl RoutePipeline {
                 return;
             }
             Some(Err(error)) => {
-                self.reject(
-                    &key,
-                    Reason::ExternalCertificateGetFailed {
-                        route: key.clone(),
-                        secret,
-                        detail: error.to_string(),
-                    },
-                );
-                self.schedule_retry(&key);
+                self.get_failed(&key, secret, error.to_string());
                 return;
             }
         }
@@ -605,15 +593,7 @@ impl RoutePipeline {
                 self.reject_validation(&key, &secret, ValidationProblem::SecretNotFound);
             }
             Err(error) => {
-                self.reject(
-                    &key,
-                    Reason::ExternalCertificateGetFailed {
-                        route: key.clone(),
-                        secret,
-                        detail: error.to_string(),
-                    },
-                );
-                self.schedule_retry(&key);
+                self.get_failed(&key, secret, error.to_string());
             }
         }
     }
@@ -691,6 +671,20 @@ impl RoutePipeline {
                 self.reject_validation(key, &secret_name, ValidationProblem::Tls(rejection));
             }
         }
+    }
+
+    /// Rejects the route because its secret could not be read or checked, and tries
+    /// again later.
+    fn get_failed(&mut self, key: &RouteKey, secret: String, detail: String) {
+        self.reject(
+            key,
+            Reason::ExternalCertificateGetFailed {
+                route: key.clone(),
+                secret,
+                detail,
+            },
+        );
+        self.schedule_retry(key);
     }
 
     fn reject_validation(&mut self, key: &RouteKey, secret: &str, problem: ValidationProblem) {

@@ -20,6 +20,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     Sim(kube_sim::cli::SimArgs),
+    Run(certwatch::run::RunArgs),
+    Demo(certwatch::demo::DemoArgs),
 }
 
 fn init_tracing() {
@@ -33,7 +35,11 @@ fn init_tracing() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    match &cli.command {
+        Command::Run(args) => certwatch::logging::init(args.log_format, "info"),
+        Command::Demo(args) => certwatch::logging::init(args.log_format, "warn"),
+        _ => init_tracing(),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -47,6 +53,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Sim(args) => kube_sim::cli::run(args).await.map_err(|e| e.to_string()),
+            Command::Run(args) => certwatch::run::main(args).await.map_err(|e| e.to_string()),
+            Command::Demo(args) => certwatch::demo::main(args).await.map_err(|e| e.to_string()),
         }
     });
     match result {

@@ -1,0 +1,363 @@
+//! `certwatch run`'s command line: every option also reads a `CERTWATCH_*` variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use kube_sim::GenerateSpec;
+use route_secrets::access::AccessPolicy;
+
+use super::daemon::DaemonOptions;
+use super::haproxy::HaproxyOptions;
+use super::progress::ProgressMode;
+use super::reload::ReloadOptions;
+use super::scope::RouteScope;
+use crate::logging::LogFormat;
+
+fn duration_arg(text: &str) -> Result<Duration, String> {
+    kube_sim::parse_duration(text).map_err(|error| error.to_string())
+}
+
+fn generate_arg(text: &str) -> Result<GenerateSpec, String> {
+    text.parse::<GenerateSpec>()
+        .map_err(|error| error.to_string())
+}
+
+/// How the router identity's access to each secret is checked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum AccessCheck {
+    /// One SelfSubjectRulesReview per namespace answers every secret of the
+    /// namespace for certwatch's own identity (denials from an incomplete answer are
+    /// re-asked with a SelfSubjectAccessReview).
+    #[default]
+    SelfRules,
+    /// One SelfSubjectAccessReview per secret and verb, for certwatch's own identity.
+    SelfReview,
+    /// One SubjectAccessReview per secret and verb, for --router-identity (when
+    /// certwatch runs with other credentials than the router it serves).
+    Subject,
+}
+
+/// Which HTTP versions to speak to the API server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ApiProtocol {
+    /// HTTP/2 where the server offers it (thousands of watches share a few
+    /// connections), HTTP/1.1 otherwise.
+    #[default]
+    Auto,
+    /// HTTP/1.1 only: one connection per open watch.
+    Http1,
+    /// HTTP/2 only.
+    Http2,
+}
+
+/// Arguments of `certwatch run`.
+#[derive(Debug, Clone, Args)]
+#[command(
+    about = "Watch routes' TLS secrets and serve their certificates to a proxy",
+    long_about = "Watch OpenShift routes whose certificate lives in a secret \
+(spec.tls.externalCertificate), with one shared watch per secret, and write each admitted \
+route's certificate chain and key to --cert-dir as <namespace>:<route>.pem, plus a crt-list \
+for HAProxy. After changes, run --reload-command (debounced) and/or update a running HAProxy \
+through its runtime API (--haproxy-socket), without a reload.\n\n\
+Connects through the usual Kubernetes configuration (--kubeconfig/--context, $KUBECONFIG, \
+~/.kube/config, or the in-cluster service account), or with --embedded to a simulated cluster \
+started in-process. Every option can also be set through the CERTWATCH_* variable shown.",
+    after_long_help = "Endpoints (--listen): /healthz (200 while the process runs), /readyz (200 once \
+every route present at start-up is admitted or rejected and its files are written; 503 before), \
+/metrics (Prometheus text format).\n\n\
+Examples:\n  certwatch run --cert-dir /var/lib/certwatch --haproxy-socket /run/haproxy/admin.sock\n  \
+certwatch run --namespace-selector router=public --route-selector shard=a --cert-dir /certs \\\n      \
+--reload-command 'systemctl reload haproxy'\n  certwatch run --embedded --cert-dir /tmp/certs"
+)]
+pub struct RunArgs {
+    /// Start a simulated Kubernetes API server (kube-sim) in-process with a generated
+    /// cluster, and connect to it as the router identity (with real RBAC).
+    #[arg(long, env = "CERTWATCH_EMBEDDED", help_heading = "Cluster")]
+    pub embedded: bool,
+
+    /// With --embedded: what to generate: routes=N,namespaces=K[,secrets=S]
+    /// [,host=PATTERN][,validity=90d][,shards=2].
+    #[arg(
+        long,
+        env = "CERTWATCH_EMBEDDED_GENERATE",
+        value_name = "SPEC",
+        value_parser = generate_arg,
+        default_value = "routes=2000,namespaces=20",
+        help_heading = "Cluster"
+    )]
+    pub embedded_generate: GenerateSpec,
+
+    /// With --embedded: the simulated API server's latency per request.
+    #[arg(long, env = "CERTWATCH_EMBEDDED_LATENCY", value_name = "D", value_parser = duration_arg, default_value = "0s", help_heading = "Cluster")]
+    pub embedded_latency: Duration,
+
+    /// With --embedded: write an admin/router kubeconfig for the simulated cluster
+    /// here (to look at it with kubectl).
+    #[arg(
+        long,
+        env = "CERTWATCH_EMBEDDED_KUBECONFIG",
+        value_name = "PATH",
+        help_heading = "Cluster"
+    )]
+    pub embedded_kubeconfig: Option<PathBuf>,
+
+    /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then the in-cluster
+    /// service account).
+    #[arg(
+        long,
+        env = "CERTWATCH_KUBECONFIG",
+        value_name = "PATH",
+        help_heading = "Cluster"
+    )]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Kubeconfig context (default: the current context).
+    #[arg(
+        long,
+        env = "CERTWATCH_CONTEXT",
+        value_name = "NAME",
+        help_heading = "Cluster"
+    )]
+    pub context: Option<String>,
+
+    /// Which HTTP versions to speak to the API server.
+    #[arg(
+        long,
+        env = "CERTWATCH_API_PROTOCOL",
+        value_enum,
+        default_value_t,
+        help_heading = "Cluster"
+    )]
+    pub api_protocol: ApiProtocol,
+
+    /// Watch routes in these namespaces only (comma-separated or repeated; default:
+    /// all namespaces).
+    #[arg(
+        long,
+        env = "CERTWATCH_NAMESPACE",
+        value_name = "NS",
+        value_delimiter = ',',
+        help_heading = "Routes"
+    )]
+    pub namespace: Vec<String>,
+
+    /// Serve routes only in namespaces whose labels match this selector (e.g.
+    /// `router=public`); needs list/watch on namespaces.
+    #[arg(
+        long,
+        env = "CERTWATCH_NAMESPACE_SELECTOR",
+        value_name = "SELECTOR",
+        help_heading = "Routes"
+    )]
+    pub namespace_selector: Option<String>,
+
+    /// Serve only routes whose labels match this selector (router sharding, e.g.
+    /// `shard=a`).
+    #[arg(
+        long,
+        env = "CERTWATCH_ROUTE_SELECTOR",
+        value_name = "SELECTOR",
+        help_heading = "Routes"
+    )]
+    pub route_selector: Option<String>,
+
+    /// Directory for the bundles (<namespace>:<route>.pem: chain then key, mode 0600)
+    /// and the crt-list; created with mode 0700.
+    #[arg(
+        long,
+        env = "CERTWATCH_CERT_DIR",
+        value_name = "DIR",
+        help_heading = "Output"
+    )]
+    pub cert_dir: PathBuf,
+
+    /// Shell command run (sh -c) after the files change: bursts coalesce into one run,
+    /// runs never overlap. Gets CERTWATCH_CERT_DIR and CERTWATCH_CRT_LIST.
+    #[arg(
+        long,
+        env = "CERTWATCH_RELOAD_COMMAND",
+        value_name = "CMD",
+        help_heading = "Output"
+    )]
+    pub reload_command: Option<String>,
+
+    /// Quiet period after the last change before the reload command runs.
+    #[arg(long, env = "CERTWATCH_RELOAD_DEBOUNCE", value_name = "D", value_parser = duration_arg, default_value = "1s", help_heading = "Output")]
+    pub reload_debounce: Duration,
+
+    /// Longest wait between a change and the reload that covers it, even while
+    /// changes keep coming.
+    #[arg(long, env = "CERTWATCH_RELOAD_MAX_DELAY", value_name = "D", value_parser = duration_arg, default_value = "30s", help_heading = "Output")]
+    pub reload_max_delay: Duration,
+
+    /// Longest run of the reload command; it is killed (and counted as failed) after.
+    #[arg(long, env = "CERTWATCH_RELOAD_TIMEOUT", value_name = "D", value_parser = duration_arg, default_value = "60s", help_heading = "Output")]
+    pub reload_timeout: Duration,
+
+    /// HAProxy's stats socket (`stats socket PATH level admin`): add, update and
+    /// remove certificates in the running HAProxy through its runtime API, without a
+    /// reload. Its configuration must load <cert-dir>/crt-list by that exact path.
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_SOCKET",
+        value_name = "PATH",
+        help_heading = "Output"
+    )]
+    pub haproxy_socket: Option<PathBuf>,
+
+    /// Address of the HTTP endpoint (/healthz, /readyz, /metrics).
+    #[arg(
+        long,
+        env = "CERTWATCH_LISTEN",
+        value_name = "ADDR",
+        default_value = "0.0.0.0:9090",
+        help_heading = "Output"
+    )]
+    pub listen: SocketAddr,
+
+    /// Name of this router in route status (status.ingress[].routerName).
+    #[arg(
+        long,
+        env = "CERTWATCH_ROUTER_NAME",
+        value_name = "NAME",
+        default_value = "certwatch",
+        help_heading = "Router"
+    )]
+    pub router_name: String,
+
+    /// Record each route's admission or rejection (with its reason) in its status;
+    /// needs update on routes/status.
+    #[arg(long, env = "CERTWATCH_WRITE_STATUS", help_heading = "Router")]
+    pub write_status: bool,
+
+    /// How the router identity's access (get, list, watch) to each secret is checked.
+    #[arg(
+        long,
+        env = "CERTWATCH_ACCESS_CHECK",
+        value_enum,
+        default_value_t,
+        help_heading = "Router"
+    )]
+    pub access_check: AccessCheck,
+
+    /// With --access-check subject: the user to check, e.g.
+    /// system:serviceaccount:openshift-ingress:router.
+    #[arg(
+        long,
+        env = "CERTWATCH_ROUTER_IDENTITY",
+        value_name = "USER",
+        help_heading = "Router"
+    )]
+    pub router_identity: Option<String>,
+
+    /// With --access-check subject: the groups of that user (comma-separated).
+    #[arg(
+        long,
+        env = "CERTWATCH_ROUTER_GROUPS",
+        value_name = "GROUP",
+        value_delimiter = ',',
+        help_heading = "Router"
+    )]
+    pub router_groups: Vec<String>,
+
+    /// How long access answers are cached (a revoked grant also shows as a failing
+    /// watch).
+    #[arg(long, env = "CERTWATCH_ACCESS_CACHE_TTL", value_name = "D", value_parser = duration_arg, default_value = "10m", help_heading = "Router")]
+    pub access_cache_ttl: Duration,
+
+    /// At most this many secrets' first syncs at once (default: no limit), for an API
+    /// server with a small concurrency budget.
+    #[arg(
+        long,
+        env = "CERTWATCH_MAX_CONCURRENT_SYNCS",
+        value_name = "N",
+        help_heading = "Router"
+    )]
+    pub max_concurrent_syncs: Option<usize>,
+
+    /// Deadline of a secret's first sync; the route is then rejected and retried.
+    #[arg(long, env = "CERTWATCH_SYNC_TIMEOUT", value_name = "D", value_parser = duration_arg, default_value = "2m", help_heading = "Router")]
+    pub sync_timeout: Duration,
+
+    /// Log format on stderr (level: RUST_LOG, default info).
+    #[arg(
+        long,
+        env = "CERTWATCH_LOG_FORMAT",
+        value_enum,
+        default_value_t,
+        help_heading = "Logging"
+    )]
+    pub log_format: LogFormat,
+
+    /// Start-up progress: a bar on a terminal, log lines otherwise (auto).
+    #[arg(
+        long,
+        env = "CERTWATCH_PROGRESS",
+        value_enum,
+        default_value_t,
+        help_heading = "Logging"
+    )]
+    pub progress: ProgressMode,
+}
+
+/// Options that do not fit together.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    /// `--access-check subject` without `--router-identity`.
+    #[error(
+        "--access-check subject needs --router-identity USER (the identity whose access is checked)"
+    )]
+    MissingRouterIdentity,
+}
+
+impl RunArgs {
+    /// The daemon options these arguments describe.
+    pub fn daemon_options(&self) -> Result<DaemonOptions, ArgsError> {
+        let access_policy = match self.access_check {
+            AccessCheck::SelfRules => AccessPolicy::SelfRules,
+            AccessCheck::SelfReview => AccessPolicy::SelfReviews,
+            AccessCheck::Subject => AccessPolicy::Subject {
+                user: self
+                    .router_identity
+                    .clone()
+                    .ok_or(ArgsError::MissingRouterIdentity)?,
+                groups: self.router_groups.clone(),
+            },
+        };
+        let identity = self
+            .router_identity
+            .clone()
+            .unwrap_or_else(|| "certwatch's service account".to_owned());
+        let protocol = match self.api_protocol {
+            ApiProtocol::Auto => kube_h2::Protocol::Auto,
+            ApiProtocol::Http1 => kube_h2::Protocol::Http1Only,
+            ApiProtocol::Http2 => kube_h2::Protocol::Http2Only,
+        };
+        let mut options = DaemonOptions::new(self.cert_dir.clone());
+        options.scope = RouteScope {
+            namespaces: self.namespace.clone(),
+            namespace_selector: self.namespace_selector.clone(),
+            route_selector: self.route_selector.clone(),
+        };
+        options.reload = self.reload_command.clone().map(|command| ReloadOptions {
+            command,
+            debounce: self.reload_debounce,
+            max_delay: self.reload_max_delay.max(self.reload_debounce),
+            timeout: self.reload_timeout,
+        });
+        options.haproxy = self.haproxy_socket.clone().map(HaproxyOptions::new);
+        options.listen = Some(self.listen);
+        options.router_name = self.router_name.clone();
+        options.write_status = self.write_status;
+        options.access_policy = access_policy;
+        options.access_ttl = self.access_cache_ttl;
+        options.identity = identity;
+        options.max_concurrent_syncs = self.max_concurrent_syncs;
+        options.sync_timeout = self.sync_timeout;
+        options.client = kube_h2::ClientOptions::default().protocol(protocol);
+        options.progress = self.progress;
+        Ok(options)
+    }
+}

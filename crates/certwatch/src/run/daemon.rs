@@ -1,0 +1,395 @@
+//! The daemon as a library: [`Daemon::start`] wires the route pipeline to the cert
+//! directory, the reload command, HAProxy, metrics and the HTTP endpoint, on one kube
+//! client over a pool of HTTP/2 connections.
+//!
+//! ```text
+//! route watch(es) ─▶ scope filter ─▶ RoutePipeline ─▶ outcomes ─▶ Outputs ─┬▶ cert dir (bundles, crt-list)
+//!                                      │   ▲                                ├▶ reload command (debounced)
+//!                          SecretManager   AccessChecker                    ├▶ HAProxy runtime API
+//!                          (one watch per secret, shared)                   └▶ metrics, readiness
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube_h2::{ClientOptions, PoolHandle, PoolStats};
+use route_secrets::access::{AccessChecker, AccessPolicy, AccessStats};
+use route_secrets::manager::SecretManager;
+use route_secrets::pipeline::{PipelineOptions, RoutePipeline};
+use route_secrets::route::status::RouterIdentity;
+use route_secrets::status::StatusWriter;
+use secret_monitor::{MonitorObserver, MonitorOptions, SecretMonitor};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use super::cert_dir::CertDir;
+use super::files::LINKS_DIR;
+use super::haproxy::{HaproxyOptions, HaproxySync};
+use super::http;
+use super::metrics::Metrics;
+use super::outputs::{DaemonStatus, Outputs};
+use super::progress::{self, ProgressMode};
+use super::reload::{ReloadOptions, Reloader};
+use super::scope::{RouteScope, scoped_route_events};
+
+/// Everything the daemon can be told.
+#[derive(Clone, Debug)]
+pub struct DaemonOptions {
+    /// Which routes to serve.
+    pub scope: RouteScope,
+    /// Where bundles and the crt-list go.
+    pub cert_dir: PathBuf,
+    /// The reload command, if any.
+    pub reload: Option<ReloadOptions>,
+    /// HAProxy's runtime API, if any.
+    pub haproxy: Option<HaproxyOptions>,
+    /// Address of `/healthz`, `/readyz`, `/metrics`; `None`: no HTTP endpoint.
+    pub listen: Option<SocketAddr>,
+    /// Router name of the `status.ingress[]` entry.
+    pub router_name: String,
+    /// Record admissions and rejections in route status.
+    pub write_status: bool,
+    /// Concurrent status writes.
+    pub status_concurrency: usize,
+    /// How the router identity's access to each secret is checked.
+    pub access_policy: AccessPolicy,
+    /// How long access answers are cached.
+    pub access_ttl: Duration,
+    /// How rejection messages name the router identity.
+    pub identity: String,
+    /// At most this many first syncs of secrets at once (`None`: unbounded).
+    pub max_concurrent_syncs: Option<usize>,
+    /// Deadline of a secret's first sync.
+    pub sync_timeout: Duration,
+    /// The API client's connection pool.
+    pub client: ClientOptions,
+    /// Bundle writes in flight at once.
+    pub write_concurrency: usize,
+    /// How start-up progress is shown.
+    pub progress: ProgressMode,
+}
+
+impl DaemonOptions {
+    /// Defaults: every namespace, no reload command, no HAProxy, no HTTP endpoint,
+    /// no status writes, one rules review per namespace.
+    pub fn new(cert_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            scope: RouteScope::default(),
+            cert_dir: cert_dir.into(),
+            reload: None,
+            haproxy: None,
+            listen: None,
+            router_name: "certwatch".to_owned(),
+            write_status: false,
+            status_concurrency: 20,
+            access_policy: AccessPolicy::SelfRules,
+            access_ttl: Duration::from_secs(600),
+            identity: "certwatch's service account".to_owned(),
+            max_concurrent_syncs: None,
+            sync_timeout: Duration::from_secs(120),
+            client: ClientOptions::default(),
+            write_concurrency: 16,
+            progress: ProgressMode::Off,
+        }
+    }
+}
+
+/// Why the daemon could not start or ended badly.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The API client could not be built from the configuration.
+    #[error("cannot build the Kubernetes API client: {0}")]
+    Client(#[from] kube_h2::Error),
+    /// The cert directory could not be prepared.
+    #[error("cannot prepare the cert directory {path}: {source}")]
+    CertDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The HTTP endpoint could not listen.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The daemon stopped before it was ready.
+    #[error("the daemon stopped before it was ready")]
+    Stopped,
+}
+
+/// A running daemon. Stop it with [`Daemon::shutdown`].
+pub struct Daemon {
+    status: watch::Receiver<DaemonStatus>,
+    metrics: Arc<Metrics>,
+    pool: PoolHandle,
+    manager: SecretManager,
+    access: AccessChecker,
+    cert_dir: PathBuf,
+    http_addr: Option<SocketAddr>,
+    shutdown: CancellationToken,
+    pipeline: JoinHandle<()>,
+    outputs: JoinHandle<()>,
+    http: Option<JoinHandle<()>>,
+    progress: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon")
+            .field("cert_dir", &self.cert_dir)
+            .field("http_addr", &self.http_addr)
+            .field("status", &*self.status.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Daemon {
+    /// Starts watching routes through `config` and serving their certificates as
+    /// `options` say. Returns once everything is started, long before it is ready
+    /// (see [`Daemon::wait_ready`]); an unreachable API server is retried, not an
+    /// error.
+    pub async fn start(config: kube::Config, options: DaemonOptions) -> Result<Self, DaemonError> {
+        let started = Instant::now();
+        let metrics = Arc::new(Metrics::new());
+        let cert_dir = CertDir::open(&options.cert_dir, options.write_concurrency)
+            .await
+            .map_err(|source| DaemonError::CertDir {
+                path: options.cert_dir.clone(),
+                source,
+            })?;
+        let cert_dir_path = cert_dir.path().to_owned();
+        let crt_list_path = cert_dir.crt_list_path();
+        info!(
+            cluster = %config.cluster_url,
+            cert_dir = %cert_dir_path.display(),
+            "starting"
+        );
+
+        let pooled = kube_h2::build_client(config, options.client.clone())?;
+        let pool = pooled.pool().clone();
+        let client = pooled.client();
+        let observer: Arc<dyn MonitorObserver> = metrics.clone();
+        let monitor = SecretMonitor::with_options(
+            client.clone(),
+            MonitorOptions {
+                observer: Some(observer),
+                max_concurrent_syncs: options.max_concurrent_syncs,
+                sync_timeout: options.sync_timeout,
+                ..MonitorOptions::default()
+            },
+        );
+        let manager = SecretManager::new(monitor);
+        let access = AccessChecker::new(
+            client.clone(),
+            options.access_policy.clone(),
+            options.access_ttl,
+        );
+        let status_writer = options.write_status.then(|| {
+            StatusWriter::spawn(
+                client.clone(),
+                RouterIdentity::new(options.router_name.clone()),
+                options.status_concurrency,
+            )
+        });
+        let (pipeline, pipeline_outputs) = RoutePipeline::new(
+            manager.clone(),
+            access.clone(),
+            status_writer,
+            PipelineOptions {
+                identity: options.identity.clone(),
+                ..PipelineOptions::default()
+            },
+        );
+
+        let shutdown = CancellationToken::new();
+        let events = {
+            let metrics = Arc::clone(&metrics);
+            scoped_route_events(client.clone(), &options.scope, move |source, error| {
+                metrics.watcher_error(source, error);
+            })
+            .take_until(shutdown.clone().cancelled_owned())
+        };
+        let pipeline = tokio::spawn(pipeline.run(events));
+
+        let reloader = options.reload.clone().map(|reload| {
+            Reloader::spawn(
+                reload,
+                cert_dir_path.clone(),
+                crt_list_path.clone(),
+                Arc::clone(&metrics),
+            )
+        });
+        let haproxy = options.haproxy.clone().map(|haproxy| {
+            HaproxySync::spawn(
+                haproxy,
+                crt_list_path.to_string_lossy().into_owned(),
+                format!("{}/", cert_dir_path.join(LINKS_DIR).display()),
+                Arc::clone(&metrics),
+            )
+        });
+        let (status_sender, status) = watch::channel(DaemonStatus::default());
+        let outputs = tokio::spawn(
+            Outputs {
+                cert_dir,
+                metrics: Arc::clone(&metrics),
+                reloader,
+                haproxy,
+                status: status_sender,
+                started,
+            }
+            .run(pipeline_outputs.outcomes, pipeline_outputs.readiness),
+        );
+
+        let (http_addr, http) = match options.listen {
+            Some(addr) => {
+                let refresh = refresher(&metrics, &manager, &pool);
+                let (local, task) = http::serve(
+                    addr,
+                    Arc::clone(&metrics),
+                    status.clone(),
+                    refresh,
+                    shutdown.clone(),
+                )
+                .await
+                .map_err(|source| DaemonError::Listen { addr, source })?;
+                (Some(local), Some(task))
+            }
+            None => (None, None),
+        };
+        let progress = {
+            let manager = manager.clone();
+            progress::spawn(
+                options.progress,
+                status.clone(),
+                Arc::new(move || secret_counts(&manager)),
+            )
+        };
+
+        Ok(Self {
+            status,
+            metrics,
+            pool,
+            manager,
+            access,
+            cert_dir: cert_dir_path,
+            http_addr,
+            shutdown,
+            pipeline,
+            outputs,
+            http,
+            progress,
+        })
+    }
+
+    /// The daemon's state now, and its changes.
+    pub fn status(&self) -> watch::Receiver<DaemonStatus> {
+        self.status.clone()
+    }
+
+    /// Waits until the daemon is ready.
+    pub async fn wait_ready(&self) -> Result<DaemonStatus, DaemonError> {
+        let mut status = self.status.clone();
+        let ready = status
+            .wait_for(|status| status.ready)
+            .await
+            .map_err(|_| DaemonError::Stopped)?;
+        Ok(*ready)
+    }
+
+    /// Where the HTTP endpoint listens.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    /// The cert directory (absolute).
+    pub fn cert_dir(&self) -> &Path {
+        &self.cert_dir
+    }
+
+    /// The metrics (refreshed) in Prometheus text format.
+    pub fn metrics_text(&self) -> String {
+        refresher(&self.metrics, &self.manager, &self.pool)();
+        self.metrics.encode()
+    }
+
+    /// The API client's connection pool counters.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// The access checker's request counters.
+    pub fn access_stats(&self) -> AccessStats {
+        self.access.stats()
+    }
+
+    /// Secrets watched, and how many finished their first sync.
+    pub fn secret_counts(&self) -> (usize, usize) {
+        secret_counts(&self.manager)
+    }
+
+    /// Stops the watches, finishes the writes in progress, a pending reload and the
+    /// HAProxy pass in progress, and stops the HTTP endpoint.
+    pub async fn shutdown(self) {
+        let Self {
+            shutdown,
+            pipeline,
+            outputs,
+            http,
+            progress,
+            manager,
+            access,
+            pool,
+            ..
+        } = self;
+        shutdown.cancel();
+        // The route stream ends, so the pipeline returns and drops its outcome sender;
+        // the outputs task then drains what is left and ends.
+        let _ = pipeline.await;
+        let _ = outputs.await;
+        if let Some(http) = http {
+            let _ = http.await;
+        }
+        progress.abort();
+        let _ = progress.await;
+        // The last handles on the secret watches: their tasks end and the pool closes
+        // its connections once the last client clone is gone.
+        drop(access);
+        drop(manager);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            let stats = pool.stats();
+            if stats.http2_connections_open + stats.http1_connections_open == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        debug!("daemon stopped");
+    }
+}
+
+fn secret_counts(manager: &SecretManager) -> (usize, usize) {
+    let watched = manager.watched_secrets();
+    let synced = watched.values().filter(|status| status.synced).count();
+    (watched.len(), synced)
+}
+
+fn refresher(metrics: &Arc<Metrics>, manager: &SecretManager, pool: &PoolHandle) -> http::Refresh {
+    let (metrics, manager, pool) = (Arc::clone(metrics), manager.clone(), pool.clone());
+    Arc::new(move || {
+        let (watched, synced) = secret_counts(&manager);
+        metrics.set_secrets(watched, synced);
+        metrics.set_registered_routes(manager.route_count());
+        let stats = pool.stats();
+        metrics.set_api_connections(stats.http2_connections_open, stats.http1_connections_open);
+    })
+}

@@ -1,0 +1,96 @@
+//! The HTTP endpoint: `/healthz` (the process runs), `/readyz` (200 once ready, 503
+//! before, with the progress in the body) and `/metrics` (Prometheus text format).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::{CONTENT_TYPE, Metrics};
+use super::outputs::DaemonStatus;
+
+/// Refreshes gauges that are read from elsewhere (secret counts, connections) right
+/// before a scrape.
+pub(crate) type Refresh = Arc<dyn Fn() + Send + Sync>;
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Arc<Metrics>,
+    status: watch::Receiver<DaemonStatus>,
+    refresh: Refresh,
+}
+
+/// Binds `addr` and serves until `shutdown` is cancelled.
+pub(crate) async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    status: watch::Receiver<DaemonStatus>,
+    refresh: Refresh,
+    shutdown: CancellationToken,
+) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .with_state(AppState {
+            metrics,
+            status,
+            refresh,
+        });
+    let task = tokio::spawn(async move {
+        let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
+        if let Err(error) = server.await {
+            tracing::error!(%error, "HTTP endpoint failed");
+        }
+    });
+    Ok((local, task))
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    let status = *state.status.borrow();
+    let progress = status.readiness;
+    if status.ready {
+        (
+            StatusCode::OK,
+            format!(
+                "ready: {} routes admitted, {} rejected\n",
+                status.admitted, status.rejected
+            ),
+        )
+    } else if !progress.listed {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: waiting for the list of routes\n".to_owned(),
+        )
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: {} of {} routes present at start-up decided\n",
+                progress.initial_done, progress.initial_routes
+            ),
+        )
+    }
+}
+
+async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
+    (state.refresh)();
+    (
+        [(header::CONTENT_TYPE, CONTENT_TYPE)],
+        state.metrics.encode(),
+    )
+}

@@ -1,0 +1,559 @@
+//! The daemon's Prometheus metrics (text format 0.0.4 at `/metrics`).
+//!
+//! | Metric | Type | Labels | Meaning |
+//! |---|---|---|---|
+//! | `certwatch_ready` | gauge | | 1 once every route present at start-up is decided and its files are written |
+//! | `certwatch_startup_duration_seconds` | gauge | | time from start to ready |
+//! | `certwatch_watched_secrets` | gauge | | secrets with a watch (one per distinct secret) |
+//! | `certwatch_synced_secrets` | gauge | | of those, secrets whose first sync is done |
+//! | `certwatch_registered_routes` | gauge | | routes registered with a secret |
+//! | `certwatch_secret_first_sync_duration_seconds` | histogram | | time of each secret's first sync |
+//! | `certwatch_secret_first_sync_failures_total` | counter | | first syncs that failed |
+//! | `certwatch_routes_admitted` | gauge | | routes served now |
+//! | `certwatch_routes_rejected` | gauge | `reason` | routes rejected now, by reason |
+//! | `certwatch_route_outcomes_total` | counter | `outcome`, `reason` | every decision (`admitted`, `rejected`, `removed`) |
+//! | `certwatch_certificate_expiry_timestamp_seconds` | gauge | `namespace`, `route` | `notAfter` of each served certificate |
+//! | `certwatch_bundles` | gauge | | bundles in the cert directory |
+//! | `certwatch_bundle_writes_total` | counter | | bundles written or removed |
+//! | `certwatch_bundle_write_failures_total` | counter | | failed writes or removals (retried) |
+//! | `certwatch_reloads_total` | counter | | runs of the reload command |
+//! | `certwatch_reload_failures_total` | counter | | runs that failed (exit status, timeout, spawn error) |
+//! | `certwatch_reload_pending` | gauge | | 1 while a change waits for a reload |
+//! | `certwatch_reload_running` | gauge | | 1 while the reload command runs |
+//! | `certwatch_haproxy_commands_total` | counter | `command`, `result` | runtime API commands sent |
+//! | `certwatch_haproxy_sync_failures_total` | counter | | synchronisations that failed (retried) |
+//! | `certwatch_haproxy_in_sync` | gauge | | 1 when HAProxy holds exactly the crt-list's certificates |
+//! | `certwatch_api_errors_total` | counter | `source`, `code` | failed API requests: HTTP code, or `transport`/`timeout` |
+//! | `certwatch_api_connections` | gauge | `protocol` | open connections to the API server |
+//!
+//! No label ever carries secret material: routes are named by namespace and name only.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use route_secrets::route::RouteKey;
+use secret_monitor::{MonitorError, MonitorObserver, ObjectKey};
+
+/// Content type of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    namespace: String,
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CommandLabels {
+    command: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApiErrorLabels {
+    source: &'static str,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProtocolLabels {
+    protocol: &'static str,
+}
+
+/// A route's current state, as the metrics count it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteState {
+    /// Served.
+    Admitted,
+    /// Not served, for this reason (e.g. `ExternalCertificateSecretDeleted`).
+    Rejected(&'static str),
+}
+
+/// Every metric of the daemon. Cheap to share behind an `Arc`; all methods take `&self`.
+pub struct Metrics {
+    /// Guards the registry for encoding; metrics themselves are atomics and updated
+    /// without it.
+    registry: Mutex<Registry>,
+    ready: Gauge,
+    startup_seconds: Gauge<f64, AtomicU64>,
+    watched_secrets: Gauge,
+    synced_secrets: Gauge,
+    registered_routes: Gauge,
+    first_sync: Histogram,
+    first_sync_failures: Counter,
+    routes_admitted: Gauge,
+    routes_rejected: Family<ReasonLabels, Gauge>,
+    route_outcomes: Family<OutcomeLabels, Counter>,
+    expiry: Family<RouteLabels, Gauge>,
+    bundles: Gauge,
+    bundle_writes: Counter,
+    bundle_write_failures: Counter,
+    reloads: Counter,
+    reload_failures: Counter,
+    reload_pending: Gauge,
+    reload_running: Gauge,
+    haproxy_commands: Family<CommandLabels, Counter>,
+    haproxy_sync_failures: Counter,
+    haproxy_in_sync: Gauge,
+    api_errors: Family<ApiErrorLabels, Counter>,
+    api_connections: Family<ProtocolLabels, Gauge>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric at zero.
+    pub fn new() -> Self {
+        let metrics = Self {
+            registry: Mutex::new(Registry::default()),
+            ready: Gauge::default(),
+            startup_seconds: Gauge::default(),
+            watched_secrets: Gauge::default(),
+            synced_secrets: Gauge::default(),
+            registered_routes: Gauge::default(),
+            // 5 ms to about 160 s.
+            first_sync: Histogram::new(exponential_buckets(0.005, 2.0, 16)),
+            first_sync_failures: Counter::default(),
+            routes_admitted: Gauge::default(),
+            routes_rejected: Family::default(),
+            route_outcomes: Family::default(),
+            expiry: Family::default(),
+            bundles: Gauge::default(),
+            bundle_writes: Counter::default(),
+            bundle_write_failures: Counter::default(),
+            reloads: Counter::default(),
+            reload_failures: Counter::default(),
+            reload_pending: Gauge::default(),
+            reload_running: Gauge::default(),
+            haproxy_commands: Family::default(),
+            haproxy_sync_failures: Counter::default(),
+            haproxy_in_sync: Gauge::default(),
+            api_errors: Family::default(),
+            api_connections: Family::default(),
+        };
+        {
+            let mut registry = metrics
+                .registry
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let r = registry.sub_registry_with_prefix("certwatch");
+            r.register(
+                "ready",
+                "1 once every route present at start-up is decided and its files are written",
+                metrics.ready.clone(),
+            );
+            r.register_with_unit(
+                "startup_duration",
+                "Time from start to ready",
+                Unit::Seconds,
+                metrics.startup_seconds.clone(),
+            );
+            r.register(
+                "watched_secrets",
+                "Secrets with a watch (one per distinct secret)",
+                metrics.watched_secrets.clone(),
+            );
+            r.register(
+                "synced_secrets",
+                "Watched secrets whose first sync is done",
+                metrics.synced_secrets.clone(),
+            );
+            r.register(
+                "registered_routes",
+                "Routes registered with their secret",
+                metrics.registered_routes.clone(),
+            );
+            r.register_with_unit(
+                "secret_first_sync_duration",
+                "Time of each secret's first sync (list and watch, or streaming list)",
+                Unit::Seconds,
+                metrics.first_sync.clone(),
+            );
+            r.register(
+                "secret_first_sync_failures",
+                "First syncs of a secret that failed",
+                metrics.first_sync_failures.clone(),
+            );
+            r.register(
+                "routes_admitted",
+                "Routes served now",
+                metrics.routes_admitted.clone(),
+            );
+            r.register(
+                "routes_rejected",
+                "Routes rejected now, by reason",
+                metrics.routes_rejected.clone(),
+            );
+            r.register(
+                "route_outcomes",
+                "Decisions about routes: admitted, rejected (with reason), removed",
+                metrics.route_outcomes.clone(),
+            );
+            r.register(
+                "certificate_expiry_timestamp_seconds",
+                "notAfter of each served route's certificate, as a Unix time",
+                metrics.expiry.clone(),
+            );
+            r.register(
+                "bundles",
+                "Bundles in the cert directory",
+                metrics.bundles.clone(),
+            );
+            r.register(
+                "bundle_writes",
+                "Bundles written or removed",
+                metrics.bundle_writes.clone(),
+            );
+            r.register(
+                "bundle_write_failures",
+                "Failed bundle or crt-list writes and removals (retried)",
+                metrics.bundle_write_failures.clone(),
+            );
+            r.register(
+                "reloads",
+                "Runs of the reload command",
+                metrics.reloads.clone(),
+            );
+            r.register(
+                "reload_failures",
+                "Runs of the reload command that failed",
+                metrics.reload_failures.clone(),
+            );
+            r.register(
+                "reload_pending",
+                "1 while a change waits for the reload command",
+                metrics.reload_pending.clone(),
+            );
+            r.register(
+                "reload_running",
+                "1 while the reload command runs",
+                metrics.reload_running.clone(),
+            );
+            r.register(
+                "haproxy_commands",
+                "HAProxy runtime API commands sent, by command and result",
+                metrics.haproxy_commands.clone(),
+            );
+            r.register(
+                "haproxy_sync_failures",
+                "Synchronisations with HAProxy that failed (retried)",
+                metrics.haproxy_sync_failures.clone(),
+            );
+            r.register(
+                "haproxy_in_sync",
+                "1 when HAProxy holds exactly the crt-list's certificates",
+                metrics.haproxy_in_sync.clone(),
+            );
+            r.register(
+                "api_errors",
+                "Failed Kubernetes API requests by source and HTTP code (or transport/timeout)",
+                metrics.api_errors.clone(),
+            );
+            r.register(
+                "api_connections",
+                "Open connections to the Kubernetes API server by protocol",
+                metrics.api_connections.clone(),
+            );
+        }
+        metrics
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn encode(&self) -> String {
+        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
+        out
+    }
+
+    /// Marks the daemon ready after `startup`.
+    pub fn set_ready(&self, startup: Duration) {
+        self.startup_seconds.set(startup.as_secs_f64());
+        self.ready.set(1);
+    }
+
+    /// Secrets watched, and how many of them finished their first sync.
+    pub fn set_secrets(&self, watched: usize, synced: usize) {
+        self.watched_secrets.set(to_i64(watched));
+        self.synced_secrets.set(to_i64(synced));
+    }
+
+    /// Routes registered with a secret.
+    pub fn set_registered_routes(&self, routes: usize) {
+        self.registered_routes.set(to_i64(routes));
+    }
+
+    /// A route moved from state `old` to `new` (`None`: not known / removed).
+    pub fn route_changed(&self, old: Option<RouteState>, new: Option<RouteState>) {
+        if old == new {
+            return;
+        }
+        match old {
+            Some(RouteState::Admitted) => {
+                self.routes_admitted.dec();
+            }
+            Some(RouteState::Rejected(reason)) => {
+                self.routes_rejected
+                    .get_or_create(&ReasonLabels { reason })
+                    .dec();
+            }
+            None => {}
+        }
+        match new {
+            Some(RouteState::Admitted) => {
+                self.routes_admitted.inc();
+            }
+            Some(RouteState::Rejected(reason)) => {
+                self.routes_rejected
+                    .get_or_create(&ReasonLabels { reason })
+                    .inc();
+            }
+            None => {}
+        }
+    }
+
+    /// Counts a decision: `admitted`, `rejected` or `removed`, with the reason's name
+    /// (empty when there is none).
+    pub fn route_outcome(&self, outcome: &'static str, reason: &'static str) {
+        self.route_outcomes
+            .get_or_create(&OutcomeLabels { outcome, reason })
+            .inc();
+    }
+
+    /// Records the `notAfter` of the certificate served for `route`, or forgets it.
+    pub fn set_expiry(&self, route: &RouteKey, not_after: Option<Timestamp>) {
+        let labels = RouteLabels {
+            namespace: route.namespace.clone(),
+            route: route.name.clone(),
+        };
+        match not_after {
+            Some(at) => {
+                self.expiry.get_or_create(&labels).set(at.as_second());
+            }
+            None => {
+                self.expiry.remove(&labels);
+            }
+        }
+    }
+
+    /// Bundles on disk, and the writes and failures of a flush.
+    pub fn bundles_flushed(&self, bundles: usize, writes: usize, failures: usize) {
+        self.bundles.set(to_i64(bundles));
+        self.bundle_writes.inc_by(writes as u64);
+        self.bundle_write_failures.inc_by(failures as u64);
+    }
+
+    /// Whether a change waits for the reload command.
+    pub fn set_reload_pending(&self, pending: bool) {
+        self.reload_pending.set(i64::from(pending));
+    }
+
+    /// The reload command started.
+    pub fn reload_started(&self) {
+        self.reload_running.set(1);
+    }
+
+    /// The reload command ended, successfully or not. Counted here, after the fact,
+    /// so that a scrape showing `reloads_total = n` and `reload_running = 0` has seen
+    /// `n` complete runs.
+    pub fn reload_finished(&self, ok: bool) {
+        self.reloads.inc();
+        if !ok {
+            self.reload_failures.inc();
+        }
+        self.reload_running.set(0);
+    }
+
+    /// A runtime API command was sent (`command`: its verb, e.g. `set ssl cert`).
+    pub fn haproxy_command(&self, command: &'static str, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.haproxy_commands
+            .get_or_create(&CommandLabels { command, result })
+            .inc();
+    }
+
+    /// A synchronisation with HAProxy ended.
+    pub fn haproxy_synced(&self, ok: bool) {
+        if !ok {
+            self.haproxy_sync_failures.inc();
+        }
+        self.haproxy_in_sync.set(i64::from(ok));
+    }
+
+    /// A failed API request from `source` (`routes`, `namespaces`, `secrets`), with its
+    /// HTTP code or `transport` / `timeout`.
+    pub fn api_error(&self, source: &'static str, code: String) {
+        self.api_errors
+            .get_or_create(&ApiErrorLabels { source, code })
+            .inc();
+    }
+
+    /// A route or namespace watch failed.
+    pub fn watcher_error(&self, source: &'static str, error: &kube::runtime::watcher::Error) {
+        use kube::runtime::watcher::Error as E;
+        let code = match error {
+            E::InitialListFailed(error) | E::WatchStartFailed(error) | E::WatchFailed(error) => {
+                kube_error_code(error)
+            }
+            E::WatchError(status) => status.code.to_string(),
+            E::NoResourceVersion => "invalid".to_owned(),
+        };
+        self.api_error(source, code);
+    }
+
+    /// Open connections to the API server.
+    pub fn set_api_connections(&self, http2: u64, http1: u64) {
+        self.api_connections
+            .get_or_create(&ProtocolLabels { protocol: "http2" })
+            .set(i64::try_from(http2).unwrap_or(i64::MAX));
+        self.api_connections
+            .get_or_create(&ProtocolLabels { protocol: "http1" })
+            .set(i64::try_from(http1).unwrap_or(i64::MAX));
+    }
+}
+
+/// The HTTP code of a kube error, or `transport`.
+pub fn kube_error_code(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) if status.code != 0 => status.code.to_string(),
+        _ => "transport".to_owned(),
+    }
+}
+
+fn monitor_error_code(error: &MonitorError) -> String {
+    match error {
+        MonitorError::SyncTimeout { .. } => "timeout".to_owned(),
+        MonitorError::NotFound { .. } => "404".to_owned(),
+        other => other
+            .status_code()
+            .map_or_else(|| "transport".to_owned(), |code| code.to_string()),
+    }
+}
+
+fn to_i64(value: usize) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+impl MonitorObserver for Metrics {
+    fn first_sync(&self, _key: &ObjectKey, elapsed: Duration, outcome: Result<(), &MonitorError>) {
+        self.first_sync.observe(elapsed.as_secs_f64());
+        if outcome.is_err() {
+            self.first_sync_failures.inc();
+        }
+    }
+
+    fn watch_error(&self, _key: &ObjectKey, error: &MonitorError) {
+        self.api_error("secrets", monitor_error_code(error));
+    }
+}
+
+/// Keeps each route's state so that gauges by state stay exact.
+#[derive(Debug, Default)]
+pub struct RouteStates {
+    states: HashMap<RouteKey, RouteState>,
+}
+
+impl RouteStates {
+    /// Sets `route`'s state (`None`: forget it) and updates `metrics`.
+    pub fn set(&mut self, metrics: &Metrics, route: &RouteKey, state: Option<RouteState>) {
+        let old = match state {
+            Some(state) => self.states.insert(route.clone(), state),
+            None => self.states.remove(route),
+        };
+        metrics.route_changed(old, state);
+    }
+
+    /// Routes admitted and rejected now.
+    pub fn counts(&self) -> (usize, usize) {
+        let admitted = self
+            .states
+            .values()
+            .filter(|state| **state == RouteState::Admitted)
+            .count();
+        (admitted, self.states.len() - admitted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gauges_follow_route_states() {
+        let metrics = Metrics::new();
+        let mut states = RouteStates::default();
+        let a = RouteKey::new("ns", "a");
+        let b = RouteKey::new("ns", "b");
+        states.set(&metrics, &a, Some(RouteState::Admitted));
+        states.set(
+            &metrics,
+            &b,
+            Some(RouteState::Rejected("ExternalCertificateSecretDeleted")),
+        );
+        states.set(
+            &metrics,
+            &a,
+            Some(RouteState::Rejected("ExternalCertificateSecretDeleted")),
+        );
+        states.set(&metrics, &b, None);
+        let text = metrics.encode();
+        assert!(text.contains("certwatch_routes_admitted 0\n"), "{text}");
+        assert!(
+            text.contains(
+                "certwatch_routes_rejected{reason=\"ExternalCertificateSecretDeleted\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(states.counts(), (0, 1));
+    }
+
+    #[test]
+    fn counters_carry_the_total_suffix() {
+        let metrics = Metrics::new();
+        metrics.reload_started();
+        metrics.reload_finished(false);
+        metrics.api_error("routes", "503".to_owned());
+        let text = metrics.encode();
+        assert!(text.contains("certwatch_reloads_total 1\n"), "{text}");
+        assert!(
+            text.contains("certwatch_reload_failures_total 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("certwatch_api_errors_total{source=\"routes\",code=\"503\"} 1\n"),
+            "{text}"
+        );
+    }
+}

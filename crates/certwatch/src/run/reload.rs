@@ -1,0 +1,318 @@
+//! The reload command: debounced, single-flight.
+//!
+//! A change ([`Reloader::trigger`]) starts a quiet period; every further change
+//! restarts it, so a burst of changes coalesces into one run once changes stop for
+//! [`ReloadOptions::debounce`] (or, under a steady stream of changes, once
+//! [`ReloadOptions::max_delay`] has passed since the first). Runs never overlap: changes
+//! that arrive while the command runs are remembered and cause exactly one more run
+//! after it, however many they are.
+//!
+//! The command runs with `sh -c`, with `CERTWATCH_CERT_DIR` and `CERTWATCH_CRT_LIST`
+//! in its environment. A non-zero exit, a spawn failure or a run longer than
+//! [`ReloadOptions::timeout`] (the command is then killed) is logged and counted in
+//! `certwatch_reload_failures_total`; the next change tries again.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::metrics::Metrics;
+
+/// Settings of the reload command.
+#[derive(Clone, Debug)]
+pub struct ReloadOptions {
+    /// Shell command line, run with `sh -c`.
+    pub command: String,
+    /// Quiet period that ends a burst of changes.
+    pub debounce: Duration,
+    /// Longest delay between a change and the run that covers it, even while changes
+    /// keep coming.
+    pub max_delay: Duration,
+    /// Longest run; the command is killed after it.
+    pub timeout: Duration,
+}
+
+/// Runs the reload command after changes; see the [module documentation](self).
+#[derive(Debug)]
+pub struct Reloader {
+    changes: mpsc::Sender<()>,
+    /// Set by [`Reloader::trigger`], cleared just before a run starts: whether some
+    /// change is not yet covered by a run that has started.
+    pending: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+    task: JoinHandle<()>,
+}
+
+impl Reloader {
+    /// Starts the reloader task. `cert_dir` and `crt_list` are passed to the command
+    /// in its environment.
+    pub fn spawn(
+        options: ReloadOptions,
+        cert_dir: PathBuf,
+        crt_list: PathBuf,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        // One slot is enough: a full channel already says "something changed".
+        let (changes, receiver) = mpsc::channel(1);
+        let pending = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(
+            Worker {
+                options,
+                cert_dir,
+                crt_list,
+                metrics: Arc::clone(&metrics),
+                pending: Arc::clone(&pending),
+            }
+            .run(receiver),
+        );
+        Self {
+            changes,
+            pending,
+            metrics,
+            task,
+        }
+    }
+
+    /// Something changed on disk: schedule a run.
+    pub fn trigger(&self) {
+        self.pending.store(true, Ordering::SeqCst);
+        self.metrics.set_reload_pending(true);
+        // Full: a wake-up is already queued. Closed: the worker is gone (shutdown).
+        let _ = self.changes.try_send(());
+    }
+
+    /// Stops accepting changes, runs a reload still pending (a proxy that outlives
+    /// certwatch should see the last files), and waits for the worker to end.
+    pub async fn close(self) {
+        let Self { changes, task, .. } = self;
+        drop(changes);
+        let _ = task.await;
+    }
+}
+
+struct Worker {
+    options: ReloadOptions,
+    cert_dir: PathBuf,
+    crt_list: PathBuf,
+    metrics: Arc<Metrics>,
+    pending: Arc<AtomicBool>,
+}
+
+impl Worker {
+    async fn run(self, mut changes: mpsc::Receiver<()>) {
+        let mut closed = false;
+        while !closed {
+            if changes.recv().await.is_none() {
+                break;
+            }
+            let first = Instant::now();
+            let mut last = first;
+            loop {
+                let deadline = (last + self.options.debounce).min(first + self.options.max_delay);
+                tokio::select! {
+                    biased;
+                    change = changes.recv() => match change {
+                        Some(()) => last = Instant::now(),
+                        None => {
+                            closed = true;
+                            break;
+                        }
+                    },
+                    () = tokio::time::sleep_until(deadline) => break,
+                }
+            }
+            // A wake-up queued by a change that the previous run already covered.
+            if !self.pending.swap(false, Ordering::SeqCst) {
+                continue;
+            }
+            self.metrics
+                .set_reload_pending(self.pending.load(Ordering::SeqCst));
+            // Changes during the run set `pending` again and queue a wake-up, which
+            // the next round picks up.
+            self.run_once().await;
+        }
+    }
+
+    async fn run_once(&self) {
+        self.metrics.reload_started();
+        let mut command = tokio::process::Command::new("/bin/sh");
+        command
+            .arg("-c")
+            .arg(&self.options.command)
+            .env("CERTWATCH_CERT_DIR", &self.cert_dir)
+            .env("CERTWATCH_CRT_LIST", &self.crt_list)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let ok = match command.spawn() {
+            Err(error) => {
+                warn!(command = %self.options.command, %error, "cannot start the reload command");
+                false
+            }
+            Ok(child) => {
+                match tokio::time::timeout(self.options.timeout, child.wait_with_output()).await {
+                    Err(_) => {
+                        warn!(command = %self.options.command, timeout = ?self.options.timeout, "the reload command timed out and was killed");
+                        false
+                    }
+                    Ok(Err(error)) => {
+                        warn!(command = %self.options.command, %error, "waiting for the reload command failed");
+                        false
+                    }
+                    Ok(Ok(output)) if output.status.success() => {
+                        info!(command = %self.options.command, "reload command succeeded");
+                        true
+                    }
+                    Ok(Ok(output)) => {
+                        warn!(
+                            command = %self.options.command,
+                            status = %output.status,
+                            stderr = %redacted_tail(&output.stderr),
+                            "the reload command failed"
+                        );
+                        false
+                    }
+                }
+            }
+        };
+        self.metrics.reload_finished(ok);
+    }
+}
+
+/// The end of a command's stderr for a log line: at most 512 bytes, with anything
+/// that looks like PEM material replaced (a command might print a file it reads).
+fn redacted_tail(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let cleaned: Vec<&str> = text
+        .lines()
+        .map(|line| {
+            if line.contains("-----BEGIN") || line.contains("-----END") || looks_like_base64(line) {
+                "<redacted>"
+            } else {
+                line
+            }
+        })
+        .collect();
+    let joined = cleaned.join("\n");
+    let start = joined.len().saturating_sub(512);
+    let start = (start..=joined.len())
+        .find(|&i| joined.is_char_boundary(i))
+        .unwrap_or(joined.len());
+    joined[start..].trim().to_owned()
+}
+
+fn looks_like_base64(line: &str) -> bool {
+    line.len() >= 40
+        && line
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/' || b == b'=')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reloader(
+        dir: &std::path::Path,
+        command: String,
+        debounce: Duration,
+    ) -> (Reloader, Arc<Metrics>) {
+        let metrics = Arc::new(Metrics::new());
+        let reloader = Reloader::spawn(
+            ReloadOptions {
+                command,
+                debounce,
+                max_delay: Duration::from_secs(60),
+                timeout: Duration::from_secs(60),
+            },
+            dir.to_owned(),
+            dir.join("crt-list"),
+            Arc::clone(&metrics),
+        );
+        (reloader, metrics)
+    }
+
+    fn runs(log: &std::path::Path) -> usize {
+        std::fs::read_to_string(log).map_or(0, |text| text.lines().count())
+    }
+
+    async fn wait_for(mut condition: impl FnMut() -> bool) {
+        for _ in 0..6000 {
+            if condition() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("condition not reached");
+    }
+
+    #[tokio::test]
+    async fn changes_during_a_run_cause_exactly_one_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("runs");
+        let hold = dir.path().join("hold");
+        std::fs::write(&hold, b"").unwrap();
+        let command = format!(
+            "echo run >> '{}'; while [ -e '{}' ]; do sleep 0.02; done",
+            log.display(),
+            hold.display()
+        );
+        let (reloader, metrics) = reloader(dir.path(), command, Duration::from_millis(20));
+        reloader.trigger();
+        wait_for(|| runs(&log) == 1).await;
+        // The first run is held; every change now lands while it runs.
+        for _ in 0..20 {
+            reloader.trigger();
+        }
+        std::fs::remove_file(&hold).unwrap();
+        wait_for(|| runs(&log) == 2).await;
+        reloader.close().await;
+        assert_eq!(runs(&log), 2);
+        let text = metrics.encode();
+        assert!(text.contains("certwatch_reloads_total 2\n"), "{text}");
+        assert!(text.contains("certwatch_reload_pending 0\n"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn failures_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (reloader, metrics) =
+            reloader(dir.path(), "exit 3".to_owned(), Duration::from_millis(1));
+        reloader.trigger();
+        wait_for(|| {
+            metrics
+                .encode()
+                .contains("certwatch_reload_failures_total 1\n")
+        })
+        .await;
+        reloader.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_pending_change_is_reloaded_on_close() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("runs");
+        let command = format!("echo run >> '{}'", log.display());
+        let (reloader, _metrics) = reloader(dir.path(), command, Duration::from_secs(3600));
+        reloader.trigger();
+        reloader.close().await;
+        assert_eq!(runs(&log), 1);
+    }
+
+    #[test]
+    fn pem_is_redacted() {
+        let stderr = b"cannot load\n-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7\n-----END PRIVATE KEY-----\n";
+        let text = redacted_tail(stderr);
+        assert!(text.starts_with("cannot load"));
+        assert!(!text.contains("MIIE"));
+        assert!(!text.contains("PRIVATE"));
+    }
+}

@@ -70,6 +70,22 @@ impl FlushReport {
     }
 }
 
+/// What a flush will do; see [`CertDir::plan`].
+#[derive(Debug)]
+pub struct FlushPlan {
+    jobs: Vec<Job>,
+    crt_list_changes: bool,
+}
+
+impl FlushPlan {
+    /// Whether carrying it out is expected to change anything on disk (if every
+    /// write succeeds; with the crt-list as the entries would render now).
+    pub fn changes(&self) -> bool {
+        !self.jobs.is_empty() || self.crt_list_changes
+    }
+}
+
+#[derive(Debug)]
 enum Job {
     Write {
         route: RouteKey,
@@ -209,7 +225,12 @@ impl CertDir {
     /// Brings the directory to the desired state; failures are logged, counted and
     /// retried by the next flush.
     pub async fn flush(&mut self) -> FlushReport {
-        let mut report = FlushReport::default();
+        let plan = self.plan();
+        self.execute(plan).await
+    }
+
+    /// Decides what a flush has to do (taking the changed routes).
+    pub fn plan(&mut self) -> FlushPlan {
         let mut routes = std::mem::take(&mut self.dirty);
         routes.append(&mut self.failed);
         let mut jobs = Vec::new();
@@ -232,6 +253,18 @@ impl CertDir {
                 None => {}
             }
         }
+        let crt_list_changes =
+            self.complete && self.crt_list.as_deref() != Some(self.render_crt_list().as_str());
+        FlushPlan {
+            jobs,
+            crt_list_changes,
+        }
+    }
+
+    /// Carries out `plan`.
+    pub async fn execute(&mut self, plan: FlushPlan) -> FlushReport {
+        let mut report = FlushReport::default();
+        let jobs = plan.jobs;
 
         // Phase 1, in parallel: every new bundle into a temporary file.
         let mut writes = Vec::new();

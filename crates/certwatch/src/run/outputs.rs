@@ -183,7 +183,15 @@ impl Outputs {
     }
 
     async fn flush(&mut self, ready: bool, retry_at: &mut Option<Instant>) {
-        let report = self.cert_dir.flush().await;
+        let plan = self.cert_dir.plan();
+        // Announced before the files change, so that the reload covering them is
+        // scheduled by the time anyone can see them (and waits for the write).
+        let change = match &self.reloader {
+            Some(reloader) if ready && plan.changes() => Some(reloader.begin_change()),
+            _ => None,
+        };
+        let report = self.cert_dir.execute(plan).await;
+        drop(change);
         self.metrics.bundles_flushed(
             self.cert_dir.served(),
             report.written + report.removed,
@@ -197,11 +205,6 @@ impl Outputs {
         }
         if let Some(haproxy) = &self.haproxy {
             haproxy.publish(self.cert_dir.entries());
-        }
-        if report.changed()
-            && let Some(reloader) = &self.reloader
-        {
-            reloader.trigger();
         }
     }
 }

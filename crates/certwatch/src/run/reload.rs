@@ -1,11 +1,16 @@
 //! The reload command: debounced, single-flight.
 //!
-//! A change ([`Reloader::trigger`]) starts a quiet period; every further change
-//! restarts it, so a burst of changes coalesces into one run once changes stop for
-//! [`ReloadOptions::debounce`] (or, under a steady stream of changes, once
-//! [`ReloadOptions::max_delay`] has passed since the first). Runs never overlap: changes
-//! that arrive while the command runs are remembered and cause exactly one more run
-//! after it, however many they are.
+//! A change starts a quiet period; every further change restarts it, so a burst of
+//! changes coalesces into one run once changes stop for [`ReloadOptions::debounce`]
+//! (or, under a steady stream of changes, once [`ReloadOptions::max_delay`] has passed
+//! since the first). Runs never overlap: changes that arrive while the command runs are
+//! remembered and cause exactly one more run after it, however many they are.
+//!
+//! A change is announced *before* its files are written ([`Reloader::begin_change`])
+//! and the run waits until every announced write is finished. So a run never sees
+//! half-written state, and whoever sees a file on disk knows that the run covering it
+//! is already scheduled: the number of runs follows from the order of events, not
+//! from timing.
 //!
 //! The command runs with `sh -c`, with `CERTWATCH_CERT_DIR` and `CERTWATCH_CRT_LIST`
 //! in its environment. A non-zero exit, a spawn failure or a run longer than
@@ -15,10 +20,10 @@
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -39,15 +44,42 @@ pub struct ReloadOptions {
     pub timeout: Duration,
 }
 
+/// State shared by the [`Reloader`], its [`ChangeGuard`]s and its worker.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Whether some change is not yet covered by a run that has started.
+    pending: AtomicBool,
+    /// Changes being written now; a run waits until there are none.
+    writing: AtomicUsize,
+    /// Signalled when `writing` drops to zero.
+    written: Notify,
+}
+
 /// Runs the reload command after changes; see the [module documentation](self).
 #[derive(Debug)]
 pub struct Reloader {
     changes: mpsc::Sender<()>,
-    /// Set by [`Reloader::trigger`], cleared just before a run starts: whether some
-    /// change is not yet covered by a run that has started.
-    pending: Arc<AtomicBool>,
+    shared: Arc<Shared>,
     metrics: Arc<Metrics>,
     task: JoinHandle<()>,
+}
+
+/// A change being written; dropping it marks the write finished.
+#[derive(Debug)]
+pub struct ChangeGuard {
+    changes: mpsc::Sender<()>,
+    shared: Arc<Shared>,
+}
+
+impl Drop for ChangeGuard {
+    fn drop(&mut self) {
+        if self.shared.writing.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.shared.written.notify_waiters();
+        }
+        // The quiet period counts from the end of the write. Full: a wake-up is
+        // already queued; closed: the worker is gone.
+        let _ = self.changes.try_send(());
+    }
 }
 
 impl Reloader {
@@ -61,31 +93,41 @@ impl Reloader {
     ) -> Self {
         // One slot is enough: a full channel already says "something changed".
         let (changes, receiver) = mpsc::channel(1);
-        let pending = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Shared::default());
         let task = tokio::spawn(
             Worker {
                 options,
                 cert_dir,
                 crt_list,
                 metrics: Arc::clone(&metrics),
-                pending: Arc::clone(&pending),
+                shared: Arc::clone(&shared),
             }
             .run(receiver),
         );
         Self {
             changes,
-            pending,
+            shared,
             metrics,
             task,
         }
     }
 
-    /// Something changed on disk: schedule a run.
-    pub fn trigger(&self) {
-        self.pending.store(true, Ordering::SeqCst);
+    /// Files are about to change: schedule a run, which waits until the returned
+    /// guard is dropped (the write is done).
+    pub fn begin_change(&self) -> ChangeGuard {
+        self.shared.writing.fetch_add(1, Ordering::SeqCst);
+        self.shared.pending.store(true, Ordering::SeqCst);
         self.metrics.set_reload_pending(true);
-        // Full: a wake-up is already queued. Closed: the worker is gone (shutdown).
         let _ = self.changes.try_send(());
+        ChangeGuard {
+            changes: self.changes.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Files changed: schedule a run.
+    pub fn trigger(&self) {
+        drop(self.begin_change());
     }
 
     /// Stops accepting changes, runs a reload still pending (a proxy that outlives
@@ -102,7 +144,7 @@ struct Worker {
     cert_dir: PathBuf,
     crt_list: PathBuf,
     metrics: Arc<Metrics>,
-    pending: Arc<AtomicBool>,
+    shared: Arc<Shared>,
 }
 
 impl Worker {
@@ -128,15 +170,30 @@ impl Worker {
                     () = tokio::time::sleep_until(deadline) => break,
                 }
             }
+            self.wait_for_writes().await;
             // A wake-up queued by a change that the previous run already covered.
-            if !self.pending.swap(false, Ordering::SeqCst) {
+            if !self.shared.pending.swap(false, Ordering::SeqCst) {
                 continue;
             }
             self.metrics
-                .set_reload_pending(self.pending.load(Ordering::SeqCst));
+                .set_reload_pending(self.shared.pending.load(Ordering::SeqCst));
             // Changes during the run set `pending` again and queue a wake-up, which
             // the next round picks up.
             self.run_once().await;
+        }
+    }
+
+    /// Returns once no announced change is being written.
+    async fn wait_for_writes(&self) {
+        loop {
+            let written = self.shared.written.notified();
+            tokio::pin!(written);
+            // Registered before the check, so a drop to zero in between is not missed.
+            written.as_mut().enable();
+            if self.shared.writing.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            written.await;
         }
     }
 

@@ -1,0 +1,379 @@
+//! Helpers for the end-to-end tests: `certwatch sim` and `certwatch run` as child
+//! processes, HTTP over plain sockets, metrics parsing, certificates.
+
+#![allow(dead_code)]
+// Test helpers: a failure here is a test failure, reported by the panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use route_secrets::testing::{LeafSpec, Pki};
+
+/// Generous bound for anything the tests wait for (CI machines are slow and shared);
+/// never an assertion on how long something took.
+pub const PATIENCE: Duration = Duration::from_secs(90);
+
+pub fn certwatch_binary() -> &'static str {
+    env!("CARGO_BIN_EXE_certwatch")
+}
+
+/// Reads `child`'s stdout until a line starting with `prefix`, returns the rest of it,
+/// and keeps draining stdout in the background.
+fn read_until(child: &mut Child, prefix: &str, what: &str) -> String {
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut reader = BufReader::new(stdout);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = reader
+            .read_line(&mut line)
+            .expect("reading the child's stdout");
+        assert!(read > 0, "{what} exited before printing {prefix:?}");
+        if let Some(rest) = line.trim_end().strip_prefix(prefix) {
+            let rest = rest.to_owned();
+            std::thread::spawn(move || {
+                let mut sink = Vec::new();
+                let _ = reader.read_to_end(&mut sink);
+            });
+            return rest;
+        }
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(80)..].join("\n")
+}
+
+/// `certwatch sim` as a child process.
+pub struct SimProcess {
+    child: Child,
+    pub url: String,
+    pub addr: SocketAddr,
+    pub kubeconfig: PathBuf,
+    log: PathBuf,
+}
+
+impl SimProcess {
+    /// Starts the simulator with `args` (e.g. `--generate routes=4,namespaces=2`).
+    pub fn start(dir: &Path, args: &[&str]) -> Self {
+        Self::start_on(dir, "127.0.0.1:0", args)
+    }
+
+    /// Starts the simulator listening on `listen`.
+    pub fn start_on(dir: &Path, listen: &str, args: &[&str]) -> Self {
+        let kubeconfig = dir.join("sim.kubeconfig");
+        let log = dir.join("sim.log");
+        let mut child = Command::new(certwatch_binary())
+            .arg("sim")
+            .args(["--listen", listen])
+            .arg("--write-kubeconfig")
+            .arg(&kubeconfig)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start certwatch sim");
+        let rest = read_until(&mut child, "kube-sim listening on ", "certwatch sim");
+        let url = rest.split_whitespace().next().unwrap().to_owned();
+        let addr = url.trim_start_matches("http://").parse().unwrap();
+        Self {
+            child,
+            url,
+            addr,
+            kubeconfig,
+            log,
+        }
+    }
+
+    /// A kube client for a context of the kubeconfig (`admin` or `router`).
+    pub async fn client(&self, context: &str) -> kube::Client {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &KubeConfigOptions {
+                context: Some(context.to_owned()),
+                ..KubeConfigOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+
+    /// Calls the simulator's admin API.
+    pub fn admin(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        http_request(self.addr, method, path, body)
+    }
+
+    /// Stops the simulator.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for SimProcess {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- certwatch sim log ---\n{}", tail(&self.log));
+        }
+        self.stop();
+    }
+}
+
+/// `certwatch run` as a child process.
+pub struct Certwatch {
+    child: Child,
+    pub addr: SocketAddr,
+    pub log: PathBuf,
+}
+
+impl Certwatch {
+    /// Starts `certwatch run --kubeconfig K --cert-dir D --listen 127.0.0.1:0` with
+    /// `args`; its log goes to `log`.
+    pub fn start(kubeconfig: &Path, cert_dir: &Path, log: &Path, args: &[&str]) -> Self {
+        let mut child = Command::new(certwatch_binary())
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--cert-dir")
+            .arg(cert_dir)
+            .args(["--listen", "127.0.0.1:0", "--progress", "log"])
+            .args(args)
+            .env("RUST_LOG", "info,certwatch=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .expect("start certwatch run");
+        let rest = read_until(
+            &mut child,
+            "certwatch: serving /healthz, /readyz and /metrics on http://",
+            "certwatch run",
+        );
+        Self {
+            child,
+            addr: rest.trim().parse().unwrap(),
+            log: log.to_owned(),
+        }
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        http_request(self.addr, "GET", path, "")
+    }
+
+    pub fn metrics(&self) -> String {
+        let (status, body) = self.get("/metrics");
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// The value of the sample `name` (with its labels exactly as printed, e.g.
+    /// `certwatch_routes_rejected{reason="X"}`), if present.
+    pub fn metric(&self, sample: &str) -> Option<f64> {
+        metric_value(&self.metrics(), sample)
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.get("/readyz").0 == 200
+    }
+
+    pub async fn wait_ready(&self) {
+        eventually("certwatch ready", || self.is_ready().then_some(())).await;
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "certwatch did not exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Certwatch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- certwatch run log ---\n{}", tail(&self.log));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `sample value` lines of a Prometheus text exposition.
+pub fn metric_value(text: &str, sample: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(sample)?;
+        let value = rest.strip_prefix(' ')?;
+        value.trim().parse().ok()
+    })
+}
+
+/// One HTTP/1.1 request over a fresh connection; returns status and body (0 and an
+/// empty body when nothing listens).
+pub fn http_request(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(5)) else {
+        return (0, String::new());
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    if stream.write_all(request.as_bytes()).is_err() {
+        return (0, String::new());
+    }
+    let mut response = Vec::new();
+    if stream.read_to_end(&mut response).is_err() {
+        return (0, String::new());
+    }
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let Some((head, body)) = response.split_once("\r\n\r\n") else {
+        return (0, String::new());
+    };
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    (status, body)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Polls `check` until it returns `Some`, for at most [`PATIENCE`].
+pub async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls an async `check` until it returns `Some`, for at most [`PATIENCE`].
+pub async fn eventually_async<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The `tls.crt` and `tls.key` of a secret.
+pub fn tls_of(secret: &Secret) -> (Vec<u8>, Vec<u8>) {
+    let data = secret.data.as_ref().expect("secret has data");
+    (
+        data.get("tls.crt").expect("tls.crt").0.clone(),
+        data.get("tls.key").expect("tls.key").0.clone(),
+    )
+}
+
+/// What a bundle for `secret` must contain: the chain, then the key.
+pub fn expected_bundle(secret: &Secret) -> Vec<u8> {
+    let (crt, key) = tls_of(secret);
+    let mut out = crt;
+    if !out.ends_with(b"\n") {
+        out.push(b'\n');
+    }
+    out.extend_from_slice(&key);
+    out
+}
+
+/// A fresh certificate for `host` (leaf and intermediate) and its key, as secret data.
+pub fn new_tls_data(host: &str) -> BTreeMap<String, ByteString> {
+    let now = jiff::Timestamp::now();
+    let pki = Pki::new(now);
+    pki.issue(&LeafSpec::new(host, now)).data()
+}
+
+/// Replaces a secret's certificate and key with a fresh pair for `host`; returns the
+/// new secret.
+pub async fn rotate_secret(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    host: &str,
+) -> Secret {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let data = new_tls_data(host);
+    let patch = serde_json::json!({ "data": data });
+    secrets
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap()
+}
+
+/// The file's bytes, or empty when it is absent.
+pub fn read_or_empty(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_default()
+}
+
+/// A TCP port free right now on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

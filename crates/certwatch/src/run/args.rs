@@ -267,6 +267,11 @@ pub struct RunArgs {
     #[arg(long, env = "CERTWATCH_ACCESS_CACHE_TTL", value_name = "D", value_parser = duration_arg, default_value = "10m", help_heading = "Router")]
     pub access_cache_ttl: Duration,
 
+    /// How long a cached denial is trusted: a grant added after a route was rejected
+    /// is noticed after at most this long (at the route's next retry).
+    #[arg(long, env = "CERTWATCH_ACCESS_DENIED_TTL", value_name = "D", value_parser = duration_arg, default_value = "30s", help_heading = "Router")]
+    pub access_denied_ttl: Duration,
+
     /// At most this many secrets' first syncs at once (default: no limit), for an API
     /// server with a small concurrency budget.
     #[arg(
@@ -353,6 +358,7 @@ impl RunArgs {
         options.write_status = self.write_status;
         options.access_policy = access_policy;
         options.access_ttl = self.access_cache_ttl;
+        options.access_denied_ttl = self.access_denied_ttl;
         options.identity = identity;
         options.max_concurrent_syncs = self.max_concurrent_syncs;
         options.sync_timeout = self.sync_timeout;

@@ -61,6 +61,9 @@ pub struct DaemonOptions {
     pub access_policy: AccessPolicy,
     /// How long access answers are cached.
     pub access_ttl: Duration,
+    /// How long a cached *denial* is trusted (a grant added later is noticed after
+    /// at most this long, at the route's next retry).
+    pub access_denied_ttl: Duration,
     /// How rejection messages name the router identity.
     pub identity: String,
     /// At most this many first syncs of secrets at once (`None`: unbounded).
@@ -90,6 +93,7 @@ impl DaemonOptions {
             status_concurrency: 20,
             access_policy: AccessPolicy::SelfRules,
             access_ttl: Duration::from_secs(600),
+            access_denied_ttl: Duration::from_secs(30),
             identity: "certwatch's service account".to_owned(),
             max_concurrent_syncs: None,
             sync_timeout: Duration::from_secs(120),
@@ -193,7 +197,8 @@ impl Daemon {
             client.clone(),
             options.access_policy.clone(),
             options.access_ttl,
-        );
+        )
+        .with_denied_ttl(options.access_denied_ttl.min(options.access_ttl));
         let status_writer = options.write_status.then(|| {
             StatusWriter::spawn(
                 client.clone(),

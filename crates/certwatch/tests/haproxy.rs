@@ -1,0 +1,387 @@
+//! A real HAProxy (Debian's `haproxy`), started by the test from the files certwatch
+//! wrote, then kept current by certwatch through the runtime API: rotations, new
+//! routes and removed routes reach the TLS handshakes with no reload.
+
+// Helpers outside #[test] functions unwrap too: a failure is a test failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::Role;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use route_secrets::route::Route;
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+
+/// Accepts any server certificate and remembers the end-entity one.
+#[derive(Debug)]
+struct Recorder {
+    provider: Arc<CryptoProvider>,
+    seen: Mutex<Option<Vec<u8>>>,
+}
+
+impl ServerCertVerifier for Recorder {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        *self.seen.lock().unwrap() = Some(end_entity.to_vec());
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The end-entity certificate HAProxy presents for `sni`, if a handshake succeeds.
+async fn presented(port: u16, sni: &str) -> Option<Vec<u8>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let recorder = Arc::new(Recorder {
+        provider: Arc::clone(&provider),
+        seen: Mutex::new(None),
+    });
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(recorder.clone())
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let name = ServerName::try_from(sni.to_owned()).ok()?;
+    connector.connect(name, stream).await.ok()?;
+    recorder.seen.lock().unwrap().clone()
+}
+
+fn leaf_der(pem_text: &[u8]) -> Vec<u8> {
+    pem::parse_many(pem_text).unwrap()[0].contents().to_vec()
+}
+
+async fn leaf_of(client: &kube::Client, namespace: &str, name: &str) -> Vec<u8> {
+    let secret = Api::<Secret>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+        .unwrap();
+    leaf_der(&tls_of(&secret).0)
+}
+
+/// One runtime API command over the stats socket.
+fn runtime_api(socket: &Path, command: &str) -> String {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    stream.write_all(format!("{command}\n").as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+fn info_field(socket: &Path, field: &str) -> u64 {
+    runtime_api(socket, "show info")
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}: ")).map(str::to_owned))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Runtime API commands that failed, other than `show info` (which fails while
+/// HAProxy is not running yet).
+fn errors_besides_show_info(metrics: &str) -> usize {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("certwatch_haproxy_commands_total{"))
+        .filter(|line| line.contains("result=\"error\"") && !line.contains("command=\"show info\""))
+        .filter(|line| !line.ends_with(" 0"))
+        .count()
+}
+
+struct Haproxy {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- haproxy log ---\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn self_signed(host: &str) -> String {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec![host.to_owned()]).unwrap();
+    let certificate = params.self_signed(&key).unwrap();
+    format!("{}{}", certificate.pem(), key.serialize_pem())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_follows_through_the_runtime_api() {
+    let temp = tempfile::tempdir().unwrap();
+    let root = temp.path().canonicalize().unwrap();
+    let sim = SimProcess::start(&root, &["--generate", "routes=3,namespaces=1"]);
+    let admin = sim.client("admin").await;
+    let socket = root.join("haproxy.sock");
+    let cert_dir = root.join("certs");
+    let socket_arg = socket.display().to_string();
+    let mut certwatch = Certwatch::start(
+        &sim.kubeconfig,
+        &cert_dir,
+        &root.join("certwatch.log"),
+        // A route added after a grant is admitted at its first retry.
+        &[
+            "--haproxy-socket",
+            &socket_arg,
+            "--access-denied-ttl",
+            "500ms",
+        ],
+    );
+    certwatch.wait_ready().await;
+
+    // HAProxy loads what certwatch wrote: its crt-list, plus a default certificate for
+    // names no route claims.
+    let default_pem = root.join("default.pem");
+    std::fs::write(&default_pem, self_signed("default.invalid")).unwrap();
+    let default_leaf = leaf_der(&std::fs::read(&default_pem).unwrap());
+    let port = free_port();
+    let config = root.join("haproxy.cfg");
+    std::fs::write(
+        &config,
+        format!(
+            "global\n  stats socket {socket} level admin\n\
+             defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n\
+             frontend tls\n  bind 127.0.0.1:{port} ssl crt {default} crt-list {list}\n  default_backend nowhere\n\
+             backend nowhere\n  server nowhere 127.0.0.1:9\n",
+            socket = socket.display(),
+            default = default_pem.display(),
+            list = cert_dir.join("crt-list").display(),
+        ),
+    )
+    .unwrap();
+    let log = root.join("haproxy.log");
+    let haproxy = Haproxy {
+        child: Command::new("haproxy")
+            .args(["-db", "-f"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(root.join("haproxy.err")).unwrap())
+            .spawn()
+            .expect("haproxy must be installed (apt-get install haproxy)"),
+        log: root.join("haproxy.err"),
+    };
+    let host = |i: usize| format!("route-{i}.app-0.apps.sim.example");
+    eventually_async("HAProxy to serve TLS", || {
+        presented(port, "default.invalid")
+    })
+    .await;
+    let pid = info_field(&socket, "Pid");
+    assert_eq!(pid, u64::from(haproxy.child.id()));
+
+    // Every route's certificate for its SNI, as loaded from the files.
+    for i in 0..3 {
+        let expected = leaf_of(&admin, "app-0", &format!("tls-{i}")).await;
+        assert_eq!(presented(port, &host(i)).await, Some(expected), "route-{i}");
+    }
+    assert_eq!(
+        presented(port, "nobody.example").await,
+        Some(default_leaf.clone())
+    );
+
+    // certwatch finds HAProxy and sees it already holds every certificate.
+    eventually("certwatch to reach HAProxy", || {
+        (certwatch.metric("certwatch_haproxy_in_sync") == Some(1.0)).then_some(())
+    })
+    .await;
+    // (Only `show info` may have failed: while HAProxy was not running yet.)
+    let metrics = certwatch.metrics();
+    assert!(!metrics.contains("command=\"set ssl cert\""), "{metrics}");
+    assert_eq!(errors_besides_show_info(&metrics), 0, "{metrics}");
+
+    // A rotation: set + commit, same process.
+    let rotated = rotate_secret(&admin, "app-0", "tls-0", &host(0)).await;
+    let rotated_leaf = leaf_der(&tls_of(&rotated).0);
+    eventually_async("HAProxy to serve the rotated certificate", || async {
+        (presented(port, &host(0)).await == Some(rotated_leaf.clone())).then_some(())
+    })
+    .await;
+
+    // A new route with a new secret (granted to the router first): new + set + commit
+    // + add to the crt-list.
+    let roles = Api::<Role>::namespaced(admin.clone(), "app-0");
+    let mut role = roles.get("certwatch-router-secrets").await.unwrap();
+    role.rules.as_mut().unwrap()[0]
+        .resource_names
+        .as_mut()
+        .unwrap()
+        .push("tls-new".to_owned());
+    roles
+        .replace("certwatch-router-secrets", &PostParams::default(), &role)
+        .await
+        .unwrap();
+    let new_host = "fresh.app-0.apps.sim.example";
+    let mut secret = Secret {
+        data: Some(new_tls_data(new_host)),
+        type_: Some("kubernetes.io/tls".to_owned()),
+        ..Secret::default()
+    };
+    secret.metadata.name = Some("tls-new".to_owned());
+    let secret = Api::<Secret>::namespaced(admin.clone(), "app-0")
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let new_leaf = leaf_der(&tls_of(&secret).0);
+    let routes = Api::<Route>::namespaced(admin.clone(), "app-0");
+    let route: Route = serde_json::from_value(serde_json::json!({
+        "apiVersion": "route.openshift.io/v1",
+        "kind": "Route",
+        "metadata": {"name": "fresh", "namespace": "app-0"},
+        "spec": {
+            "host": new_host,
+            "to": {"kind": "Service", "name": "fresh"},
+            "tls": {"termination": "edge", "externalCertificate": {"name": "tls-new"}}
+        }
+    }))
+    .unwrap();
+    routes.create(&PostParams::default(), &route).await.unwrap();
+    eventually_async("HAProxy to serve the new route", || async {
+        (presented(port, new_host).await == Some(new_leaf.clone())).then_some(())
+    })
+    .await;
+
+    // A host change: the old name falls back to the default certificate.
+    routes
+        .patch(
+            "route-2",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"host": "moved.app-0.apps.sim.example"}})),
+        )
+        .await
+        .unwrap();
+    let route2_leaf = leaf_of(&admin, "app-0", "tls-2").await;
+    eventually_async("HAProxy to serve route-2 under its new host", || async {
+        (presented(port, "moved.app-0.apps.sim.example").await == Some(route2_leaf.clone())
+            && presented(port, &host(2)).await == Some(default_leaf.clone()))
+        .then_some(())
+    })
+    .await;
+
+    // A deleted route: del from the crt-list, del the certificate.
+    routes
+        .delete("route-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_async("HAProxy to stop serving route-1", || async {
+        (presented(port, &host(1)).await == Some(default_leaf.clone())).then_some(())
+    })
+    .await;
+    eventually("route-1's certificate to leave HAProxy", || {
+        (!runtime_api(&socket, "show ssl cert").contains("app-0_route-1.pem")).then_some(())
+    })
+    .await;
+
+    // All of it without a reload: the same process, never restarted.
+    assert_eq!(info_field(&socket, "Pid"), pid);
+    let mut haproxy = haproxy;
+    assert!(
+        haproxy.child.try_wait().unwrap().is_none(),
+        "HAProxy exited"
+    );
+    let metrics = certwatch.metrics();
+    for command in [
+        "set ssl cert",
+        "commit ssl cert",
+        "new ssl cert",
+        "add ssl crt-list",
+        "del ssl crt-list",
+        "del ssl cert",
+    ] {
+        assert!(
+            metric_value(
+                &metrics,
+                &format!("certwatch_haproxy_commands_total{{command=\"{command}\",result=\"ok\"}}")
+            )
+            .is_some_and(|count| count >= 1.0),
+            "{command}\n{metrics}"
+        );
+    }
+    assert_eq!(errors_besides_show_info(&metrics), 0, "{metrics}");
+    assert_eq!(certwatch.terminate().code(), Some(0));
+
+    // certwatch restarts while HAProxy keeps running; what changed meanwhile is found
+    // by comparing HAProxy's certificates (their fingerprints) with the secrets.
+    let rotated_again = rotate_secret(&admin, "app-0", "tls-0", &host(0)).await;
+    let rotated_again_leaf = leaf_der(&tls_of(&rotated_again).0);
+    routes
+        .delete("fresh", &DeleteParams::default())
+        .await
+        .unwrap();
+    let mut certwatch = Certwatch::start(
+        &sim.kubeconfig,
+        &cert_dir,
+        &root.join("certwatch-2.log"),
+        &["--haproxy-socket", &socket_arg],
+    );
+    certwatch.wait_ready().await;
+    eventually_async("HAProxy to catch up after the restart", || async {
+        (presented(port, &host(0)).await == Some(rotated_again_leaf.clone())
+            && presented(port, new_host).await == Some(default_leaf.clone()))
+        .then_some(())
+    })
+    .await;
+    assert!(!cert_dir.join("app-0:fresh.pem").exists());
+    assert_eq!(info_field(&socket, "Pid"), pid);
+    assert_eq!(certwatch.terminate().code(), Some(0));
+}

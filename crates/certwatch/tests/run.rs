@@ -13,6 +13,7 @@ use common::*;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use route_secrets::route::Route;
+use route_secrets::route::status::{admitted_condition, router_ingress};
 
 const SIM_HOSTS: &str = "apps.sim.example";
 
@@ -85,7 +86,7 @@ async fn files_follow_secrets_and_routes() {
         &sim.kubeconfig,
         &cert_dir,
         &temp.path().join("certwatch.log"),
-        &[],
+        &["--write-status", "--router-name", "e2e"],
     );
     certwatch.wait_ready().await;
     let cert_dir = cert_dir.canonicalize().unwrap();
@@ -178,6 +179,17 @@ async fn files_follow_secrets_and_routes() {
         .await
         .unwrap();
     wait_for_absence(&cert_dir, "app-1", "route-1").await;
+    // --write-status: the rejection is recorded in the route's status, with its reason.
+    let routes_app1 = Api::<Route>::namespaced(admin.clone(), "app-1");
+    eventually_async("the rejection in the route's status", || async {
+        let route = routes_app1.get("route-1").await.ok()?;
+        let ingress = router_ingress(&route, "e2e")?;
+        let condition = admitted_condition(ingress)?;
+        (condition.reason.as_deref() == Some("ExternalCertificateSecretDeleted")
+            && condition.status.as_str() == "False")
+            .then_some(())
+    })
+    .await;
     eventually("the rejection by reason in the metrics", || {
         (certwatch.metric("certwatch_routes_rejected{reason=\"ExternalCertificateSecretDeleted\"}")
             == Some(1.0))
@@ -211,7 +223,6 @@ async fn files_follow_secrets_and_routes() {
 
     // Route edits.
     let routes_app0 = Api::<Route>::namespaced(admin.clone(), "app-0");
-    let routes_app1 = Api::<Route>::namespaced(admin.clone(), "app-1");
     let merge = |value: serde_json::Value| value;
     // Host change: same bundle, new SNI filter.
     let renamed = format!("renamed.app-0.{SIM_HOSTS}");
@@ -540,7 +551,7 @@ async fn namespace_scope() {
         &sim.kubeconfig,
         &listed,
         &temp.path().join("list.log"),
-        &["--namespace", "app-1"],
+        &["--namespace", "app-1", "--log-format", "json"],
     );
     by_selector.wait_ready().await;
     by_list.wait_ready().await;
@@ -586,4 +597,60 @@ async fn namespace_scope() {
     assert_eq!(names(&listed), ["app-1_route-1.pem", "app-1_route-3.pem"]);
     assert_eq!(by_selector.terminate().code(), Some(0));
     assert_eq!(by_list.terminate().code(), Some(0));
+    // --log-format json: one JSON object per line.
+    let log = by_list.log_text();
+    assert!(log.lines().count() > 3, "{log}");
+    for line in log.lines() {
+        let event: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(
+            event["level"].is_string() && event["message"].is_string(),
+            "{line}"
+        );
+    }
+}
+
+/// `--help` explains every option, with its environment variable.
+#[test]
+fn help_names_every_option_and_variable() {
+    let output = std::process::Command::new(certwatch_binary())
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    for flag in [
+        "embedded",
+        "kubeconfig",
+        "context",
+        "namespace",
+        "namespace-selector",
+        "route-selector",
+        "cert-dir",
+        "reload-command",
+        "reload-debounce",
+        "haproxy-socket",
+        "listen",
+        "log-format",
+        "router-name",
+        "write-status",
+        "access-check",
+        "router-identity",
+        "max-concurrent-syncs",
+        "sync-timeout",
+    ] {
+        assert!(
+            help.contains(&format!("--{flag}")),
+            "--{flag} missing:\n{help}"
+        );
+        let variable = format!("CERTWATCH_{}", flag.to_uppercase().replace('-', "_"));
+        assert!(help.contains(&variable), "{variable} missing:\n{help}");
+    }
+    for endpoint in ["/healthz", "/readyz", "/metrics"] {
+        assert!(help.contains(endpoint), "{endpoint} missing");
+    }
+    let output = std::process::Command::new(certwatch_binary())
+        .args(["demo", "--help"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
 }

@@ -487,3 +487,93 @@ fn commit_batch(
     }
     results
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use route_secrets::testing::{LeafSpec, Pki};
+    use route_secrets::tls::TlsValidator;
+
+    use super::*;
+
+    fn served(pki: &Pki, namespace: &str, name: &str, created: i64) -> ServedCert {
+        let now = Timestamp::now();
+        let host = format!("{name}.example.com");
+        let secret = pki.issue(&LeafSpec::new(&host, now)).secret(namespace, "s");
+        let tls = TlsValidator::default()
+            .validate_secret(&secret, Some(&host), now)
+            .unwrap();
+        ServedCert {
+            route: RouteKey::new(namespace, name),
+            host: Some(host),
+            created: Some(Timestamp::from_second(created).unwrap()),
+            tls: Arc::new(tls),
+        }
+    }
+
+    #[tokio::test]
+    async fn start_up_restart_and_stale_files() {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path().join("certs");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join("old:gone.pem"), b"stale").unwrap();
+        let pki = Pki::new(Timestamp::now());
+        let (a, b) = (
+            served(&pki, "ns", "a", 2_000),
+            served(&pki, "ns", "b", 1_000),
+        );
+
+        let mut dir = CertDir::open(&root, 4).await.unwrap();
+        dir.set(a.clone());
+        dir.set(b.clone());
+        let report = dir.flush().await;
+        assert_eq!((report.written, report.crt_list_written), (2, false));
+        // Until start-up is complete, nothing is removed and no crt-list is written.
+        assert!(root.join("old:gone.pem").exists());
+        assert!(!root.join(CRT_LIST_FILE).exists());
+
+        dir.mark_complete();
+        let report = dir.flush().await;
+        assert_eq!((report.written, report.removed), (0, 1));
+        assert!(report.crt_list_written);
+        assert!(!root.join("old:gone.pem").exists());
+        let root = root.canonicalize().unwrap();
+        let list = std::fs::read_to_string(root.join(CRT_LIST_FILE)).unwrap();
+        let links = root.join(LINKS_DIR);
+        assert_eq!(
+            list,
+            format!(
+                "{}/ns_b.pem b.example.com\n{}/ns_a.pem a.example.com\n",
+                links.display(),
+                links.display()
+            ),
+            "the older route first"
+        );
+        let bundle = root.join("ns:a.pem");
+        assert_eq!(
+            std::fs::read(&bundle).unwrap(),
+            a.tls.pem_bundle().expose_secret().as_bytes()
+        );
+        assert_eq!(
+            std::fs::metadata(&bundle).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(dir.flush().await, FlushReport::default());
+
+        // After a restart, identical bundles are not rewritten.
+        let mut dir = CertDir::open(&root, 4).await.unwrap();
+        dir.set(a);
+        dir.set(b.clone());
+        dir.mark_complete();
+        assert_eq!(dir.flush().await, FlushReport::default());
+
+        // A removed route loses its bundle, link and line.
+        dir.remove(&b.route);
+        let report = dir.flush().await;
+        assert_eq!((report.removed, report.crt_list_written), (1, true));
+        assert!(!root.join("ns:b.pem").exists());
+        assert!(!links.join("ns_b.pem").exists());
+        assert_eq!(dir.entries().len(), 1);
+    }
+}

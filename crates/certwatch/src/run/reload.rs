@@ -339,6 +339,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_run_waits_for_the_write_it_covers() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("runs");
+        let marker = dir.path().join("written");
+        // The run records whether the write it covers had finished.
+        let command = format!(
+            "if [ -e '{}' ]; then echo after >> '{}'; else echo before >> '{}'; fi",
+            marker.display(),
+            log.display(),
+            log.display()
+        );
+        let (reloader, _metrics) = reloader(dir.path(), command, Duration::from_millis(1));
+        let change = reloader.begin_change();
+        // However long the write takes, the run waits for it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        std::fs::write(&marker, b"").unwrap();
+        drop(change);
+        wait_for(|| runs(&log) == 1).await;
+        reloader.close().await;
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "after\n");
+    }
+
+    #[tokio::test]
     async fn failures_are_counted() {
         let dir = tempfile::tempdir().unwrap();
         let (reloader, metrics) =

@@ -59,7 +59,8 @@ pub struct DemoArgs {
     #[arg(long, env = "CERTWATCH_DEMO_JITTER", value_name = "D", value_parser = duration_arg, default_value = "100ms")]
     pub jitter: Duration,
 
-    /// Where to write the bundles (default: a temporary directory, removed at the end).
+    /// Where to write the bundles (default: a temporary directory, in /dev/shm when
+    /// there is one, removed at the end).
     #[arg(long, env = "CERTWATCH_CERT_DIR", value_name = "DIR")]
     pub cert_dir: Option<PathBuf>,
 
@@ -192,10 +193,8 @@ pub async fn main(args: DemoArgs) -> Result<(), DemoError> {
     let (cert_dir, _temp) = match &args.cert_dir {
         Some(dir) => (dir.clone(), None),
         None => {
-            let temp = tempfile::Builder::new()
-                .prefix("certwatch-demo-")
-                .tempdir()
-                .map_err(DemoError::TempDir)?;
+            let temp =
+                files::memory_backed_tempdir("certwatch-demo-").map_err(DemoError::TempDir)?;
             (temp.path().join("certs"), Some(temp))
         }
     };
@@ -210,11 +209,12 @@ pub async fn main(args: DemoArgs) -> Result<(), DemoError> {
         kube_sim::ROUTER_USER,
         cert_dir.display()
     ));
-    let daemon = Daemon::start(config, options).await?;
+    let mut daemon = Daemon::start(config, options).await?;
     if let Some(addr) = daemon.http_addr() {
         say(format!("  endpoints: http://{addr}/readyz /metrics"));
     }
     let status = daemon.wait_ready().await?;
+    daemon.progress_done().await;
     let ready_after = status.ready_after.unwrap_or_default();
     let stats = simulator.stats();
     let pool = daemon.pool_stats();

@@ -279,6 +279,7 @@ impl CertDir {
                 Job::Remove { route } => removals.push(route),
             }
         }
+        let started = std::time::Instant::now();
         let dir = self.dir.clone();
         let mut pending = Vec::with_capacity(writes.len());
         let mut staged = futures::stream::iter(writes)
@@ -297,6 +298,7 @@ impl CertDir {
             }
         }
         drop(staged);
+        let staged_after = started.elapsed();
 
         // Phase 2, on one thread: one flush to disk, then the renames, links and
         // removals, then the directory entries.
@@ -305,6 +307,12 @@ impl CertDir {
             let results = blocking(move || Ok(commit_batch(&dir, &links, pending, removals)))
                 .await
                 .unwrap_or_default();
+            debug!(
+                files = results.len(),
+                staged = ?staged_after,
+                committed = ?started.elapsed().saturating_sub(staged_after),
+                "cert dir batch written"
+            );
             for (route, digest, result) in results {
                 match (result, digest) {
                     (Ok(()), Some(digest)) => {
@@ -450,9 +458,14 @@ fn commit_batch(
     removals: Vec<RouteKey>,
 ) -> Vec<Committed> {
     let mut results = Vec::with_capacity(pending.len() + removals.len());
-    if !pending.is_empty()
-        && let Err(error) = files::sync_filesystem(dir)
-    {
+    let started = std::time::Instant::now();
+    let synced = if pending.is_empty() {
+        Ok(())
+    } else {
+        files::sync_filesystem(dir)
+    };
+    debug!(files = pending.len(), elapsed = ?started.elapsed(), "flushed the staged bundles to disk");
+    if let Err(error) = synced {
         // Without a flush the renames could expose empty files after a crash.
         for (route, digest, file) in pending {
             file.discard();

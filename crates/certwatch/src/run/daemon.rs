@@ -144,7 +144,7 @@ pub struct Daemon {
     pipeline: JoinHandle<()>,
     outputs: JoinHandle<()>,
     http: Option<JoinHandle<()>>,
-    progress: JoinHandle<()>,
+    progress: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -292,8 +292,16 @@ impl Daemon {
             pipeline,
             outputs,
             http,
-            progress,
+            progress: Some(progress),
         })
+    }
+
+    /// Waits until the start-up progress display is done (it ends when the daemon is
+    /// ready), so that output printed next does not mix with the progress bar.
+    pub async fn progress_done(&mut self) {
+        if let Some(progress) = self.progress.take() {
+            let _ = progress.await;
+        }
     }
 
     /// The daemon's state now, and its changes.
@@ -364,8 +372,10 @@ impl Daemon {
         if let Some(http) = http {
             let _ = http.await;
         }
-        progress.abort();
-        let _ = progress.await;
+        if let Some(progress) = progress {
+            progress.abort();
+            let _ = progress.await;
+        }
         // The last handles on the secret watches: their tasks end and the pool closes
         // its connections once the last client clone is gone.
         drop(access);

@@ -65,6 +65,7 @@ fn describe(status: &DaemonStatus, watched: usize, synced: usize) -> String {
 
 async fn show_bar(mut status: watch::Receiver<DaemonStatus>, secrets: SecretCounts) {
     let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    bar.set_message("listing routes…");
     let style = ProgressStyle::with_template(
         "{spinner} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} routes · {msg}",
     )
@@ -75,9 +76,14 @@ async fn show_bar(mut status: watch::Receiver<DaemonStatus>, secrets: SecretCoun
     loop {
         let current = *status.borrow_and_update();
         let (watched, synced) = secrets();
-        bar.set_length(current.readiness.initial_routes as u64);
-        bar.set_position(current.readiness.initial_done as u64);
-        bar.set_message(describe(&current, watched, synced));
+        if current.readiness.listed {
+            bar.set_length(current.readiness.initial_routes as u64);
+            bar.set_position(current.readiness.initial_done as u64);
+            bar.set_message(format!(
+                "secrets {synced}/{watched} synced · {} rejected",
+                current.rejected
+            ));
+        }
         if current.ready {
             bar.finish_with_message(format!(
                 "ready in {:.1} s · {} admitted · {} rejected",
@@ -85,6 +91,8 @@ async fn show_bar(mut status: watch::Receiver<DaemonStatus>, secrets: SecretCoun
                 current.admitted,
                 current.rejected
             ));
+            // End the bar's line, so that what follows starts on a line of its own.
+            eprintln!();
             break;
         }
         tokio::select! {

@@ -755,18 +755,16 @@ impl RoutePipeline {
             state.emitted = Some(summary);
             (repeated, Arc::clone(&state.route))
         });
+        if let Some((false, route)) = route {
+            if let Some(status) = &self.status {
+                status.record(route, admission);
+            }
+            // The consumer may be gone (daemon shutting down); nothing to do then.
+            let _ = self.outcomes.send(outcome);
+        }
+        // Counted as done only after its outcome is sent: a consumer that sees the
+        // pipeline ready then has every outcome of the start-up set in its queue.
         self.mark_done(key);
-        let Some((repeated, route)) = route else {
-            return;
-        };
-        if repeated {
-            return;
-        }
-        if let Some(status) = &self.status {
-            status.record(route, admission);
-        }
-        // The consumer may be gone (daemon shutting down); nothing to do then.
-        let _ = self.outcomes.send(outcome);
     }
 
     /// The route was deleted: release its secret and tell the consumer.

@@ -450,6 +450,13 @@ async fn api_server_started_late() {
         &temp.path().join("certwatch.log"),
         &[],
     );
+    // A second one is stopped while it waits: SIGTERM ends it cleanly too.
+    let mut stopped = Certwatch::start(
+        &kubeconfig,
+        &temp.path().join("stopped"),
+        &temp.path().join("stopped.log"),
+        &[],
+    );
     assert_eq!(certwatch.get("/healthz").0, 200);
     eventually("a counted connection error", || {
         certwatch
@@ -461,6 +468,8 @@ async fn api_server_started_late() {
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("waiting for the list of routes"), "{body}");
     assert_eq!(certwatch.metric("certwatch_ready"), Some(0.0));
+    assert_eq!(stopped.get("/readyz").0, 503);
+    assert_eq!(stopped.terminate().code(), Some(0));
 
     let listen = format!("127.0.0.1:{port}");
     let sim = SimProcess::start_on(
@@ -484,6 +493,22 @@ async fn api_server_started_late() {
         );
     }
     assert_eq!(certwatch.terminate().code(), Some(0));
+
+    // No route in scope at all is a complete start-up too: ready, with an empty list.
+    let empty_dir = temp.path().join("empty");
+    let mut empty = Certwatch::start(
+        &kubeconfig,
+        &empty_dir,
+        &temp.path().join("empty.log"),
+        &["--route-selector", "nothing=here"],
+    );
+    empty.wait_ready().await;
+    assert_eq!(
+        std::fs::read_to_string(empty_dir.join("crt-list")).unwrap(),
+        ""
+    );
+    assert_eq!(empty.metric("certwatch_routes_admitted"), Some(0.0));
+    assert_eq!(empty.terminate().code(), Some(0));
 }
 
 /// Errors injected through the simulator's admin API before certwatch starts: exactly

@@ -28,9 +28,6 @@ use super::reload::Reloader;
 /// How long a failed write waits before it is tried again.
 const RETRY_DELAY: Duration = Duration::from_secs(5);
 
-/// Wait between seeing the pipeline ready and taking its last outcomes.
-const READY_SETTLE: Duration = Duration::from_millis(20);
-
 /// The daemon's state, for `/readyz`, progress and callers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DaemonStatus {
@@ -89,11 +86,9 @@ impl Outputs {
             }
             let progress = *readiness.borrow();
             if !ready && progress.is_ready() {
-                // The pipeline counts a route as done just *before* it sends the route's
-                // outcome (route-secrets `RoutePipeline::emit`), so the last outcome may
-                // still be on its way: give the pipeline's current step time to finish,
-                // then take everything queued before declaring ready.
-                tokio::time::sleep(READY_SETTLE).await;
+                // The pipeline sends a route's outcome before it counts the route as
+                // done, so every start-up outcome is queued now: take them all before
+                // declaring ready.
                 while let Ok(outcome) = outcomes.try_recv() {
                     self.absorb(&mut states, outcome);
                 }

@@ -460,7 +460,11 @@ async fn label_selector_transitions_and_timeout() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(sim.stats().open_watches, 0, "closed watches leave the count");
+    assert_eq!(
+        sim.stats().open_watches,
+        0,
+        "closed watches leave the count"
+    );
     sim.shutdown().await;
 }
 

@@ -34,6 +34,7 @@
 //! # }
 //! ```
 
+pub mod bench;
 pub mod demo;
 pub mod logging;
 pub mod run;

@@ -22,6 +22,10 @@ enum Command {
     Sim(kube_sim::cli::SimArgs),
     Run(certwatch::run::RunArgs),
     Demo(certwatch::demo::DemoArgs),
+    Bench(certwatch::bench::BenchArgs),
+    /// One strategy run of `certwatch bench`, in a process of its own.
+    #[command(hide = true)]
+    BenchClient(certwatch::bench::ClientArgs),
 }
 
 fn init_tracing() {
@@ -55,6 +59,10 @@ fn main() -> ExitCode {
             Command::Sim(args) => kube_sim::cli::run(args).await.map_err(|e| e.to_string()),
             Command::Run(args) => certwatch::run::main(args).await.map_err(|e| e.to_string()),
             Command::Demo(args) => certwatch::demo::main(args).await.map_err(|e| e.to_string()),
+            Command::Bench(args) => certwatch::bench::run(args).await.map_err(|e| e.to_string()),
+            Command::BenchClient(args) => certwatch::bench::run_client(args)
+                .await
+                .map_err(|e| e.to_string()),
         }
     });
     match result {

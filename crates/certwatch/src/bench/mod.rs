@@ -1,0 +1,540 @@
+//! `certwatch bench`: start-up scenarios against the simulator, the reference
+//! router's behaviour next to the product's, measured in one run.
+//!
+//! # How a run is measured
+//!
+//! Three kinds of process, so that each figure belongs to what it describes:
+//!
+//! * the **benchmark** (`certwatch bench`) runs the scenarios and talks to the
+//!   simulator only through its admin API (`/sim/...`);
+//! * per scenario, one **simulator** (`certwatch sim`, this same binary), which
+//!   generates the cluster and counts every request, connection and watch;
+//! * per scenario and strategy, one **client** (`certwatch bench-client`, hidden),
+//!   which connects with the simulator's kubeconfig as the router identity, runs the
+//!   strategy until ready and reports. Its peak memory (`VmHWM`) and CPU time
+//!   (`CLOCK_PROCESS_CPUTIME_ID`) are therefore the client's alone.
+//!
+//! Per strategy: wait until the simulator is idle (the previous client's watches are
+//! gone), reset its counters, start the client, wait for its ready report, let the
+//! simulator settle (nothing in flight, the watch count stable), read the simulator's
+//! counters, then ask the client for its figures and end it.
+//!
+//! # Example
+//!
+//! ```text
+//! certwatch bench                                   # the five built-in scenarios
+//! certwatch bench --scenarios customer-2000 --json  # one JSON object per strategy
+//! certwatch bench --routes 20 --latency 10ms --serial-routes 0 --json
+//! ```
+
+mod client_process;
+mod concurrent;
+mod daemon;
+mod process_stats;
+mod protocol;
+mod report;
+mod scenario;
+mod serial;
+mod sim_process;
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use client_process::ClientProcess;
+use protocol::{
+    ClientMessage, ClientSpec, ErrorLog, HttpProtocol, MEASURE, Measurement, RouteListing,
+};
+use report::{RunInputs, RunResult, human_ms};
+use scenario::{PRESETS, Scenario, Strategy};
+use sim_process::SimProcess;
+
+/// Errors of the benchmark.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    /// The command line does not describe a runnable benchmark.
+    #[error("{0}")]
+    Usage(String),
+    /// An I/O operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The simulator process misbehaved.
+    #[error("simulator: {message}")]
+    Simulator {
+        /// What went wrong.
+        message: String,
+    },
+    /// An admin API request failed.
+    #[error("simulator admin API {path}: {message}")]
+    Admin {
+        /// The admin path.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A client child process misbehaved.
+    #[error("client process: {message}")]
+    Client {
+        /// What went wrong.
+        message: String,
+    },
+    /// A strategy could not become ready.
+    #[error("{strategy} strategy: {message}")]
+    Strategy {
+        /// The strategy.
+        strategy: &'static str,
+        /// What went wrong.
+        message: String,
+    },
+    /// Some runs failed (their rows say why).
+    #[error("{failed} of {total} runs failed")]
+    RunsFailed {
+        /// Failed runs.
+        failed: usize,
+        /// All runs.
+        total: usize,
+    },
+}
+
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    kube_sim::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// Arguments of `certwatch bench`.
+#[derive(Debug, Clone, Args)]
+#[command(
+    about = "Measure start-up against the simulator: the reference router's behaviour vs certwatch",
+    long_about = "Runs start-up scenarios against the Kubernetes API simulator (a separate \
+`certwatch sim` process). In each scenario the `serial` strategy models the reference router \
+(routes one at a time; three SubjectAccessReviews, a GET, then a LIST under the secret monitor's \
+global lock and a WATCH per route) and the `concurrent` strategy runs certwatch's own pipeline. \
+Each strategy runs in a client process of its own, so memory and CPU are the client's alone.\n\n\
+Built-in scenarios: seed-112 (587 ms), seed-1738, customer-2000, scale-10000 (1,414 ms each) and \
+apf-2000 (2,000 secrets at 1,414 ms with the simulator limited to 50 requests in flight, a queue \
+of 300 and 429 beyond it; the product bounds its first syncs to 50). --routes defines a custom \
+scenario instead. --latency, --namespaces, --max-inflight, --queue and --max-concurrent-syncs, \
+when given, apply to every scenario that runs."
+)]
+pub struct BenchArgs {
+    /// One JSON object per scenario and strategy per line, instead of the table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Built-in scenarios to run (comma-separated). Default: all, unless --routes is given.
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    pub scenarios: Vec<String>,
+
+    /// Routes of a custom scenario (runs instead of the built-in ones unless
+    /// --scenarios is also given).
+    #[arg(long, value_name = "N")]
+    pub routes: Option<usize>,
+
+    /// Distinct secrets of the custom scenario (default: one per route).
+    #[arg(long, value_name = "N", requires = "routes")]
+    pub secrets: Option<usize>,
+
+    /// Name of the custom scenario.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "custom",
+        requires = "routes"
+    )]
+    pub name: String,
+
+    /// Namespaces (default: one per 40 secrets).
+    #[arg(long, value_name = "N")]
+    pub namespaces: Option<usize>,
+
+    /// Simulator latency per request (custom scenario default: 1414ms).
+    #[arg(long, value_name = "D", value_parser = duration_arg)]
+    pub latency: Option<Duration>,
+
+    /// Latency of access and rules reviews (`create` requests), if different.
+    #[arg(long, value_name = "D", value_parser = duration_arg)]
+    pub review_latency: Option<Duration>,
+
+    /// The simulator's concurrency limit (API Priority and Fairness model).
+    #[arg(long, value_name = "N")]
+    pub max_inflight: Option<usize>,
+
+    /// Requests that may wait beyond --max-inflight before the simulator answers 429.
+    #[arg(long, value_name = "N")]
+    pub queue: Option<usize>,
+
+    /// The product's bound on concurrent first syncs (MonitorOptions::max_concurrent_syncs).
+    #[arg(long, value_name = "N")]
+    pub max_concurrent_syncs: Option<usize>,
+
+    /// Strategies to compare (comma-separated): serial (the reference router's
+    /// behaviour), concurrent (certwatch's pipeline, ready when every route is decided),
+    /// daemon (the whole `certwatch run`, ready when every route is decided and written).
+    #[arg(
+        long = "strategy",
+        value_delimiter = ',',
+        default_value = "serial,concurrent"
+    )]
+    pub strategies: Vec<String>,
+
+    /// Routes the serial baseline measures, oldest first (0: all). Its figure for all
+    /// routes is then reported as an extrapolation, labelled as such.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub serial_routes: usize,
+
+    /// HTTP versions of the clients.
+    #[arg(long, value_enum, default_value_t = HttpProtocol::Auto)]
+    pub protocol: HttpProtocol,
+
+    /// How the concurrent strategy lists routes at start-up (the daemon always uses
+    /// `list`).
+    #[arg(long, value_enum, default_value_t = RouteListing::List)]
+    pub route_listing: RouteListing,
+
+    /// Let the product record each outcome in the route's status (one write per route;
+    /// off by default, as neither strategy's start-up waits for it).
+    #[arg(long)]
+    pub status_writes: bool,
+
+    /// Plain HTTP (h2c) to the simulator instead of TLS.
+    #[arg(long)]
+    pub no_tls: bool,
+
+    /// Run each client process under this command, e.g. "perf record -g -o client.data --"
+    /// or "heaptrack -o client" (split on whitespace), to profile it.
+    #[arg(long, value_name = "COMMAND")]
+    pub client_wrapper: Option<String>,
+
+    /// How long one strategy may take to become ready.
+    #[arg(long, value_name = "D", value_parser = duration_arg, default_value = "10m")]
+    pub timeout: Duration,
+}
+
+impl BenchArgs {
+    fn scenarios(&self) -> Result<Vec<Scenario>, BenchError> {
+        let mut scenarios = Vec::new();
+        let names: Vec<&str> = if self.scenarios.is_empty() && self.routes.is_none() {
+            PRESETS.to_vec()
+        } else {
+            self.scenarios.iter().map(String::as_str).collect()
+        };
+        for name in names {
+            scenarios.push(Scenario::preset(name.trim())?);
+        }
+        if let Some(routes) = self.routes {
+            let secrets = self.secrets.unwrap_or(routes);
+            let mut custom = Scenario::new(&self.name, secrets, Duration::from_millis(1_414));
+            custom.routes = routes;
+            scenarios.push(custom);
+        }
+        for scenario in &mut scenarios {
+            if let Some(namespaces) = self.namespaces {
+                scenario.namespaces = namespaces;
+            }
+            if let Some(latency) = self.latency {
+                scenario.latency = latency;
+            }
+            if self.review_latency.is_some() {
+                scenario.review_latency = self.review_latency;
+            }
+            if self.max_inflight.is_some() {
+                scenario.max_inflight = self.max_inflight;
+            }
+            if let Some(queue) = self.queue {
+                scenario.queue = queue;
+            }
+            if self.max_concurrent_syncs.is_some() {
+                scenario.max_concurrent_syncs = self.max_concurrent_syncs;
+            }
+            scenario.validate()?;
+        }
+        Ok(scenarios)
+    }
+
+    fn strategies(&self) -> Result<Vec<Strategy>, BenchError> {
+        let mut strategies: Vec<Strategy> = Vec::new();
+        for name in &self.strategies {
+            let strategy: Strategy = name.parse()?;
+            if !strategies.contains(&strategy) {
+                strategies.push(strategy);
+            }
+        }
+        if strategies.is_empty() {
+            return Err(BenchError::Usage("no strategy to run".to_owned()));
+        }
+        Ok(strategies)
+    }
+}
+
+/// Runs the benchmark and prints the table or the JSON lines.
+pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
+    let scenarios = args.scenarios()?;
+    let strategies = args.strategies()?;
+    let exe = std::env::current_exe().map_err(|source| BenchError::Io {
+        what: "finding the certwatch binary".to_owned(),
+        source,
+    })?;
+    let run_started = Instant::now();
+    let mut results = Vec::new();
+    for scenario in &scenarios {
+        progress(&format!(
+            "{}: {} routes, {} secrets, {} namespaces, {} ms latency{}",
+            scenario.name,
+            scenario.routes,
+            scenario.secrets,
+            scenario.namespaces,
+            scenario.latency_ms(),
+            scenario
+                .max_inflight
+                .map(|m| format!(", max {m} in flight, queue {}", scenario.queue))
+                .unwrap_or_default()
+        ));
+        let sim = SimProcess::start(&exe, scenario, !args.no_tls).await?;
+        let generating = Instant::now();
+        let generated = sim.generate(scenario).await?;
+        progress(&format!(
+            "  generated {} secrets in {} namespaces ({}; simulator pid {})",
+            generated.secrets,
+            generated.namespaces.len(),
+            human_ms(u64::try_from(generating.elapsed().as_millis()).unwrap_or(0)),
+            sim.pid().unwrap_or(0),
+        ));
+        for &strategy in &strategies {
+            let result = match run_strategy(&exe, &sim, scenario, strategy, &args).await {
+                Ok(result) => result,
+                Err(error) => {
+                    progress(&format!("  {}: FAILED: {error}", strategy.as_str()));
+                    RunResult::failed(scenario, strategy, error.to_string())
+                }
+            };
+            if let Some(ready) = result.ready_ms {
+                progress(&format!(
+                    "  {}: ready in {} ({} routes), {} requests, {} watches, {} connections",
+                    strategy.as_str(),
+                    human_ms(ready),
+                    result.measured_routes,
+                    result.requests_total,
+                    result.open_watches,
+                    result.connections,
+                ));
+            }
+            if args.json {
+                println!("{}", result.to_json_line());
+            }
+            results.push(result);
+        }
+        sim.stop().await;
+    }
+    if !args.json {
+        print!("{}", report::table(&results));
+    }
+    progress(&format!(
+        "benchmark finished in {}",
+        human_ms(u64::try_from(run_started.elapsed().as_millis()).unwrap_or(0))
+    ));
+    let failed = results.iter().filter(|r| r.ready_ms.is_none()).count();
+    if failed > 0 {
+        return Err(BenchError::RunsFailed {
+            failed,
+            total: results.len(),
+        });
+    }
+    Ok(())
+}
+
+fn progress(line: &str) {
+    eprintln!("bench: {line}");
+}
+
+/// One strategy in its own client process, against the scenario's simulator.
+async fn run_strategy(
+    exe: &std::path::Path,
+    sim: &SimProcess,
+    scenario: &Scenario,
+    strategy: Strategy,
+    args: &BenchArgs,
+) -> Result<RunResult, BenchError> {
+    sim.wait_idle(Duration::from_secs(60)).await?;
+    sim.reset_stats().await?;
+    let admin_before = sim.admin_connections_opened();
+    let sim_cpu_before = sim.cpu_ms();
+    let spec = ClientSpec {
+        strategy,
+        kubeconfig: sim.kubeconfig().to_path_buf(),
+        serial_routes: args.serial_routes,
+        max_concurrent_syncs: scenario.max_concurrent_syncs,
+        protocol: args.protocol,
+        route_listing: args.route_listing,
+        status_writes: args.status_writes,
+        timeout_ms: u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX),
+    };
+    let wrapper: Vec<String> = args
+        .client_wrapper
+        .as_deref()
+        .map(|w| w.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default();
+    let mut client = ClientProcess::spawn(exe, &spec, &wrapper)?;
+    let answer_timeout = args.timeout + Duration::from_secs(60);
+    let ready = match client.next_message(answer_timeout).await? {
+        ClientMessage::Ready(ready) => ready,
+        ClientMessage::Failed { message } => {
+            client.finish().await;
+            return Err(BenchError::Strategy {
+                strategy: strategy.as_str(),
+                message,
+            });
+        }
+        ClientMessage::Measured(_) => {
+            client.finish().await;
+            return Err(BenchError::Client {
+                message: "measured before it was ready".to_owned(),
+            });
+        }
+    };
+    // The last watches of the serial model open after its last route; a concurrent
+    // client's route watch may still be on its way.
+    let settle_timeout = scenario.latency * 2 + Duration::from_secs(10);
+    let stats = sim.settle(settle_timeout).await?;
+    let admin_connections = sim.admin_connections_opened() - admin_before;
+    let sim_cpu_ms = sim
+        .cpu_ms()
+        .zip(sim_cpu_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    client.request_measurement().await?;
+    let measurement = match client.next_message(Duration::from_secs(30)).await? {
+        ClientMessage::Measured(measurement) => measurement,
+        other => {
+            client.finish().await;
+            return Err(BenchError::Client {
+                message: format!("expected its measurement, got {other:?}"),
+            });
+        }
+    };
+    client.finish().await;
+    Ok(RunResult::new(RunInputs {
+        scenario,
+        strategy,
+        ready: &ready,
+        measurement: &measurement,
+        sim: &stats,
+        admin_connections,
+        sim_cpu_ms,
+        streaming_route_list: strategy == Strategy::Concurrent
+            && args.route_listing == RouteListing::Streaming,
+    }))
+}
+
+/// Arguments of the hidden `certwatch bench-client` (one strategy run, started by
+/// `certwatch bench`).
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    /// The run, as JSON (written by `certwatch bench`).
+    #[arg(long)]
+    pub spec: String,
+}
+
+/// The client child: runs one strategy, reports ready, answers `measure`, and exits
+/// when its input closes.
+pub async fn run_client(args: ClientArgs) -> Result<(), BenchError> {
+    let spec: ClientSpec = serde_json::from_str(&args.spec)
+        .map_err(|e| BenchError::Usage(format!("bench-client: invalid --spec: {e}")))?;
+    let errors = ErrorLog::default();
+    let (report, state) = match start_strategy(&spec, errors.clone()).await {
+        Ok(started) => started,
+        Err(error) => {
+            emit(&ClientMessage::Failed {
+                message: error.to_string(),
+            });
+            return Err(error);
+        }
+    };
+    emit(&ClientMessage::Ready(report));
+    let mut input = BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(line)) = input.next_line().await {
+        if line.trim() == MEASURE {
+            emit(&ClientMessage::Measured(Measurement::take(
+                &state.pool_stats(),
+                &errors,
+            )));
+        }
+    }
+    drop(state);
+    Ok(())
+}
+
+/// A started strategy: it keeps its watches open until the client exits (dropped
+/// then), and knows its connection pool.
+enum RunState {
+    Serial {
+        _run: serial::SerialRun,
+        pool: kube_h2::PoolHandle,
+    },
+    Concurrent {
+        _run: concurrent::ConcurrentRun,
+        pool: kube_h2::PoolHandle,
+    },
+    Daemon(daemon::DaemonRun),
+}
+
+impl RunState {
+    fn pool_stats(&self) -> kube_h2::PoolStats {
+        match self {
+            Self::Serial { pool, .. } | Self::Concurrent { pool, .. } => pool.stats(),
+            Self::Daemon(run) => run.pool_stats(),
+        }
+    }
+}
+
+async fn start_strategy(
+    spec: &ClientSpec,
+    errors: ErrorLog,
+) -> Result<(protocol::ReadyReport, RunState), BenchError> {
+    let config = sim_process::client_config(&spec.kubeconfig, kube_sim::ROUTER_CONTEXT).await?;
+    let timeout = Duration::from_millis(spec.timeout_ms);
+    let strategy = spec.strategy;
+    let run = async {
+        if strategy == Strategy::Daemon {
+            // The daemon builds its own client from the configuration.
+            let started = Instant::now();
+            return daemon::run(config, spec, started, errors)
+                .await
+                .map(|(report, run)| (report, RunState::Daemon(run)));
+        }
+        let options = kube_h2::ClientOptions::default().protocol(spec.protocol.into());
+        let pooled = kube_h2::build_client(config, options).map_err(|e| BenchError::Client {
+            message: format!("cannot build the kube client: {e}"),
+        })?;
+        let (client, pool) = pooled.into_parts();
+        let started = Instant::now();
+        match strategy {
+            Strategy::Serial => serial::run(client, spec, started, errors)
+                .await
+                .map(|(report, run)| (report, RunState::Serial { _run: run, pool })),
+            Strategy::Concurrent | Strategy::Daemon => {
+                concurrent::run(client, spec, started, errors)
+                    .await
+                    .map(|(report, run)| (report, RunState::Concurrent { _run: run, pool }))
+            }
+        }
+    };
+    tokio::time::timeout(timeout, run)
+        .await
+        .map_err(|_| BenchError::Strategy {
+            strategy: strategy.as_str(),
+            message: format!("not ready within {timeout:?}"),
+        })?
+}
+
+fn emit(message: &ClientMessage) {
+    match serde_json::to_string(message) {
+        Ok(line) => println!("{line}"),
+        Err(error) => eprintln!("bench-client: cannot encode a message: {error}"),
+    }
+}

@@ -1,0 +1,182 @@
+//! What the benchmark's parent and a client child process say to each other: the
+//! child gets a [`ClientSpec`] on its command line and writes one JSON
+//! [`ClientMessage`] per line on its standard output; the parent writes `measure` on
+//! the child's standard input to ask for its figures, and closes it to end the child.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::{Deserialize, Serialize};
+
+use super::process_stats::ProcessStats;
+use super::scenario::Strategy;
+
+/// The line the parent sends to ask for a [`Measurement`].
+pub const MEASURE: &str = "measure";
+
+/// How the routes' initial state is listed (the pipeline's route watcher).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteListing {
+    /// One unpaginated LIST from the API server's cache (`resourceVersion=0`), then a
+    /// WATCH, as the daemon lists routes: works with every API server.
+    #[default]
+    List,
+    /// LIST in pages of 500 (kube-runtime's and client-go's default), then a WATCH.
+    Paged,
+    /// One WATCH with `sendInitialEvents=true` (needs the WatchList feature).
+    Streaming,
+}
+
+/// HTTP versions the client may use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum HttpProtocol {
+    /// HTTP/2 where the server offers it, else HTTP/1.1.
+    #[default]
+    Auto,
+    /// HTTP/1.1 only: one connection per concurrent request or watch.
+    Http1,
+    /// HTTP/2 only.
+    Http2,
+}
+
+impl From<HttpProtocol> for kube_h2::Protocol {
+    fn from(protocol: HttpProtocol) -> Self {
+        match protocol {
+            HttpProtocol::Auto => Self::Auto,
+            HttpProtocol::Http1 => Self::Http1Only,
+            HttpProtocol::Http2 => Self::Http2Only,
+        }
+    }
+}
+
+/// What one client child process runs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClientSpec {
+    /// The strategy to run.
+    pub strategy: Strategy,
+    /// The simulator's kubeconfig; the child uses its `router` context.
+    pub kubeconfig: PathBuf,
+    /// Serial only: how many routes (oldest first) to measure; 0 means all.
+    pub serial_routes: usize,
+    /// Concurrent only: bound on concurrent first syncs.
+    pub max_concurrent_syncs: Option<usize>,
+    /// HTTP versions.
+    pub protocol: HttpProtocol,
+    /// Concurrent only: how routes are listed.
+    pub route_listing: RouteListing,
+    /// Concurrent only: record outcomes in the routes' status.
+    pub status_writes: bool,
+    /// How long the strategy may take to become ready.
+    pub timeout_ms: u64,
+}
+
+/// One line from the child.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientMessage {
+    /// The strategy is ready: every route it measures has been admitted or rejected.
+    Ready(ReadyReport),
+    /// The strategy could not become ready.
+    Failed {
+        /// Why.
+        message: String,
+    },
+    /// The answer to [`MEASURE`].
+    Measured(Measurement),
+}
+
+/// Start-up as the child saw it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ReadyReport {
+    /// From the first API request to ready.
+    pub ready_ms: u64,
+    /// Routes the strategy applied (all, or the serial sample).
+    pub measured_routes: usize,
+    /// Distinct secrets those routes reference.
+    pub measured_secrets: usize,
+    /// Routes admitted.
+    pub admitted: usize,
+    /// Routes rejected.
+    pub rejected: usize,
+    /// Milestones, in milliseconds since the first request (e.g. `routes_listed`).
+    pub phases: BTreeMap<String, u64>,
+    /// Serial only: the time per route, for the labelled extrapolation.
+    pub per_route_ms: Option<f64>,
+}
+
+/// The child's resource use and client figures at the moment the parent asked.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Measurement {
+    /// Memory and CPU of the child.
+    pub process: ProcessStats,
+    /// HTTP/2 connections the pool opened.
+    pub http2_connections_opened: u64,
+    /// HTTP/1.1 connections the pool opened.
+    pub http1_connections_opened: u64,
+    /// Connections open now.
+    pub connections_open: u64,
+    /// Requests the client sent.
+    pub client_requests: u64,
+    /// The most streams on one HTTP/2 connection.
+    pub peak_streams_per_connection: u64,
+    /// Connections lost (errors, unanswered pings).
+    pub connections_lost: u64,
+    /// Errors so far: failed syncs, failed watches, rejected routes, failed requests.
+    pub errors: u64,
+    /// The first few error messages.
+    pub error_samples: Vec<String>,
+}
+
+impl Measurement {
+    /// Figures of this process and its client pool now.
+    pub fn take(pool: &kube_h2::PoolStats, errors: &ErrorLog) -> Self {
+        let (count, samples) = errors.snapshot();
+        Self {
+            process: ProcessStats::now(),
+            http2_connections_opened: pool.http2_connections_opened,
+            http1_connections_opened: pool.http1_connections_opened,
+            connections_open: pool.http2_connections_open + pool.http1_connections_open,
+            client_requests: pool.requests,
+            peak_streams_per_connection: pool.peak_streams_per_connection,
+            connections_lost: pool.connections_lost,
+            errors: count,
+            error_samples: samples,
+        }
+    }
+}
+
+/// How many error messages are kept as samples.
+const ERROR_SAMPLES: usize = 5;
+
+/// Counts errors and keeps the first few messages. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct ErrorLog {
+    count: Arc<AtomicU64>,
+    /// Guards the first [`ERROR_SAMPLES`] messages.
+    samples: Arc<Mutex<Vec<String>>>,
+}
+
+impl ErrorLog {
+    /// Records one error.
+    pub fn record(&self, message: impl Into<String>) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        if samples.len() < ERROR_SAMPLES {
+            samples.push(message.into());
+        }
+    }
+
+    /// The count and the sampled messages.
+    pub fn snapshot(&self) -> (u64, Vec<String>) {
+        let samples = self
+            .samples
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        (self.count.load(Ordering::Relaxed), samples)
+    }
+}

@@ -1,0 +1,457 @@
+//! One result per scenario and strategy: the JSON line and the table row.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use kube_sim::{ProtocolCounts, SimStats};
+use serde::Serialize;
+
+use super::protocol::{Measurement, ReadyReport};
+use super::scenario::{Scenario, Strategy, Targets};
+
+/// One target and whether it was met.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Check {
+    /// The bound.
+    pub limit: f64,
+    /// The measured value.
+    pub value: f64,
+    /// `value <= limit`.
+    pub met: bool,
+}
+
+impl Check {
+    fn new(value: f64, limit: f64) -> Self {
+        Self {
+            limit,
+            value,
+            met: value <= limit,
+        }
+    }
+}
+
+/// The result of one strategy in one scenario. Serialized as one JSON line.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunResult {
+    /// Scenario name.
+    pub scenario: String,
+    /// `serial` or `concurrent`.
+    pub strategy: &'static str,
+    /// Routes in the cluster.
+    pub routes: usize,
+    /// Distinct secrets in the cluster.
+    pub secrets: usize,
+    /// Namespaces in the cluster.
+    pub namespaces: usize,
+    /// Simulator latency per request.
+    pub latency_ms: u64,
+    /// Simulator concurrency limit, if any.
+    pub max_inflight: Option<usize>,
+    /// Simulator queue length behind the limit (only meaningful with a limit).
+    pub queue: Option<usize>,
+    /// The product's bound on concurrent first syncs, if any.
+    pub max_concurrent_syncs: Option<usize>,
+    /// From the first request until every measured route was admitted or rejected.
+    /// For `serial` with a sample, this is the sample's time (see `measured_routes`).
+    pub ready_ms: Option<u64>,
+    /// Routes the strategy applied (fewer than `routes` for a serial sample).
+    pub measured_routes: usize,
+    /// Distinct secrets of those routes.
+    pub measured_secrets: usize,
+    /// Serial only: measured time per route.
+    pub per_route_ms: Option<f64>,
+    /// Serial sample only: NOT MEASURED. `routes_listed` plus `per_route_ms` times
+    /// `routes`: what the whole cluster would take at the measured rate.
+    pub extrapolated_ready_ms: Option<u64>,
+    /// Requests the simulator served, by verb, then resource.
+    pub requests: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Sum of `requests`.
+    pub requests_total: u64,
+    /// `requests_total / measured_secrets`.
+    pub requests_per_secret: f64,
+    /// Concurrent only: what the strategy needs without any retry (one streaming
+    /// watch per secret, one rules review per namespace, the route listing).
+    pub requests_needed: Option<u64>,
+    /// Highest number of requests in flight at the simulator.
+    pub peak_inflight: u64,
+    /// Highest number of requests waiting in the simulator's queue.
+    pub peak_queued: u64,
+    /// Requests the simulator rejected with 429.
+    pub rejected_429: u64,
+    /// Responses by status code.
+    pub responses: BTreeMap<String, u64>,
+    /// Connections the client opened (kube-h2 pool counts).
+    pub connections: u64,
+    /// The same, by protocol.
+    pub connections_by_protocol: ProtocolCounts,
+    /// Client connections still open once start-up settled.
+    pub connections_open: u64,
+    /// Connections the simulator accepted from the client (cross-check of
+    /// `connections`; the benchmark's own admin connections are subtracted).
+    pub sim_connections: u64,
+    /// Secret watches open at the simulator once start-up settled.
+    pub open_watches: u64,
+    /// Every watch open at the simulator then, by resource (the route watch too).
+    pub open_watches_by_resource: BTreeMap<String, u64>,
+    /// The client process's peak resident memory (VmHWM).
+    pub rss_bytes: u64,
+    /// Its resident memory at the measurement.
+    pub rss_now_bytes: u64,
+    /// Its CPU time (user + system, all threads) from process start.
+    pub cpu_ms: u64,
+    /// CPU time the simulator process used from the counter reset to the
+    /// measurement (it shares the machine's cores with the client).
+    pub sim_cpu_ms: Option<u64>,
+    /// Failed syncs and watches, rejected routes, failures of the run.
+    pub errors: u64,
+    /// The first few error messages.
+    pub error_samples: Vec<String>,
+    /// Milestones in milliseconds since the first request.
+    pub phases: BTreeMap<String, u64>,
+    /// The product's strategies only: each target from the issue, measured.
+    pub targets: Option<BTreeMap<&'static str, Check>>,
+    /// The product's strategies only: whether every target was met.
+    pub targets_met: Option<bool>,
+}
+
+/// Everything a result is made from.
+pub struct RunInputs<'a> {
+    /// The scenario.
+    pub scenario: &'a Scenario,
+    /// The strategy.
+    pub strategy: Strategy,
+    /// The child's report at ready.
+    pub ready: &'a ReadyReport,
+    /// The child's figures after settling.
+    pub measurement: &'a Measurement,
+    /// The simulator's counters after settling.
+    pub sim: &'a SimStats,
+    /// Admin connections opened during the run (subtracted from the simulator's).
+    pub admin_connections: u64,
+    /// CPU the simulator used during the run.
+    pub sim_cpu_ms: Option<u64>,
+    /// Whether routes are listed with a streaming list (one request instead of two).
+    pub streaming_route_list: bool,
+}
+
+impl RunResult {
+    /// Assembles the result and checks the targets.
+    pub fn new(inputs: RunInputs<'_>) -> Self {
+        let RunInputs {
+            scenario,
+            strategy,
+            ready,
+            measurement,
+            sim,
+            admin_connections,
+            sim_cpu_ms,
+            streaming_route_list,
+        } = inputs;
+        let measured_secrets = ready.measured_secrets;
+        let requests_per_secret = if measured_secrets == 0 {
+            0.0
+        } else {
+            round2(sim.requests_total as f64 / measured_secrets as f64)
+        };
+        let sampled = strategy == Strategy::Serial && ready.measured_routes < scenario.routes;
+        let extrapolated_ready_ms = match (sampled, ready.per_route_ms) {
+            (true, Some(per_route)) => {
+                let listed = ready.phases.get("routes_listed").copied().unwrap_or(0);
+                Some(listed + (per_route * scenario.routes as f64).round() as u64)
+            }
+            _ => None,
+        };
+        let product = strategy != Strategy::Serial;
+        let requests_needed = product.then(|| {
+            let route_listing = if streaming_route_list { 1 } else { 2 };
+            scenario.secrets as u64 + scenario.namespaces_used() as u64 + route_listing
+        });
+        let connections =
+            measurement.http2_connections_opened + measurement.http1_connections_opened;
+        let mut result = Self {
+            scenario: scenario.name.clone(),
+            strategy: strategy.as_str(),
+            routes: scenario.routes,
+            secrets: scenario.secrets,
+            namespaces: scenario.namespaces,
+            latency_ms: scenario.latency_ms(),
+            max_inflight: scenario.max_inflight,
+            queue: scenario.max_inflight.map(|_| scenario.queue),
+            max_concurrent_syncs: match strategy {
+                Strategy::Serial => Some(1),
+                Strategy::Concurrent | Strategy::Daemon => scenario.max_concurrent_syncs,
+            },
+            ready_ms: Some(ready.ready_ms),
+            measured_routes: ready.measured_routes,
+            measured_secrets,
+            per_route_ms: ready.per_route_ms.map(round2),
+            extrapolated_ready_ms,
+            requests: sim.requests.clone(),
+            requests_total: sim.requests_total,
+            requests_per_secret,
+            requests_needed,
+            peak_inflight: sim.peak_inflight,
+            peak_queued: sim.peak_queued,
+            rejected_429: sim.rejected_429,
+            responses: sim.responses.clone(),
+            connections,
+            connections_by_protocol: ProtocolCounts {
+                h1: measurement.http1_connections_opened,
+                h2: measurement.http2_connections_opened,
+            },
+            connections_open: measurement.connections_open,
+            sim_connections: (sim.connections.h1 + sim.connections.h2)
+                .saturating_sub(admin_connections),
+            open_watches: sim
+                .open_watches_by_resource
+                .get("secrets")
+                .copied()
+                .unwrap_or(0),
+            open_watches_by_resource: sim.open_watches_by_resource.clone(),
+            rss_bytes: measurement.process.rss_peak_bytes,
+            rss_now_bytes: measurement.process.rss_bytes,
+            cpu_ms: measurement.process.cpu_ms,
+            sim_cpu_ms,
+            errors: measurement.errors,
+            error_samples: measurement.error_samples.clone(),
+            phases: ready.phases.clone(),
+            targets: None,
+            targets_met: None,
+        };
+        if product {
+            let checks = result.check(&scenario.targets());
+            result.targets_met = Some(checks.values().all(|c| c.met));
+            result.targets = Some(checks);
+        }
+        result
+    }
+
+    /// A result for a run that did not become ready.
+    pub fn failed(scenario: &Scenario, strategy: Strategy, message: String) -> Self {
+        Self {
+            scenario: scenario.name.clone(),
+            strategy: strategy.as_str(),
+            routes: scenario.routes,
+            secrets: scenario.secrets,
+            namespaces: scenario.namespaces,
+            latency_ms: scenario.latency_ms(),
+            max_inflight: scenario.max_inflight,
+            queue: scenario.max_inflight.map(|_| scenario.queue),
+            max_concurrent_syncs: scenario.max_concurrent_syncs,
+            ready_ms: None,
+            measured_routes: 0,
+            measured_secrets: 0,
+            per_route_ms: None,
+            extrapolated_ready_ms: None,
+            requests: BTreeMap::new(),
+            requests_total: 0,
+            requests_per_secret: 0.0,
+            requests_needed: None,
+            peak_inflight: 0,
+            peak_queued: 0,
+            rejected_429: 0,
+            responses: BTreeMap::new(),
+            connections: 0,
+            connections_by_protocol: ProtocolCounts::default(),
+            connections_open: 0,
+            sim_connections: 0,
+            open_watches: 0,
+            open_watches_by_resource: BTreeMap::new(),
+            rss_bytes: 0,
+            rss_now_bytes: 0,
+            cpu_ms: 0,
+            sim_cpu_ms: None,
+            errors: 1,
+            error_samples: vec![message],
+            phases: BTreeMap::new(),
+            targets: None,
+            targets_met: Some(false),
+        }
+    }
+
+    fn check(&self, targets: &Targets) -> BTreeMap<&'static str, Check> {
+        let mut checks = BTreeMap::new();
+        let ready = self.ready_ms.unwrap_or(u64::MAX) as f64;
+        checks.insert("ready_ms", Check::new(ready, targets.ready_ms as f64));
+        if let Some(rss) = targets.rss_bytes {
+            checks.insert("rss_bytes", Check::new(self.rss_bytes as f64, rss as f64));
+        }
+        checks.insert(
+            "connections",
+            Check::new(self.connections as f64, targets.connections as f64),
+        );
+        checks.insert(
+            "requests",
+            Check::new(self.requests_total as f64, targets.requests as f64),
+        );
+        if let (Some(factor), Some(needed)) = (targets.retry_factor, self.requests_needed) {
+            checks.insert(
+                "requests_vs_needed",
+                Check::new(self.requests_total as f64, (factor * needed as f64).floor()),
+            );
+        }
+        checks.insert(
+            "errors",
+            Check::new(self.errors as f64, targets.errors as f64),
+        );
+        checks
+    }
+
+    /// The JSON line.
+    pub fn to_json_line(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// A duration in milliseconds for people: `850 ms`, `3.12 s`, `4.2 min`, `3.9 h`.
+pub fn human_ms(ms: u64) -> String {
+    let secs = ms as f64 / 1000.0;
+    if ms < 1_000 {
+        format!("{ms} ms")
+    } else if secs < 120.0 {
+        format!("{secs:.2} s")
+    } else if secs < 7_200.0 {
+        format!("{:.1} min", secs / 60.0)
+    } else {
+        format!("{:.1} h", secs / 3_600.0)
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// The table for people.
+pub fn table(results: &[RunResult]) -> String {
+    let header = [
+        "scenario",
+        "strategy",
+        "routes",
+        "secrets",
+        "latency",
+        "ready",
+        "req",
+        "req/secret",
+        "peak infl",
+        "conns",
+        "watches",
+        "rss MiB",
+        "cpu s",
+        "errors",
+        "targets",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
+    let mut notes = Vec::new();
+    for r in results {
+        let ready = match (r.ready_ms, r.extrapolated_ready_ms) {
+            (None, _) => "FAILED".to_owned(),
+            (Some(ms), Some(extrapolated)) => {
+                notes.push(format!(
+                    "{} serial: measured {} routes in {} ({:.0} ms per route); all {} routes extrapolated: {}",
+                    r.scenario,
+                    r.measured_routes,
+                    human_ms(ms),
+                    r.per_route_ms.unwrap_or(0.0),
+                    r.routes,
+                    human_ms(extrapolated),
+                ));
+                format!(
+                    "{} [{} routes] ~{}*",
+                    human_ms(ms),
+                    r.measured_routes,
+                    human_ms(extrapolated)
+                )
+            }
+            (Some(ms), None) => human_ms(ms),
+        };
+        let targets = match (&r.targets, r.targets_met) {
+            (Some(_), Some(true)) => "met".to_owned(),
+            (Some(checks), _) => {
+                let missed: Vec<&str> = checks
+                    .iter()
+                    .filter(|(_, c)| !c.met)
+                    .map(|(name, _)| *name)
+                    .collect();
+                format!("missed: {}", missed.join(","))
+            }
+            (None, Some(false)) => "failed".to_owned(),
+            (None, _) => "-".to_owned(),
+        };
+        rows.push(vec![
+            r.scenario.clone(),
+            r.strategy.to_owned(),
+            r.routes.to_string(),
+            r.secrets.to_string(),
+            format!("{} ms", r.latency_ms),
+            ready,
+            r.requests_total.to_string(),
+            format!("{:.2}", r.requests_per_secret),
+            r.peak_inflight.to_string(),
+            r.connections.to_string(),
+            r.open_watches.to_string(),
+            mib(r.rss_bytes),
+            format!("{:.2}", r.cpu_ms as f64 / 1000.0),
+            r.errors.to_string(),
+            targets,
+        ]);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            rows.iter()
+                .map(|row| row[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for (n, row) in rows.iter().enumerate() {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (cell, width))| {
+                if i < 2 || i == 5 || i == header.len() - 1 {
+                    format!("{cell:<width$}")
+                } else {
+                    format!("{cell:>width$}")
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+        if n == 0 {
+            let _ = writeln!(
+                out,
+                "{}",
+                "-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1))
+            );
+        }
+    }
+    if !notes.is_empty() {
+        out.push('\n');
+        let _ = writeln!(
+            out,
+            "* extrapolated, not measured: the serial baseline ran on a sample of the oldest routes."
+        );
+        for note in notes {
+            let _ = writeln!(out, "  {note}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_durations() {
+        assert_eq!(human_ms(850), "850 ms");
+        assert_eq!(human_ms(3_120), "3.12 s");
+        assert_eq!(human_ms(252_000), "4.2 min");
+        assert_eq!(human_ms(14_040_000), "3.9 h");
+    }
+}

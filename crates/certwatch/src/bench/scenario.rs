@@ -1,0 +1,251 @@
+//! Benchmark scenarios: the cluster the simulator generates, its latency and
+//! concurrency limit, the client-side bound, and the targets the product is held to.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::BenchError;
+
+/// One start-up scenario.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scenario {
+    /// Short name, used in the table and the JSON (`customer-2000`).
+    pub name: String,
+    /// Routes with an external certificate.
+    pub routes: usize,
+    /// Distinct secrets they reference (route `i` uses secret `i mod secrets`).
+    pub secrets: usize,
+    /// Namespaces the routes and secrets are spread over.
+    pub namespaces: usize,
+    /// Server-side latency of every API request (for a watch: until its headers).
+    pub latency: Duration,
+    /// Latency of `create` requests (access and rules reviews, the only creates at
+    /// start-up) when it should differ from `latency`.
+    pub review_latency: Option<Duration>,
+    /// The simulator's concurrency limit (API Priority and Fairness model).
+    pub max_inflight: Option<usize>,
+    /// Requests that may wait for a slot beyond `max_inflight`; more get 429.
+    pub queue: usize,
+    /// The product's bound on concurrent first syncs (`MonitorOptions::max_concurrent_syncs`).
+    pub max_concurrent_syncs: Option<usize>,
+}
+
+/// The queue length of the APF scenario: kube-apiserver shuffle-shards one flow over
+/// `handSize` = 6 queues of `queueLengthLimit` = 50 requests (its defaults), so one
+/// client can have about 300 requests waiting at one priority level.
+pub const APF_QUEUE: usize = 300;
+
+/// The APF scenario's server concurrency, from the issue.
+pub const APF_MAX_INFLIGHT: usize = 50;
+
+/// Names of the built-in scenarios, in the order they run by default.
+pub const PRESETS: [&str; 5] = [
+    "seed-112",
+    "seed-1738",
+    "customer-2000",
+    "scale-10000",
+    "apf-2000",
+];
+
+/// Namespaces for `secrets` secrets when none are given: one per 40 secrets (the
+/// demo's 2,000 routes over 50 namespaces).
+pub fn default_namespaces(secrets: usize) -> usize {
+    secrets.div_ceil(40).max(1)
+}
+
+impl Scenario {
+    /// A scenario with one route per secret, default namespaces and no limit.
+    pub fn new(name: &str, secrets: usize, latency: Duration) -> Self {
+        Self {
+            name: name.to_owned(),
+            routes: secrets,
+            secrets,
+            namespaces: default_namespaces(secrets),
+            latency,
+            review_latency: None,
+            max_inflight: None,
+            queue: 50,
+            max_concurrent_syncs: None,
+        }
+    }
+
+    /// A built-in scenario by name (see [`PRESETS`]).
+    pub fn preset(name: &str) -> Result<Self, BenchError> {
+        let ms = Duration::from_millis;
+        Ok(match name {
+            // The seed's table: measured start-up divided by the number of secrets.
+            "seed-112" => Self::new(name, 112, ms(587)),
+            "seed-1738" => Self::new(name, 1_738, ms(1_414)),
+            // The customer: ~2,000 routes failing a 120 s start-up probe.
+            "customer-2000" => Self::new(name, 2_000, ms(1_414)),
+            "scale-10000" => Self::new(name, 10_000, ms(1_414)),
+            // The customer's cluster behind API Priority and Fairness: 50 requests in
+            // flight, a queue, 429 beyond it. The product bounds its first syncs to the
+            // server's concurrency: more would only wait in the server's queue.
+            "apf-2000" => Self {
+                max_inflight: Some(APF_MAX_INFLIGHT),
+                queue: APF_QUEUE,
+                max_concurrent_syncs: Some(APF_MAX_INFLIGHT),
+                ..Self::new(name, 2_000, ms(1_414))
+            },
+            other => {
+                return Err(BenchError::Usage(format!(
+                    "unknown scenario {other:?}; the built-in ones are {}",
+                    PRESETS.join(", ")
+                )));
+            }
+        })
+    }
+
+    /// `latency` in whole milliseconds.
+    pub fn latency_ms(&self) -> u64 {
+        u64::try_from(self.latency.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Namespaces that hold at least one secret (secret `j` lives in namespace
+    /// `j mod namespaces`).
+    pub fn namespaces_used(&self) -> usize {
+        self.namespaces.min(self.secrets)
+    }
+
+    /// Checks that the scenario can be generated.
+    pub fn validate(&self) -> Result<(), BenchError> {
+        let bad = |what: &str| Err(BenchError::Usage(format!("scenario {}: {what}", self.name)));
+        if self.routes == 0 {
+            return bad("needs at least one route");
+        }
+        if self.secrets == 0 || self.secrets > self.routes {
+            return bad("secrets must be between 1 and the number of routes");
+        }
+        if self.namespaces == 0 {
+            return bad("needs at least one namespace");
+        }
+        if self.max_inflight == Some(0) || self.max_concurrent_syncs == Some(0) {
+            return bad("a concurrency limit of 0 would never serve a request");
+        }
+        Ok(())
+    }
+
+    /// What the product is held to in this scenario (benchmark figures from the issue,
+    /// not test assertions).
+    pub fn targets(&self) -> Targets {
+        let secrets = self.secrets as u64;
+        let two_round_trips = 2 * self.latency_ms();
+        let ready_ms = if self.max_inflight.is_some() {
+            // The router's start-up probe.
+            120_000
+        } else if self.secrets > 2_000 {
+            two_round_trips + 2_000
+        } else {
+            two_round_trips + 1_000
+        };
+        Targets {
+            ready_ms,
+            rss_bytes: (self.secrets >= 10_000).then_some(150 * 1024 * 1024),
+            connections: secrets.div_ceil(100) + 2,
+            requests: 2 * secrets + self.namespaces_used() as u64,
+            retry_factor: self.max_inflight.map(|_| 1.1),
+            errors: 0,
+        }
+    }
+}
+
+/// Upper bounds for the product in one scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Targets {
+    /// Start-up time: two API round trips plus 1 s (2 s beyond 2,000 secrets); the
+    /// start-up probe's 120 s under a concurrency limit.
+    pub ready_ms: u64,
+    /// Peak resident memory (stated for 10,000 secrets).
+    pub rss_bytes: Option<u64>,
+    /// Client connections: one HTTP/2 connection per 100 watches, plus 2.
+    pub connections: u64,
+    /// API requests at start-up: 2 per distinct secret plus 1 per namespace.
+    pub requests: u64,
+    /// Under a concurrency limit: total requests at most this factor times what the
+    /// strategy needs (no retry storm).
+    pub retry_factor: Option<f64>,
+    /// Failed registrations and rejected routes.
+    pub errors: u64,
+}
+
+/// Which strategy a run uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// The reference router's behaviour: routes one at a time, three access reviews
+    /// and a GET per route, the registry lock held through each first sync.
+    Serial,
+    /// The product: the route pipeline with look-ahead over the shared monitor.
+    Concurrent,
+    /// The whole `certwatch run` daemon, cert directory writes included.
+    Daemon,
+}
+
+impl Strategy {
+    /// `serial` or `concurrent`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Serial => "serial",
+            Self::Concurrent => "concurrent",
+            Self::Daemon => "daemon",
+        }
+    }
+}
+
+impl FromStr for Strategy {
+    type Err = BenchError;
+
+    fn from_str(s: &str) -> Result<Self, BenchError> {
+        match s.trim() {
+            "serial" => Ok(Self::Serial),
+            "concurrent" => Ok(Self::Concurrent),
+            "daemon" => Ok(Self::Daemon),
+            other => Err(BenchError::Usage(format!(
+                "unknown strategy {other:?} (expected serial, concurrent or daemon)"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_valid_and_named_as_listed() {
+        for name in PRESETS {
+            let scenario = Scenario::preset(name).unwrap();
+            scenario.validate().unwrap();
+            assert_eq!(scenario.name, name);
+        }
+        assert!(Scenario::preset("nope").is_err());
+    }
+
+    #[test]
+    fn targets_follow_the_issue() {
+        let customer = Scenario::preset("customer-2000").unwrap().targets();
+        assert_eq!(customer.ready_ms, 2 * 1_414 + 1_000);
+        assert_eq!(customer.connections, 22);
+        assert_eq!(customer.requests, 2 * 2_000 + 50);
+        let scale = Scenario::preset("scale-10000").unwrap().targets();
+        assert_eq!(scale.ready_ms, 2 * 1_414 + 2_000);
+        assert_eq!(scale.rss_bytes, Some(150 * 1024 * 1024));
+        assert_eq!(scale.connections, 102);
+        let apf = Scenario::preset("apf-2000").unwrap().targets();
+        assert_eq!(apf.ready_ms, 120_000);
+        assert_eq!(apf.retry_factor, Some(1.1));
+    }
+
+    #[test]
+    fn rejects_impossible_scenarios() {
+        let mut s = Scenario::new("x", 10, Duration::ZERO);
+        s.secrets = 11;
+        assert!(s.validate().is_err());
+        s.secrets = 10;
+        s.max_inflight = Some(0);
+        assert!(s.validate().is_err());
+    }
+}

@@ -1,0 +1,187 @@
+//! `certwatch bench --json` as a process, on tiny scenarios: the keys every line must
+//! carry and the request counts each strategy must produce. Counts, never times.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use serde_json::Value;
+
+const KEYS: [&str; 14] = [
+    "scenario",
+    "strategy",
+    "routes",
+    "secrets",
+    "latency_ms",
+    "ready_ms",
+    "requests",
+    "requests_per_secret",
+    "peak_inflight",
+    "connections",
+    "open_watches",
+    "rss_bytes",
+    "cpu_ms",
+    "errors",
+];
+
+/// Runs `certwatch bench --json` with `args`; returns the lines by strategy.
+fn bench(args: &[&str]) -> BTreeMap<String, Value> {
+    let output = Command::new(env!("CARGO_BIN_EXE_certwatch"))
+        .args(["bench", "--json"])
+        .args(args)
+        .output()
+        .expect("certwatch runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "bench failed: {stderr}");
+    let stdout = String::from_utf8(output.stdout).expect("UTF-8 output");
+    let mut lines = BTreeMap::new();
+    for line in stdout.lines() {
+        let value: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not JSON: {line:?}: {e}; stderr: {stderr}"));
+        for key in KEYS {
+            assert!(value.get(key).is_some(), "{key} missing from {line}");
+        }
+        let strategy = value["strategy"].as_str().expect("strategy").to_owned();
+        lines.insert(strategy, value);
+    }
+    lines
+}
+
+fn count(line: &Value, verb: &str, resource: &str) -> u64 {
+    line["requests"][verb][resource].as_u64().unwrap_or(0)
+}
+
+fn number(line: &Value, key: &str) -> u64 {
+    line[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} is not a count in {line}"))
+}
+
+#[test]
+fn strategies_make_the_requests_they_model() {
+    let lines = bench(&[
+        "--routes",
+        "20",
+        "--namespaces",
+        "3",
+        "--latency",
+        "10ms",
+        "--serial-routes",
+        "0",
+        "--name",
+        "tiny",
+    ]);
+    assert_eq!(lines.len(), 2, "one line per strategy: {lines:?}");
+
+    let serial = &lines["serial"];
+    assert_eq!(serial["scenario"], "tiny");
+    assert_eq!(number(serial, "routes"), 20);
+    assert_eq!(number(serial, "secrets"), 20);
+    assert_eq!(number(serial, "latency_ms"), 10);
+    assert_eq!(number(serial, "measured_routes"), 20);
+    assert_eq!(number(serial, "errors"), 0);
+    // Per route: three access reviews, a GET, a LIST and a WATCH; plus one route list.
+    assert_eq!(count(serial, "create", "subjectaccessreviews"), 60);
+    assert_eq!(count(serial, "get", "secrets"), 20);
+    assert_eq!(count(serial, "list", "secrets"), 20);
+    assert_eq!(count(serial, "watch", "secrets"), 20);
+    assert_eq!(count(serial, "list", "routes"), 1);
+    assert_eq!(number(serial, "requests_total"), 121);
+    let per_secret = serial["requests_per_secret"].as_f64().expect("a number");
+    assert!((6.0..=6.1).contains(&per_secret), "{per_secret}");
+    assert_eq!(number(serial, "open_watches"), 20);
+    let peak = number(serial, "peak_inflight");
+    assert!(
+        (1..=3).contains(&peak),
+        "one request at a time, plus a watch opening: {peak}"
+    );
+    assert!(
+        serial["extrapolated_ready_ms"].is_null(),
+        "every route was measured"
+    );
+
+    let concurrent = &lines["concurrent"];
+    assert_eq!(number(concurrent, "measured_routes"), 20);
+    assert_eq!(number(concurrent, "errors"), 0);
+    // One streaming watch per secret, one rules review per namespace, the route listing.
+    assert_eq!(count(concurrent, "watch", "secrets"), 20);
+    assert_eq!(count(concurrent, "list", "secrets"), 0);
+    assert_eq!(count(concurrent, "get", "secrets"), 0);
+    assert_eq!(count(concurrent, "create", "selfsubjectrulesreviews"), 3);
+    assert_eq!(count(concurrent, "create", "subjectaccessreviews"), 0);
+    let per_secret = concurrent["requests_per_secret"]
+        .as_f64()
+        .expect("a number");
+    assert!(per_secret <= 2.0 + 3.0 / 20.0, "{per_secret}");
+    assert_eq!(
+        number(concurrent, "requests_total"),
+        number(concurrent, "requests_needed")
+    );
+    assert_eq!(number(concurrent, "open_watches"), 20);
+    assert!(
+        number(concurrent, "peak_inflight") > 2,
+        "registrations overlapped"
+    );
+    // Twenty watches share one HTTP/2 connection; the simulator saw the same.
+    assert_eq!(number(concurrent, "connections"), 1);
+    assert_eq!(number(&concurrent["connections_by_protocol"], "h2"), 1);
+    assert_eq!(number(concurrent, "sim_connections"), 1);
+    assert!(number(concurrent, "rss_bytes") > 0);
+    assert_eq!(concurrent["targets"]["requests"]["met"], true);
+    assert_eq!(concurrent["targets"]["errors"]["met"], true);
+}
+
+#[test]
+fn shared_secrets_get_one_watch_and_a_serial_sample_is_labelled() {
+    let lines = bench(&[
+        "--routes",
+        "20",
+        "--secrets",
+        "5",
+        "--namespaces",
+        "2",
+        "--latency",
+        "5ms",
+        "--serial-routes",
+        "8",
+    ]);
+
+    let serial = &lines["serial"];
+    // The oldest 8 routes use secrets 0-4, then 0-2 again: the monitor joins the
+    // informers it has, but the reference still reviews and GETs per route.
+    assert_eq!(number(serial, "measured_routes"), 8);
+    assert_eq!(number(serial, "measured_secrets"), 5);
+    assert_eq!(count(serial, "create", "subjectaccessreviews"), 24);
+    assert_eq!(count(serial, "get", "secrets"), 8);
+    assert_eq!(count(serial, "list", "secrets"), 5);
+    assert_eq!(count(serial, "watch", "secrets"), 5);
+    assert_eq!(number(serial, "open_watches"), 5);
+    assert!(
+        serial["extrapolated_ready_ms"].as_u64().is_some(),
+        "a sample's figure for all routes is labelled as extrapolated"
+    );
+
+    let concurrent = &lines["concurrent"];
+    assert_eq!(number(concurrent, "measured_routes"), 20);
+    assert_eq!(number(concurrent, "measured_secrets"), 5);
+    assert_eq!(count(concurrent, "watch", "secrets"), 5);
+    assert_eq!(count(concurrent, "create", "selfsubjectrulesreviews"), 2);
+    assert_eq!(number(concurrent, "open_watches"), 5);
+    assert_eq!(number(concurrent, "errors"), 0);
+}
+
+#[test]
+fn bad_arguments_are_refused_with_the_cause() {
+    let output = Command::new(env!("CARGO_BIN_EXE_certwatch"))
+        .args(["bench", "--scenarios", "no-such-scenario"])
+        .output()
+        .expect("certwatch runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no-such-scenario"), "{stderr}");
+    assert!(
+        stderr.contains("customer-2000"),
+        "names the built-in ones: {stderr}"
+    );
+}

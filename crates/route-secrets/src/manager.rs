@@ -295,6 +295,19 @@ impl SecretManager {
     /// [`release_prefetched`](Self::release_prefetched), so that routes registered later
     /// join a sync already under way. Idempotent per secret.
     pub fn prefetch(&self, namespace: &str, secret: &str) {
+        self.prefetch_then(namespace, secret, |_| {});
+    }
+
+    /// Like [`prefetch`](Self::prefetch), then calls `on_synced` with the secret once
+    /// its first sync has found it (not when it is absent or the sync failed), on the
+    /// prefetch's own task: work done there runs in parallel with the caller. Only the
+    /// first prefetch of a secret calls its callback.
+    pub fn prefetch_then(
+        &self,
+        namespace: &str,
+        secret: &str,
+        on_synced: impl FnOnce(Arc<Secret>) + Send + 'static,
+    ) {
         let key = ObjectKey::new(namespace, secret);
         let mut prefetched = self.prefetched();
         if prefetched.contains_key(&key) {
@@ -309,7 +322,12 @@ impl SecretManager {
             let ours = matches!(prefetched.get(&task_key), Some(Prefetch::Pending { ticket: t, .. }) if *t == ticket);
             match outcome {
                 Ok(handle) if ours => {
+                    let object = this.inner.monitor.get(&handle).ok();
                     prefetched.insert(task_key, Prefetch::Held(handle));
+                    drop(prefetched);
+                    if let Some(object) = object {
+                        on_synced(object);
+                    }
                 }
                 Ok(handle) => {
                     drop(prefetched);

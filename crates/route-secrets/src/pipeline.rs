@@ -35,14 +35,14 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::pin::pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::future::{BoxFuture, OptionFuture};
 use futures::{FutureExt, Stream, StreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Secret;
-use secret_monitor::{MonitorError, ObjectEvent, TaggedSink};
+use secret_monitor::{MonitorError, ObjectEvent, ObjectKey, TaggedSink};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -51,10 +51,10 @@ use crate::access::{AccessChecker, AccessDecision, AccessError};
 use crate::manager::{ManagerError, SecretManager};
 use crate::reason::{Reason, SecretVerb, ValidationProblem};
 use crate::route::status::Admission;
-use crate::route::{Route, RouteKey, RouteSpec, validate_secret_name};
+use crate::route::{Route, RouteKey, validate_secret_name};
 use crate::source::RouteEvent;
 use crate::status::StatusWriter;
-use crate::tls::{TlsValidator, TlsWarning, ValidatedTls};
+use crate::tls::{TlsRejection, TlsValidator, TlsWarning, ValidatedTls};
 
 /// Options of a [`RoutePipeline`].
 #[derive(Clone, Debug)]
@@ -191,13 +191,25 @@ pub struct RoutePipeline {
     next_id: u64,
     /// Whether prefetch holds exist that should be released once the queue drains.
     prefetching: bool,
+    /// Secrets validated by their prefetch tasks, ahead of the queue.
+    prevalidated: Prevalidated,
+}
+
+/// TLS validations done on prefetch tasks (in parallel, while the queue waits for the
+/// network), by secret. The lock guards the map only; validation happens outside it.
+type Prevalidated = Arc<Mutex<HashMap<ObjectKey, Prevalidation>>>;
+
+/// The outcome of validating one version of a secret, without a host.
+struct Prevalidation {
+    /// `(uid, resourceVersion)` of the secret validated.
+    version: (String, String),
+    result: Result<Arc<ValidatedTls>, TlsRejection>,
 }
 
 struct RouteState {
-    route: Arc<Route>,
-    /// The spec last applied: a route event with the same spec changed nothing the
+    /// The route as last applied. A route event with the same spec changed nothing the
     /// router cares about (e.g. the router's own status write).
-    spec: RouteSpec,
+    route: Arc<Route>,
     registration: Option<Registration>,
     /// `(uid, resourceVersion)` of the secret state last evaluated.
     seen: Option<(String, String)>,
@@ -275,6 +287,7 @@ impl RoutePipeline {
             retries: BTreeMap::new(),
             next_id: 1,
             prefetching: false,
+            prevalidated: Arc::default(),
         };
         let outputs = PipelineOutputs {
             outcomes: outcome_receiver,
@@ -302,6 +315,7 @@ impl RoutePipeline {
                 // Every queued route has registered what it needs: prefetch holds on
                 // secrets no route took up can go.
                 self.manager.release_prefetched();
+                self.prefetched_validations().clear();
                 self.prefetching = false;
             }
             let next_retry = self.retries.first_key_value().map(|((at, _), _)| *at);
@@ -381,7 +395,21 @@ impl RoutePipeline {
                 .and_then(|state| state.registration.as_ref())
                 .is_some_and(|registration| registration.secret == secret);
             if !registered {
-                self.manager.prefetch(&key.namespace, secret);
+                let validations = Arc::clone(&self.prevalidated);
+                let validator = self.options.validator.clone();
+                let secret_key = ObjectKey::new(key.namespace.clone(), secret);
+                self.manager
+                    .prefetch_then(&key.namespace, secret, move |object| {
+                        // Validating here spreads the CPU work of a start-up over the
+                        // runtime's threads while the queue's head waits for the network.
+                        let Some(version) = version(&object) else {
+                            return;
+                        };
+                        let result = validator
+                            .validate_secret(&object, None, Timestamp::now())
+                            .map(Arc::new);
+                        lock(&validations).insert(secret_key, Prevalidation { version, result });
+                    });
                 self.access.prefetch(&key.namespace, secret);
                 self.prefetching = true;
             }
@@ -408,17 +436,15 @@ impl RoutePipeline {
             .entry(key.clone())
             .or_insert_with(|| RouteState {
                 route: Arc::clone(&route),
-                spec: route.spec.clone(),
                 registration: None,
                 seen: None,
                 secret_deleted: false,
                 emitted: None,
                 attempts: 0,
             });
-        let unchanged =
-            state.spec == route.spec && (state.registration.is_some() || state.emitted.is_some());
+        let unchanged = state.route.spec == route.spec
+            && (state.registration.is_some() || state.emitted.is_some());
         state.route = Arc::clone(&route);
-        state.spec = route.spec.clone();
         if unchanged && !forced {
             self.mark_done(&key);
             return None;
@@ -640,25 +666,31 @@ impl RoutePipeline {
             return;
         };
         state.seen = version(secret);
+        let seen = state.seen.clone();
         let route = Arc::clone(&state.route);
         let host = route.host().map(str::to_owned);
-        match self
-            .options
-            .validator
-            .validate_secret(secret, host.as_deref(), Timestamp::now())
-        {
+        let validated = self
+            .prevalidated_for(&key.namespace, &secret_name, seen.as_ref())
+            .unwrap_or_else(|| {
+                self.options
+                    .validator
+                    .validate_secret(secret, None, Timestamp::now())
+                    .map(Arc::new)
+            });
+        match validated {
             Ok(tls) => {
                 let reason = recreated.then(|| Reason::ExternalCertificateSecretRecreated {
                     route: key.clone(),
                     secret: secret_name.clone(),
                 });
-                let warnings = tls.warnings().to_vec();
+                let mut warnings = tls.warnings().to_vec();
+                warnings.extend(host.as_deref().and_then(|host| tls.host_warning(host)));
                 let admitted = AdmittedRoute {
                     route: key.clone(),
                     host,
                     created: route.metadata.creation_timestamp.as_ref().map(|t| t.0),
                     secret: secret_name,
-                    tls: Arc::new(tls),
+                    tls,
                     warnings,
                     reason,
                 };
@@ -671,6 +703,25 @@ impl RoutePipeline {
                 self.reject_validation(key, &secret_name, ValidationProblem::Tls(rejection));
             }
         }
+    }
+
+    /// The prefetch task's validation of this version of the secret, if it has one.
+    fn prevalidated_for(
+        &self,
+        namespace: &str,
+        secret: &str,
+        version: Option<&(String, String)>,
+    ) -> Option<Result<Arc<ValidatedTls>, TlsRejection>> {
+        let version = version?;
+        let validations = self.prefetched_validations();
+        let found = validations.get(&ObjectKey::new(namespace, secret))?;
+        (&found.version == version).then(|| found.result.clone())
+    }
+
+    fn prefetched_validations(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Prevalidation>> {
+        lock(&self.prevalidated)
     }
 
     /// Rejects the route because its secret could not be read or checked, and tries
@@ -836,6 +887,11 @@ impl RoutePipeline {
             self.enqueue(key);
         }
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every critical section is a single map operation: a poisoned map is intact.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// `(uid, resourceVersion)` of an object.

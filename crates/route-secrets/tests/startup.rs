@@ -57,6 +57,32 @@ async fn thousand_routes_start_in_one_round_of_concurrent_syncs() {
             .all(|o| matches!(o, RouteOutcome::Admitted(_)))
     );
 
+    // Each secret's material was validated once, ahead of the queue, and shared by the
+    // routes that use it.
+    let mut material: BTreeMap<(String, String), std::sync::Arc<route_secrets::tls::ValidatedTls>> =
+        BTreeMap::new();
+    let mut shared = 0;
+    for outcome in &h.history {
+        let RouteOutcome::Admitted(admitted) = outcome else {
+            continue;
+        };
+        let secret = (admitted.route.namespace.clone(), admitted.secret.clone());
+        match material.get(&secret) {
+            Some(first) => {
+                assert!(
+                    std::sync::Arc::ptr_eq(first, &admitted.tls),
+                    "{} validated its secret again",
+                    admitted.route
+                );
+                shared += 1;
+            }
+            None => {
+                material.insert(secret, admitted.tls.clone());
+            }
+        }
+    }
+    assert_eq!((material.len(), shared), (400, 600));
+
     let requests: Vec<_> = sim
         .request_log()
         .into_iter()

@@ -43,7 +43,7 @@ pub(crate) struct Reconciler<K> {
     seen: Option<Arc<K>>,
     synced: bool,
     /// `Some` while a (re-)list is in progress: the object it found so far.
-    relist: Option<Option<K>>,
+    relist: Option<Option<Arc<K>>>,
 }
 
 impl<K: Resource> Reconciler<K> {
@@ -79,12 +79,12 @@ impl<K: Resource> Reconciler<K> {
                 // The field selector already restricts the list to one name; checking
                 // again guards against a server that ignores it.
                 if object.meta().name.as_deref() == Some(self.name.as_str()) {
-                    self.relist = Some(Some(object));
+                    self.relist = Some(Some(Arc::new(object)));
                 }
                 Step::Unchanged
             }
             watcher::Event::InitDone => {
-                let listed = self.relist.take().flatten().map(Arc::new);
+                let listed = self.relist.take().flatten();
                 if self.synced {
                     self.transition(listed)
                 } else {

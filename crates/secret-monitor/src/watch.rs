@@ -94,29 +94,10 @@ where
     let key = driver.key().clone();
     let mut reconciler = Reconciler::new(key.name.clone());
 
-    let permit = match &ctx.sync_permits {
-        // The semaphore is never closed, so acquiring only fails in theory.
-        Some(permits) => permits.acquire().await.ok(),
-        None => None,
-    };
-    let started = Instant::now();
     let mut watch = KeyWatch::open(api, &key, ctx);
-    let first = tokio::time::timeout(
-        ctx.options.sync_timeout,
-        first_sync(&mut watch, &mut reconciler, ctx),
-    )
-    .await
-    .unwrap_or_else(|_elapsed| {
-        Err(MonitorError::SyncTimeout {
-            resource: ctx.resource.clone(),
-            key: key.clone(),
-            timeout: ctx.options.sync_timeout,
-        })
-    });
-    drop(permit);
-    if let Some(observer) = &ctx.options.observer {
-        observer.first_sync(&key, started.elapsed(), first.as_ref().map(|_| ()));
-    }
+    // Boxed: the first sync's state is large and needed once; the task then lives on
+    // for as long as the key is watched, so its size matters at thousands of keys.
+    let first = Box::pin(bounded_first_sync(&mut watch, &mut reconciler, ctx)).await;
     match first {
         Ok(object) => driver.synced(object),
         Err(error) => {
@@ -136,19 +117,56 @@ where
                 }
             }
             Err(err) => {
-                let (error, disposition) = classify(&err, &key, &ctx.resource);
-                if let Some(observer) = &ctx.options.observer {
-                    observer.watch_error(&key, &error);
-                }
-                if disposition == Disposition::Resync {
-                    debug!(%key, "watch expired (410); re-listing");
-                    continue;
-                }
-                warn!(%key, %error, "watch failed; retrying");
-                tokio::time::sleep(next_delay(&mut backoff, &ctx.options)).await;
+                // The error is reported and dropped before waiting, so that it takes no
+                // room in the task while it sleeps.
+                let delay = {
+                    let (error, disposition) = classify(&err, &key, &ctx.resource);
+                    drop(err);
+                    if let Some(observer) = &ctx.options.observer {
+                        observer.watch_error(&key, &error);
+                    }
+                    if disposition == Disposition::Resync {
+                        debug!(%key, "watch expired (410); re-listing");
+                        continue;
+                    }
+                    warn!(%key, %error, "watch failed; retrying");
+                    next_delay(&mut backoff, &ctx.options)
+                };
+                Box::pin(tokio::time::sleep(delay)).await;
             }
         }
     }
+}
+
+/// The first sync within the configured bound on concurrent syncs and its deadline,
+/// reported to the observer.
+async fn bounded_first_sync<K>(
+    watch: &mut KeyWatch<'_, K>,
+    reconciler: &mut Reconciler<K>,
+    ctx: &WatchContext,
+) -> Result<Option<Arc<K>>, MonitorError>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let _permit = match &ctx.sync_permits {
+        // The semaphore is never closed, so acquiring only fails in theory.
+        Some(permits) => permits.acquire().await.ok(),
+        None => None,
+    };
+    let started = Instant::now();
+    let first = tokio::time::timeout(ctx.options.sync_timeout, first_sync(watch, reconciler, ctx))
+        .await
+        .unwrap_or_else(|_elapsed| {
+            Err(MonitorError::SyncTimeout {
+                resource: ctx.resource.clone(),
+                key: watch.key.clone(),
+                timeout: ctx.options.sync_timeout,
+            })
+        });
+    if let Some(observer) = &ctx.options.observer {
+        observer.first_sync(watch.key, started.elapsed(), first.as_ref().map(|_| ()));
+    }
+    first
 }
 
 /// Polls the watcher until the first complete listing. Returns the object (or `None`
@@ -386,5 +404,36 @@ fn transport_message(err: &kube::Error) -> String {
             e.column()
         ),
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Secret;
+
+    use super::*;
+    use crate::registry::Registry;
+
+    /// A watch task lives as long as its key is watched, ten thousand of them at a
+    /// time: its size is memory per watched object. Guards against a change that
+    /// quietly keeps a large value (an object, an error, a first-sync state) inline.
+    #[tokio::test]
+    async fn a_watch_task_stays_small() {
+        let service = tower::service_fn(|_request: http::Request<kube::client::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(kube::client::Body::empty()))
+        });
+        let api: Api<Secret> = Api::namespaced(kube::Client::new(service, "default"), "ns");
+        let registry: Registry<Secret, StdLocks> = Registry::new("secrets");
+        let (_ticket, driver) = registry.join(&ObjectKey::new("ns", "a"));
+        let ctx = Arc::new(WatchContext::new(
+            MonitorOptions::default(),
+            "secrets".into(),
+        ));
+        let task = run(driver.expect("a new entry has a driver"), api, ctx);
+        let size = std::mem::size_of_val(&task);
+        assert!(
+            size <= 2_200,
+            "the watch task's future grew to {size} bytes"
+        );
     }
 }

@@ -408,7 +408,10 @@ impl RoutePipeline {
                         let result = validator
                             .validate_secret(&object, None, Timestamp::now())
                             .map(Arc::new);
-                        lock(&validations).insert(secret_key, Prevalidation { version, result });
+                        // The pipeline may have validated this version itself meanwhile:
+                        // the first result recorded is the one every route shares.
+                        let _recorded =
+                            record_validation(&validations, secret_key, version, result);
                     });
                 self.access.prefetch(&key.namespace, secret);
                 self.prefetching = true;
@@ -669,14 +672,7 @@ impl RoutePipeline {
         let seen = state.seen.clone();
         let route = Arc::clone(&state.route);
         let host = route.host().map(str::to_owned);
-        let validated = self
-            .prevalidated_for(&key.namespace, &secret_name, seen.as_ref())
-            .unwrap_or_else(|| {
-                self.options
-                    .validator
-                    .validate_secret(secret, None, Timestamp::now())
-                    .map(Arc::new)
-            });
+        let validated = self.validation(&key.namespace, &secret_name, secret, seen);
         match validated {
             Ok(tls) => {
                 let reason = recreated.then(|| Reason::ExternalCertificateSecretRecreated {
@@ -705,17 +701,32 @@ impl RoutePipeline {
         }
     }
 
-    /// The prefetch task's validation of this version of the secret, if it has one.
-    fn prevalidated_for(
+    /// The validation of this version of the secret: the one its prefetch task made,
+    /// or made now. Either way it is recorded, so that every route using this version
+    /// shares one result (and one copy of the material).
+    fn validation(
         &self,
         namespace: &str,
-        secret: &str,
-        version: Option<&(String, String)>,
-    ) -> Option<Result<Arc<ValidatedTls>, TlsRejection>> {
-        let version = version?;
-        let validations = self.prefetched_validations();
-        let found = validations.get(&ObjectKey::new(namespace, secret))?;
-        (&found.version == version).then(|| found.result.clone())
+        name: &str,
+        secret: &Secret,
+        version: Option<(String, String)>,
+    ) -> Result<Arc<ValidatedTls>, TlsRejection> {
+        let key = ObjectKey::new(namespace, name);
+        if let Some(version) = &version
+            && let Some(found) = self.prefetched_validations().get(&key)
+            && &found.version == version
+        {
+            return found.result.clone();
+        }
+        let result = self
+            .options
+            .validator
+            .validate_secret(secret, None, Timestamp::now())
+            .map(Arc::new);
+        match version {
+            Some(version) => record_validation(&self.prevalidated, key, version, result),
+            None => result,
+        }
     }
 
     fn prefetched_validations(
@@ -885,6 +896,30 @@ impl RoutePipeline {
             let key = entry.remove();
             self.forced.insert(key.clone());
             self.enqueue(key);
+        }
+    }
+}
+
+/// Records `result` as the validation of `version` of the secret `key`, unless that
+/// version already has one; returns the one recorded.
+fn record_validation(
+    validations: &Mutex<HashMap<ObjectKey, Prevalidation>>,
+    key: ObjectKey,
+    version: (String, String),
+    result: Result<Arc<ValidatedTls>, TlsRejection>,
+) -> Result<Arc<ValidatedTls>, TlsRejection> {
+    let mut validations = lock(validations);
+    match validations.get(&key) {
+        Some(found) if found.version == version => found.result.clone(),
+        _ => {
+            validations.insert(
+                key,
+                Prevalidation {
+                    version,
+                    result: result.clone(),
+                },
+            );
+            result
         }
     }
 }

@@ -574,13 +574,7 @@ impl RoutePipeline {
                     Some("watch") => SecretVerb::Watch,
                     _ => SecretVerb::Get,
                 };
-                let identity = self.options.identity.clone();
-                self.reject_validation(
-                    &key,
-                    &secret,
-                    ValidationProblem::AccessDenied { verb, identity },
-                );
-                self.schedule_retry(&key);
+                self.access_denied(&key, &secret, verb);
                 return;
             }
             Ok(_) => {}
@@ -597,13 +591,7 @@ impl RoutePipeline {
                 } else {
                     SecretVerb::List
                 };
-                let identity = self.options.identity.clone();
-                self.reject_validation(
-                    &key,
-                    &secret,
-                    ValidationProblem::AccessDenied { verb, identity },
-                );
-                self.schedule_retry(&key);
+                self.access_denied(&key, &secret, verb);
                 return;
             }
             Some(Err(error)) => {
@@ -733,6 +721,18 @@ impl RoutePipeline {
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Prevalidation>> {
         lock(&self.prevalidated)
+    }
+
+    /// Rejects the route because the router may not use `verb` on its secret, and
+    /// checks again later (a grant may come).
+    fn access_denied(&mut self, key: &RouteKey, secret: &str, verb: SecretVerb) {
+        let identity = self.options.identity.clone();
+        self.reject_validation(
+            key,
+            secret,
+            ValidationProblem::AccessDenied { verb, identity },
+        );
+        self.schedule_retry(key);
     }
 
     /// Rejects the route because its secret could not be read or checked, and tries

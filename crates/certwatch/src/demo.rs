@@ -29,7 +29,7 @@ const SEED_SECRETS: usize = 1_738;
 const SEED_MINUTES: f64 = 40.9;
 
 fn duration_arg(text: &str) -> Result<Duration, String> {
-    kube_sim::parse_duration(text).map_err(|error| error.to_string())
+    kube_common::duration::parse(text).map_err(|error| error.to_string())
 }
 
 /// Arguments of `certwatch demo`.

@@ -43,7 +43,7 @@ struct Args {
     #[arg(long, default_value_t = 4)]
     connections: usize,
     /// Duration of the request-rate phase.
-    #[arg(long, default_value = "5s", value_parser = |s: &str| kube_sim::parse_duration(s).map_err(|e| e.to_string()))]
+    #[arg(long, default_value = "5s", value_parser = |s: &str| kube_common::duration::parse(s).map_err(|e| e.to_string()))]
     duration: Duration,
 }
 

@@ -8,10 +8,11 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::admin::ENDPOINTS;
-use crate::config::{LatencyConfig, LimitsConfig, SimConfig, parse_duration};
+use crate::config::{LatencyConfig, LimitsConfig, SimConfig};
 use crate::error::SimError;
 use crate::generate::GenerateSpec;
 use crate::{ADMIN_CONTEXT, ROUTER_CONTEXT, ROUTER_USER, Simulator};
+use kube_common::duration::parse as parse_duration;
 
 fn duration_arg(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())

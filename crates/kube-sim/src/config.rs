@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use kube_common::duration::{format as format_duration, parse as parse_duration};
+
 /// Everything [`crate::Simulator::start`] needs. `SimConfig::default()` is a plain-HTTP
 /// simulator on an ephemeral loopback port with no latency and no concurrency limit.
 #[derive(Debug, Clone)]
@@ -141,65 +143,8 @@ impl Default for LimitsConfig {
     }
 }
 
-/// Error from [`parse_duration`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid duration {input:?}: {reason} (examples: 1400ms, 1.4s, 2m, 1h, 90d)")]
-pub struct DurationParseError {
-    input: String,
-    reason: &'static str,
-}
-
-/// Parses a duration such as `1400ms`, `1.4s`, `250us`, `2m`, `1h`, `90d` or `0`.
-/// A bare number is taken as milliseconds.
-pub fn parse_duration(input: &str) -> Result<Duration, DurationParseError> {
-    let err = |reason| DurationParseError {
-        input: input.to_string(),
-        reason,
-    };
-    let s = input.trim();
-    if s.is_empty() {
-        return Err(err("empty"));
-    }
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    if number.is_empty() {
-        return Err(err("missing number"));
-    }
-    let value: f64 = number.parse().map_err(|_| err("bad number"))?;
-    let unit_secs = match unit.trim() {
-        "" | "ms" => 1e-3,
-        "ns" => 1e-9,
-        "us" | "µs" => 1e-6,
-        "s" => 1.0,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        "d" => 86_400.0,
-        _ => return Err(err("unknown unit")),
-    };
-    let secs = value * unit_secs;
-    if !secs.is_finite() || !(0.0..=1e12).contains(&secs) {
-        return Err(err("out of range"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-/// Formats a duration the way [`parse_duration`] reads it back (`1400ms`, `2s`, `0s`).
-pub fn format_duration(d: Duration) -> String {
-    if d.is_zero() {
-        return "0s".to_string();
-    }
-    if d.subsec_nanos() == 0 {
-        return format!("{}s", d.as_secs());
-    }
-    if d.as_nanos().is_multiple_of(1_000_000) {
-        return format!("{}ms", d.as_millis());
-    }
-    format!("{}us", d.as_micros())
-}
-
-/// Serde for a [`Duration`] as a string (`"1400ms"`) or a number of milliseconds.
+/// Serde for a [`Duration`] as a duration string (`"1400ms"`, `"1m30s"`) or a JSON
+/// number of milliseconds (the admin API's shorthand).
 pub mod duration_serde {
     use super::*;
     use serde::{Deserializer, Serializer, de::Error as _};
@@ -258,36 +203,6 @@ mod duration_map_serde {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_common_durations() {
-        assert_eq!(
-            parse_duration("1400ms").unwrap(),
-            Duration::from_millis(1400)
-        );
-        assert_eq!(parse_duration("1.4s").unwrap(), Duration::from_millis(1400));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(
-            parse_duration("90d").unwrap(),
-            Duration::from_secs(90 * 86_400)
-        );
-        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
-        assert_eq!(parse_duration("250").unwrap(), Duration::from_millis(250));
-        assert!(parse_duration("fast").is_err());
-        assert!(parse_duration("1x").is_err());
-        assert!(parse_duration("").is_err());
-    }
-
-    #[test]
-    fn duration_round_trips_through_format() {
-        for d in [
-            Duration::ZERO,
-            Duration::from_millis(1400),
-            Duration::from_secs(3),
-        ] {
-            assert_eq!(parse_duration(&format_duration(d)).unwrap(), d);
-        }
-    }
 
     #[test]
     fn latency_config_json_accepts_strings_and_numbers() {

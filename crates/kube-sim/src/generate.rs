@@ -12,11 +12,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::certs::CertAuthority;
-use crate::config::{duration_serde, parse_duration};
+use crate::config::duration_serde;
 use crate::error::SimError;
 use crate::resources::{self, ResourceId};
 use crate::store::{Store, WriteOptions};
 use crate::store_handle::upsert;
+use kube_common::duration::parse as parse_duration;
 
 /// Namespace of the router's service account.
 pub const ROUTER_NAMESPACE: &str = "openshift-ingress";

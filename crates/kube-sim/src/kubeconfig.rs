@@ -46,21 +46,10 @@ pub(crate) fn build(
 
 /// Writes a kubeconfig as YAML, readable only by the owner (it holds tokens).
 pub(crate) fn write(config: &Kubeconfig, path: &Path) -> Result<(), SimError> {
-    let text = serde_yaml::to_string(config).map_err(|e| SimError::Kubeconfig(e.to_string()))?;
-    let write_err = |source| SimError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(write_err)?;
-    }
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let mut file = opts.open(path).map_err(write_err)?;
-    std::io::Write::write_all(&mut file, text.as_bytes()).map_err(write_err)
+    kube_common::kubeconfig::write(config, path).map_err(|error| match error {
+        kube_common::kubeconfig::KubeconfigWriteError::Io { path, source } => {
+            SimError::Write { path, source }
+        }
+        other => SimError::Kubeconfig(other.to_string()),
+    })
 }

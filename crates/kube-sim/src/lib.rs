@@ -88,10 +88,7 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{
-    DurationParseError, LatencyConfig, LimitsConfig, SimConfig, SimUser, format_duration,
-    parse_duration,
-};
+pub use config::{LatencyConfig, LimitsConfig, SimConfig, SimUser};
 pub use discovery::SERVER_MINOR;
 pub use error::{ApiError, FieldError, FieldErrorKind, SimError};
 pub use faults::{FailRule, FaultControl, FaultState, OutageMode};

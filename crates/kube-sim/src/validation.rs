@@ -11,53 +11,15 @@ use crate::resources::{self, ResourceDef, ResourceId};
 /// Maximum total size of a Secret's data (keys plus decoded values), as in Kubernetes.
 pub const MAX_SECRET_SIZE: usize = 1024 * 1024;
 
-const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character";
-const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character";
-
-fn is_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-}
-
-/// Checks a DNS-1123 label (namespace names).
+/// Checks a DNS-1123 label (namespace names), with the API server's message.
 pub fn dns1123_label(s: &str) -> Result<(), String> {
-    if is_label(s) {
-        Ok(())
-    } else if s.len() > 63 {
-        Err("must be no more than 63 characters".to_string())
-    } else {
-        Err(format!(
-            "{DNS1123_LABEL_MSG} (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
-        ))
-    }
+    kube_common::name::label(s).map_err(|error| error.to_string())
 }
 
-/// Checks a DNS-1123 subdomain (names of most objects, hosts).
+/// Checks a DNS-1123 subdomain (names of most objects, hosts), with the API server's
+/// message.
 pub fn dns1123_subdomain(s: &str) -> Result<(), String> {
-    if s.len() > 253 {
-        return Err("must be no more than 253 characters".to_string());
-    }
-    let ok = !s.is_empty()
-        && s.split('.').all(|part| {
-            let b = part.as_bytes();
-            !b.is_empty()
-                && b[0].is_ascii_alphanumeric()
-                && b[b.len() - 1].is_ascii_alphanumeric()
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        });
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{DNS1123_SUBDOMAIN_MSG} (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-        ))
-    }
+    kube_common::name::subdomain(s).map_err(|error| error.to_string())
 }
 
 /// Checks a name that must only be a valid URL path segment (RBAC objects).

@@ -429,9 +429,6 @@ impl Route {
     }
 }
 
-/// Longest object name the API accepts (DNS-1123 subdomain).
-const MAX_SECRET_NAME_LEN: usize = 253;
-
 /// Why a string is not a valid secret name.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -455,26 +452,12 @@ pub enum SecretNameError {
 
 /// Checks that `name` can name a secret (a DNS-1123 subdomain, as the API server demands).
 pub fn validate_secret_name(name: &str) -> Result<(), SecretNameError> {
-    if name.is_empty() {
-        return Err(SecretNameError::Empty);
-    }
-    if name.len() > MAX_SECRET_NAME_LEN {
-        return Err(SecretNameError::TooLong { len: name.len() });
-    }
-    let label_ok = |label: &str| {
-        let bytes = label.as_bytes();
-        !bytes.is_empty()
-            && bytes[0].is_ascii_alphanumeric()
-            && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-            && bytes
-                .iter()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-    };
-    if name.split('.').all(label_ok) {
-        Ok(())
-    } else {
-        Err(SecretNameError::NotDnsSubdomain)
-    }
+    use kube_common::NameError;
+    kube_common::name::subdomain(name).map_err(|error| match error {
+        NameError::Empty => SecretNameError::Empty,
+        NameError::TooLong { len, .. } => SecretNameError::TooLong { len },
+        _ => SecretNameError::NotDnsSubdomain,
+    })
 }
 
 #[cfg(test)]

@@ -105,7 +105,7 @@ pub enum BenchError {
 }
 
 fn duration_arg(s: &str) -> Result<Duration, String> {
-    kube_sim::parse_duration(s).map_err(|e| e.to_string())
+    kube_common::duration::parse(s).map_err(|e| e.to_string())
 }
 
 /// Arguments of `certwatch bench`.

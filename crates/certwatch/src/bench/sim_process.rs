@@ -6,7 +6,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube_sim::{ADMIN_CONTEXT, SimStats, format_duration};
+use kube_common::duration::format as format_duration;
+use kube_sim::{ADMIN_CONTEXT, SimStats};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};

@@ -16,7 +16,7 @@ use super::scope::RouteScope;
 use crate::logging::LogFormat;
 
 fn duration_arg(text: &str) -> Result<Duration, String> {
-    kube_sim::parse_duration(text).map_err(|error| error.to_string())
+    kube_common::duration::parse(text).map_err(|error| error.to_string())
 }
 
 fn generate_arg(text: &str) -> Result<GenerateSpec, String> {

@@ -1,0 +1,33 @@
+//! The vocabulary certwatch's crates share, so that none of them borrows it from
+//! another's internals (the daemon from the simulator, say).
+//!
+//! - [`verb`]: the Kubernetes API verbs, as one typed enum ([`Verb`]) instead of
+//!   strings that every layer parses again.
+//! - [`duration`]: durations as Kubernetes users type them (`1m30s`, `1.5h`, `300ms`),
+//!   the syntax of Go's `time.ParseDuration` that kubectl and client-go flags use.
+//! - [`name`]: DNS-1123 label and subdomain checks, with the API server's messages.
+//! - [`kubeconfig`]: writing a kubeconfig file that holds credentials (mode 0600).
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use kube_common::{Verb, duration, name};
+//!
+//! assert_eq!(duration::parse("1m30s")?, Duration::from_secs(90));
+//! assert!(duration::parse("60").is_err()); // unitless: 60 what?
+//! assert_eq!("watch".parse::<Verb>()?, Verb::Watch);
+//! assert!(name::subdomain("shop-tls").is_ok());
+//! assert!(name::label("Team_A").is_err());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod duration;
+pub mod kubeconfig;
+pub mod name;
+pub mod verb;
+
+pub use duration::DurationParseError;
+pub use name::NameError;
+pub use verb::{UnknownVerb, Verb};

@@ -253,7 +253,7 @@ impl SecretManager {
 
     /// The route's secret, from the watch cache (no API call).
     ///
-    /// Fails with [`ManagerError::Secret`] carrying [`MonitorError::NotFound`] when the
+    /// Fails with [`ManagerError::Secret`] carrying [`MonitorErrorKind::NotFound`](secret_monitor::MonitorErrorKind::NotFound) when the
     /// secret does not exist, and [`ManagerError::NotRegistered`] for an unknown route.
     pub fn get_secret(&self, route: &RouteKey) -> Result<Arc<Secret>, ManagerError> {
         let (secret, handle) = match self.routes().get(route) {

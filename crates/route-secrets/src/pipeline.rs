@@ -42,7 +42,8 @@ use futures::future::{BoxFuture, OptionFuture};
 use futures::{FutureExt, Stream, StreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Secret;
-use secret_monitor::{MonitorError, ObjectEvent, ObjectKey, TaggedSink};
+use kube_common::Verb;
+use secret_monitor::{MonitorErrorKind, ObjectEvent, ObjectKey, TaggedSink};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -582,11 +583,10 @@ impl RoutePipeline {
 
         match registered {
             None | Some(Ok(())) => {}
-            Some(Err(ManagerError::Secret {
-                source: MonitorError::Forbidden { verb, .. },
-                ..
-            })) => {
-                let verb = if verb == "watch" {
+            Some(Err(ManagerError::Secret { source, .. }))
+                if matches!(source.kind(), MonitorErrorKind::Forbidden { .. }) =>
+            {
+                let verb = if source.verb() == Some(Verb::Watch) {
                     SecretVerb::Watch
                 } else {
                     SecretVerb::List
@@ -602,10 +602,9 @@ impl RoutePipeline {
 
         match self.manager.get_secret(&key) {
             Ok(object) => self.evaluate(&key, &object, false),
-            Err(ManagerError::Secret {
-                source: MonitorError::NotFound { .. },
-                ..
-            }) => {
+            Err(ManagerError::Secret { source, .. })
+                if matches!(source.kind(), MonitorErrorKind::NotFound) =>
+            {
                 // Still watched: creating the secret admits the route.
                 self.reject_validation(&key, &secret, ValidationProblem::SecretNotFound);
             }

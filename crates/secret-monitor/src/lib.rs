@@ -52,10 +52,6 @@
 //! * After disconnects, `410 Gone` and outages the watch re-lists and delivers what
 //!   changed in between, including deletions and re-creations.
 
-// `MonitorError` names the object, verb and cause in every variant; it is returned on
-// cold paths only, so its size is not worth boxing away.
-#![allow(clippy::result_large_err)]
-
 mod error;
 mod event;
 mod key;
@@ -68,7 +64,7 @@ mod registry;
 mod registry_model;
 mod watch;
 
-pub use error::MonitorError;
+pub use error::{MonitorError, MonitorErrorKind};
 pub use event::{EventSink, EventStream, ObjectEvent, TaggedSink};
 pub use key::ObjectKey;
 pub use monitor::{EventHandler, ObjectMonitor, Registration};

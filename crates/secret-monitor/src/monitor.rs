@@ -14,7 +14,7 @@ use crate::lock::StdLocks;
 use crate::options::MonitorOptions;
 use crate::registry::{HandlerHandle, KeyStatus, Registry};
 use crate::watch::{self, WatchContext};
-use crate::{MonitorError, ObjectKey};
+use crate::{MonitorError, MonitorErrorKind, ObjectKey};
 
 /// Watches individual namespaced objects, one shared watch per object.
 ///
@@ -160,23 +160,23 @@ where
 
     /// Removes a handler. The key's watch stops when its last handler is removed.
     ///
-    /// Fails with [`MonitorError::NotRegistered`] when the handle was already removed.
+    /// Fails with [`MonitorErrorKind::NotRegistered`] when the handle was already removed.
     pub fn remove_handler(&self, handle: &HandlerHandle) -> Result<(), MonitorError> {
         self.inner.registry.remove(handle)
     }
 
     /// The cached object for a registered handler, without an API call.
     ///
-    /// Fails with [`MonitorError::NotFound`] when the object does not exist and with
-    /// [`MonitorError::NotRegistered`] for an unknown handle.
+    /// Fails with [`MonitorErrorKind::NotFound`] when the object does not exist and with
+    /// [`MonitorErrorKind::NotRegistered`] for an unknown handle.
     pub fn get(&self, handle: &HandlerHandle) -> Result<Arc<K>, MonitorError> {
-        self.inner
-            .registry
-            .get(handle)?
-            .ok_or_else(|| MonitorError::NotFound {
-                resource: self.inner.context.resource.clone(),
-                key: handle.key().clone(),
-            })
+        self.inner.registry.get(handle)?.ok_or_else(|| {
+            MonitorError::new(
+                self.inner.context.resource.as_str(),
+                handle.key().clone(),
+                MonitorErrorKind::NotFound,
+            )
+        })
     }
 
     /// Every watched key with its handler counts.

@@ -39,7 +39,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::event::{EventSink, ObjectEvent};
 use crate::lock::{Lock, LockFamily};
-use crate::{MonitorError, ObjectKey};
+use crate::{MonitorError, MonitorErrorKind, ObjectKey};
 
 /// Identifies one incarnation of a key's entry. A key that is dropped and registered
 /// again gets a new entry with a new id, so stale handles never touch the new one.
@@ -302,7 +302,7 @@ where
     }
 
     /// Stops and forgets every entry. Waiting callers fail with
-    /// [`MonitorError::Cancelled`].
+    /// [`MonitorErrorKind::Cancelled`].
     pub(crate) fn shutdown(&self) {
         let entries: Vec<_> = self
             .inner
@@ -311,10 +311,11 @@ where
         for entry in entries {
             entry.sync.send_if_modified(|state| {
                 if matches!(state, SyncState::Pending) {
-                    *state = SyncState::Failed(MonitorError::Cancelled {
-                        resource: self.inner.resource.clone(),
-                        key: entry.key.clone(),
-                    });
+                    *state = SyncState::Failed(MonitorError::new(
+                        self.inner.resource.as_str(),
+                        entry.key.clone(),
+                        MonitorErrorKind::Cancelled,
+                    ));
                     true
                 } else {
                     false
@@ -325,11 +326,13 @@ where
     }
 
     fn not_registered(&self, handle: &HandlerHandle) -> MonitorError {
-        MonitorError::NotRegistered {
-            resource: self.inner.resource.clone(),
-            key: handle.key.clone(),
-            handler: handle.handler.0,
-        }
+        MonitorError::new(
+            self.inner.resource.as_str(),
+            handle.key.clone(),
+            MonitorErrorKind::NotRegistered {
+                handler: handle.handler.0,
+            },
+        )
     }
 }
 
@@ -408,10 +411,11 @@ where
     }
 
     fn cancelled(&self, entry: &Entry<K, L>) -> MonitorError {
-        MonitorError::Cancelled {
-            resource: self.registry.inner.resource.clone(),
-            key: entry.key.clone(),
-        }
+        MonitorError::new(
+            self.registry.inner.resource.as_str(),
+            entry.key.clone(),
+            MonitorErrorKind::Cancelled,
+        )
     }
 }
 
@@ -525,9 +529,6 @@ where
         // not leave waiters hanging or a dead entry in the map: treat it as a failed
         // first sync. After a reported outcome this is a no-op.
         let key = self.entry.key.clone();
-        self.fail_pending(|resource| MonitorError::Cancelled {
-            resource: resource.to_owned(),
-            key,
-        });
+        self.fail_pending(|resource| MonitorError::new(resource, key, MonitorErrorKind::Cancelled));
     }
 }

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use crate::lock::{Lock, LockFamily};
 use crate::registry::{Registry, SyncDriver};
-use crate::{MonitorError, ObjectEvent, ObjectKey};
+use crate::{MonitorError, MonitorErrorKind, ObjectEvent, ObjectKey};
 
 struct ShuttleLocks;
 
@@ -60,12 +60,14 @@ fn key() -> ObjectKey {
 }
 
 fn sync_error() -> MonitorError {
-    MonitorError::Forbidden {
-        resource: "objs".into(),
-        key: key(),
-        verb: "list".into(),
-        message: "denied".into(),
-    }
+    MonitorError::new(
+        "objs",
+        key(),
+        MonitorErrorKind::Forbidden {
+            verb: kube_common::Verb::List,
+            message: "denied".into(),
+        },
+    )
 }
 
 /// Drives one entry: after a scheduler-chosen delay, its first sync succeeds (then the
@@ -154,7 +156,7 @@ async fn registering_caller(registry: Reg, ledger: Arc<Mutex<Ledger>>) {
                 assert!(
                     matches!(
                         registry.remove(&handle),
-                        Err(MonitorError::NotRegistered { .. })
+                        Err(e) if matches!(e.kind(), MonitorErrorKind::NotRegistered { .. })
                     ),
                     "second removal reports NotRegistered"
                 );
@@ -165,7 +167,7 @@ async fn registering_caller(registry: Reg, ledger: Arc<Mutex<Ledger>>) {
             }
             Err(err) => {
                 assert!(
-                    err == sync_error() || matches!(err, MonitorError::Cancelled { .. }),
+                    err == sync_error() || matches!(err.kind(), MonitorErrorKind::Cancelled),
                     "unexpected error {err:?}"
                 );
                 // The failed entry is gone: joining again never lands on it.

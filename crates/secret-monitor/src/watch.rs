@@ -27,7 +27,8 @@ use crate::lock::StdLocks;
 use crate::options::{InitialList, MonitorOptions};
 use crate::reconcile::{Reconciler, Step};
 use crate::registry::SyncDriver;
-use crate::{MonitorError, ObjectKey};
+use crate::{MonitorError, MonitorErrorKind, ObjectKey};
+use kube_common::Verb;
 
 /// State shared by all watch tasks of one monitor.
 pub(crate) struct WatchContext {
@@ -157,11 +158,13 @@ where
     let first = tokio::time::timeout(ctx.options.sync_timeout, first_sync(watch, reconciler, ctx))
         .await
         .unwrap_or_else(|_elapsed| {
-            Err(MonitorError::SyncTimeout {
-                resource: ctx.resource.clone(),
-                key: watch.key.clone(),
-                timeout: ctx.options.sync_timeout,
-            })
+            Err(MonitorError::new(
+                ctx.resource.as_str(),
+                watch.key.clone(),
+                MonitorErrorKind::SyncTimeout {
+                    timeout: ctx.options.sync_timeout,
+                },
+            ))
         });
     if let Some(observer) = &ctx.options.observer {
         observer.first_sync(watch.key, started.elapsed(), first.as_ref().map(|_| ()));
@@ -301,20 +304,24 @@ fn next_delay(backoff: &mut backon::ExponentialBackoff, options: &MonitorOptions
 /// Names the failed verb and turns a watcher error into a [`MonitorError`].
 fn classify(err: &watcher::Error, key: &ObjectKey, resource: &str) -> (MonitorError, Disposition) {
     let (verb, source) = match err {
-        watcher::Error::InitialListFailed(source) => ("list", source),
+        watcher::Error::InitialListFailed(source) => (Verb::List, source),
         watcher::Error::WatchStartFailed(source) | watcher::Error::WatchFailed(source) => {
-            ("watch", source)
+            (Verb::Watch, source)
         }
-        watcher::Error::WatchError(status) => return from_status(status, "watch", key, resource),
+        watcher::Error::WatchError(status) => {
+            return from_status(status, Verb::Watch, key, resource);
+        }
         watcher::Error::NoResourceVersion => {
-            let error = MonitorError::Api {
-                resource: resource.to_owned(),
-                key: key.clone(),
-                verb: "list".into(),
-                code: 500,
-                reason: "NoResourceVersion".into(),
-                message: "the list response carried no metadata.resourceVersion".into(),
-            };
+            let error = MonitorError::new(
+                resource,
+                key.clone(),
+                MonitorErrorKind::Api {
+                    verb: Verb::List,
+                    code: 500,
+                    reason: "NoResourceVersion".into(),
+                    message: "the list response carried no metadata.resourceVersion".into(),
+                },
+            );
             return (error, Disposition::Transient);
         }
     };
@@ -333,12 +340,14 @@ fn classify(err: &watcher::Error, key: &ObjectKey, resource: &str) -> (MonitorEr
             )
         }
         other => {
-            let error = MonitorError::Transport {
-                resource: resource.to_owned(),
-                key: key.clone(),
-                verb: verb.into(),
-                message: transport_message(other),
-            };
+            let error = MonitorError::new(
+                resource,
+                key.clone(),
+                MonitorErrorKind::Transport {
+                    verb,
+                    message: transport_message(other),
+                },
+            );
             (error, Disposition::Transient)
         }
     }
@@ -346,31 +355,19 @@ fn classify(err: &watcher::Error, key: &ObjectKey, resource: &str) -> (MonitorEr
 
 fn from_status(
     status: &Status,
-    verb: &str,
+    verb: Verb,
     key: &ObjectKey,
     resource: &str,
 ) -> (MonitorError, Disposition) {
-    let resource = resource.to_owned();
-    let key = key.clone();
-    let verb = verb.to_owned();
+    let error = |kind| MonitorError::new(resource, key.clone(), kind);
     let message = status.message.clone();
     match status.code {
         401 => (
-            MonitorError::Unauthorized {
-                resource,
-                key,
-                verb,
-                message,
-            },
+            error(MonitorErrorKind::Unauthorized { verb, message }),
             Disposition::Permanent,
         ),
         403 => (
-            MonitorError::Forbidden {
-                resource,
-                key,
-                verb,
-                message,
-            },
+            error(MonitorErrorKind::Forbidden { verb, message }),
             Disposition::Permanent,
         ),
         code => {
@@ -379,14 +376,12 @@ fn from_status(
                 408 | 409 | 429 | 500..=599 => Disposition::Transient,
                 _ => Disposition::Permanent,
             };
-            let error = MonitorError::Api {
-                resource,
-                key,
+            let error = error(MonitorErrorKind::Api {
                 verb,
                 code,
                 reason: status.reason.clone(),
                 message,
-            };
+            });
             (error, disposition)
         }
     }

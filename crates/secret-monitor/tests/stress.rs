@@ -17,7 +17,7 @@ use futures::future::join_all;
 use kube_sim::{FailRule, LatencyConfig, SimConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use secret_monitor::{HandlerHandle, MonitorError, MonitorOptions, ObjectKey};
+use secret_monitor::{HandlerHandle, MonitorErrorKind, MonitorOptions, ObjectKey};
 
 const KEYS: usize = 100;
 const ROUNDS: usize = 60;
@@ -160,7 +160,7 @@ async fn random_operations_with_faults_converge() {
                 .expect("live handle removes once");
             assert!(matches!(
                 monitor.remove_handler(&handle),
-                Err(MonitorError::NotRegistered { .. })
+                Err(e) if matches!(e.kind(), MonitorErrorKind::NotRegistered { .. })
             ));
         }
         for outcome in registering.await.expect("registrations") {

@@ -42,7 +42,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use route_secrets::route::RouteKey;
-use secret_monitor::{MonitorError, MonitorObserver, ObjectKey};
+use secret_monitor::{MonitorError, MonitorErrorKind, MonitorObserver, ObjectKey};
 
 /// Content type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -453,10 +453,10 @@ pub fn kube_error_code(error: &kube::Error) -> String {
 }
 
 fn monitor_error_code(error: &MonitorError) -> String {
-    match error {
-        MonitorError::SyncTimeout { .. } => "timeout".to_owned(),
-        MonitorError::NotFound { .. } => "404".to_owned(),
-        other => other
+    match error.kind() {
+        MonitorErrorKind::SyncTimeout { .. } => "timeout".to_owned(),
+        MonitorErrorKind::NotFound => "404".to_owned(),
+        _ => error
             .status_code()
             .map_or_else(|| "transport".to_owned(), |code| code.to_string()),
     }

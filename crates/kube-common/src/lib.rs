@@ -3,6 +3,8 @@
 //!
 //! - [`verb`]: the Kubernetes API verbs, as one typed enum ([`Verb`]) instead of
 //!   strings that every layer parses again.
+//! - [`backoff`]: the retry policy every repeated request uses (client-go's reflector
+//!   policy, with jitter that never exceeds the cap).
 //! - [`duration`]: durations as Kubernetes users type them (`1m30s`, `1.5h`, `300ms`),
 //!   the syntax of Go's `time.ParseDuration` that kubectl and client-go flags use.
 //! - [`name`]: DNS-1123 label and subdomain checks, with the API server's messages.
@@ -23,6 +25,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod backoff;
 pub mod duration;
 pub mod kubeconfig;
 pub mod name;

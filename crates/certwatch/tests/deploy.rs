@@ -138,8 +138,8 @@ async fn rbac_manifests_grant_exactly_the_named_secret() {
     let message = loop {
         assert!(std::time::Instant::now() < deadline, "no status written");
         let route = routes.get("other").await.unwrap();
-        let message = route_secrets::route::status::router_ingress(&route, "certwatch")
-            .and_then(route_secrets::route::status::admitted_condition)
+        let message = route_secrets::route::admission::router_ingress(&route, "certwatch")
+            .and_then(route_secrets::route::admission::admitted_condition)
             .and_then(|condition| condition.message.clone());
         if let Some(message) = message {
             break message;

@@ -13,7 +13,7 @@ use common::*;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use route_secrets::route::Route;
-use route_secrets::route::status::{admitted_condition, router_ingress};
+use route_secrets::route::admission::{admitted_condition, router_ingress};
 
 const SIM_HOSTS: &str = "apps.sim.example";
 

@@ -2,7 +2,7 @@
 //! certwatch's route pipeline.
 //!
 //! - [`route`]: the `Route` resource (`route.openshift.io/v1`) with the fields a router
-//!   uses, lossless for fields it does not model, plus [`route::status`] helpers that
+//!   uses, lossless for fields it does not model, plus [`route::admission`] helpers that
 //!   write and recognise this router's `status.ingress[]` entry.
 //! - [`reason`]: why a route was rejected or re-admitted, with OpenShift's reason names
 //!   (`ExternalCertificateValidationFailed`, ...) and messages a person can act on.
@@ -24,7 +24,7 @@
 //! use k8s_openapi::ByteString;
 //! use route_secrets::reason::{Reason, ValidationProblem};
 //! use route_secrets::route::Route;
-//! use route_secrets::route::status::{RouterIdentity, record_admission, records_admission};
+//! use route_secrets::route::admission::{RouterIdentity, record_admission, records_admission};
 //! use route_secrets::tls::{self, TlsRejection};
 //!
 //! let mut route: Route = serde_json::from_value(serde_json::json!({
@@ -63,13 +63,9 @@
 // paths only, so their size is not worth boxing away.
 #![allow(clippy::result_large_err)]
 
-pub mod access;
-pub mod manager;
-pub mod pipeline;
+pub mod api;
 pub mod reason;
 pub mod route;
-pub mod source;
-pub mod status;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
 pub mod tls;

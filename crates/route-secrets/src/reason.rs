@@ -10,7 +10,7 @@ use std::fmt;
 
 use crate::route::RouteKey;
 use crate::route::SecretNameError;
-use crate::route::status::Admission;
+use crate::route::admission::Admission;
 use crate::tls::TlsRejection;
 
 /// A verb the router needs on its secret.

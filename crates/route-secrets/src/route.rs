@@ -9,7 +9,7 @@
 //! The type has no derived CRD schema (`Route::crd()` is not installable): OpenShift owns
 //! the definition; install the CRD from `openshift/api` on a cluster without it.
 
-pub mod status;
+pub mod admission;
 
 use std::collections::BTreeMap;
 use std::fmt;

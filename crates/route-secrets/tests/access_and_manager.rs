@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::*;
 use futures::future::join_all;
 use kube_sim::{FailRule, Simulator};
-use route_secrets::access::{AccessChecker, AccessPolicy};
-use route_secrets::manager::{ManagerError, SecretManager};
+use route_secrets::api::access::{AccessChecker, AccessPolicy};
+use route_secrets::api::manager::{ManagerError, SecretManager};
 use route_secrets::testing::{LeafSpec, Pki};
 use secret_monitor::{ObjectEvent, SecretMonitor};
 

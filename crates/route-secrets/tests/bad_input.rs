@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use k8s_openapi::ByteString;
 use kube_sim::LatencyConfig;
-use route_secrets::pipeline::RouteOutcome;
+use route_secrets::api::pipeline::RouteOutcome;
 use route_secrets::reason::{Reason, SecretVerb, ValidationProblem};
 use route_secrets::testing::{self, KeyKind, LeafSpec, Pki, TestKey};
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use kube_sim::GenerateSpec;
-use route_secrets::pipeline::RouteOutcome;
+use route_secrets::api::pipeline::RouteOutcome;
 use route_secrets::route::RouteKey;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

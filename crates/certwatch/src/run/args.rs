@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use kube_sim::GenerateSpec;
-use route_secrets::access::AccessPolicy;
+use route_secrets::api::access::AccessPolicy;
 
 use super::daemon::DaemonOptions;
 use super::haproxy::HaproxyOptions;

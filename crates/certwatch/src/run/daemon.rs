@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube_h2::{ClientOptions, PoolHandle, PoolStats};
-use route_secrets::access::{AccessChecker, AccessPolicy, AccessStats};
-use route_secrets::manager::SecretManager;
-use route_secrets::pipeline::{PipelineOptions, RoutePipeline};
-use route_secrets::route::status::RouterIdentity;
-use route_secrets::status::StatusWriter;
+use route_secrets::api::access::{AccessChecker, AccessPolicy, AccessStats};
+use route_secrets::api::manager::SecretManager;
+use route_secrets::api::pipeline::{PipelineOptions, RoutePipeline};
+use route_secrets::api::status_writer::StatusWriter;
+use route_secrets::route::admission::RouterIdentity;
 use secret_monitor::{MonitorObserver, MonitorOptions, SecretMonitor};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

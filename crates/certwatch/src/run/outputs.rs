@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use route_secrets::pipeline::{Readiness, RouteOutcome};
+use route_secrets::api::pipeline::{Readiness, RouteOutcome};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};

@@ -18,8 +18,8 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use kube::runtime::{WatchStreamExt, watcher::Event};
 use kube::{Client, ResourceExt};
+use route_secrets::api::route_watch::{RouteEvent, route_events};
 use route_secrets::route::{Route, RouteKey};
-use route_secrets::source::{RouteEvent, route_events};
 
 /// The routes in scope.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -12,16 +12,16 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::runtime::watcher;
 use kube_sim::{LatencyConfig, SimConfig, Simulator};
-use route_secrets::access::{AccessChecker, AccessPolicy};
-use route_secrets::manager::SecretManager;
-use route_secrets::pipeline::{
+use route_secrets::api::access::{AccessChecker, AccessPolicy};
+use route_secrets::api::manager::SecretManager;
+use route_secrets::api::pipeline::{
     AdmittedRoute, PipelineOptions, Readiness, RejectedRoute, RouteOutcome, RoutePipeline,
 };
+use route_secrets::api::route_watch::route_events;
+use route_secrets::api::status_writer::StatusWriter;
 use route_secrets::reason::Reason;
-use route_secrets::route::status::{RouterIdentity, admitted_condition, router_ingress};
+use route_secrets::route::admission::{RouterIdentity, admitted_condition, router_ingress};
 use route_secrets::route::{Route, RouteKey};
-use route_secrets::source::route_events;
-use route_secrets::status::StatusWriter;
 use secret_monitor::{MonitorOptions, SecretMonitor};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
-use crate::route::status::{Admission, RouterIdentity, record_admission};
+use crate::route::admission::{Admission, RouterIdentity, record_admission};
 use crate::route::{Route, RouteKey};
 
 /// How many times a write is attempted (conflicts and transient errors) before it is

@@ -48,13 +48,13 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::access::{AccessChecker, AccessDecision, AccessError};
-use crate::manager::{ManagerError, SecretManager};
+use crate::api::access::{AccessChecker, AccessDecision, AccessError};
+use crate::api::manager::{ManagerError, SecretManager};
+use crate::api::route_watch::RouteEvent;
+use crate::api::status_writer::StatusWriter;
 use crate::reason::{Reason, SecretVerb, ValidationProblem};
-use crate::route::status::Admission;
+use crate::route::admission::Admission;
 use crate::route::{Route, RouteKey, validate_secret_name};
-use crate::source::RouteEvent;
-use crate::status::StatusWriter;
 use crate::tls::{TlsRejection, TlsValidator, TlsWarning, ValidatedTls};
 
 /// Options of a [`RoutePipeline`].

@@ -59,10 +59,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-// Errors carry the route, the secret and the monitor's cause; they are returned on cold
-// paths only, so their size is not worth boxing away.
-#![allow(clippy::result_large_err)]
-
 pub mod api;
 pub mod reason;
 pub mod route;

@@ -8,41 +8,12 @@
 
 use std::fmt;
 
+use kube_common::Verb;
+
 use crate::route::RouteKey;
 use crate::route::SecretNameError;
 use crate::route::admission::Admission;
 use crate::tls::TlsRejection;
-
-/// A verb the router needs on its secret.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum SecretVerb {
-    /// `get`.
-    Get,
-    /// `list`.
-    List,
-    /// `watch`.
-    Watch,
-}
-
-impl SecretVerb {
-    /// All verbs the router needs.
-    pub const ALL: [Self; 3] = [Self::Get, Self::List, Self::Watch];
-
-    /// The verb as RBAC writes it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Get => "get",
-            Self::List => "list",
-            Self::Watch => "watch",
-        }
-    }
-}
-
-impl fmt::Display for SecretVerb {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// What made the validation of an external certificate fail.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -67,8 +38,8 @@ pub enum ValidationProblem {
          service account"
     )]
     AccessDenied {
-        /// The verb that was denied.
-        verb: SecretVerb,
+        /// The verb that was denied (`get`, `list` or `watch`).
+        verb: Verb,
         /// Who asked, e.g. `system:serviceaccount:openshift-ingress:router`.
         identity: String,
     },
@@ -285,7 +256,7 @@ mod tests {
             route: route(),
             secret: "shop-tls".into(),
             problem: ValidationProblem::AccessDenied {
-                verb: SecretVerb::Watch,
+                verb: Verb::Watch,
                 identity: "system:serviceaccount:openshift-ingress:router".into(),
             },
         };

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use common::*;
 use futures::future::join_all;
+use kube_common::Verb;
 use kube_sim::{FailRule, Simulator};
-use route_secrets::api::access::{AccessChecker, AccessPolicy};
+use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy};
 use route_secrets::api::manager::{ManagerError, SecretManager};
 use route_secrets::testing::{LeafSpec, Pki};
 use secret_monitor::{ObjectEvent, SecretMonitor};
@@ -72,7 +73,7 @@ async fn rules_review_answers_a_namespace_once() {
 
     // A secret the router may not read: every verb denied, with the verbs named.
     let denied = checker.check(NS, "other").await.unwrap();
-    assert_eq!(denied.denied, ["get", "list", "watch"]);
+    assert_eq!(denied.denied, Verb::READ);
     // The denial was re-checked once (a denial is trusted only while fresh).
     assert!(reviews(&sim, "selfsubjectrulesreviews") <= 2);
 }
@@ -98,23 +99,25 @@ async fn reviews_per_verb_are_cached_per_secret() {
 #[tokio::test]
 async fn subject_access_reviews_check_another_identity() {
     let sim = world().await;
-    let checker = AccessChecker::new(
+    let checker = AccessChecker::with_options(
         client(&sim, "admin").await,
-        AccessPolicy::Subject {
-            user: kube_sim::ROUTER_USER.to_owned(),
-            groups: vec![
-                "system:serviceaccounts".into(),
-                "system:serviceaccounts:openshift-ingress".into(),
-            ],
+        AccessOptions {
+            policy: AccessPolicy::Subject {
+                user: kube_sim::ROUTER_USER.to_owned(),
+                groups: vec![
+                    "system:serviceaccounts".into(),
+                    "system:serviceaccounts:openshift-ingress".into(),
+                ],
+            },
+            ttl: Duration::from_secs(600),
+            denied_ttl: Duration::ZERO,
         },
-        Duration::from_secs(600),
-    )
-    .with_denied_ttl(Duration::ZERO);
+    );
     assert!(checker.check(NS, "s1").await.unwrap().allowed());
     assert!(checker.check(NS, "s1").await.unwrap().allowed());
     assert_eq!(reviews(&sim, "subjectaccessreviews"), 3);
     let denied = checker.check(NS, "other").await.unwrap();
-    assert_eq!(denied.denied, ["get", "list", "watch"]);
+    assert_eq!(denied.denied, Verb::READ);
     assert!(denied.subject.contains(kube_sim::ROUTER_USER));
 
     // A grant is noticed once denials are no longer trusted (here: at once).
@@ -133,12 +136,68 @@ async fn failed_reviews_are_errors_and_not_cached() {
     sim.faults()
         .fail_next(FailRule::new("create", "selfsubjectrulesreviews", 500, 1));
     let err = checker.check(NS, "s1").await.unwrap_err();
-    assert_eq!(err.code, Some(500));
+    assert_eq!(err.code(), Some(500));
+    assert_eq!(
+        sim.request_log()
+            .iter()
+            .filter(|r| r.resource == "selfsubjectrulesreviews" && r.code == 500)
+            .count(),
+        1,
+        "the fault fired"
+    );
     assert!(err.to_string().contains("app/s1"), "{err}");
     assert!(
         checker.check(NS, "s1").await.unwrap().allowed(),
         "the error was not cached"
     );
+}
+
+#[tokio::test]
+async fn a_failed_rules_review_names_each_callers_own_secret() {
+    let sim = world().await;
+    let checker = AccessChecker::new(
+        client(&sim, "router").await,
+        AccessPolicy::SelfRules,
+        Duration::from_secs(600),
+    );
+    sim.faults()
+        .fail_next(FailRule::new("create", "selfsubjectrulesreviews", 500, 1));
+    // Both questions join the one rules review of the namespace, which fails.
+    let (first, second) = tokio::join!(checker.check(NS, "s1"), checker.check(NS, "s2"));
+    let failed_reviews = sim
+        .request_log()
+        .iter()
+        .filter(|r| r.resource == "selfsubjectrulesreviews" && r.code == 500)
+        .count();
+    assert_eq!(failed_reviews, 1, "the fault fired, once, for both callers");
+    let (first, second) = (first.unwrap_err(), second.unwrap_err());
+    assert_eq!((first.secret(), second.secret()), ("s1", "s2"));
+    assert!(first.to_string().contains("app/s1"), "{first}");
+    assert!(!first.to_string().contains("s2"), "{first}");
+    assert!(second.to_string().contains("app/s2"), "{second}");
+    assert!(!second.to_string().contains("s1"), "{second}");
+}
+
+#[tokio::test]
+async fn a_denial_says_when_it_is_asked_again() {
+    let sim = world().await;
+    let denied_ttl = Duration::from_secs(20);
+    let checker = AccessChecker::with_options(
+        client(&sim, "router").await,
+        AccessOptions {
+            denied_ttl,
+            ..AccessOptions::default()
+        },
+    );
+    let denied = checker.check(NS, "other").await.unwrap();
+    assert!(!denied.allowed());
+    assert!(
+        denied.recheck_after > Duration::ZERO && denied.recheck_after <= denied_ttl,
+        "{:?}",
+        denied.recheck_after
+    );
+    let allowed = checker.check(NS, "s1").await.unwrap();
+    assert_eq!(allowed.recheck_after, Duration::ZERO);
 }
 
 #[tokio::test]

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::ByteString;
+use kube_common::Verb;
 use kube_sim::LatencyConfig;
 use route_secrets::api::pipeline::RouteOutcome;
-use route_secrets::reason::{Reason, SecretVerb, ValidationProblem};
+use route_secrets::reason::{Reason, ValidationProblem};
 use route_secrets::testing::{self, KeyKind, LeafSpec, Pki, TestKey};
 
 const NS: &str = "corpus";
@@ -23,7 +24,7 @@ enum Expect {
     /// Rejected for its TLS material, with this `TlsRejection::code()`.
     Tls(&'static str),
     NotFound,
-    Denied(SecretVerb),
+    Denied(Verb),
     InvalidName,
     InlineConflict,
     /// Accepted: valid although unusual.
@@ -237,9 +238,9 @@ async fn every_bad_input_is_rejected_specifically_and_disturbs_nothing() {
 
     // RBAC denying one verb at a time (each secret has a Role of its own).
     for (name, verbs, denied) in [
-        ("deny-get", ["list", "watch"], SecretVerb::Get),
-        ("deny-list", ["get", "watch"], SecretVerb::List),
-        ("deny-watch", ["get", "list"], SecretVerb::Watch),
+        ("deny-get", ["list", "watch"], Verb::Get),
+        ("deny-list", ["get", "watch"], Verb::List),
+        ("deny-watch", ["get", "list"], Verb::Watch),
     ] {
         put_secret(&sim, &leaf(name).secret(NS, name));
         grant(&sim, NS, &format!("partial-{name}"), &verbs, &[name]);

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube_h2::{ClientOptions, PoolHandle, PoolStats};
-use route_secrets::api::access::{AccessChecker, AccessPolicy, AccessStats};
+use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy, AccessStats};
 use route_secrets::api::manager::SecretManager;
 use route_secrets::api::pipeline::{PipelineOptions, RoutePipeline};
 use route_secrets::api::status_writer::StatusWriter;
@@ -193,12 +193,14 @@ impl Daemon {
             },
         );
         let manager = SecretManager::new(monitor);
-        let access = AccessChecker::new(
+        let access = AccessChecker::with_options(
             client.clone(),
-            options.access_policy.clone(),
-            options.access_ttl,
-        )
-        .with_denied_ttl(options.access_denied_ttl.min(options.access_ttl));
+            AccessOptions {
+                policy: options.access_policy.clone(),
+                ttl: options.access_ttl,
+                denied_ttl: options.access_denied_ttl,
+            },
+        );
         let status_writer = options.write_status.then(|| {
             StatusWriter::spawn(
                 client.clone(),

@@ -20,6 +20,13 @@
 //!   named identity, when certwatch runs with other credentials than the router it
 //!   serves. Needs `create` on `subjectaccessreviews`.
 //!
+//! A denial is trusted for a shorter time than an approval (`denied_ttl`, 30 s by
+//! default), and every [`AccessDecision`] that denies says when its answers stop being
+//! trusted ([`AccessDecision::recheck_after`]), so that a caller can check again exactly
+//! when a grant can first show. Failed requests are never cached, and an
+//! [`AccessError`] names the secret of the caller that gets it, even when the failed
+//! request (a rules review) was shared with callers asking about other secrets.
+//!
 //! In every mode the per-secret watch itself is authorized by the API server for
 //! `list`/`watch` on that name, so a stale "allowed" cannot make the router read a
 //! secret it may not read.
@@ -39,13 +46,17 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::Client;
 use kube::api::{Api, PostParams};
+use kube_common::Verb;
 use tokio::time::Instant;
 
 /// How long a cached denial is trusted by default.
-const DEFAULT_DENIED_TTL: Duration = Duration::from_secs(30);
+pub const DEFAULT_DENIED_TTL: Duration = Duration::from_secs(30);
+
+/// How long a cached answer is trusted by default.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
 
 /// The verbs a router needs on its route's secret, in the order they are reported.
-pub const REQUIRED_VERBS: [&str; 3] = ["get", "list", "watch"];
+pub const REQUIRED_VERBS: [Verb; 3] = [Verb::Get, Verb::List, Verb::Watch];
 
 /// Whose access is checked, and with which API.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,13 +74,41 @@ pub enum AccessPolicy {
     },
 }
 
+/// How an [`AccessChecker`] asks and how long it trusts answers. Set once, when the
+/// checker is built: a checker is shared by cloning, so nothing about it can change
+/// afterwards.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AccessOptions {
+    /// Whose access is checked, and with which API.
+    pub policy: AccessPolicy,
+    /// How long an answer that allows access is trusted.
+    pub ttl: Duration,
+    /// How long an answer that denies access is trusted (capped at `ttl`): a grant made
+    /// after a denial is noticed once the denial is this old.
+    pub denied_ttl: Duration,
+}
+
+impl Default for AccessOptions {
+    fn default() -> Self {
+        Self {
+            policy: AccessPolicy::SelfRules,
+            ttl: DEFAULT_TTL,
+            denied_ttl: DEFAULT_DENIED_TTL,
+        }
+    }
+}
+
 /// The outcome of a check: which required verbs are denied.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AccessDecision {
     /// Required verbs the identity may not use on the secret, in [`REQUIRED_VERBS`] order.
-    pub denied: Vec<&'static str>,
-    /// Who was checked, for messages (e.g. `this client`, or a user name).
+    pub denied: Vec<Verb>,
+    /// Who was checked, for messages (e.g. `the router identity`, or a user name).
     pub subject: String,
+    /// For a denial: how much longer the answers behind it are trusted. A check made
+    /// after that asks the API server again, so it is the earliest moment at which a
+    /// grant can be noticed. Zero when access is allowed.
+    pub recheck_after: Duration,
 }
 
 impl AccessDecision {
@@ -79,20 +118,97 @@ impl AccessDecision {
     }
 }
 
-/// A check that could not be answered.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("cannot check access to secret {namespace}/{secret} ({review}): {message}")]
-pub struct AccessError {
-    /// Namespace of the secret.
-    pub namespace: String,
-    /// Name of the secret.
-    pub secret: String,
-    /// The review kind that failed.
-    pub review: &'static str,
+/// The kind of review request a check sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReviewKind {
+    /// `SelfSubjectRulesReview`: every rule of the client in a namespace.
+    Rules,
+    /// `SelfSubjectAccessReview`: one verb on one secret, for the client.
+    SelfAccess,
+    /// `SubjectAccessReview`: one verb on one secret, for a named identity.
+    SubjectAccess,
+}
+
+impl fmt::Display for ReviewKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Rules => "rules review",
+            Self::SelfAccess => "self subject access review",
+            Self::SubjectAccess => "subject access review",
+        })
+    }
+}
+
+/// A review request that got no usable answer. Shared by everyone who waited for that
+/// request, so it names no secret: a rules review answers a whole namespace, and its
+/// failure must not name one caller's secret to another.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ReviewFailure {
+    review: ReviewKind,
+    code: Option<u16>,
+    message: String,
+}
+
+/// A check that could not be answered. One pointer wide; the context is boxed.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "cannot check access to secret {}/{} ({}): {}",
+    .0.namespace, .0.secret, .0.failure.review, .0.failure.message
+)]
+pub struct AccessError(Box<AccessErrorContext>);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct AccessErrorContext {
+    namespace: String,
+    secret: String,
+    failure: ReviewFailure,
+}
+
+impl AccessError {
+    fn new(namespace: &str, secret: &str, failure: ReviewFailure) -> Self {
+        Self(Box::new(AccessErrorContext {
+            namespace: namespace.to_owned(),
+            secret: secret.to_owned(),
+            failure,
+        }))
+    }
+
+    /// Namespace of the secret the caller asked about.
+    pub fn namespace(&self) -> &str {
+        &self.0.namespace
+    }
+
+    /// Name of the secret the caller asked about.
+    pub fn secret(&self) -> &str {
+        &self.0.secret
+    }
+
+    /// The review that failed.
+    pub fn review(&self) -> ReviewKind {
+        self.0.failure.review
+    }
+
     /// HTTP status code, when the API server answered.
-    pub code: Option<u16>,
-    /// What went wrong.
-    pub message: String,
+    pub fn code(&self) -> Option<u16> {
+        self.0.failure.code
+    }
+
+    /// What went wrong (the API server's message, or the transport error).
+    pub fn message(&self) -> &str {
+        &self.0.failure.message
+    }
+}
+
+impl fmt::Debug for AccessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AccessError")
+            .field("namespace", &self.0.namespace)
+            .field("secret", &self.0.secret)
+            .field("review", &self.0.failure.review)
+            .field("code", &self.0.failure.code)
+            .field("message", &self.0.failure.message)
+            .finish()
+    }
 }
 
 /// Request and cache counters, for tests and metrics.
@@ -105,6 +221,7 @@ pub struct AccessStats {
 }
 
 /// Answers access questions, caching answers for a TTL and sharing requests in flight.
+/// Cheap to clone; clones share the cache.
 #[derive(Clone)]
 pub struct AccessChecker {
     inner: Arc<Inner>,
@@ -135,7 +252,7 @@ enum Question {
     Review {
         namespace: String,
         secret: String,
-        verb: &'static str,
+        verb: Verb,
     },
 }
 
@@ -148,7 +265,13 @@ enum Answer {
     Allowed(bool),
 }
 
-type PendingAnswer = Shared<BoxFuture<'static, Result<Answer, AccessError>>>;
+/// An answer, with how long ago it was asked.
+struct AgedAnswer {
+    answer: Answer,
+    age: Duration,
+}
+
+type PendingAnswer = Shared<BoxFuture<'static, Result<Answer, ReviewFailure>>>;
 
 struct Slot {
     id: u64,
@@ -161,19 +284,38 @@ impl fmt::Debug for AccessChecker {
         f.debug_struct("AccessChecker")
             .field("policy", &self.inner.policy)
             .field("ttl", &self.inner.ttl)
+            .field("denied_ttl", &self.inner.denied_ttl)
             .finish_non_exhaustive()
     }
 }
 
 impl AccessChecker {
-    /// A checker asking the API server through `client`, caching answers for `ttl`.
+    /// A checker asking the API server through `client`, caching answers for `ttl` and
+    /// denials for the smaller of `ttl` and [`DEFAULT_DENIED_TTL`].
     pub fn new(client: Client, policy: AccessPolicy, ttl: Duration) -> Self {
+        Self::with_options(
+            client,
+            AccessOptions {
+                policy,
+                ttl,
+                denied_ttl: DEFAULT_DENIED_TTL,
+            },
+        )
+    }
+
+    /// A checker asking the API server through `client` as `options` say.
+    pub fn with_options(client: Client, options: AccessOptions) -> Self {
+        let AccessOptions {
+            policy,
+            ttl,
+            denied_ttl,
+        } = options;
         Self {
             inner: Arc::new(Inner {
                 client,
                 policy,
                 ttl,
-                denied_ttl: ttl.min(DEFAULT_DENIED_TTL),
+                denied_ttl: denied_ttl.min(ttl),
                 cache: Mutex::new(HashMap::new()),
                 next_slot: AtomicU64::new(1),
                 requests: AtomicU64::new(0),
@@ -182,18 +324,15 @@ impl AccessChecker {
         }
     }
 
-    /// Trusts a cached denial for `denied_ttl` only (default: the smaller of the TTL
-    /// and 30 s); an older denial is asked again before it rejects a route.
-    pub fn with_denied_ttl(mut self, denied_ttl: Duration) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.denied_ttl = denied_ttl;
-        }
-        self
-    }
-
     /// The policy in use.
     pub fn policy(&self) -> &AccessPolicy {
         &self.inner.policy
+    }
+
+    /// How long a denial is trusted: the longest a grant made after a denial can go
+    /// unnoticed by a check.
+    pub fn denied_ttl(&self) -> Duration {
+        self.inner.denied_ttl
     }
 
     /// Request and cache counters.
@@ -221,22 +360,28 @@ impl AccessChecker {
         namespace: &str,
         secret: &str,
     ) -> Result<AccessDecision, AccessError> {
+        self.decide(namespace, secret)
+            .await
+            .map_err(|failure| AccessError::new(namespace, secret, failure))
+    }
+
+    async fn decide(&self, namespace: &str, secret: &str) -> Result<AccessDecision, ReviewFailure> {
         let subject = match &self.inner.policy {
             AccessPolicy::Subject { user, .. } => format!("user {user:?}"),
             AccessPolicy::SelfRules | AccessPolicy::SelfReviews => "the router identity".to_owned(),
         };
-        let mut denied = Vec::new();
+        let mut denials = Vec::new();
         match self.inner.policy {
             AccessPolicy::SelfRules => {
                 let question = Question::Rules {
                     namespace: namespace.to_owned(),
                 };
-                denied = self
+                denials = self
                     .rules_denials(&question, namespace, secret, self.inner.ttl)
                     .await?;
-                if !denied.is_empty() {
+                if !denials.is_empty() {
                     // Only a recent answer may reject a route.
-                    denied = self
+                    denials = self
                         .rules_denials(&question, namespace, secret, self.inner.denied_ttl)
                         .await?;
                 }
@@ -247,29 +392,37 @@ impl AccessChecker {
                         (verb, self.review(namespace, secret, verb).await)
                     }))
                     .await;
-                for (verb, allowed) in answers {
-                    if !allowed? {
-                        denied.push(verb);
+                for (verb, verdict) in answers {
+                    if let Verdict::Denied { age } = verdict? {
+                        denials.push((verb, age));
                     }
                 }
             }
         }
-        Ok(AccessDecision { denied, subject })
+        // A grant (one Role for all three verbs, typically) shows only once every answer
+        // behind the denial has been asked again: when the newest of them expires.
+        let newest = denials.iter().map(|(_, age)| *age).min();
+        Ok(AccessDecision {
+            denied: denials.into_iter().map(|(verb, _)| verb).collect(),
+            subject,
+            recheck_after: newest.map_or(Duration::ZERO, |age| {
+                self.inner.denied_ttl.saturating_sub(age)
+            }),
+        })
     }
 
     /// The required verbs that a rules review of `namespace` (at most `max_age` old)
-    /// does not grant on `secret`.
+    /// does not grant on `secret`, each with the age of the answer that denies it.
     async fn rules_denials(
         &self,
         question: &Question,
         namespace: &str,
         secret: &str,
         max_age: Duration,
-    ) -> Result<Vec<&'static str>, AccessError> {
-        let Answer::Rules { rules, incomplete } =
-            self.ask(question.clone(), secret, max_age).await?
-        else {
-            return Err(self.error(namespace, secret, "rules review", None, "unexpected answer"));
+    ) -> Result<Vec<(Verb, Duration)>, ReviewFailure> {
+        let AgedAnswer { answer, age } = self.ask(question.clone(), max_age).await?;
+        let Answer::Rules { rules, incomplete } = answer else {
+            return Err(unexpected_answer(ReviewKind::Rules));
         };
         let mut denied = Vec::new();
         for verb in REQUIRED_VERBS {
@@ -277,10 +430,14 @@ impl AccessChecker {
                 continue;
             }
             // An incomplete rule list cannot prove a denial: ask precisely.
-            if incomplete && self.review(namespace, secret, verb).await? {
-                continue;
+            if incomplete {
+                match self.review(namespace, secret, verb).await? {
+                    Verdict::Allowed => continue,
+                    Verdict::Denied { age } => denied.push((verb, age)),
+                }
+            } else {
+                denied.push((verb, age));
             }
-            denied.push(verb);
         }
         Ok(denied)
     }
@@ -289,8 +446,8 @@ impl AccessChecker {
         &self,
         namespace: &str,
         secret: &str,
-        verb: &'static str,
-    ) -> Result<bool, AccessError> {
+        verb: Verb,
+    ) -> Result<Verdict, ReviewFailure> {
         let question = Question::Review {
             namespace: namespace.to_owned(),
             secret: secret.to_owned(),
@@ -298,23 +455,24 @@ impl AccessChecker {
         };
         let mut max_age = self.inner.ttl;
         loop {
-            match self.ask(question.clone(), secret, max_age).await? {
-                Answer::Allowed(true) => return Ok(true),
+            let AgedAnswer { answer, age } = self.ask(question.clone(), max_age).await?;
+            match answer {
+                Answer::Allowed(true) => return Ok(Verdict::Allowed),
                 // Only a recent answer may reject a route.
                 Answer::Allowed(false) if max_age > self.inner.denied_ttl => {
                     max_age = self.inner.denied_ttl
                 }
-                Answer::Allowed(false) => return Ok(false),
-                Answer::Rules { .. } => {
-                    return Err(self.error(
-                        namespace,
-                        secret,
-                        "access review",
-                        None,
-                        "unexpected answer",
-                    ));
-                }
+                Answer::Allowed(false) => return Ok(Verdict::Denied { age }),
+                Answer::Rules { .. } => return Err(unexpected_answer(self.review_kind())),
             }
+        }
+    }
+
+    /// The review kind that answers a per-verb question under the current policy.
+    fn review_kind(&self) -> ReviewKind {
+        match self.inner.policy {
+            AccessPolicy::Subject { .. } => ReviewKind::SubjectAccess,
+            AccessPolicy::SelfRules | AccessPolicy::SelfReviews => ReviewKind::SelfAccess,
         }
     }
 
@@ -323,11 +481,10 @@ impl AccessChecker {
     async fn ask(
         &self,
         question: Question,
-        secret: &str,
         max_age: Duration,
-    ) -> Result<Answer, AccessError> {
+    ) -> Result<AgedAnswer, ReviewFailure> {
         let now = Instant::now();
-        let (id, answer) = {
+        let (id, asked_at, answer) = {
             let mut cache = self
                 .inner
                 .cache
@@ -339,7 +496,7 @@ impl AccessChecker {
             match fresh {
                 Some(slot) => {
                     self.inner.shared.fetch_add(1, Ordering::Relaxed);
-                    (slot.id, slot.answer.clone())
+                    (slot.id, slot.asked_at, slot.answer.clone())
                 }
                 None => {
                     // Expired answers are otherwise only replaced when asked again; sweep
@@ -349,10 +506,7 @@ impl AccessChecker {
                         cache.retain(|_, slot| now.saturating_duration_since(slot.asked_at) < ttl);
                     }
                     let id = self.inner.next_slot.fetch_add(1, Ordering::Relaxed);
-                    let answer = self
-                        .request(question.clone(), secret.to_owned())
-                        .boxed()
-                        .shared();
+                    let answer = self.request(question.clone()).boxed().shared();
                     cache.insert(
                         question.clone(),
                         Slot {
@@ -361,7 +515,7 @@ impl AccessChecker {
                             answer: answer.clone(),
                         },
                     );
-                    (id, answer)
+                    (id, now, answer)
                 }
             }
         };
@@ -376,15 +530,17 @@ impl AccessChecker {
                 cache.remove(&question);
             }
         }
-        result
+        result.map(|answer| AgedAnswer {
+            answer,
+            age: Instant::now().saturating_duration_since(asked_at),
+        })
     }
 
     /// Sends the review that answers `question`.
     fn request(
         &self,
         question: Question,
-        secret: String,
-    ) -> impl Future<Output = Result<Answer, AccessError>> + Send + 'static {
+    ) -> impl Future<Output = Result<Answer, ReviewFailure>> + Send + 'static {
         let this = self.clone();
         async move {
             this.inner.requests.fetch_add(1, Ordering::Relaxed);
@@ -402,7 +558,7 @@ impl AccessChecker {
                     let answered = api
                         .create(&params, &review)
                         .await
-                        .map_err(|err| this.api_error(&namespace, &secret, "rules review", &err))?;
+                        .map_err(|err| api_failure(ReviewKind::Rules, &err))?;
                     let status = answered.status.unwrap_or_default();
                     if let Some(error) = status.evaluation_error.filter(|e| !e.is_empty()) {
                         tracing::debug!(%namespace, %error, "rules review reported an evaluation error");
@@ -418,11 +574,11 @@ impl AccessChecker {
                     verb,
                 } => {
                     let attributes = ResourceAttributes {
-                        namespace: Some(namespace.clone()),
-                        verb: Some(verb.to_owned()),
+                        namespace: Some(namespace),
+                        verb: Some(verb.as_str().to_owned()),
                         resource: Some("secrets".to_owned()),
                         group: Some(String::new()),
-                        name: Some(secret.clone()),
+                        name: Some(secret),
                         ..ResourceAttributes::default()
                     };
                     let allowed = match &this.inner.policy {
@@ -439,14 +595,7 @@ impl AccessChecker {
                             let api: Api<SubjectAccessReview> = Api::all(client);
                             api.create(&params, &review)
                                 .await
-                                .map_err(|err| {
-                                    this.api_error(
-                                        &namespace,
-                                        &secret,
-                                        "subject access review",
-                                        &err,
-                                    )
-                                })?
+                                .map_err(|err| api_failure(ReviewKind::SubjectAccess, &err))?
                                 .status
                                 .is_some_and(|status| status.allowed)
                         }
@@ -461,14 +610,7 @@ impl AccessChecker {
                             let api: Api<SelfSubjectAccessReview> = Api::all(client);
                             api.create(&params, &review)
                                 .await
-                                .map_err(|err| {
-                                    this.api_error(
-                                        &namespace,
-                                        &secret,
-                                        "self subject access review",
-                                        &err,
-                                    )
-                                })?
+                                .map_err(|err| api_failure(ReviewKind::SelfAccess, &err))?
                                 .status
                                 .is_some_and(|status| status.allowed)
                         }
@@ -478,47 +620,40 @@ impl AccessChecker {
             }
         }
     }
+}
 
-    fn api_error(
-        &self,
-        namespace: &str,
-        secret: &str,
-        review: &'static str,
-        err: &kube::Error,
-    ) -> AccessError {
-        match err {
-            kube::Error::Api(status) => self.error(
-                namespace,
-                secret,
-                review,
-                Some(status.code),
-                &status.message,
-            ),
-            other => self.error(namespace, secret, review, None, &other.to_string()),
-        }
-    }
+/// What a per-verb review said, with the age of a denial.
+enum Verdict {
+    Allowed,
+    Denied { age: Duration },
+}
 
-    fn error(
-        &self,
-        namespace: &str,
-        secret: &str,
-        review: &'static str,
-        code: Option<u16>,
-        message: &str,
-    ) -> AccessError {
-        AccessError {
-            namespace: namespace.to_owned(),
-            secret: secret.to_owned(),
+fn api_failure(review: ReviewKind, err: &kube::Error) -> ReviewFailure {
+    match err {
+        kube::Error::Api(status) => ReviewFailure {
             review,
-            code,
-            message: message.to_owned(),
-        }
+            code: Some(status.code),
+            message: status.message.clone(),
+        },
+        other => ReviewFailure {
+            review,
+            code: None,
+            message: other.to_string(),
+        },
+    }
+}
+
+fn unexpected_answer(review: ReviewKind) -> ReviewFailure {
+    ReviewFailure {
+        review,
+        code: None,
+        message: "unexpected answer".to_owned(),
     }
 }
 
 /// Whether `rules` (from a rules review of the secret's namespace) allow `verb` on the
 /// secret called `name`.
-fn rules_allow(rules: &[ResourceRule], verb: &str, name: &str) -> bool {
+fn rules_allow(rules: &[ResourceRule], verb: Verb, name: &str) -> bool {
     let any = |values: &Option<Vec<String>>, wanted: &str| {
         values
             .as_deref()
@@ -527,7 +662,7 @@ fn rules_allow(rules: &[ResourceRule], verb: &str, name: &str) -> bool {
             .any(|v| v == "*" || v == wanted)
     };
     rules.iter().any(|rule| {
-        rule.verbs.iter().any(|v| v == "*" || v == verb)
+        rule.verbs.iter().any(|v| v == "*" || v == verb.as_str())
             && any(&rule.api_groups, "")
             && any(&rule.resources, "secrets")
             && rule
@@ -567,24 +702,24 @@ mod tests {
             assert!(rules_allow(&rules, verb, "a"));
             assert!(!rules_allow(&rules, verb, "c"));
         }
-        assert!(!rules_allow(&rules, "delete", "a"));
+        assert!(!rules_allow(&rules, Verb::Delete, "a"));
     }
 
     #[test]
     fn wildcards_and_other_groups() {
         assert!(rules_allow(
             &[rule(&["*"], &["*"], &["*"], &[])],
-            "watch",
+            Verb::Watch,
             "x"
         ));
         assert!(!rules_allow(
             &[rule(&["get"], &["apps"], &["secrets"], &[])],
-            "get",
+            Verb::Get,
             "x"
         ));
         assert!(!rules_allow(
             &[rule(&["get"], &[""], &["configmaps"], &[])],
-            "get",
+            Verb::Get,
             "x"
         ));
         // Each verb may come from a different rule.
@@ -595,7 +730,7 @@ mod tests {
         assert!(
             REQUIRED_VERBS
                 .iter()
-                .all(|verb| rules_allow(&split, verb, "x"))
+                .all(|verb| rules_allow(&split, *verb, "x"))
         );
     }
 }

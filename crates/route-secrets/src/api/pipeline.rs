@@ -52,7 +52,7 @@ use crate::api::access::{AccessChecker, AccessDecision, AccessError};
 use crate::api::manager::{ManagerError, SecretManager};
 use crate::api::route_watch::RouteEvent;
 use crate::api::status_writer::StatusWriter;
-use crate::reason::{Reason, SecretVerb, ValidationProblem};
+use crate::reason::{Reason, ValidationProblem};
 use crate::route::admission::Admission;
 use crate::route::{Route, RouteKey, validate_secret_name};
 use crate::tls::{TlsRejection, TlsValidator, TlsWarning, ValidatedTls};
@@ -570,11 +570,8 @@ impl RoutePipeline {
             }
             Ok(decision) if !decision.allowed() => {
                 self.release(&key);
-                let verb = match decision.denied.first().copied() {
-                    Some("list") => SecretVerb::List,
-                    Some("watch") => SecretVerb::Watch,
-                    _ => SecretVerb::Get,
-                };
+                // Denied means at least one verb is denied; name the first.
+                let verb = decision.denied.first().copied().unwrap_or(Verb::Get);
                 self.access_denied(&key, &secret, verb);
                 return;
             }
@@ -586,11 +583,7 @@ impl RoutePipeline {
             Some(Err(ManagerError::Secret { source, .. }))
                 if matches!(source.kind(), MonitorErrorKind::Forbidden { .. }) =>
             {
-                let verb = if source.verb() == Some(Verb::Watch) {
-                    SecretVerb::Watch
-                } else {
-                    SecretVerb::List
-                };
+                let verb = source.verb().unwrap_or(Verb::List);
                 self.access_denied(&key, &secret, verb);
                 return;
             }
@@ -724,7 +717,7 @@ impl RoutePipeline {
 
     /// Rejects the route because the router may not use `verb` on its secret, and
     /// checks again later (a grant may come).
-    fn access_denied(&mut self, key: &RouteKey, secret: &str, verb: SecretVerb) {
+    fn access_denied(&mut self, key: &RouteKey, secret: &str, verb: Verb) {
         let identity = self.options.identity.clone();
         self.reject_validation(
             key,

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::runtime::watcher;
 use kube_sim::{LatencyConfig, SimConfig, Simulator};
-use route_secrets::api::access::{AccessChecker, AccessPolicy};
+use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy};
 use route_secrets::api::manager::SecretManager;
 use route_secrets::api::pipeline::{
     AdmittedRoute, PipelineOptions, Readiness, RejectedRoute, RouteOutcome, RoutePipeline,
@@ -99,12 +99,14 @@ impl Harness {
         let monitor = SecretMonitor::with_options(client.clone(), options.monitor);
         let manager = SecretManager::new(monitor);
         // Denials are re-checked quickly, so grants made during a test take effect.
-        let access = AccessChecker::new(
+        let access = AccessChecker::with_options(
             client.clone(),
-            AccessPolicy::SelfRules,
-            Duration::from_secs(600),
-        )
-        .with_denied_ttl(Duration::from_millis(100));
+            AccessOptions {
+                policy: AccessPolicy::SelfRules,
+                ttl: Duration::from_secs(600),
+                denied_ttl: Duration::from_millis(100),
+            },
+        );
         let status = options
             .write_status
             .then(|| StatusWriter::spawn(client.clone(), RouterIdentity::new(ROUTER_NAME), 20));

@@ -1,21 +1,37 @@
-//! OpenShift routes whose certificate lives in a secret: the pure foundation of
-//! certwatch's route pipeline.
+//! OpenShift routes whose certificate lives in a secret: the router's
+//! external-certificate pipeline, from route events to admitted and rejected routes.
+//!
+//! The crate has two layers, and the folders show them.
+//!
+//! Pure (no I/O, no clock, no tasks; time and network results come in as data):
 //!
 //! - [`route`]: the `Route` resource (`route.openshift.io/v1`) with the fields a router
-//!   uses, lossless for fields it does not model, plus [`route::admission`] helpers that
-//!   write and recognise this router's `status.ingress[]` entry.
+//!   uses, lossless for fields it does not model, plus [`route::admission`]: this
+//!   router's `status.ingress[]` entry (write it, recognise it).
 //! - [`reason`]: why a route was rejected or re-admitted, with OpenShift's reason names
 //!   (`ExternalCertificateValidationFailed`, ...) and messages a person can act on.
-//! - [`tls`]: validation of the certificate and key of a `kubernetes.io/tls` secret:
-//!   chain order, key format, key/certificate match, validity, host coverage.
+//! - [`tls`]: validation of the certificate and key of a `kubernetes.io/tls` secret.
+//! - [`machine`]: the route state machine: what to do with each route event, network
+//!   result, secret change and retry, as effects for a shell to perform.
 //! - `testing` (feature `test-support`): rcgen-built certificate and key fixtures.
 //!
-//! Nothing in this crate performs I/O.
+//! Talking to the API server ([`api`]):
+//!
+//! - [`api::route_watch`]: the watch on routes.
+//! - [`api::access`]: access reviews (may the router get, list and watch a secret?).
+//! - [`api::manager`]: registrations on shared per-secret watches.
+//! - [`api::status_writer`]: route status writes, in the background.
+//! - [`api::pipeline`]: the shell that runs the [`machine`] and performs its effects.
+//!
+//! A route event flows: [`api::route_watch`] → [`api::pipeline`] → [`machine`] (decides)
+//! → back to [`api::pipeline`], which checks access ([`api::access`]), registers
+//! ([`api::manager`]), validates the secret ([`tls`]), tells the consumer and records
+//! the status ([`api::status_writer`]).
 //!
 //! # Example
 //!
 //! A route points at a secret; the secret is validated and the outcome recorded in the
-//! route's status, once:
+//! route's status, once (the pure layer only):
 //!
 //! ```
 //! use std::collections::BTreeMap;
@@ -60,6 +76,7 @@
 //! ```
 
 pub mod api;
+pub mod machine;
 pub mod reason;
 pub mod route;
 #[cfg(any(test, feature = "test-support"))]

@@ -3,33 +3,23 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
-use common::*;
 use futures::future::join_all;
 use kube_common::Verb;
 use kube_sim::{FailRule, Simulator};
 use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy};
-use route_secrets::api::manager::{ManagerError, SecretManager};
+use route_secrets::api::manager::SecretManager;
 use route_secrets::testing::{LeafSpec, Pki};
-use secret_monitor::{ObjectEvent, SecretMonitor};
+use secret_monitor::{MonitorErrorKind, ObjectEvent, SecretMonitor};
+use support::*;
 
 const NS: &str = "app";
 
-async fn client(sim: &Simulator, context: &str) -> kube::Client {
-    let config = sim.client_config(context).await.unwrap();
-    kube_h2::build_client(config, kube_h2::ClientOptions::default())
-        .unwrap()
-        .client()
-}
-
 fn reviews(sim: &Simulator, resource: &str) -> usize {
-    sim.request_log()
-        .iter()
-        .filter(|r| r.verb == "create" && r.resource == resource)
-        .count()
+    requests(sim, "create", resource).len()
 }
 
 async fn world() -> Simulator {
@@ -138,10 +128,7 @@ async fn failed_reviews_are_errors_and_not_cached() {
     let err = checker.check(NS, "s1").await.unwrap_err();
     assert_eq!(err.code(), Some(500));
     assert_eq!(
-        sim.request_log()
-            .iter()
-            .filter(|r| r.resource == "selfsubjectrulesreviews" && r.code == 500)
-            .count(),
+        answered(&sim, "create", "selfsubjectrulesreviews", 500),
         1,
         "the fault fired"
     );
@@ -164,12 +151,11 @@ async fn a_failed_rules_review_names_each_callers_own_secret() {
         .fail_next(FailRule::new("create", "selfsubjectrulesreviews", 500, 1));
     // Both questions join the one rules review of the namespace, which fails.
     let (first, second) = tokio::join!(checker.check(NS, "s1"), checker.check(NS, "s2"));
-    let failed_reviews = sim
-        .request_log()
-        .iter()
-        .filter(|r| r.resource == "selfsubjectrulesreviews" && r.code == 500)
-        .count();
-    assert_eq!(failed_reviews, 1, "the fault fired, once, for both callers");
+    assert_eq!(
+        answered(&sim, "create", "selfsubjectrulesreviews", 500),
+        1,
+        "the fault fired, once, for both callers"
+    );
     let (first, second) = (first.unwrap_err(), second.unwrap_err());
     assert_eq!((first.secret(), second.secret()), ("s1", "s2"));
     assert!(first.to_string().contains("app/s1"), "{first}");
@@ -204,62 +190,42 @@ async fn a_denial_says_when_it_is_asked_again() {
 async fn manager_contract() {
     let sim = world().await;
     let manager = SecretManager::new(SecretMonitor::new(client(&sim, "router").await));
-    let r1 = key(NS, "r1");
-    let r2 = key(NS, "r2");
     let (tx, mut events) = tokio::sync::mpsc::unbounded_channel::<ObjectEvent<_>>();
-    manager.register_route(&r1, "s1", tx.clone()).await.unwrap();
+    let first = manager.register(NS, "s1", tx.clone()).await.unwrap();
     assert!(matches!(events.recv().await, Some(ObjectEvent::Added(_))));
-    let again = manager
-        .register_route(&r1, "s2", tx.clone())
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&again, ManagerError::AlreadyRegistered { secret, .. } if secret == "s1"),
-        "{again}"
-    );
-    assert_eq!(manager.secret_of(&r1).as_deref(), Some("s1"));
-    assert_eq!(
-        manager.get_secret(&r1).unwrap().metadata.name.as_deref(),
-        Some("s1")
-    );
+    assert_eq!(first.key().name, "s1");
+    assert_eq!(first.secret().unwrap().metadata.name.as_deref(), Some("s1"));
 
-    // Two routes, one secret: one watch.
-    manager.register_route(&r2, "s1", tx.clone()).await.unwrap();
+    // Two registrations, one secret: one watch, closed when the last one goes.
+    let second = manager.register(NS, "s1", tx.clone()).await.unwrap();
+    assert_eq!(manager.route_count(), 2);
     assert_eq!(manager.watched_secrets().len(), 1);
-    manager.unregister_route(&r1).unwrap();
-    assert!(matches!(
-        manager.unregister_route(&r1),
-        Err(ManagerError::NotRegistered { .. })
-    ));
-    assert!(matches!(
-        manager.get_secret(&r1),
-        Err(ManagerError::NotRegistered { .. })
-    ));
+    assert_eq!(answered(&sim, "watch", "secrets", 200), 1);
+    drop(first);
     assert_eq!(manager.watched_secrets().len(), 1);
-    manager.unregister_route(&r2).unwrap();
+    drop(second);
     assert!(manager.watched_secrets().is_empty());
+    assert_eq!(manager.route_count(), 0);
 
     // A missing secret: registered (watched), absent from the cache.
     sim.grant_router_secrets(NS, &["not-there"]).unwrap();
-    manager
-        .register_route(&r1, "not-there", tx.clone())
-        .await
-        .unwrap();
-    let err = manager.get_secret(&r1).unwrap_err();
-    assert!(err.to_string().contains("not found"), "{err}");
-    manager.unregister_route(&r1).unwrap();
+    let missing = manager.register(NS, "not-there", tx.clone()).await.unwrap();
+    let err = missing.secret().unwrap_err();
+    assert!(matches!(err.kind(), MonitorErrorKind::NotFound), "{err}");
+    drop(missing);
 
     // A secret the router may not watch: the registration fails with the cause.
-    let err = manager
-        .register_route(&r1, "other", tx.clone())
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("forbidden"), "{err}");
+    let err = manager.register(NS, "other", tx.clone()).await.unwrap_err();
+    assert!(
+        matches!(err.kind(), MonitorErrorKind::Forbidden { .. }),
+        "{err}"
+    );
     assert_eq!(manager.route_count(), 0);
+    assert!(manager.watched_secrets().is_empty());
 }
 
 #[tokio::test]
-async fn unregistering_while_registering_leaves_nothing() {
+async fn a_registration_cancelled_during_its_first_sync_leaves_nothing() {
     let sim = sim_with_latency(Duration::from_millis(300)).await;
     let pki = Pki::new(now());
     put_secret(
@@ -269,26 +235,26 @@ async fn unregistering_while_registering_leaves_nothing() {
     );
     sim.grant_router_secrets(NS, &["s1"]).unwrap();
     let manager = SecretManager::new(SecretMonitor::new(client(&sim, "router").await));
-    let route = key(NS, "r");
     let (tx, _events) = tokio::sync::mpsc::unbounded_channel();
     let registering = {
         let manager = manager.clone();
-        let route = route.clone();
-        tokio::spawn(async move { manager.register_route(&route, "s1", tx).await })
+        tokio::spawn(async move { manager.register(NS, "s1", tx).await })
     };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while manager.secret_of(&route).is_none() {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    manager.unregister_route(&route).unwrap();
-    let outcome = registering.await.unwrap();
-    assert!(
-        matches!(outcome, Err(ManagerError::Unregistered { .. })),
-        "{outcome:?}"
-    );
+    // The registration is waiting for the sync once the monitor counts its waiter.
+    eventually("the registration waits for its first sync", || {
+        manager
+            .watched_secrets()
+            .values()
+            .any(|status| status.waiting == 1)
+    })
+    .await;
+    registering.abort();
+    assert!(registering.await.unwrap_err().is_cancelled());
+    eventually("the cancelled registration left no watch", || {
+        manager.watched_secrets().is_empty() && sim.stats().open_watches == 0
+    })
+    .await;
     assert_eq!(manager.route_count(), 0);
-    assert!(manager.watched_secrets().is_empty());
 }
 
 #[tokio::test]
@@ -298,25 +264,21 @@ async fn prefetch_holds_watches_until_released() {
     manager.prefetch(NS, "s1");
     manager.prefetch(NS, "s2");
     manager.prefetch(NS, "s1");
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while sim.stats().open_watches != 2 {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    // A route joins a prefetched watch without another request.
+    eventually("both prefetched watches are open", || {
+        sim.stats().open_watches == 2
+    })
+    .await;
+    // A registration joins a prefetched watch without another request.
     let before = sim.request_log().len();
     let (tx, _events) = tokio::sync::mpsc::unbounded_channel();
-    manager
-        .register_route(&key(NS, "r"), "s1", tx)
-        .await
-        .unwrap();
+    let registration = manager.register(NS, "s1", tx).await.unwrap();
     assert_eq!(sim.request_log().len(), before);
     manager.release_prefetched();
-    // s2 had no route: its watch closes; s1 stays for its route.
-    while sim.stats().open_watches != 1 {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // s2 had no registration: its watch closes; s1 stays for its registration.
+    eventually("the unused prefetch closed", || {
+        sim.stats().open_watches == 1
+    })
+    .await;
     assert_eq!(
         manager
             .watched_secrets()
@@ -325,4 +287,5 @@ async fn prefetch_holds_watches_until_released() {
             .collect::<Vec<_>>(),
         ["s1"]
     );
+    drop(registration);
 }

@@ -1,20 +1,23 @@
-//! The bad-input corpus: every case is rejected with a specific reason, while a healthy
-//! route in the same namespace stays admitted throughout, with one outcome only.
+//! The bad-input corpus, through the pipeline against the simulator: every case is
+//! rejected with a specific reason, while a healthy route in the same namespace stays
+//! admitted throughout, with one outcome only. Each row names its secret, how the
+//! secret is made, and what the route must end as.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
 use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
 use kube_common::Verb;
-use kube_sim::LatencyConfig;
+use kube_sim::{LatencyConfig, Simulator};
 use route_secrets::api::pipeline::RouteOutcome;
 use route_secrets::reason::{Reason, ValidationProblem};
-use route_secrets::testing::{self, KeyKind, LeafSpec, Pki, TestKey};
+use route_secrets::testing::{self, KeyKind, Leaf, LeafSpec, Pki, TestKey};
+use support::*;
 
 const NS: &str = "corpus";
 
@@ -31,7 +34,216 @@ enum Expect {
     Admitted,
 }
 
-fn check(outcome: Option<&RouteOutcome>, expect: Expect) -> bool {
+/// How a case's secret is made.
+#[derive(Debug, Clone, Copy)]
+enum Material {
+    /// A valid secret of another type.
+    WrongType,
+    /// The chain of one certificate with the key of another.
+    KeyMismatch,
+    Expired,
+    NotYetValid,
+    /// Root first, leaf last.
+    ReversedChain,
+    /// An intermediate of another PKI that names the real one.
+    ImpostorIntermediate,
+    /// A valid chain with this key PEM.
+    Key(&'static str),
+    /// This certificate text with a valid key.
+    Certificate(&'static str),
+    NonUtf8Certificate,
+    NotACertificate,
+    /// Nearly 1 MiB (the API's limit on secret data), valid.
+    HugeValid,
+    /// Nearly 1 MiB of text without a certificate.
+    HugeJunk,
+    /// A kubernetes.io/tls secret without tls.crt, which the API server refuses (as an
+    /// older server or a direct etcd write could leave it).
+    CertificateMissing,
+    /// The same, without tls.key.
+    KeyMissing,
+    /// No secret at all.
+    Absent,
+    /// A valid secret on which the router is granted only these verbs.
+    Granted(&'static [&'static str]),
+}
+
+use Material::*;
+
+const CASES: &[(&str, Material, Expect)] = &[
+    ("wrong-type", WrongType, Expect::Tls("wrong_secret_type")),
+    ("key-mismatch", KeyMismatch, Expect::Tls("key_mismatch")),
+    ("expired", Expired, Expect::Tls("certificate_expired")),
+    (
+        "not-yet-valid",
+        NotYetValid,
+        Expect::Tls("certificate_not_yet_valid"),
+    ),
+    (
+        "wrong-order",
+        ReversedChain,
+        Expect::Tls("chain_out_of_order"),
+    ),
+    (
+        "impostor",
+        ImpostorIntermediate,
+        Expect::Tls("chain_signature_invalid"),
+    ),
+    (
+        "encrypted-key",
+        Key(testing::ENCRYPTED_PKCS8_KEY_PEM),
+        Expect::Tls("unsupported_key"),
+    ),
+    (
+        "ed448-key",
+        Key(testing::ED448_KEY_PEM),
+        Expect::Tls("unsupported_key"),
+    ),
+    ("key-empty", Key(""), Expect::Tls("key_empty")),
+    (
+        "garbage",
+        Certificate(testing::GARBAGE_PEM),
+        Expect::Tls("certificate_pem_malformed"),
+    ),
+    (
+        "not-pem",
+        Certificate(testing::NOT_PEM_TEXT),
+        Expect::Tls("no_certificate"),
+    ),
+    (
+        "crt-empty",
+        Certificate(""),
+        Expect::Tls("certificate_empty"),
+    ),
+    (
+        "not-a-cert",
+        NotACertificate,
+        Expect::Tls("certificate_unparseable"),
+    ),
+    (
+        "non-utf8",
+        NonUtf8Certificate,
+        Expect::Tls("certificate_not_text"),
+    ),
+    ("huge-valid", HugeValid, Expect::Admitted),
+    ("huge-junk", HugeJunk, Expect::Tls("no_certificate")),
+    (
+        "crt-missing",
+        CertificateMissing,
+        Expect::Tls("certificate_missing"),
+    ),
+    ("key-missing", KeyMissing, Expect::Tls("key_missing")),
+    ("missing", Absent, Expect::NotFound),
+    (
+        "deny-get",
+        Granted(&["list", "watch"]),
+        Expect::Denied(Verb::Get),
+    ),
+    (
+        "deny-list",
+        Granted(&["get", "watch"]),
+        Expect::Denied(Verb::List),
+    ),
+    (
+        "deny-watch",
+        Granted(&["get", "list"]),
+        Expect::Denied(Verb::Watch),
+    ),
+];
+
+fn host(name: &str) -> String {
+    format!("{name}.corpus.example")
+}
+
+fn data(crt: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> BTreeMap<String, ByteString> {
+    testing::tls_data(crt, key)
+}
+
+fn tls_secret(name: &str, data: BTreeMap<String, ByteString>) -> Secret {
+    testing::tls_secret(NS, name, Some("kubernetes.io/tls"), data)
+}
+
+/// Writes the case's secret (and its partial grant); says whether the router gets the
+/// full grant on it.
+fn make(sim: &Simulator, pki: &Pki, name: &str, material: Material) -> bool {
+    let leaf = |spec: LeafSpec| -> Leaf { pki.issue(&spec) };
+    let valid = || leaf(LeafSpec::new(&host(name), now()));
+    let secret = match material {
+        WrongType => Some(testing::tls_secret(
+            NS,
+            name,
+            Some("Opaque"),
+            valid().data(),
+        )),
+        KeyMismatch => {
+            let other = TestKey::generate(KeyKind::EcdsaP256Pkcs8);
+            Some(tls_secret(name, data(valid().chain_pem(), other.pem())))
+        }
+        Expired => Some(leaf(LeafSpec::new(&host(name), now()).expired(now())).secret(NS, name)),
+        NotYetValid => {
+            Some(leaf(LeafSpec::new(&host(name), now()).not_yet_valid(now())).secret(NS, name))
+        }
+        ReversedChain => {
+            let l = valid();
+            Some(tls_secret(name, data(l.reversed_chain_pem(), l.key_pem())))
+        }
+        ImpostorIntermediate => {
+            let l = valid();
+            let stranger = Pki::new(now());
+            let chain = l.with_impostor_intermediate(&stranger);
+            Some(tls_secret(name, data(chain, l.key_pem())))
+        }
+        Key(key) => Some(tls_secret(name, data(valid().chain_pem(), key))),
+        Certificate(text) => Some(tls_secret(name, data(text, valid().key_pem()))),
+        NonUtf8Certificate => {
+            let l = valid();
+            Some(tls_secret(
+                name,
+                data(testing::non_utf8_certificate(&l), l.key_pem()),
+            ))
+        }
+        NotACertificate => Some(tls_secret(
+            name,
+            data(testing::not_a_certificate_pem(), valid().key_pem()),
+        )),
+        HugeValid => {
+            let l = valid();
+            let budget = testing::SECRET_SIZE_LIMIT - l.key_pem().len() - 1024;
+            Some(tls_secret(
+                name,
+                data(testing::bulky_chain(&l, budget), l.key_pem()),
+            ))
+        }
+        HugeJunk => {
+            let l = valid();
+            let budget = testing::SECRET_SIZE_LIMIT - l.key_pem().len() - 1024;
+            let junk = testing::padded_to(testing::NOT_PEM_TEXT, budget);
+            Some(tls_secret(name, data(junk, l.key_pem())))
+        }
+        CertificateMissing | KeyMissing => {
+            let l = valid();
+            let (entry, pem) = match material {
+                CertificateMissing => ("tls.key", l.key_pem()),
+                _ => ("tls.crt", l.chain_pem()),
+            };
+            let only = BTreeMap::from([(entry.to_owned(), ByteString(pem.into_bytes()))]);
+            put_secret_unchecked(sim, &tls_secret(name, only));
+            None
+        }
+        Absent => None,
+        Granted(verbs) => {
+            grant(sim, NS, &format!("partial-{name}"), verbs, &[name]);
+            put_secret(sim, &valid().secret(NS, name));
+            return false;
+        }
+    };
+    if let Some(secret) = secret {
+        put_secret(sim, &secret);
+    }
+    true
+}
+
+fn ends_as(outcome: Option<&RouteOutcome>, expect: Expect) -> bool {
     let problem = match outcome {
         Some(RouteOutcome::Rejected(rejected)) => match &rejected.reason {
             Reason::ExternalCertificateValidationFailed { problem, .. } => problem,
@@ -52,248 +264,57 @@ fn check(outcome: Option<&RouteOutcome>, expect: Expect) -> bool {
     }
 }
 
-fn data(crt: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> BTreeMap<String, ByteString> {
-    testing::tls_data(crt, key)
+fn route(name: &str, secret: &str) -> route_secrets::route::Route {
+    testing::route_with_external_certificate(NS, name, &host(name), secret)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_input_is_rejected_specifically_and_disturbs_nothing() {
     let sim = sim_with_latency(Duration::from_millis(5)).await;
     let pki = Pki::new(now());
-    let host = |name: &str| format!("{name}.corpus.example");
-    let leaf = |name: &str| pki.issue(&LeafSpec::new(&host(name), now()));
-    let tls = Some("kubernetes.io/tls");
-    let mut cases: Vec<(&str, Expect)> = Vec::new();
-    let mut granted: Vec<&str> = Vec::new();
-
-    // The healthy neighbour.
-    put_secret(&sim, &leaf("healthy").secret(NS, "healthy"));
-    granted.push("healthy");
-
-    // Secrets the API server would accept.
-    let valid = leaf("wrong-type");
     put_secret(
         &sim,
-        &testing::tls_secret(NS, "wrong-type", Some("Opaque"), valid.data()),
+        &pki.issue(&LeafSpec::new(&host("healthy"), now()))
+            .secret(NS, "healthy"),
     );
-    cases.push(("wrong-type", Expect::Tls("wrong_secret_type")));
-
-    let l = leaf("key-mismatch");
-    let other = TestKey::generate(KeyKind::EcdsaP256Pkcs8);
-    put_secret(
-        &sim,
-        &testing::tls_secret(NS, "key-mismatch", tls, data(l.chain_pem(), other.pem())),
-    );
-    cases.push(("key-mismatch", Expect::Tls("key_mismatch")));
-
-    let expired = pki.issue(&LeafSpec::new(&host("expired"), now()).expired(now()));
-    put_secret(&sim, &expired.secret(NS, "expired"));
-    cases.push(("expired", Expect::Tls("certificate_expired")));
-
-    let early = pki.issue(&LeafSpec::new(&host("not-yet-valid"), now()).not_yet_valid(now()));
-    put_secret(&sim, &early.secret(NS, "not-yet-valid"));
-    cases.push(("not-yet-valid", Expect::Tls("certificate_not_yet_valid")));
-
-    let l = leaf("wrong-order");
-    put_secret(
-        &sim,
-        &testing::tls_secret(
-            NS,
-            "wrong-order",
-            tls,
-            data(l.reversed_chain_pem(), l.key_pem()),
-        ),
-    );
-    cases.push(("wrong-order", Expect::Tls("chain_out_of_order")));
-
-    let l = leaf("impostor");
-    let stranger = Pki::new(now());
-    put_secret(
-        &sim,
-        &testing::tls_secret(
-            NS,
-            "impostor",
-            tls,
-            data(l.with_impostor_intermediate(&stranger), l.key_pem()),
-        ),
-    );
-    cases.push(("impostor", Expect::Tls("chain_signature_invalid")));
-
-    let l = leaf("encrypted-key");
-    put_secret(
-        &sim,
-        &testing::tls_secret(
-            NS,
-            "encrypted-key",
-            tls,
-            data(l.chain_pem(), testing::ENCRYPTED_PKCS8_KEY_PEM),
-        ),
-    );
-    cases.push(("encrypted-key", Expect::Tls("unsupported_key")));
-
-    let l = leaf("ed448-key");
-    put_secret(
-        &sim,
-        &testing::tls_secret(
-            NS,
-            "ed448-key",
-            tls,
-            data(l.chain_pem(), testing::ED448_KEY_PEM),
-        ),
-    );
-    cases.push(("ed448-key", Expect::Tls("unsupported_key")));
-
-    let l = leaf("garbage");
-    put_secret(
-        &sim,
-        &testing::tls_secret(NS, "garbage", tls, data(testing::GARBAGE_PEM, l.key_pem())),
-    );
-    cases.push(("garbage", Expect::Tls("certificate_pem_malformed")));
-
-    let l = leaf("not-pem");
-    put_secret(
-        &sim,
-        &testing::tls_secret(NS, "not-pem", tls, data(testing::NOT_PEM_TEXT, l.key_pem())),
-    );
-    cases.push(("not-pem", Expect::Tls("no_certificate")));
-
-    let l = leaf("not-a-cert");
-    put_secret(
-        &sim,
-        &testing::tls_secret(
-            NS,
-            "not-a-cert",
-            tls,
-            data(testing::not_a_certificate_pem(), l.key_pem()),
-        ),
-    );
-    cases.push(("not-a-cert", Expect::Tls("certificate_unparseable")));
-
-    let l = leaf("non-utf8");
-    put_secret(
-        &sim,
-        &testing::tls_secret(
-            NS,
-            "non-utf8",
-            tls,
-            data(testing::non_utf8_certificate(&l), l.key_pem()),
-        ),
-    );
-    cases.push(("non-utf8", Expect::Tls("certificate_not_text")));
-
-    let l = leaf("crt-empty");
-    put_secret(
-        &sim,
-        &testing::tls_secret(NS, "crt-empty", tls, data("", l.key_pem())),
-    );
-    cases.push(("crt-empty", Expect::Tls("certificate_empty")));
-
-    let l = leaf("key-empty");
-    put_secret(
-        &sim,
-        &testing::tls_secret(NS, "key-empty", tls, data(l.chain_pem(), "")),
-    );
-    cases.push(("key-empty", Expect::Tls("key_empty")));
-
-    // Nearly 1 MiB (the API's limit on secret data): valid, and served.
-    let l = leaf("huge-valid");
-    let budget = testing::SECRET_SIZE_LIMIT - l.key_pem().len() - 1024;
-    put_secret(
-        &sim,
-        &testing::tls_secret(
-            NS,
-            "huge-valid",
-            tls,
-            data(testing::bulky_chain(&l, budget), l.key_pem()),
-        ),
-    );
-    cases.push(("huge-valid", Expect::Admitted));
-    // Nearly 1 MiB of text without a certificate.
-    let l = leaf("huge-junk");
-    let junk = testing::padded_to(
-        testing::NOT_PEM_TEXT,
-        testing::SECRET_SIZE_LIMIT - l.key_pem().len() - 1024,
-    );
-    put_secret(
-        &sim,
-        &testing::tls_secret(NS, "huge-junk", tls, data(junk, l.key_pem())),
-    );
-    cases.push(("huge-junk", Expect::Tls("no_certificate")));
-
-    // Secrets the API server refuses (a kubernetes.io/tls secret without its keys),
-    // as an older server or a direct etcd write could leave them.
-    let l = leaf("crt-missing");
-    let mut only_key = BTreeMap::new();
-    only_key.insert("tls.key".to_owned(), ByteString(l.key_pem().into_bytes()));
-    put_secret_unchecked(&sim, &testing::tls_secret(NS, "crt-missing", tls, only_key));
-    cases.push(("crt-missing", Expect::Tls("certificate_missing")));
-    let l = leaf("key-missing");
-    let mut only_crt = BTreeMap::new();
-    only_crt.insert("tls.crt".to_owned(), ByteString(l.chain_pem().into_bytes()));
-    put_secret_unchecked(&sim, &testing::tls_secret(NS, "key-missing", tls, only_crt));
-    cases.push(("key-missing", Expect::Tls("key_missing")));
-
-    // Missing secret.
-    cases.push(("missing", Expect::NotFound));
-
-    // RBAC denying one verb at a time (each secret has a Role of its own).
-    for (name, verbs, denied) in [
-        ("deny-get", ["list", "watch"], Verb::Get),
-        ("deny-list", ["get", "watch"], Verb::List),
-        ("deny-watch", ["get", "list"], Verb::Watch),
-    ] {
-        put_secret(&sim, &leaf(name).secret(NS, name));
-        grant(&sim, NS, &format!("partial-{name}"), &verbs, &[name]);
-        cases.push((name, Expect::Denied(denied)));
-    }
-
-    for (name, _) in &cases {
-        if !name.starts_with("deny-") {
+    let mut granted = vec!["healthy"];
+    for (name, material, _) in CASES {
+        if make(&sim, &pki, name, *material) {
             granted.push(name);
         }
     }
     sim.grant_router_secrets(NS, &granted).unwrap();
 
-    // Routes: one per case, named after its secret, plus the odd ones.
-    put_route(
-        &sim,
-        &testing::route_with_external_certificate(NS, "healthy", &host("healthy"), "healthy"),
-    );
-    for (name, _) in &cases {
-        put_route(
-            &sim,
-            &testing::route_with_external_certificate(NS, name, &host(name), name),
-        );
+    // Routes: one per case, named after its secret, plus ones the API server refuses
+    // (an older server or a direct etcd write could leave them; the router copes).
+    put_route(&sim, &route("healthy", "healthy"));
+    let mut expectations: Vec<(&str, Expect)> = Vec::new();
+    for (name, _, expect) in CASES {
+        put_route(&sim, &route(name, name));
+        expectations.push((name, *expect));
     }
-    // The API server validates these names; the router must still cope with them.
-    put_route_unchecked(
-        &sim,
-        &testing::route_with_external_certificate(NS, "empty-name", &host("x"), ""),
-    );
-    cases.push(("empty-name", Expect::InvalidName));
-    put_route_unchecked(
-        &sim,
-        &testing::route_with_external_certificate(NS, "invalid-name", &host("x"), "Not_A_Name"),
-    );
-    cases.push(("invalid-name", Expect::InvalidName));
-    let mut inline =
-        testing::route_with_external_certificate(NS, "inline", &host("healthy"), "healthy");
-    let healthy_leaf = leaf("inline");
-    inline.spec.tls.as_mut().unwrap().certificate = Some(healthy_leaf.leaf_pem().to_owned());
+    put_route_unchecked(&sim, &route("empty-name", ""));
+    put_route_unchecked(&sim, &route("invalid-name", "Not_A_Name"));
+    let mut inline = route("inline", "healthy");
+    let certificate = pki.issue(&LeafSpec::new(&host("inline"), now()));
+    inline.spec.tls.as_mut().unwrap().certificate = Some(certificate.leaf_pem().to_owned());
     put_route_unchecked(&sim, &inline);
-    cases.push(("inline", Expect::InlineConflict));
-    assert!(cases.len() >= 24, "{} cases", cases.len());
+    expectations.extend([
+        ("empty-name", Expect::InvalidName),
+        ("invalid-name", Expect::InvalidName),
+        ("inline", Expect::InlineConflict),
+    ]);
 
     let mut h = Harness::start(&sim, HarnessOptions::default()).await;
     h.ready().await;
     let healthy = key(NS, "healthy");
     h.until_admitted(&healthy, None).await;
-    for (name, expect) in &cases {
+    for (name, expect) in &expectations {
         let route = key(NS, name);
         let what = format!("{route} ends as {expect:?}");
-        h.until(&what, |h| check(h.latest.get(&route), *expect))
+        h.until(&what, |h| ends_as(h.latest.get(&route), *expect))
             .await;
-        // The message names the route and its secret.
+        // The message names the route and never holds PEM.
         if let Some(rejected) = h.rejected(&route) {
             let message = rejected.reason.to_string();
             assert!(message.contains(&route.to_string()), "{message}");
@@ -306,19 +327,38 @@ async fn every_bad_input_is_rejected_specifically_and_disturbs_nothing() {
         h.until_status(&route, *expect == Expect::Admitted, status_reason)
             .await;
     }
+    assert_eq!(
+        h.outcomes_of(&healthy).len(),
+        1,
+        "{:?}",
+        h.outcomes_of(&healthy)
+    );
+}
 
-    // Changes while routes register: the API server is slow now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_while_routes_register_leave_nothing_behind() {
+    let sim = sim_with_latency(Duration::from_millis(5)).await;
+    let pki = Pki::new(now());
+    let valid = |name: &str| pki.issue(&LeafSpec::new(&host(name), now()));
+    put_secret(&sim, &valid("healthy").secret(NS, "healthy"));
+    sim.grant_router_secrets(
+        NS,
+        &["healthy", "vanishing", "fleeting", "swap-x", "swap-y"],
+    )
+    .unwrap();
+    put_route(&sim, &route("healthy", "healthy"));
+    let mut h = Harness::start(&sim, HarnessOptions::default()).await;
+    h.ready().await;
+    let healthy = key(NS, "healthy");
+    h.until_admitted(&healthy, None).await;
+
+    // The API server is slow now: every change below lands while routes register.
     h.sim
         .set_latency(LatencyConfig::fixed(Duration::from_millis(300)));
 
     // The secret is deleted while its route registers.
-    put_secret(&sim, &leaf("vanishing").secret(NS, "vanishing"));
-    sim.grant_router_secrets(NS, &["vanishing", "fleeting", "swap-x", "swap-y"])
-        .unwrap();
-    put_route(
-        &sim,
-        &testing::route_with_external_certificate(NS, "vanishing", &host("vanishing"), "vanishing"),
-    );
+    put_secret(&sim, &valid("vanishing").secret(NS, "vanishing"));
+    put_route(&sim, &route("vanishing", "vanishing"));
     delete(&sim, "secrets", NS, "vanishing");
     let vanishing = key(NS, "vanishing");
     h.until("vanishing is rejected", |h| {
@@ -335,68 +375,48 @@ async fn every_bad_input_is_rejected_specifically_and_disturbs_nothing() {
     })
     .await;
 
-    // The route is deleted while it registers: nothing is left behind.
-    put_secret(&sim, &leaf("fleeting").secret(NS, "fleeting"));
-    put_route(
-        &sim,
-        &testing::route_with_external_certificate(NS, "fleeting", &host("fleeting"), "fleeting"),
-    );
+    // The route is deleted while it registers.
+    put_secret(&sim, &valid("fleeting").secret(NS, "fleeting"));
+    put_route(&sim, &route("fleeting", "fleeting"));
     delete(&sim, "routes", NS, "fleeting");
 
     // Two routes switch secrets with each other at once.
-    let x = leaf("swap-x");
-    let y = leaf("swap-y");
+    let (x, y) = (valid("swap-x"), valid("swap-y"));
     put_secret(&sim, &x.secret(NS, "swap-x"));
     put_secret(&sim, &y.secret(NS, "swap-y"));
-    put_route(
-        &sim,
-        &testing::route_with_external_certificate(NS, "swap-1", &host("swap"), "swap-x"),
-    );
-    put_route(
-        &sim,
-        &testing::route_with_external_certificate(NS, "swap-2", &host("swap"), "swap-y"),
-    );
+    put_route(&sim, &route("swap-1", "swap-x"));
+    put_route(&sim, &route("swap-2", "swap-y"));
     h.until_admitted(&key(NS, "swap-1"), Some(fingerprint_of_leaf(&x)))
         .await;
     h.until_admitted(&key(NS, "swap-2"), Some(fingerprint_of_leaf(&y)))
         .await;
-    put_route(
-        &sim,
-        &testing::route_with_external_certificate(NS, "swap-1", &host("swap"), "swap-y"),
-    );
-    put_route(
-        &sim,
-        &testing::route_with_external_certificate(NS, "swap-2", &host("swap"), "swap-x"),
-    );
+    put_route(&sim, &route("swap-1", "swap-y"));
+    put_route(&sim, &route("swap-2", "swap-x"));
     h.until_admitted(&key(NS, "swap-1"), Some(fingerprint_of_leaf(&y)))
         .await;
     h.until_admitted(&key(NS, "swap-2"), Some(fingerprint_of_leaf(&x)))
         .await;
 
-    // Every watch the simulator holds belongs to a registered route, and the deleted
-    // route's secret is not among them.
-    let fleeting = key(NS, "fleeting");
-    h.until("fleeting left no registration", |h| {
-        h.manager.secret_of(&fleeting).is_none()
+    // Every watch belongs to a registered route, one per route: the deleted route's
+    // secret is not among them.
+    let expected = BTreeMap::from([
+        ("healthy".to_owned(), 1),
+        ("swap-x".to_owned(), 1),
+        ("swap-y".to_owned(), 1),
+        ("vanishing".to_owned(), 1),
+    ]);
+    eventually("only registered routes hold watches", || {
+        h.watched() == expected
     })
     .await;
-    h.until("no watch is held for fleeting's secret", |h| {
-        h.manager
-            .watched_secrets()
-            .keys()
-            .all(|k| k.name != "fleeting")
-    })
-    .await;
-    let expected = h.manager.watched_secrets().len() as u64;
-    h.until_secret_watches(expected).await;
+    assert_eq!(h.manager.route_count(), 4);
+    h.until_secret_watches(expected.len() as u64).await;
 
     // The healthy route was admitted once and never disturbed.
-    let healthy_outcomes: Vec<_> = h
-        .history
-        .iter()
-        .filter(|o| o.route() == &healthy)
-        .map(summary)
-        .collect();
-    assert_eq!(healthy_outcomes.len(), 1, "{healthy_outcomes:?}");
-    assert!(h.admitted(&healthy).is_some());
+    assert_eq!(
+        h.outcomes_of(&healthy).len(),
+        1,
+        "{:?}",
+        h.outcomes_of(&healthy)
+    );
 }

@@ -1,56 +1,309 @@
-//! Every route and secret transition of the external-certificate pipeline, against the
-//! simulator, as the router identity with real RBAC. Each test checks the outcome, the
-//! reason, the status written and the number of secret watches open at the simulator.
+//! The pipeline's shell against the simulator, as the router identity with real RBAC:
+//! that what the state machine decides (its every transition is unit-tested in
+//! `src/machine/tests.rs`) reaches the API server and comes back: registrations open
+//! and close watches, secret events arrive, outcomes and status are written.
+//!
+//! Each scenario is a row of steps; a failing row names its scenario and step.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+mod support;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::*;
 use route_secrets::testing::{LeafSpec, Pki};
 use route_secrets::tls::TlsWarning;
+use support::*;
 
 const NS: &str = "shop";
+
+/// One step of a scenario.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// Creates or changes route `name` for `host`, with the secret (or none).
+    Route(&'static str, Option<&'static str>, &'static str),
+    DeleteRoute(&'static str),
+    /// Writes a new certificate for `host` into the secret (creating it).
+    Rotate(&'static str, &'static str),
+    DeleteSecret(&'static str),
+    /// The route is admitted with the secret's latest certificate.
+    Admitted(&'static str, &'static str),
+    /// The route is admitted again after its secret was re-created.
+    Recreated(&'static str, &'static str),
+    /// The route is admitted with a warning that its certificate misses the host.
+    HostWarning(&'static str),
+    Rejected(&'static str, &'static str),
+    Removed(&'static str),
+    /// The route's status records admitted (or not) with the reason (or none).
+    Status(&'static str, bool, Option<&'static str>),
+    /// Secret watches open at the simulator, and the secrets the manager watches.
+    Watches(&'static [&'static str]),
+    /// Outcomes said so far about the route.
+    Outcomes(&'static str, usize),
+    /// Route status updates sent so far.
+    StatusWrites(usize),
+    /// Watch requests sent so far for the secret.
+    WatchRequests(&'static str, usize),
+}
+
+use Step::*;
+
+const SCENARIOS: &[(&str, &[Step])] = &[
+    (
+        "an added route is admitted with its secret",
+        &[
+            Rotate("a", "a.shop.example"),
+            Route("r", Some("a"), "a.shop.example"),
+            Admitted("r", "a"),
+            Status("r", true, None),
+            Watches(&["a"]),
+        ],
+    ),
+    (
+        "a modified route follows its secret reference",
+        &[
+            Route("r", Some("a"), "a.shop.example"),
+            Admitted("r", "a"),
+            Watches(&["a"]),
+            // Another secret: the old one is released, the new one registered.
+            Route("r", Some("b"), "b.shop.example"),
+            Admitted("r", "b"),
+            Watches(&["b"]),
+            // Same secret, other host: re-validated; the certificate does not cover it.
+            Route("r", Some("b"), "elsewhere.example"),
+            HostWarning("r"),
+            Watches(&["b"]),
+            // No external certificate any more: removed, watch closed.
+            Route("r", None, "b.shop.example"),
+            Removed("r"),
+            Watches(&[]),
+            // An external certificate again.
+            Route("r", Some("a"), "a.shop.example"),
+            Admitted("r", "a"),
+            Watches(&["a"]),
+        ],
+    ),
+    (
+        "a deleted route releases its secret",
+        &[
+            Route("r", Some("a"), "a.shop.example"),
+            Admitted("r", "a"),
+            Watches(&["a"]),
+            DeleteRoute("r"),
+            Removed("r"),
+            Watches(&[]),
+        ],
+    ),
+    (
+        "secret updated, deleted and re-created",
+        &[
+            Route("r", Some("a"), "a.shop.example"),
+            Admitted("r", "a"),
+            Rotate("a", "a.shop.example"),
+            Admitted("r", "a"),
+            Status("r", true, None),
+            // Deleted: rejected, status says so, the watch stays.
+            DeleteSecret("a"),
+            Rejected("r", "ExternalCertificateSecretDeleted"),
+            Status("r", false, Some("ExternalCertificateSecretDeleted")),
+            Watches(&["a"]),
+            // Re-created: re-validated and re-admitted, with the reason recorded.
+            Rotate("a", "a.shop.example"),
+            Recreated("r", "a"),
+            Status("r", true, Some("ExternalCertificateSecretRecreated")),
+            Watches(&["a"]),
+        ],
+    ),
+    (
+        "routes sharing a secret share one watch",
+        &[
+            Route("r1", Some("a"), "a.shop.example"),
+            Route("r2", Some("a"), "a.shop.example"),
+            Route("r3", Some("a"), "a.shop.example"),
+            Admitted("r1", "a"),
+            Admitted("r2", "a"),
+            Admitted("r3", "a"),
+            Watches(&["a"]),
+            WatchRequests("a", 1),
+            Rotate("a", "a.shop.example"),
+            Admitted("r1", "a"),
+            Admitted("r2", "a"),
+            Admitted("r3", "a"),
+            DeleteRoute("r1"),
+            DeleteRoute("r2"),
+            Removed("r1"),
+            Removed("r2"),
+            Watches(&["a"]),
+            DeleteRoute("r3"),
+            Removed("r3"),
+            Watches(&[]),
+        ],
+    ),
+    (
+        "the router's own status writes do not loop",
+        &[
+            Route("r", Some("a"), "a.shop.example"),
+            Admitted("r", "a"),
+            Status("r", true, None),
+            // Another outcome (secret deleted) is one more write; the write's own route
+            // event (a status-only change) produces none.
+            DeleteSecret("a"),
+            Status("r", false, Some("ExternalCertificateSecretDeleted")),
+            // A further, unrelated change round-trips through the pipeline.
+            Route("other", Some("b"), "b.shop.example"),
+            Admitted("other", "b"),
+            Status("other", true, None),
+            StatusWrites(3),
+            Outcomes("r", 2),
+        ],
+    ),
+    (
+        "a missing secret is admitted once created",
+        &[
+            Route("r", Some("later"), "later.shop.example"),
+            Rejected("r", "ExternalCertificateValidationFailed"),
+            Status("r", false, Some("ExternalCertificateValidationFailed")),
+            Watches(&["later"]),
+            Rotate("later", "later.shop.example"),
+            Admitted("r", "later"),
+            Status("r", true, None),
+        ],
+    ),
+];
 
 struct World {
     h: Harness,
     pki: Pki,
+    /// The latest certificate written to each secret.
+    fingerprints: BTreeMap<&'static str, [u8; 32]>,
 }
 
 /// A namespace with secrets `a` and `b` (certificates for `a.shop.example` and
-/// `b.shop.example`), both granted to the router, and a running pipeline.
+/// `b.shop.example`), and a grant for them and `later`, and a running pipeline.
 async fn world() -> World {
     let sim = sim_with_latency(Duration::from_millis(5)).await;
     let pki = Pki::new(now());
+    let mut world_fingerprints = BTreeMap::new();
     for name in ["a", "b"] {
         let leaf = pki.issue(&LeafSpec::new(&format!("{name}.shop.example"), now()));
         put_secret(&sim, &leaf.secret(NS, name));
+        world_fingerprints.insert(name, fingerprint_of_leaf(&leaf));
     }
-    sim.grant_router_secrets(NS, &["a", "b"]).unwrap();
+    sim.grant_router_secrets(NS, &["a", "b", "later"]).unwrap();
     let mut h = Harness::start(&sim, HarnessOptions::default()).await;
     h.ready().await;
-    World { h, pki }
+    World {
+        h,
+        pki,
+        fingerprints: world_fingerprints,
+    }
 }
 
-fn route(name: &str, host: &str, secret: &str) -> route_secrets::route::Route {
-    route_secrets::testing::route_with_external_certificate(NS, name, host, secret)
+async fn run(scenario: &str, steps: &[Step]) {
+    let mut w = world().await;
+    for (index, step) in steps.iter().enumerate() {
+        let at = format!("{scenario}, step {index} ({step:?})");
+        perform(&mut w, *step, &at).await;
+    }
 }
 
-fn rotate(w: &World, secret: &str, host: &str) -> [u8; 32] {
-    let leaf = w.pki.issue(&LeafSpec::new(host, now()));
-    put_secret(&w.h.sim, &leaf.secret(NS, secret));
-    fingerprint_of_leaf(&leaf)
+async fn perform(w: &mut World, step: Step, at: &str) {
+    let sim = w.h.sim.clone();
+    match step {
+        Route(name, secret, host) => {
+            let mut route =
+                route_secrets::testing::route_with_external_certificate(NS, name, host, "x");
+            let tls = route.spec.tls.as_mut().unwrap();
+            match secret {
+                Some(secret) => tls.external_certificate.as_mut().unwrap().name = secret.into(),
+                None => tls.external_certificate = None,
+            }
+            put_route(&sim, &route);
+        }
+        DeleteRoute(name) => delete(&sim, "routes", NS, name),
+        Rotate(secret, host) => {
+            let leaf = w.pki.issue(&LeafSpec::new(host, now()));
+            put_secret(&sim, &leaf.secret(NS, secret));
+            w.fingerprints.insert(secret, fingerprint_of_leaf(&leaf));
+        }
+        DeleteSecret(secret) => delete(&sim, "secrets", NS, secret),
+        Admitted(route, secret) | Recreated(route, secret) => {
+            let fingerprint = w.fingerprints.get(secret).copied();
+            let admitted = w.h.until_admitted(&key(NS, route), fingerprint).await;
+            assert_eq!(admitted.secret, secret, "{at}");
+            let recreated = admitted.reason.as_ref().map(|r| r.name());
+            let expected =
+                matches!(step, Recreated(..)).then_some("ExternalCertificateSecretRecreated");
+            assert_eq!(recreated, expected, "{at}");
+        }
+        HostWarning(route) => {
+            let route = key(NS, route);
+            w.h.until(at, |h| {
+                h.admitted(&route).is_some_and(|a| {
+                    a.warnings
+                        .iter()
+                        .any(|w| matches!(w, TlsWarning::HostNotCovered { .. }))
+                })
+            })
+            .await;
+        }
+        Rejected(route, reason) => {
+            w.h.until_rejected(&key(NS, route), reason).await;
+        }
+        Removed(route) => {
+            let route = key(NS, route);
+            w.h.until(at, |h| h.removed(&route)).await;
+        }
+        Status(route, admitted, reason) => {
+            w.h.until_status(&key(NS, route), admitted, reason).await
+        }
+        Watches(secrets) => {
+            w.h.until_secret_watches(secrets.len() as u64).await;
+            let expected: Vec<String> = secrets.iter().map(|s| (*s).to_owned()).collect();
+            let h = &w.h;
+            eventually(at, || {
+                h.watched().keys().cloned().collect::<Vec<_>>() == expected
+            })
+            .await;
+        }
+        Outcomes(route, count) => {
+            let said = w.h.outcomes_of(&key(NS, route));
+            assert_eq!(said.len(), count, "{at}: {said:#?}");
+        }
+        StatusWrites(count) => {
+            assert_eq!(
+                requests(&sim, "update", "routes/status").len(),
+                count,
+                "{at}"
+            );
+        }
+        WatchRequests(secret, count) => {
+            let watches = requests(&sim, "watch", "secrets")
+                .iter()
+                .filter(|r| r.name.as_deref() == Some(secret))
+                .count();
+            assert_eq!(watches, count, "{at}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenarios() {
+    for (scenario, steps) in SCENARIOS {
+        run(scenario, steps).await;
+    }
 }
 
 #[tokio::test]
-async fn added_route_is_admitted_with_its_secret() {
+async fn the_bundle_is_the_secrets_chain_then_its_key() {
     let mut w = world().await;
-    let fingerprint = rotate(&w, "a", "a.shop.example");
-    put_route(&w.h.sim, &route("r", "a.shop.example", "a"));
-    let admitted = w.h.until_admitted(&key(NS, "r"), Some(fingerprint)).await;
-    // The bundle is the secret's chain, then its key.
+    put_route(
+        &w.h.sim,
+        &route_secrets::testing::route_with_external_certificate(NS, "r", "a.shop.example", "a"),
+    );
+    let fingerprint = w.fingerprints.get("a").copied();
+    let admitted = w.h.until_admitted(&key(NS, "r"), fingerprint).await;
     let secret = w.h.sim.store().get("secrets", NS, "a").unwrap();
     let decode = |field: &str| {
         use base64::Engine;
@@ -64,6 +317,7 @@ async fn added_route_is_admitted_with_its_secret() {
     };
     let bundle = bundle(&admitted);
     assert!(bundle.starts_with(admitted.tls.chain_pem()));
+    assert!(bundle.ends_with(admitted.tls.key_pem().expose_secret()));
     assert_eq!(
         admitted
             .tls
@@ -73,182 +327,4 @@ async fn added_route_is_admitted_with_its_secret() {
         decode("tls.crt").matches("BEGIN CERTIFICATE").count()
     );
     assert!(admitted.warnings.is_empty(), "{:?}", admitted.warnings);
-    assert_eq!(admitted.secret, "a");
-    w.h.until_status(&key(NS, "r"), true, None).await;
-    w.h.until_secret_watches(1).await;
-}
-
-#[tokio::test]
-async fn modified_route_cases() {
-    let mut w = world().await;
-    let r = key(NS, "r");
-    let fa = rotate(&w, "a", "r.shop.example");
-    let fb = rotate(&w, "b", "r.shop.example");
-    put_route(&w.h.sim, &route("r", "r.shop.example", "a"));
-    w.h.until_admitted(&r, Some(fa)).await;
-    w.h.until_secret_watches(1).await;
-
-    // (a) another secret: the old one is released, the new one registered.
-    put_route(&w.h.sim, &route("r", "r.shop.example", "b"));
-    w.h.until_admitted(&r, Some(fb)).await;
-    w.h.until_secret_watches(1).await;
-    assert_eq!(w.h.manager.secret_of(&r).as_deref(), Some("b"));
-
-    // (b) same secret, other host: re-validated; the certificate does not cover it.
-    put_route(&w.h.sim, &route("r", "elsewhere.example", "b"));
-    w.h.until("r warns about the host", |h| {
-        h.admitted(&r).is_some_and(|a| {
-            a.warnings
-                .iter()
-                .any(|w| matches!(w, TlsWarning::HostNotCovered { .. }))
-        })
-    })
-    .await;
-    w.h.until_secret_watches(1).await;
-
-    // (d) no external certificate any more: removed, watch closed.
-    let mut plain = route("r", "r.shop.example", "b");
-    plain.spec.tls.as_mut().unwrap().external_certificate = None;
-    put_route(&w.h.sim, &plain);
-    w.h.until("r is removed", |h| h.removed(&r)).await;
-    w.h.until_secret_watches(0).await;
-    assert_eq!(w.h.manager.secret_of(&r), None);
-
-    // (c) an external certificate again.
-    put_route(&w.h.sim, &route("r", "r.shop.example", "a"));
-    w.h.until_admitted(&r, Some(fa)).await;
-    w.h.until_secret_watches(1).await;
-}
-
-#[tokio::test]
-async fn deleted_route_releases_its_secret() {
-    let mut w = world().await;
-    put_route(&w.h.sim, &route("r", "a.shop.example", "a"));
-    w.h.until_admitted(&key(NS, "r"), None).await;
-    w.h.until_secret_watches(1).await;
-    delete(&w.h.sim, "routes", NS, "r");
-    w.h.until("r is removed", |h| h.removed(&key(NS, "r")))
-        .await;
-    w.h.until_secret_watches(0).await;
-    assert_eq!(w.h.manager.route_count(), 0);
-}
-
-#[tokio::test]
-async fn secret_update_delete_and_recreate() {
-    let mut w = world().await;
-    let r = key(NS, "r");
-    put_route(&w.h.sim, &route("r", "a.shop.example", "a"));
-    w.h.until_admitted(&r, None).await;
-
-    // Updated: the new certificate is served.
-    let rotated = rotate(&w, "a", "a.shop.example");
-    w.h.until_admitted(&r, Some(rotated)).await;
-    w.h.until_status(&r, true, None).await;
-
-    // Deleted: rejected, status says so, the watch stays.
-    delete(&w.h.sim, "secrets", NS, "a");
-    w.h.until_rejected(&r, "ExternalCertificateSecretDeleted")
-        .await;
-    w.h.until_status(&r, false, Some("ExternalCertificateSecretDeleted"))
-        .await;
-    w.h.until_secret_watches(1).await;
-
-    // Re-created: re-validated and re-admitted, with the reason recorded.
-    let recreated = rotate(&w, "a", "a.shop.example");
-    let admitted = w.h.until_admitted(&r, Some(recreated)).await;
-    assert_eq!(
-        admitted.reason.as_ref().map(|r| r.name()),
-        Some("ExternalCertificateSecretRecreated")
-    );
-    w.h.until_status(&r, true, Some("ExternalCertificateSecretRecreated"))
-        .await;
-    w.h.until_secret_watches(1).await;
-}
-
-#[tokio::test]
-async fn routes_sharing_a_secret_share_one_watch() {
-    let mut w = world().await;
-    for name in ["r1", "r2", "r3"] {
-        put_route(&w.h.sim, &route(name, "a.shop.example", "a"));
-    }
-    for name in ["r1", "r2", "r3"] {
-        w.h.until_admitted(&key(NS, name), None).await;
-    }
-    w.h.until_secret_watches(1).await;
-    let watches =
-        w.h.sim
-            .request_log()
-            .iter()
-            .filter(|r| r.verb == "watch" && r.name.as_deref() == Some("a"))
-            .count();
-    assert_eq!(watches, 1, "three routes, one watch");
-
-    let rotated = rotate(&w, "a", "a.shop.example");
-    for name in ["r1", "r2", "r3"] {
-        w.h.until_admitted(&key(NS, name), Some(rotated)).await;
-    }
-    delete(&w.h.sim, "routes", NS, "r1");
-    delete(&w.h.sim, "routes", NS, "r2");
-    w.h.until("r1 and r2 are removed", |h| {
-        h.removed(&key(NS, "r1")) && h.removed(&key(NS, "r2"))
-    })
-    .await;
-    w.h.until_secret_watches(1).await;
-    delete(&w.h.sim, "routes", NS, "r3");
-    w.h.until_secret_watches(0).await;
-}
-
-#[tokio::test]
-async fn own_status_writes_do_not_loop() {
-    let mut w = world().await;
-    let r = key(NS, "r");
-    put_route(&w.h.sim, &route("r", "a.shop.example", "a"));
-    w.h.until_admitted(&r, None).await;
-    w.h.until_status(&r, true, None).await;
-    let status_writes = |h: &Harness| {
-        h.sim
-            .request_log()
-            .iter()
-            .filter(|req| req.resource == "routes/status" && req.verb == "update")
-            .count()
-    };
-    // Another outcome (secret deleted) is one more write; the write's own route event
-    // (a status-only change) produces none.
-    delete(&w.h.sim, "secrets", NS, "a");
-    w.h.until_status(&r, false, Some("ExternalCertificateSecretDeleted"))
-        .await;
-    // Settle: a further, unrelated change round-trips through the pipeline.
-    put_route(&w.h.sim, &route("other", "b.shop.example", "b"));
-    w.h.until_admitted(&key(NS, "other"), None).await;
-    w.h.until_status(&key(NS, "other"), true, None).await;
-    assert_eq!(
-        status_writes(&w.h),
-        3,
-        "one write per outcome, none in reaction to its own writes"
-    );
-    let outcomes_for_r = w.h.history.iter().filter(|o| o.route() == &r).count();
-    assert_eq!(
-        outcomes_for_r,
-        2,
-        "admitted, then rejected: {:?}",
-        w.h.history.iter().map(summary).collect::<Vec<_>>()
-    );
-}
-
-#[tokio::test]
-async fn missing_secret_is_admitted_once_created() {
-    let mut w = world().await;
-    let r = key(NS, "r");
-    w.h.sim.grant_router_secrets(NS, &["later"]).unwrap();
-    put_route(&w.h.sim, &route("r", "later.shop.example", "later"));
-    let reason =
-        w.h.until_rejected(&r, "ExternalCertificateValidationFailed")
-            .await;
-    assert!(reason.to_string().contains("does not exist"), "{reason}");
-    w.h.until_status(&r, false, Some("ExternalCertificateValidationFailed"))
-        .await;
-    w.h.until_secret_watches(1).await;
-    let created = rotate(&w, "later", "later.shop.example");
-    w.h.until_admitted(&r, Some(created)).await;
-    w.h.until_status(&r, true, None).await;
 }

@@ -17,7 +17,7 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use route_secrets::api::access::{AccessChecker, AccessPolicy};
 use route_secrets::api::manager::SecretManager;
-use route_secrets::api::pipeline::{PipelineOptions, RouteOutcome, RoutePipeline};
+use route_secrets::api::pipeline::{PipelineError, PipelineOptions, RouteOutcome, RoutePipeline};
 use route_secrets::api::route_watch::{RouteEvent, route_events};
 use route_secrets::api::status_writer::StatusWriter;
 use route_secrets::route::Route;
@@ -76,7 +76,7 @@ impl MonitorObserver for SyncObserver {
 
 /// A started product pipeline; dropping it stops everything.
 pub struct ConcurrentRun {
-    pipeline: JoinHandle<()>,
+    pipeline: JoinHandle<Result<(), PipelineError>>,
     outcomes: JoinHandle<()>,
     // Held so that the watches stay open until the parent has measured them.
     _manager: SecretManager,

@@ -18,7 +18,7 @@ use futures::StreamExt;
 use kube_h2::{ClientOptions, PoolHandle, PoolStats};
 use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy, AccessStats};
 use route_secrets::api::manager::SecretManager;
-use route_secrets::api::pipeline::{PipelineOptions, RoutePipeline};
+use route_secrets::api::pipeline::{PipelineError, PipelineOptions, RoutePipeline};
 use route_secrets::api::status_writer::StatusWriter;
 use route_secrets::route::admission::RouterIdentity;
 use secret_monitor::{MonitorObserver, MonitorOptions, SecretMonitor};
@@ -141,7 +141,9 @@ pub struct Daemon {
     cert_dir: PathBuf,
     http_addr: Option<SocketAddr>,
     shutdown: CancellationToken,
-    pipeline: JoinHandle<()>,
+    /// Ends with an error when the route watch was refused for good (e.g. an invalid
+    /// route selector).
+    pipeline: JoinHandle<Result<(), PipelineError>>,
     outputs: JoinHandle<()>,
     http: Option<JoinHandle<()>>,
     progress: Option<JoinHandle<()>>,
@@ -369,7 +371,9 @@ impl Daemon {
         shutdown.cancel();
         // The route stream ends, so the pipeline returns and drops its outcome sender;
         // the outputs task then drains what is left and ends.
-        let _ = pipeline.await;
+        if let Ok(Err(error)) = pipeline.await {
+            tracing::error!(%error, "the route pipeline stopped");
+        }
         let _ = outputs.await;
         if let Some(http) = http {
             let _ = http.await;

@@ -143,6 +143,8 @@ impl ScopeFilter {
                         return (self.started && self.forwarded.remove(&key))
                             .then_some(RouteEvent::Deleted(route));
                     }
+                    // The pipeline stops on it, whichever watch refused.
+                    RouteEvent::Failed(error) => return Some(RouteEvent::Failed(error)),
                 }
             }
             ScopeInput::Namespaces(event) => {

@@ -3,13 +3,25 @@
 //! The watcher's (re-)listings become one [`RouteEvent::Listed`] with every route, so
 //! the pipeline sees the initial set at once (to start every secret's registration
 //! concurrently) and can tell, after a re-list, which routes vanished while the watch
-//! was down. Errors are retried with kube-runtime's default backoff and reported to a
-//! callback; they never end the stream.
+//! was down.
+//!
+//! Failed requests are retried along [`kube_common::backoff`] (client-go's reflector
+//! policy: 0.8 s doubling to a 30 s cap, started over after 2 minutes without a
+//! failure), so a route created after a fault has ended is seen at most one capped
+//! delay plus one list later. The sequence is *not* started over by a watcher event:
+//! kube-runtime's watcher reports every re-list attempt as an event before it lists,
+//! so resetting on events kept a failing list at its first delay forever. A request
+//! the API server refuses as malformed (400, e.g. an invalid label selector) cannot
+//! succeed by retrying: it ends the stream with [`RouteEvent::Failed`].
+
+use std::fmt;
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
+use kube_common::backoff::{Backoff, BackoffPolicy};
 
 use crate::route::Route;
 
@@ -23,18 +35,100 @@ pub enum RouteEvent {
     Applied(Route),
     /// A route was deleted.
     Deleted(Route),
+    /// The API server refused the watch in a way no retry can fix; the stream ends
+    /// after this event.
+    Failed(RouteWatchError),
+}
+
+/// The route watch was refused for good.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the API server refused the route watch ({code} {reason}): {message}; check the route \
+     selector and the namespaces certwatch watches"
+)]
+pub struct RouteWatchError {
+    /// HTTP status code.
+    pub code: u16,
+    /// The `Status` reason, e.g. `BadRequest`.
+    pub reason: String,
+    /// The API server's message.
+    pub message: String,
+}
+
+impl RouteWatchError {
+    /// The permanent failure behind `error`, if it is one: a request the API server
+    /// rejects as malformed (400). Everything else (403 until a grant, 404 until the
+    /// CRD is installed, 429, 5xx, broken connections) may pass and is retried.
+    pub fn permanent(error: &watcher::Error) -> Option<Self> {
+        let api_error = match error {
+            watcher::Error::InitialListFailed(kube::Error::Api(status))
+            | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+            | watcher::Error::WatchFailed(kube::Error::Api(status)) => status,
+            watcher::Error::WatchError(status) => {
+                return (status.code == 400).then(|| Self {
+                    code: status.code,
+                    reason: status.reason.clone(),
+                    message: status.message.clone(),
+                });
+            }
+            _ => return None,
+        };
+        (api_error.code == 400).then(|| Self {
+            code: api_error.code,
+            reason: api_error.reason.clone(),
+            message: api_error.message.clone(),
+        })
+    }
+}
+
+/// The one retry policy, as kube-runtime's watcher takes a backoff. Its `reset` does
+/// nothing: the policy starts over after a healthy period, not on the watcher's next
+/// event (which, for a list that keeps failing, is the re-list attempt itself).
+struct PolicyBackoff(Backoff);
+
+impl fmt::Debug for PolicyBackoff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("PolicyBackoff")
+            .field(self.0.policy())
+            .finish()
+    }
+}
+
+impl Iterator for PolicyBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        // tokio's clock, so that tests with a paused clock see the policy they set.
+        let now = tokio::time::Instant::now().into_std();
+        Some(self.0.next_delay_at(now, rand::random::<f64>()))
+    }
+}
+
+impl kube::runtime::utils::Backoff for PolicyBackoff {
+    fn reset(&mut self) {}
 }
 
 /// Watches routes through `api` (all namespaces, or one) with the watcher `config`
-/// (label selectors for router sharding), reporting watch errors to `on_error`.
+/// (label selectors for router sharding), retrying failed requests with the default
+/// [`BackoffPolicy`] and reporting each failure to `on_error`.
 pub fn route_events(
     api: Api<Route>,
     config: watcher::Config,
+    on_error: impl FnMut(&watcher::Error) + Send + 'static,
+) -> impl Stream<Item = RouteEvent> + Send + 'static {
+    route_events_with_backoff(api, config, BackoffPolicy::default(), on_error)
+}
+
+/// [`route_events`] with another retry policy (tests use short delays).
+pub fn route_events_with_backoff(
+    api: Api<Route>,
+    config: watcher::Config,
+    policy: BackoffPolicy,
     mut on_error: impl FnMut(&watcher::Error) + Send + 'static,
 ) -> impl Stream<Item = RouteEvent> + Send + 'static {
     let mut listing: Option<Vec<Route>> = None;
-    watcher(api, config)
-        .default_backoff()
+    let events = watcher(api, config)
+        .backoff(PolicyBackoff(Backoff::new(policy)))
         .filter_map(move |item| {
             let event = match item {
                 Ok(watcher::Event::Init) => {
@@ -51,11 +145,31 @@ pub fn route_events(
                 Ok(watcher::Event::Apply(route)) => Some(RouteEvent::Applied(route)),
                 Ok(watcher::Event::Delete(route)) => Some(RouteEvent::Deleted(route)),
                 Err(err) => {
-                    tracing::warn!(error = %err, "route watch failed; retrying");
                     on_error(&err);
-                    None
+                    match RouteWatchError::permanent(&err) {
+                        Some(permanent) => {
+                            tracing::error!(error = %permanent, "route watch refused; giving up");
+                            Some(RouteEvent::Failed(permanent))
+                        }
+                        None => {
+                            tracing::warn!(error = %err, "route watch failed; retrying");
+                            None
+                        }
+                    }
                 }
             };
             std::future::ready(event)
-        })
+        });
+    // Nothing follows a permanent failure, not even another request.
+    futures::stream::unfold(
+        (Box::pin(events), false),
+        |(mut events, ended)| async move {
+            if ended {
+                return None;
+            }
+            let event = events.next().await?;
+            let ended = matches!(event, RouteEvent::Failed(_));
+            Some((event, (events, ended)))
+        },
+    )
 }

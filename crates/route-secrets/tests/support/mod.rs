@@ -1,5 +1,9 @@
-//! A pipeline wired as the daemon wires it, against the embedded simulator, with
-//! helpers to write routes and secrets and to wait for outcomes.
+//! The one test support module of route-secrets' simulator tests: a pipeline wired as
+//! the daemon wires it, waiting (on events where there are events, by polling where
+//! only the simulator's counters tell), and fixtures for routes, secrets and grants.
+//!
+//! Every wait has the same patience ([`PATIENCE`]) and fails with what it waited for
+//! and what it saw instead.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
@@ -11,13 +15,15 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::runtime::watcher;
-use kube_sim::{LatencyConfig, SimConfig, Simulator};
+use kube_common::backoff::BackoffPolicy;
+use kube_sim::{LatencyConfig, RequestRecord, SimConfig, Simulator};
 use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy};
 use route_secrets::api::manager::SecretManager;
 use route_secrets::api::pipeline::{
-    AdmittedRoute, PipelineOptions, Readiness, RejectedRoute, RouteOutcome, RoutePipeline,
+    AdmittedRoute, PipelineError, PipelineOptions, Readiness, RejectedRoute, RouteOutcome,
+    RoutePipeline,
 };
-use route_secrets::api::route_watch::route_events;
+use route_secrets::api::route_watch::route_events_with_backoff;
 use route_secrets::api::status_writer::StatusWriter;
 use route_secrets::reason::Reason;
 use route_secrets::route::admission::{RouterIdentity, admitted_condition, router_ingress};
@@ -28,7 +34,30 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 pub const ROUTER_NAME: &str = "default";
+/// How long any wait waits before the test fails.
 pub const PATIENCE: Duration = Duration::from_secs(90);
+/// How often [`eventually`] looks again.
+const POLL: Duration = Duration::from_millis(10);
+
+/// Waits until `condition` holds, looking every few milliseconds: for state that
+/// announces no event (the simulator's counters and request log).
+pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Awaits `future`, failing the test after [`PATIENCE`].
+pub async fn within_patience<T>(what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(PATIENCE, future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting until {what}"))
+}
 
 pub async fn sim_with_latency(latency: Duration) -> Simulator {
     Simulator::start(SimConfig {
@@ -39,6 +68,36 @@ pub async fn sim_with_latency(latency: Duration) -> Simulator {
     .expect("simulator starts")
 }
 
+/// A client of `context` (`router`, `admin`) over the pooled HTTP/2 client.
+pub async fn client(sim: &Simulator, context: &str) -> kube::Client {
+    let config = sim.client_config(context).await.expect("client config");
+    kube_h2::build_client(config, kube_h2::ClientOptions::default())
+        .expect("pooled client")
+        .client()
+}
+
+/// Requests in the simulator's log matching `verb` and `resource`.
+pub fn requests(sim: &Simulator, verb: &str, resource: &str) -> Vec<RequestRecord> {
+    sim.request_log()
+        .into_iter()
+        .filter(|r| r.verb == verb && r.resource == resource)
+        .collect()
+}
+
+/// How many requests matching `verb` and `resource` were answered with `code`.
+pub fn answered(sim: &Simulator, verb: &str, resource: &str, code: u16) -> usize {
+    requests(sim, verb, resource)
+        .iter()
+        .filter(|r| r.code == code)
+        .count()
+}
+
+/// Retries fast, so that faults pass quickly in tests; the shape is the production one.
+pub fn quick_retries() -> BackoffPolicy {
+    BackoffPolicy::default().with_bounds(Duration::from_millis(50), Duration::from_millis(400))
+}
+
+/// A running pipeline, its outputs, and what it has said so far.
 pub struct Harness {
     pub sim: Simulator,
     pub manager: SecretManager,
@@ -50,12 +109,15 @@ pub struct Harness {
     pub history: Vec<RouteOutcome>,
     /// The latest outcome per route.
     pub latest: BTreeMap<RouteKey, RouteOutcome>,
-    task: JoinHandle<()>,
+    admin: kube::Client,
+    task: Option<JoinHandle<Result<(), PipelineError>>>,
 }
 
 impl Drop for Harness {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
@@ -63,6 +125,11 @@ pub struct HarnessOptions {
     pub write_status: bool,
     pub monitor: MonitorOptions,
     pub pipeline: PipelineOptions,
+    pub access: AccessOptions,
+    /// The route watch's retry policy.
+    pub route_retry: BackoffPolicy,
+    /// The route watch's label selector.
+    pub route_selector: Option<String>,
 }
 
 impl Default for HarnessOptions {
@@ -76,10 +143,17 @@ impl Default for HarnessOptions {
             },
             pipeline: PipelineOptions {
                 identity: kube_sim::ROUTER_USER.to_owned(),
-                retry_min: Duration::from_millis(100),
-                retry_max: Duration::from_secs(1),
+                retry: quick_retries(),
                 ..PipelineOptions::default()
             },
+            // Denials are re-checked quickly, so grants made during a test take effect.
+            access: AccessOptions {
+                policy: AccessPolicy::SelfRules,
+                ttl: Duration::from_secs(600),
+                denied_ttl: Duration::from_millis(100),
+            },
+            route_retry: quick_retries(),
+            route_selector: None,
         }
     }
 }
@@ -92,21 +166,10 @@ impl Harness {
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
-        let config = sim.client_config("router").await.expect("router config");
-        let client = kube_h2::build_client(config, kube_h2::ClientOptions::default())
-            .expect("pooled client")
-            .client();
+        let client = client(sim, "router").await;
         let monitor = SecretMonitor::with_options(client.clone(), options.monitor);
         let manager = SecretManager::new(monitor);
-        // Denials are re-checked quickly, so grants made during a test take effect.
-        let access = AccessChecker::with_options(
-            client.clone(),
-            AccessOptions {
-                policy: AccessPolicy::SelfRules,
-                ttl: Duration::from_secs(600),
-                denied_ttl: Duration::from_millis(100),
-            },
-        );
+        let access = AccessChecker::with_options(client.clone(), options.access);
         let status = options
             .write_status
             .then(|| StatusWriter::spawn(client.clone(), RouterIdentity::new(ROUTER_NAME), 20));
@@ -116,9 +179,14 @@ impl Harness {
             status.clone(),
             options.pipeline,
         );
-        let events = route_events(
+        let mut config = watcher::Config::default();
+        if let Some(selector) = &options.route_selector {
+            config = config.labels(selector);
+        }
+        let events = route_events_with_backoff(
             Api::<Route>::all(client),
-            watcher::Config::default(),
+            config,
+            options.route_retry,
             |_| {},
         );
         let task = tokio::spawn(pipeline.run(events));
@@ -131,18 +199,23 @@ impl Harness {
             readiness: outputs.readiness,
             history: Vec::new(),
             latest: BTreeMap::new(),
-            task,
+            admin: client_for_admin(sim).await,
+            task: Some(task),
         }
+    }
+
+    fn record(&mut self, outcome: RouteOutcome) {
+        self.latest.insert(outcome.route().clone(), outcome.clone());
+        self.history.push(outcome);
     }
 
     fn drain(&mut self) {
         while let Ok(outcome) = self.outcomes.try_recv() {
-            self.latest.insert(outcome.route().clone(), outcome.clone());
-            self.history.push(outcome);
+            self.record(outcome);
         }
     }
 
-    /// Waits until `condition` holds for the latest outcomes.
+    /// Waits, outcome by outcome, until `condition` holds for what was said so far.
     pub async fn until(&mut self, what: &str, condition: impl Fn(&Self) -> bool) {
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
@@ -150,32 +223,38 @@ impl Harness {
             if condition(self) {
                 return;
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting until {what}; latest outcomes: {:#?}",
-                self.latest
-                    .iter()
-                    .map(|(k, o)| (k.to_string(), summary(o)))
-                    .collect::<Vec<_>>()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            match tokio::time::timeout_at(deadline, self.outcomes.recv()).await {
+                Ok(Some(outcome)) => self.record(outcome),
+                Ok(None) => panic!("the pipeline stopped while waiting until {what}"),
+                Err(_) => panic!(
+                    "timed out waiting until {what}; latest outcomes: {:#?}",
+                    self.latest
+                        .iter()
+                        .map(|(k, o)| (k.to_string(), summary(o)))
+                        .collect::<Vec<_>>()
+                ),
+            }
         }
     }
 
+    /// Waits until every route of the start-up set has an outcome.
     pub async fn ready(&mut self) {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            if self.readiness.borrow().is_ready() {
-                self.drain();
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "pipeline never became ready: {:?}",
-                *self.readiness.borrow()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let mut readiness = self.readiness.clone();
+        within_patience(
+            "the pipeline is ready",
+            readiness.wait_for(Readiness::is_ready),
+        )
+        .await
+        .expect("pipeline running");
+        self.drain();
+    }
+
+    /// Waits for the pipeline to stop, and returns why.
+    pub async fn stopped(&mut self) -> Result<(), PipelineError> {
+        let task = self.task.take().expect("pipeline running");
+        within_patience("the pipeline stops", task)
+            .await
+            .expect("pipeline task")
     }
 
     pub fn admitted(&self, route: &RouteKey) -> Option<&AdmittedRoute> {
@@ -194,6 +273,15 @@ impl Harness {
 
     pub fn removed(&self, route: &RouteKey) -> bool {
         matches!(self.latest.get(route), Some(RouteOutcome::Removed(_)))
+    }
+
+    /// Outcomes said about `route`, in order.
+    pub fn outcomes_of(&self, route: &RouteKey) -> Vec<String> {
+        self.history
+            .iter()
+            .filter(|o| o.route() == route)
+            .map(summary)
+            .collect()
     }
 
     /// Waits for the route to be admitted with the certificate whose leaf has
@@ -222,55 +310,53 @@ impl Harness {
         self.rejected(route).expect("rejected").reason.clone()
     }
 
-    /// Waits until the route's status records `admitted` with `reason` for this router.
+    /// Waits (on the route's watch events) until its status records `admitted` with
+    /// `reason` for this router.
     pub async fn until_status(&self, route: &RouteKey, admitted: bool, reason: Option<&str>) {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            if let Some(value) =
-                self.sim
-                    .store()
-                    .get("routes", route.namespace.as_str(), &route.name)
-            {
-                let route_object: Route = serde_json::from_value(value).expect("route");
-                let recorded = router_ingress(&route_object, ROUTER_NAME)
-                    .and_then(admitted_condition)
-                    .is_some_and(|c| {
-                        c.status.as_str() == if admitted { "True" } else { "False" }
-                            && c.reason.as_deref() == reason
-                    });
-                if recorded {
-                    return;
-                }
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "status of {route} never recorded admitted={admitted} reason={reason:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let api: Api<Route> = Api::namespaced(self.admin.clone(), &route.namespace);
+        let wanted = if admitted { "True" } else { "False" };
+        let recorded = move |object: Option<&Route>| {
+            object
+                .and_then(|route| router_ingress(route, ROUTER_NAME))
+                .and_then(admitted_condition)
+                .is_some_and(|c| c.status.as_str() == wanted && c.reason.as_deref() == reason)
+        };
+        let what = format!("status of {route} records admitted={admitted} reason={reason:?}");
+        within_patience(
+            &what,
+            kube::runtime::wait::await_condition(api, &route.name, recorded),
+        )
+        .await
+        .expect("route watch");
     }
 
     /// Waits until the simulator holds `expected` open watches on secrets.
     pub async fn until_secret_watches(&self, expected: u64) {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            let open = self
-                .sim
-                .stats()
+        let sim = &self.sim;
+        let what = format!("{expected} secret watches are open");
+        eventually(&what, || {
+            sim.stats()
                 .open_watches_by_resource
                 .get("secrets")
                 .copied()
-                .unwrap_or(0);
-            if open == expected {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{open} secret watches open, expected {expected}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+                .unwrap_or(0)
+                == expected
+        })
+        .await;
     }
+
+    /// The secrets watched, by name, each with the number of routes registered on it.
+    pub fn watched(&self) -> BTreeMap<String, usize> {
+        self.manager
+            .watched_secrets()
+            .into_iter()
+            .map(|(key, status)| (key.name, status.handlers))
+            .collect()
+    }
+}
+
+async fn client_for_admin(sim: &Simulator) -> kube::Client {
+    sim.client("admin").await.expect("admin client")
 }
 
 pub fn summary(outcome: &RouteOutcome) -> String {

@@ -1,0 +1,791 @@
+//! The route pipeline's decisions, as a pure state machine: route events, network
+//! results, secret changes and the passing of time in; effects (start this watch,
+//! check that access, tell the consumer this) out. No I/O, no clock, no tokio: the
+//! caller passes the time in, and [`api::pipeline`](crate::api::pipeline) performs the
+//! effects. The shape is kube-runtime's `watcher`: a state plus a step function, driven
+//! by a thin shell.
+//!
+//! # Order, and why start-up is still one round trip
+//!
+//! Routes are applied one at a time, in order (the initial set oldest first), as a
+//! router's controller applies them: a route's outcome is decided only after every
+//! route queued before it. Applying a route with an external certificate needs the
+//! network (an access check, the secret's first sync); only the route at the head of
+//! the queue waits for it ([`Effect::Prepare`]). So that this costs one round trip for
+//! any number of routes, the machine looks ahead: the moment a route is queued, its
+//! secret's watch and access question are started ([`Effect::Prefetch`]); by the time
+//! the queue reaches it, the answers are usually there. While the head waits, secret
+//! changes of routes already applied are still handled.
+//!
+//! # What happens to a route
+//!
+//! * Added, or modified with another secret: the old registration is released, the new
+//!   secret checked (name, access, existence, TLS material) and registered.
+//! * Modified with the same secret: re-checked (access, the cached secret). A copy that
+//!   changes nothing but status is ignored, so the router's own status writes do not
+//!   loop back.
+//! * Deleted, or no external certificate any more: its registration is released and
+//!   [`RouteOutcome::Removed`] sent (when the consumer had been told anything).
+//! * Its secret changes: re-evaluated. Deleted: rejected with
+//!   `ExternalCertificateSecretDeleted`, and the registration kept so that a
+//!   re-creation re-admits the route (`ExternalCertificateSecretRecreated`).
+//! * A missing or invalid secret is rejected but stays registered, so fixing the secret
+//!   admits the route. Transient failures are retried along
+//!   [`kube_common::backoff`]; a denial is checked again when it stops being trusted.
+//!
+//! The machine is the one owner of "which route holds which registration": the shell
+//! keeps registrations by [`RegistrationId`] only, and the secret manager not at all.
+
+mod effects;
+mod inputs;
+mod outcome;
+mod state;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube_common::backoff::{Backoff, BackoffPolicy};
+
+pub use effects::{Effect, Preparation};
+pub use inputs::{
+    Input, Prepared, PreparedOutcome, RegistrationId, SecretChange, SecretLookup, SecretVersion,
+    SecretVersionId,
+};
+pub use outcome::{AdmittedRoute, Readiness, RejectedRoute, RouteOutcome};
+use state::{ApplyQueue, Jitter, RouteEntry, RouteState, SecretSeen, Stand, Startup, Told};
+
+use crate::reason::{Reason, ValidationProblem};
+use crate::route::admission::Admission;
+use crate::route::{Route, RouteKey, validate_secret_name};
+
+/// How the machine retries.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MachineOptions {
+    /// Who the router is, as named in rejection messages.
+    pub identity: String,
+    /// Delays between retries of a route that failed for a transient reason (API
+    /// errors, refused or failed watches).
+    pub retry: BackoffPolicy,
+    /// The shortest delay before a denied route is checked again (a denial is checked
+    /// again when it stops being trusted, but never sooner than this).
+    pub denial_recheck_min: Duration,
+    /// Seeds the jitter of retry delays.
+    pub seed: u64,
+}
+
+impl Default for MachineOptions {
+    fn default() -> Self {
+        let retry = BackoffPolicy::default();
+        Self {
+            identity: "the router".to_owned(),
+            denial_recheck_min: retry.initial,
+            retry,
+            seed: 0,
+        }
+    }
+}
+
+/// The apply at the head of the queue, waiting for its network part.
+#[derive(Debug)]
+struct InFlight {
+    preparation: Preparation,
+    /// A newer copy of the route (or its deletion) arrived meanwhile: the apply is
+    /// redone with it, before the routes queued behind.
+    overtaken: bool,
+}
+
+/// The route state machine. Feed it [`Input`]s with [`step`](Self::step) and perform
+/// the [`Effect`]s it returns, in order.
+#[derive(Debug)]
+pub struct RouteMachine {
+    options: MachineOptions,
+    /// Every route known or still holding something.
+    routes: std::collections::HashMap<RouteKey, RouteEntry>,
+    /// Routes waiting to be applied.
+    queue: ApplyQueue,
+    /// The apply waiting for the network, if any.
+    head: Option<InFlight>,
+    /// Routes of the first listing still without an outcome.
+    startup: Startup,
+    /// Scheduled retries, by due time (each route at most once; its entry says when).
+    retries: BTreeSet<(Instant, RouteKey)>,
+    /// The last registration id handed out.
+    last_registration: u64,
+    /// Whether prefetch holds exist that should go once the queue drains.
+    prefetching: bool,
+    jitter: Jitter,
+}
+
+impl RouteMachine {
+    /// A machine with no routes, waiting for the first listing.
+    pub fn new(options: MachineOptions) -> Self {
+        Self {
+            jitter: Jitter::new(options.seed),
+            options,
+            routes: Default::default(),
+            queue: ApplyQueue::default(),
+            head: None,
+            startup: Startup::default(),
+            retries: BTreeSet::new(),
+            last_registration: 0,
+            prefetching: false,
+        }
+    }
+
+    /// Handles `input` at time `now` and returns what to do, in order.
+    pub fn step(&mut self, input: Input, now: Instant) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        match input {
+            Input::Listed(routes) => self.listed(routes, &mut effects),
+            Input::Applied(route) => self.accept(Arc::new(route), &mut effects),
+            Input::Deleted(route) => {
+                if let Some(key) = route.key() {
+                    self.forget(key);
+                }
+            }
+            Input::Prepared(prepared) => self.prepared(prepared, now, &mut effects),
+            Input::Secret {
+                route,
+                registration,
+                change,
+            } => self.secret_changed(&route, registration, change, &mut effects),
+            Input::Tick => self.fire_retries(now),
+        }
+        self.advance(&mut effects);
+        effects
+    }
+
+    /// When the next retry is due (send [`Input::Tick`] then), if one is scheduled.
+    pub fn next_wakeup(&self) -> Option<Instant> {
+        self.retries.first().map(|(at, _)| *at)
+    }
+
+    /// Start-up progress.
+    pub fn readiness(&self) -> Readiness {
+        match &self.startup {
+            Startup::Unlisted => Readiness::default(),
+            Startup::Deciding { initial, undecided } => Readiness {
+                listed: true,
+                initial_routes: *initial,
+                initial_done: initial - undecided.len(),
+            },
+        }
+    }
+
+    /// How many routes hold a registration.
+    pub fn registered_routes(&self) -> usize {
+        self.routes
+            .values()
+            .filter(|entry| entry.registration().is_some())
+            .count()
+    }
+
+    /// The secret `route` holds a registration on, if any.
+    pub fn registered_secret(&self, route: &RouteKey) -> Option<&str> {
+        self.routes.get(route)?.registered_secret()
+    }
+
+    fn listed(&mut self, routes: Vec<Route>, effects: &mut Vec<Effect>) {
+        let mut routes: Vec<Arc<Route>> = routes.into_iter().map(Arc::new).collect();
+        // Oldest first, as a router applies them (ties by name, for determinism).
+        routes.sort_by_cached_key(|route| {
+            (
+                route.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                route.key(),
+            )
+        });
+        let present: HashSet<RouteKey> = routes.iter().filter_map(|route| route.key()).collect();
+        let vanished: Vec<RouteKey> = self
+            .routes
+            .iter()
+            .filter(|(key, entry)| entry.latest.is_some() && !present.contains(*key))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in vanished {
+            self.forget(key);
+        }
+        for route in routes {
+            self.accept(route, effects);
+        }
+        if matches!(self.startup, Startup::Unlisted) {
+            self.startup = Startup::Deciding {
+                initial: present.len(),
+                undecided: present,
+            };
+            effects.push(Effect::Readiness(self.readiness()));
+        }
+    }
+
+    /// Records the latest copy of a route, queues it, and starts the network work its
+    /// apply will need.
+    fn accept(&mut self, route: Arc<Route>, effects: &mut Vec<Effect>) {
+        let Some(key) = route.key() else {
+            return;
+        };
+        if let Some(secret) = route.external_certificate_name()
+            && validate_secret_name(secret).is_ok()
+        {
+            let held = self
+                .routes
+                .get(&key)
+                .and_then(RouteEntry::registered_secret)
+                .is_some_and(|held| held == secret);
+            if !held {
+                effects.push(Effect::Prefetch {
+                    namespace: key.namespace.clone(),
+                    secret: secret.to_owned(),
+                });
+                self.prefetching = true;
+            }
+        }
+        match self.routes.get_mut(&key) {
+            Some(entry) => entry.latest = Some(route),
+            None => {
+                self.routes.insert(key.clone(), RouteEntry::new(route));
+            }
+        }
+        self.enqueue(key);
+    }
+
+    /// Queues the route's apply; an apply in flight for it is redone instead.
+    fn enqueue(&mut self, key: RouteKey) {
+        match &mut self.head {
+            Some(head) if head.preparation.route == key => head.overtaken = true,
+            _ => self.queue.push(key, false),
+        }
+    }
+
+    /// The route was deleted: its teardown waits in the queue, in order. From now on
+    /// nothing but that teardown speaks for it.
+    fn forget(&mut self, key: RouteKey) {
+        if let Some(entry) = self.routes.get_mut(&key) {
+            entry.latest = None;
+            self.enqueue(key);
+        }
+    }
+
+    /// Applies queued routes until one needs the network (or the queue is empty).
+    fn advance(&mut self, effects: &mut Vec<Effect>) {
+        while self.head.is_none() {
+            let Some((key, forced)) = self.queue.pop() else {
+                break;
+            };
+            self.apply(key, forced, effects);
+        }
+        if self.head.is_none() && self.prefetching {
+            // Every queued route has registered what it needs: prefetch holds on
+            // secrets no route took up can go.
+            self.prefetching = false;
+            effects.push(Effect::ReleasePrefetched);
+        }
+    }
+
+    /// Decides what applying the route takes and does everything that needs no network.
+    fn apply(&mut self, key: RouteKey, forced: bool, effects: &mut Vec<Effect>) {
+        let Some(entry) = self.routes.get_mut(&key) else {
+            return;
+        };
+        let Some(route) = entry.latest.clone() else {
+            self.teardown(&key, effects);
+            return;
+        };
+        let previous = entry.applied().cloned();
+        // Deleted and created again under the same name is a new object: applied anew
+        // (and, as what it was told names the old object, told anew).
+        let same_object = previous
+            .as_ref()
+            .is_some_and(|applied| applied.metadata.uid == route.metadata.uid);
+        let unchanged = same_object
+            && previous
+                .as_ref()
+                .is_some_and(|applied| applied.spec == route.spec)
+            && (entry.registration().is_some() || entry.told.is_some());
+        if let RouteState::Applied { route: applied, .. } = &mut entry.state {
+            *applied = Arc::clone(&route);
+        }
+        if unchanged && !forced {
+            self.mark_decided(&key, effects);
+            return;
+        }
+        self.cancel_retry(&key);
+
+        let Some(secret) = route.external_certificate_name().map(str::to_owned) else {
+            self.release(&key, effects);
+            self.set_stand(&key, &route, Stand::Unmanaged);
+            if self
+                .routes
+                .get_mut(&key)
+                .and_then(|e| e.told.take())
+                .is_some()
+            {
+                effects.push(Effect::Emit(Box::new(RouteOutcome::Removed(key.clone()))));
+            }
+            self.mark_decided(&key, effects);
+            return;
+        };
+        if let Err(error) = validate_secret_name(&secret) {
+            self.refuse(&key, &route, effects);
+            let problem = ValidationProblem::InvalidSecretName(error);
+            self.reject_validation(&key, &secret, problem, effects);
+            return;
+        }
+        let inline = route.spec.tls.as_ref().is_some_and(|tls| {
+            tls.certificate.as_deref().is_some_and(|c| !c.is_empty()) || tls.key.is_some()
+        });
+        if inline {
+            self.refuse(&key, &route, effects);
+            let problem = ValidationProblem::InlineCertificateConflict;
+            self.reject_validation(&key, &secret, problem, effects);
+            return;
+        }
+
+        let held = self
+            .routes
+            .get(&key)
+            .filter(|entry| entry.registered_secret() == Some(secret.as_str()))
+            .and_then(RouteEntry::registration);
+        let preparation = match held {
+            Some(read) => Preparation {
+                route: key.clone(),
+                secret,
+                register: None,
+                read,
+            },
+            None => {
+                self.release(&key, effects);
+                self.set_stand(&key, &route, Stand::Registering);
+                self.last_registration += 1;
+                let id = RegistrationId(self.last_registration);
+                Preparation {
+                    route: key.clone(),
+                    secret,
+                    register: Some(id),
+                    read: id,
+                }
+            }
+        };
+        effects.push(Effect::Prepare(preparation.clone()));
+        self.head = Some(InFlight {
+            preparation,
+            overtaken: false,
+        });
+    }
+
+    /// Completes the head's apply with what the network said.
+    fn prepared(&mut self, prepared: Prepared, now: Instant, effects: &mut Vec<Effect>) {
+        let Prepared {
+            preparation,
+            outcome,
+        } = prepared;
+        let overtaken = match self.head.take() {
+            Some(head) if head.preparation == preparation => head.overtaken,
+            other => {
+                // Not the apply this machine asked for: keep nothing it registered.
+                self.head = other;
+                if let (Some(id), PreparedOutcome::Ready(_)) = (preparation.register, &outcome) {
+                    effects.push(Effect::Unregister(id));
+                }
+                return;
+            }
+        };
+        let Preparation {
+            route: key,
+            secret,
+            register,
+            ..
+        } = preparation;
+        let Some(route) = self.routes.get(&key).and_then(RouteEntry::applied).cloned() else {
+            if let (Some(id), PreparedOutcome::Ready(_)) = (register, &outcome) {
+                effects.push(Effect::Unregister(id));
+            }
+            return;
+        };
+        if let (Some(id), PreparedOutcome::Ready(_)) = (register, &outcome) {
+            self.set_stand(
+                &key,
+                &route,
+                Stand::Registered {
+                    secret: secret.clone(),
+                    registration: id,
+                    seen: SecretSeen::Pending,
+                },
+            );
+        }
+        if overtaken {
+            // A newer event for the route arrived meanwhile: the apply is redone at
+            // once (forced, in case the event changed nothing the apply looks at, such
+            // as our own status write) and decides with the latest copy.
+            if matches!(
+                self.routes.get(&key).map(|entry| &entry.state),
+                Some(RouteState::Applied {
+                    stand: Stand::Registering,
+                    ..
+                })
+            ) {
+                self.set_stand(&key, &route, Stand::Refused);
+            }
+            self.queue.push_front(key, true);
+            return;
+        }
+
+        match outcome {
+            PreparedOutcome::AccessUnanswered { detail } => {
+                self.refuse(&key, &route, effects);
+                let detail = format!("cannot verify the router's access: {detail}");
+                self.get_failed(&key, secret, detail, now, effects);
+            }
+            PreparedOutcome::AccessDenied {
+                verb,
+                recheck_after,
+            } => {
+                self.refuse(&key, &route, effects);
+                self.access_denied(&key, &secret, verb, effects);
+                // Asking again before the denial expires would get the same answer
+                // from the cache; asking right then notices a grant as early as
+                // possible.
+                let delay = recheck_after.max(self.options.denial_recheck_min);
+                self.schedule_retry(&key, now + delay);
+            }
+            PreparedOutcome::RegistrationForbidden { verb } => {
+                self.refuse(&key, &route, effects);
+                self.access_denied(&key, &secret, verb, effects);
+                self.backoff_retry(&key, now);
+            }
+            PreparedOutcome::RegistrationFailed { detail } => {
+                self.refuse(&key, &route, effects);
+                self.get_failed(&key, secret, detail, now, effects);
+            }
+            PreparedOutcome::Ready(SecretLookup::Found(version)) => {
+                self.evaluate(&key, version, false, effects);
+            }
+            PreparedOutcome::Ready(SecretLookup::NotFound) => {
+                // Still watched: creating the secret admits the route.
+                self.set_seen(&key, SecretSeen::Missing);
+                let problem = ValidationProblem::SecretNotFound;
+                self.reject_validation(&key, &secret, problem, effects);
+            }
+            PreparedOutcome::Ready(SecretLookup::Failed { detail }) => {
+                self.get_failed(&key, secret, detail, now, effects);
+            }
+        }
+    }
+
+    fn secret_changed(
+        &mut self,
+        key: &RouteKey,
+        id: RegistrationId,
+        change: SecretChange,
+        effects: &mut Vec<Effect>,
+    ) {
+        let Some(entry) = self.routes.get(key) else {
+            return;
+        };
+        let RouteState::Applied {
+            stand:
+                Stand::Registered {
+                    secret,
+                    registration,
+                    seen,
+                },
+            ..
+        } = &entry.state
+        else {
+            return;
+        };
+        if *registration != id {
+            return;
+        }
+        let redone = self
+            .head
+            .as_ref()
+            .is_some_and(|head| head.preparation.route == *key && head.overtaken);
+        if redone || self.queue.contains(key) {
+            // A newer copy of the route (or its deletion) waits to be applied; that
+            // apply reads the secret from the cache (so it must run, even if the copy
+            // changes nothing), or tears the route down.
+            if !redone {
+                self.queue.push(key.clone(), true);
+            }
+            return;
+        }
+        let (secret, seen) = (secret.clone(), seen.clone());
+        // The secret decides the route now: a retry of a failed read is moot.
+        self.cancel_retry(key);
+        match change {
+            SecretChange::Present(version) => {
+                if version.id.is_some() && seen == SecretSeen::Evaluated(version.id.clone()) {
+                    return;
+                }
+                let recreated = seen == SecretSeen::Deleted;
+                self.evaluate(key, version, recreated, effects);
+            }
+            SecretChange::Deleted => {
+                self.set_seen(key, SecretSeen::Deleted);
+                let reason = Reason::ExternalCertificateSecretDeleted {
+                    route: key.clone(),
+                    secret,
+                };
+                self.reject(key, reason, effects);
+            }
+        }
+    }
+
+    /// Reports the outcome of a registered route's secret `version`.
+    fn evaluate(
+        &mut self,
+        key: &RouteKey,
+        version: SecretVersion,
+        recreated: bool,
+        effects: &mut Vec<Effect>,
+    ) {
+        let Some(entry) = self.routes.get(key) else {
+            return;
+        };
+        let (Some(route), Some(secret)) = (entry.applied().cloned(), entry.registered_secret())
+        else {
+            return;
+        };
+        let secret = secret.to_owned();
+        self.set_seen(key, SecretSeen::Evaluated(version.id));
+        match version.validation {
+            Ok(tls) => {
+                let host = route.host().map(str::to_owned);
+                let mut warnings = tls.warnings().to_vec();
+                warnings.extend(host.as_deref().and_then(|host| tls.host_warning(host)));
+                let reason = recreated.then(|| Reason::ExternalCertificateSecretRecreated {
+                    route: key.clone(),
+                    secret: secret.clone(),
+                });
+                let admitted = AdmittedRoute {
+                    route: key.clone(),
+                    host,
+                    created: route.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                    secret,
+                    tls,
+                    warnings,
+                    reason,
+                };
+                self.emit(key, RouteOutcome::Admitted(admitted), effects);
+            }
+            Err(rejection) => {
+                let problem = ValidationProblem::Tls(rejection);
+                self.reject_validation(key, &secret, problem, effects);
+            }
+        }
+    }
+
+    fn access_denied(
+        &mut self,
+        key: &RouteKey,
+        secret: &str,
+        verb: kube_common::Verb,
+        effects: &mut Vec<Effect>,
+    ) {
+        let identity = self.options.identity.clone();
+        let problem = ValidationProblem::AccessDenied { verb, identity };
+        self.reject_validation(key, secret, problem, effects);
+    }
+
+    /// Rejects the route because its secret could not be read or checked, and tries
+    /// again later.
+    fn get_failed(
+        &mut self,
+        key: &RouteKey,
+        secret: String,
+        detail: String,
+        now: Instant,
+        effects: &mut Vec<Effect>,
+    ) {
+        let reason = Reason::ExternalCertificateGetFailed {
+            route: key.clone(),
+            secret,
+            detail,
+        };
+        self.reject(key, reason, effects);
+        self.backoff_retry(key, now);
+    }
+
+    fn reject_validation(
+        &mut self,
+        key: &RouteKey,
+        secret: &str,
+        problem: ValidationProblem,
+        effects: &mut Vec<Effect>,
+    ) {
+        let reason = Reason::ExternalCertificateValidationFailed {
+            route: key.clone(),
+            secret: secret.to_owned(),
+            problem,
+        };
+        self.reject(key, reason, effects);
+    }
+
+    fn reject(&mut self, key: &RouteKey, reason: Reason, effects: &mut Vec<Effect>) {
+        let host = self
+            .routes
+            .get(key)
+            .and_then(|entry| entry.latest.as_ref())
+            .and_then(|route| route.host())
+            .map(str::to_owned);
+        let rejected = RejectedRoute {
+            route: key.clone(),
+            host,
+            reason,
+        };
+        self.emit(key, RouteOutcome::Rejected(rejected), effects);
+    }
+
+    /// Tells the consumer (unless it was told exactly this last), records it in the
+    /// route's status, and counts the route as decided.
+    fn emit(&mut self, key: &RouteKey, outcome: RouteOutcome, effects: &mut Vec<Effect>) {
+        let Some(entry) = self.routes.get_mut(key) else {
+            return;
+        };
+        let object = entry
+            .latest
+            .as_ref()
+            .and_then(|route| route.metadata.uid.clone());
+        let (summary, admission) = match &outcome {
+            RouteOutcome::Admitted(admitted) => (
+                Told::Admitted {
+                    object,
+                    fingerprint: admitted.tls.fingerprint().0,
+                    host: admitted.host.clone(),
+                    warnings: admitted.warnings.iter().map(ToString::to_string).collect(),
+                },
+                admitted
+                    .reason
+                    .as_ref()
+                    .map_or_else(Admission::admitted, Reason::admission),
+            ),
+            RouteOutcome::Rejected(rejected) => (
+                Told::Rejected {
+                    object,
+                    reason: rejected.reason.name(),
+                    message: rejected.reason.to_string(),
+                },
+                rejected.reason.admission(),
+            ),
+            // Removals are sent where they happen; they have no status to record.
+            RouteOutcome::Removed(_) => return,
+        };
+        if entry.told.as_ref() != Some(&summary) {
+            entry.told = Some(summary);
+            if let Some(route) = entry.latest.clone().or_else(|| entry.applied().cloned()) {
+                effects.push(Effect::RecordStatus { route, admission });
+            }
+            effects.push(Effect::Emit(Box::new(outcome)));
+        }
+        // Counted as decided only after its outcome: a consumer that sees the pipeline
+        // ready then has every outcome of the start-up set in its queue.
+        self.mark_decided(key, effects);
+    }
+
+    /// The route is deleted and its turn has come: release everything, tell the
+    /// consumer, forget it.
+    fn teardown(&mut self, key: &RouteKey, effects: &mut Vec<Effect>) {
+        self.release(key, effects);
+        self.cancel_retry(key);
+        if let Some(entry) = self.routes.remove(key)
+            && entry.told.is_some()
+        {
+            effects.push(Effect::Emit(Box::new(RouteOutcome::Removed(key.clone()))));
+        }
+        self.mark_decided(key, effects);
+    }
+
+    /// The route holds nothing now: it was rejected before registering.
+    fn refuse(&mut self, key: &RouteKey, route: &Arc<Route>, effects: &mut Vec<Effect>) {
+        self.release(key, effects);
+        self.set_stand(key, route, Stand::Refused);
+    }
+
+    /// Drops the route's registration, if it holds one.
+    fn release(&mut self, key: &RouteKey, effects: &mut Vec<Effect>) {
+        let Some(entry) = self.routes.get_mut(key) else {
+            return;
+        };
+        if let Some(registration) = entry.registration() {
+            effects.push(Effect::Unregister(registration));
+            if let RouteState::Applied { stand, .. } = &mut entry.state {
+                *stand = Stand::Refused;
+            }
+        }
+    }
+
+    fn set_stand(&mut self, key: &RouteKey, route: &Arc<Route>, stand: Stand) {
+        if let Some(entry) = self.routes.get_mut(key) {
+            entry.state = RouteState::Applied {
+                route: Arc::clone(route),
+                stand,
+            };
+        }
+    }
+
+    fn set_seen(&mut self, key: &RouteKey, new: SecretSeen) {
+        if let Some(RouteEntry {
+            state:
+                RouteState::Applied {
+                    stand: Stand::Registered { seen, .. },
+                    ..
+                },
+            ..
+        }) = self.routes.get_mut(key)
+        {
+            *seen = new;
+        }
+    }
+
+    fn mark_decided(&mut self, key: &RouteKey, effects: &mut Vec<Effect>) {
+        if let Startup::Deciding { undecided, .. } = &mut self.startup
+            && undecided.remove(key)
+        {
+            effects.push(Effect::Readiness(self.readiness()));
+        }
+    }
+
+    /// Retries after the route's next backoff delay.
+    fn backoff_retry(&mut self, key: &RouteKey, now: Instant) {
+        let policy = self.options.retry;
+        let draw = self.jitter.draw();
+        let Some(entry) = self.routes.get_mut(key) else {
+            return;
+        };
+        let delay = entry
+            .backoff
+            .get_or_insert_with(|| Backoff::new(policy))
+            .next_delay_at(now, draw);
+        self.schedule_retry(key, now + delay);
+    }
+
+    fn schedule_retry(&mut self, key: &RouteKey, at: Instant) {
+        self.cancel_retry(key);
+        if let Some(entry) = self.routes.get_mut(key) {
+            entry.retry_at = Some(at);
+            self.retries.insert((at, key.clone()));
+        }
+    }
+
+    fn cancel_retry(&mut self, key: &RouteKey) {
+        if let Some(at) = self.routes.get_mut(key).and_then(|e| e.retry_at.take()) {
+            self.retries.remove(&(at, key.clone()));
+        }
+    }
+
+    fn fire_retries(&mut self, now: Instant) {
+        while let Some(first) = self.retries.first()
+            && first.0 <= now
+        {
+            let Some((_, key)) = self.retries.pop_first() else {
+                break;
+            };
+            if let Some(entry) = self.routes.get_mut(&key) {
+                entry.retry_at = None;
+            }
+            self.queue.push(key, true);
+        }
+    }
+}

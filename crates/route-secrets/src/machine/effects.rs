@@ -1,0 +1,56 @@
+//! What the machine asks its shell to do.
+
+use std::sync::Arc;
+
+use super::inputs::RegistrationId;
+use super::outcome::{Readiness, RouteOutcome};
+use crate::route::admission::Admission;
+use crate::route::{Route, RouteKey};
+
+/// One thing for the shell to do, in the order given.
+#[derive(Clone, Debug)]
+pub enum Effect {
+    /// Start the secret's watch and its access question ahead of the queue, so that the
+    /// route's apply finds both ready. Holds the watch until
+    /// [`Effect::ReleasePrefetched`]. Idempotent per secret.
+    Prefetch {
+        /// The secret's namespace (the route's).
+        namespace: String,
+        /// The secret's name.
+        secret: String,
+    },
+    /// Every route that was queued has been applied: drop prefetch holds that no route
+    /// took up.
+    ReleasePrefetched,
+    /// Do the network part of applying the route at the head of the queue, and answer
+    /// with [`Input::Prepared`](super::Input::Prepared). At most one is outstanding.
+    Prepare(Preparation),
+    /// Drop this registration (its watch closes when no one else holds it).
+    Unregister(RegistrationId),
+    /// Tell the consumer.
+    Emit(Box<RouteOutcome>),
+    /// Record the outcome in the route's `status.ingress[]` entry.
+    RecordStatus {
+        /// The latest copy of the route (its resourceVersion guards the write).
+        route: Arc<Route>,
+        /// What to record.
+        admission: Admission,
+    },
+    /// Start-up progress changed.
+    Readiness(Readiness),
+}
+
+/// The network part of an apply: check the router's access to the secret; when
+/// allowed, register (if asked) and read the secret from the registration's cache.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preparation {
+    /// The route applied.
+    pub route: RouteKey,
+    /// The secret's name, in the route's namespace.
+    pub secret: String,
+    /// Register the route with this new id; `None` when it holds a registration on
+    /// this secret already.
+    pub register: Option<RegistrationId>,
+    /// The registration whose cached secret to read: the new one, or the one held.
+    pub read: RegistrationId,
+}

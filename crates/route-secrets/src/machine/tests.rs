@@ -1,0 +1,1361 @@
+//! The route state machine without a server: every route state against every input
+//! (a table, row by row), and random sequences of inputs against invariants
+//! (proptest). The simulator tests in `tests/` only cover the shell.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube_common::Verb;
+use kube_common::backoff::BackoffPolicy;
+use proptest::prelude::*;
+
+use super::*;
+use crate::testing::{LeafSpec, Pki};
+use crate::tls::{TlsRejection, TlsValidator, ValidatedTls};
+
+const NS: &str = "ns";
+
+/// Two valid certificates (for two secret versions) and a rejection.
+struct Material {
+    valid: [Arc<ValidatedTls>; 2],
+}
+
+fn material() -> &'static Material {
+    static MATERIAL: OnceLock<Material> = OnceLock::new();
+    MATERIAL.get_or_init(|| {
+        let now = Timestamp::now();
+        let pki = Pki::new(now);
+        let validate = |host: &str| {
+            let secret = pki.issue(&LeafSpec::new(host, now)).secret(NS, "s");
+            Arc::new(
+                TlsValidator::default()
+                    .validate_secret(&secret, None, now)
+                    .expect("valid fixture"),
+            )
+        };
+        Material {
+            valid: [validate("r.example"), validate("r.example")],
+        }
+    })
+}
+
+fn invalid() -> TlsRejection {
+    TlsRejection::KeyEmpty
+}
+
+/// A route in `NS`, created at second `age` (older routes have smaller ages), with
+/// uid `uid`.
+fn route(name: &str, secret: Option<&str>, host: &str, age: i64, uid: &str) -> Route {
+    let mut route = crate::testing::route_with_external_certificate(NS, name, host, "x");
+    let tls = route.spec.tls.as_mut().expect("tls");
+    match secret {
+        Some(secret) => {
+            tls.external_certificate.as_mut().expect("reference").name = secret.to_owned()
+        }
+        None => tls.external_certificate = None,
+    }
+    route.metadata.uid = Some(uid.to_owned());
+    route.metadata.creation_timestamp = Some(Time(
+        Timestamp::from_second(1_700_000_000 + age).expect("time"),
+    ));
+    route
+}
+
+fn key(name: &str) -> RouteKey {
+    RouteKey::new(NS, name)
+}
+
+fn version(
+    uid: &str,
+    rv: u64,
+    validation: Result<Arc<ValidatedTls>, TlsRejection>,
+) -> SecretVersion {
+    SecretVersion {
+        id: Some(SecretVersionId {
+            uid: uid.to_owned(),
+            resource_version: rv.to_string(),
+        }),
+        validation,
+    }
+}
+
+/// What a route was told, in short.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Said {
+    Admitted,
+    /// Admitted after the secret was re-created.
+    Recreated,
+    Rejected(&'static str),
+    Removed,
+}
+
+fn said(outcome: &RouteOutcome) -> Said {
+    match outcome {
+        RouteOutcome::Admitted(admitted) if admitted.reason.is_some() => Said::Recreated,
+        RouteOutcome::Admitted(_) => Said::Admitted,
+        RouteOutcome::Rejected(rejected) => Said::Rejected(rejected.reason.name()),
+        RouteOutcome::Removed(_) => Said::Removed,
+    }
+}
+
+/// Drives a machine as the shell would, and remembers what it was asked to do.
+struct Driver {
+    machine: RouteMachine,
+    now: Instant,
+    /// Registrations held, as the shell's table has them: id → (route, secret).
+    held: BTreeMap<RegistrationId, (RouteKey, String)>,
+    /// The outstanding network part, if any.
+    preparing: Option<Preparation>,
+    /// Every outcome, in order.
+    outcomes: Vec<RouteOutcome>,
+    /// Status records, in order.
+    statuses: Vec<(RouteKey, bool, Option<String>)>,
+    /// Secrets prefetched and not released.
+    prefetched: BTreeSet<(String, String)>,
+    readiness: Readiness,
+}
+
+impl Driver {
+    fn new() -> Self {
+        Self {
+            machine: RouteMachine::new(MachineOptions {
+                identity: "router".to_owned(),
+                retry: BackoffPolicy::default(),
+                denial_recheck_min: Duration::from_millis(800),
+                seed: 7,
+            }),
+            now: Instant::now(),
+            held: BTreeMap::new(),
+            preparing: None,
+            outcomes: Vec::new(),
+            statuses: Vec::new(),
+            prefetched: BTreeSet::new(),
+            readiness: Readiness::default(),
+        }
+    }
+
+    fn step(&mut self, input: Input) {
+        let effects = self.machine.step(input, self.now);
+        for effect in effects {
+            match effect {
+                Effect::Prefetch { namespace, secret } => {
+                    self.prefetched.insert((namespace, secret));
+                }
+                Effect::ReleasePrefetched => self.prefetched.clear(),
+                Effect::Prepare(preparation) => {
+                    assert!(self.preparing.is_none(), "two applies in flight");
+                    self.preparing = Some(preparation);
+                }
+                Effect::Unregister(id) => {
+                    assert!(self.held.remove(&id).is_some(), "{id} released twice");
+                }
+                Effect::Emit(outcome) => self.outcomes.push(*outcome),
+                Effect::RecordStatus { route, admission } => {
+                    let key = route.key().expect("key");
+                    self.statuses
+                        .push((key, admission.admitted, admission.reason));
+                }
+                Effect::Readiness(readiness) => {
+                    assert!(readiness.initial_done >= self.readiness.initial_done);
+                    assert!(readiness.initial_done <= readiness.initial_routes);
+                    self.readiness = readiness;
+                }
+            }
+        }
+        // The last progress reported is the machine's progress.
+        assert_eq!(self.readiness, self.machine.readiness());
+    }
+
+    /// Answers the outstanding preparation with `outcome` (which must be `Ready` for a
+    /// registration to be held).
+    fn answer(&mut self, outcome: PreparedOutcome) {
+        let preparation = self.preparing.take().expect("a preparation is outstanding");
+        if let (Some(id), PreparedOutcome::Ready(_)) = (preparation.register, &outcome) {
+            self.held
+                .insert(id, (preparation.route.clone(), preparation.secret.clone()));
+        }
+        self.step(Input::Prepared(Prepared {
+            preparation,
+            outcome,
+        }));
+    }
+
+    fn found(&mut self, version: SecretVersion) {
+        self.answer(PreparedOutcome::Ready(SecretLookup::Found(version)));
+    }
+
+    /// Delivers a secret change to `route`'s current registration.
+    fn secret(&mut self, route: &str, change: SecretChange) {
+        let registration = self.registration_of(route).expect("registered");
+        self.step(Input::Secret {
+            route: key(route),
+            registration,
+            change,
+        });
+    }
+
+    fn registration_of(&self, route: &str) -> Option<RegistrationId> {
+        self.held
+            .iter()
+            .find(|(_, (r, _))| *r == key(route))
+            .map(|(id, _)| *id)
+    }
+
+    fn held_by(&self, route: &str) -> usize {
+        self.held.values().filter(|(r, _)| *r == key(route)).count()
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
+        self.step(Input::Tick);
+    }
+
+    fn said_to(&self, route: &str) -> Vec<Said> {
+        self.outcomes
+            .iter()
+            .filter(|o| *o.route() == key(route))
+            .map(said)
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Every state × every input.
+// ---------------------------------------------------------------------------------
+
+/// The states a route can be in, each built by a sequence of inputs. Route `r` uses
+/// secret `s`; route `h` is another route, used to hold the head of the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Queued behind another route's apply, never applied.
+    Pending,
+    /// Its apply waits for the network (registering).
+    Applying,
+    /// Applied without an external certificate.
+    Unmanaged,
+    /// Rejected for a bad secret name: nothing held, nothing retried.
+    RefusedName,
+    /// Denied: nothing held, checked again when the denial expires.
+    Denied,
+    /// The access check failed: nothing held, retried with backoff.
+    Unanswered,
+    /// Registered and admitted.
+    Serving,
+    /// Registered, rejected for its TLS material.
+    InvalidMaterial,
+    /// Registered; the secret does not exist.
+    Missing,
+    /// Registered; the secret was deleted after it was seen.
+    SecretDeleted,
+    /// Registered; the cached secret could not be read: retried with backoff.
+    LookupFailed,
+    /// Deleted while queued behind another route: its teardown waits.
+    Deleting,
+}
+
+const STATES: [State; 12] = [
+    State::Pending,
+    State::Applying,
+    State::Unmanaged,
+    State::RefusedName,
+    State::Denied,
+    State::Unanswered,
+    State::Serving,
+    State::InvalidMaterial,
+    State::Missing,
+    State::SecretDeleted,
+    State::LookupFailed,
+    State::Deleting,
+];
+
+fn r_with(secret: Option<&str>) -> Route {
+    route("r", secret, "r.example", 10, "uid-r")
+}
+
+/// A driver with route `r` in `state`, and `h` applied and admitted (older than `r`).
+fn in_state(state: State) -> Driver {
+    let mut d = Driver::new();
+    let h = route("h", Some("hs"), "h.example", 1, "uid-h");
+    d.step(Input::Listed(vec![h.clone()]));
+    d.found(version("uid-hs", 1, Ok(Arc::clone(&material().valid[0]))));
+    let hold_head = |d: &mut Driver| {
+        // A change to h's secret reference puts h's apply at the head of the queue.
+        let mut h = h.clone();
+        h.spec.tls.as_mut().expect("tls").external_certificate =
+            Some(crate::route::ExternalCertificateReference {
+                name: "hs2".to_owned(),
+                ..Default::default()
+            });
+        d.step(Input::Applied(h));
+        assert!(d.preparing.is_some());
+    };
+    let valid = || Ok(Arc::clone(&material().valid[0]));
+    match state {
+        State::Pending => {
+            hold_head(&mut d);
+            d.step(Input::Applied(r_with(Some("s"))));
+        }
+        State::Applying => d.step(Input::Applied(r_with(Some("s")))),
+        State::Unmanaged => d.step(Input::Applied(r_with(None))),
+        State::RefusedName => d.step(Input::Applied(r_with(Some("Not_A_Name")))),
+        State::Denied => {
+            d.step(Input::Applied(r_with(Some("s"))));
+            d.answer(PreparedOutcome::AccessDenied {
+                verb: Verb::Get,
+                recheck_after: Duration::from_secs(30),
+            });
+        }
+        State::Unanswered => {
+            d.step(Input::Applied(r_with(Some("s"))));
+            d.answer(PreparedOutcome::AccessUnanswered {
+                detail: "500".to_owned(),
+            });
+        }
+        State::Serving => {
+            d.step(Input::Applied(r_with(Some("s"))));
+            d.found(version("uid-s", 1, valid()));
+        }
+        State::InvalidMaterial => {
+            d.step(Input::Applied(r_with(Some("s"))));
+            d.found(version("uid-s", 1, Err(invalid())));
+        }
+        State::Missing => {
+            d.step(Input::Applied(r_with(Some("s"))));
+            d.answer(PreparedOutcome::Ready(SecretLookup::NotFound));
+        }
+        State::SecretDeleted => {
+            d.step(Input::Applied(r_with(Some("s"))));
+            d.found(version("uid-s", 1, valid()));
+            d.secret("r", SecretChange::Deleted);
+        }
+        State::LookupFailed => {
+            d.step(Input::Applied(r_with(Some("s"))));
+            d.answer(PreparedOutcome::Ready(SecretLookup::Failed {
+                detail: "cache".to_owned(),
+            }));
+        }
+        State::Deleting => {
+            d.step(Input::Applied(r_with(Some("s"))));
+            d.found(version("uid-s", 1, valid()));
+            hold_head(&mut d);
+            d.step(Input::Deleted(r_with(Some("s"))));
+        }
+    }
+    d
+}
+
+/// The inputs a route can meet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Event {
+    /// The same route again (e.g. the router's own status write).
+    Unchanged,
+    /// The route now references secret `t`.
+    OtherSecret,
+    /// The route no longer has an external certificate.
+    NoCertificate,
+    /// The route is deleted.
+    Delete,
+    /// A re-list that still has the route, unchanged.
+    RelistWith,
+    /// A re-list without the route.
+    RelistWithout,
+    /// Its secret has a new, valid version.
+    SecretValid,
+    /// Its secret has a new version with bad material.
+    SecretInvalid,
+    /// Its secret's current version arrives again.
+    SecretSame,
+    /// Its secret is deleted.
+    SecretGone,
+    /// A change delivered to a registration the route no longer holds.
+    SecretStale,
+    /// A minute passes.
+    Minute,
+}
+
+const EVENTS: [Event; 12] = [
+    Event::Unchanged,
+    Event::OtherSecret,
+    Event::NoCertificate,
+    Event::Delete,
+    Event::RelistWith,
+    Event::RelistWithout,
+    Event::SecretValid,
+    Event::SecretInvalid,
+    Event::SecretSame,
+    Event::SecretGone,
+    Event::SecretStale,
+    Event::Minute,
+];
+
+fn the_route_of(state: State) -> Route {
+    match state {
+        State::Unmanaged => r_with(None),
+        State::RefusedName => r_with(Some("Not_A_Name")),
+        _ => r_with(Some("s")),
+    }
+}
+
+/// Applies `event` to route `r` of `d` (built in `state`).
+fn meet(d: &mut Driver, state: State, event: Event) {
+    let r = the_route_of(state);
+    let h = route("h", Some("hs"), "h.example", 1, "uid-h");
+    let registration = d.registration_of("r");
+    let to_registration = |d: &mut Driver, change: SecretChange| {
+        // Delivered to the registration the route holds, or to a past one when it
+        // holds none (as a late event would be).
+        let registration = registration.unwrap_or(RegistrationId(999));
+        d.step(Input::Secret {
+            route: key("r"),
+            registration,
+            change,
+        });
+    };
+    match event {
+        Event::Unchanged => {
+            let mut same = r.clone();
+            same.metadata.resource_version = Some("status-write".to_owned());
+            d.step(Input::Applied(same));
+        }
+        Event::OtherSecret => d.step(Input::Applied(r_with(Some("t")))),
+        Event::NoCertificate => d.step(Input::Applied(r_with(None))),
+        Event::Delete => d.step(Input::Deleted(r)),
+        Event::RelistWith => d.step(Input::Listed(vec![h, r])),
+        Event::RelistWithout => d.step(Input::Listed(vec![h])),
+        Event::SecretValid => to_registration(
+            d,
+            SecretChange::Present(version("uid-s", 2, Ok(Arc::clone(&material().valid[1])))),
+        ),
+        Event::SecretInvalid => to_registration(
+            d,
+            SecretChange::Present(version("uid-s", 2, Err(invalid()))),
+        ),
+        Event::SecretSame => to_registration(
+            d,
+            SecretChange::Present(version("uid-s", 1, Ok(Arc::clone(&material().valid[0])))),
+        ),
+        Event::SecretGone => to_registration(d, SecretChange::Deleted),
+        Event::SecretStale => d.step(Input::Secret {
+            route: key("r"),
+            registration: RegistrationId(999),
+            change: SecretChange::Deleted,
+        }),
+        Event::Minute => d.advance(Duration::from_secs(60)),
+    }
+}
+
+/// Where route `r` stands, in short.
+fn stands(d: &Driver) -> &'static str {
+    let m = &d.machine;
+    let key = key("r");
+    let Some(entry) = m.routes.get(&key) else {
+        return "gone";
+    };
+    if m.head.as_ref().is_some_and(|h| h.preparation.route == key) {
+        return "applying";
+    }
+    if entry.latest.is_none() {
+        return "deleting";
+    }
+    let queued = m.queue.contains(&key);
+    match (&entry.state, queued) {
+        (_, true) => "queued",
+        (RouteState::Pending, false) => "pending",
+        (RouteState::Applied { stand, .. }, false) => match stand {
+            Stand::Unmanaged => "unmanaged",
+            Stand::Refused if entry.retry_at.is_some() => "refused, retrying",
+            Stand::Refused => "refused",
+            Stand::Registering => "registering",
+            Stand::Registered { .. } if entry.retry_at.is_some() => "registered, retrying",
+            Stand::Registered { seen, .. } => match seen {
+                SecretSeen::Pending => "registered",
+                SecretSeen::Missing => "registered, secret missing",
+                SecretSeen::Evaluated(_) => "registered, evaluated",
+                SecretSeen::Deleted => "registered, secret deleted",
+            },
+        },
+    }
+}
+
+/// `(state, event, what r is told, where r stands after, registrations r holds)`.
+type Row = (State, Event, Option<Said>, &'static str, usize);
+
+/// What each state does with each event. Routes waiting behind the head (`Pending`,
+/// `Deleting`) only change their queued copy; the head's apply finishes when its
+/// network part answers (covered by [`PREPARED`]).
+#[rustfmt::skip]
+const TABLE: &[Row] = {
+    use Event::*;
+    use Said::*;
+    use State::*;
+    const VF: &str = "ExternalCertificateValidationFailed";
+    const SD: &str = "ExternalCertificateSecretDeleted";
+    &[
+        (Pending, Unchanged, None, "queued", 0),
+        (Pending, OtherSecret, None, "queued", 0),
+        (Pending, NoCertificate, None, "queued", 0),
+        (Pending, Delete, None, "deleting", 0),
+        (Pending, RelistWith, None, "queued", 0),
+        (Pending, RelistWithout, None, "deleting", 0),
+        (Pending, SecretValid, None, "queued", 0),
+        (Pending, SecretInvalid, None, "queued", 0),
+        (Pending, SecretSame, None, "queued", 0),
+        (Pending, SecretGone, None, "queued", 0),
+        (Pending, SecretStale, None, "queued", 0),
+        (Pending, Minute, None, "queued", 0),
+
+        (Applying, Unchanged, None, "applying", 0),
+        (Applying, OtherSecret, None, "applying", 0),
+        (Applying, NoCertificate, None, "applying", 0),
+        (Applying, Delete, None, "applying", 0),
+        (Applying, RelistWith, None, "applying", 0),
+        (Applying, RelistWithout, None, "applying", 0),
+        (Applying, SecretValid, None, "applying", 0),
+        (Applying, SecretInvalid, None, "applying", 0),
+        (Applying, SecretSame, None, "applying", 0),
+        (Applying, SecretGone, None, "applying", 0),
+        (Applying, SecretStale, None, "applying", 0),
+        (Applying, Minute, None, "applying", 0),
+
+        (Unmanaged, Unchanged, None, "unmanaged", 0),
+        (Unmanaged, OtherSecret, None, "applying", 0),
+        (Unmanaged, NoCertificate, None, "unmanaged", 0),
+        (Unmanaged, Delete, None, "gone", 0),
+        (Unmanaged, RelistWith, None, "unmanaged", 0),
+        (Unmanaged, RelistWithout, None, "gone", 0),
+        (Unmanaged, SecretValid, None, "unmanaged", 0),
+        (Unmanaged, SecretInvalid, None, "unmanaged", 0),
+        (Unmanaged, SecretSame, None, "unmanaged", 0),
+        (Unmanaged, SecretGone, None, "unmanaged", 0),
+        (Unmanaged, SecretStale, None, "unmanaged", 0),
+        (Unmanaged, Minute, None, "unmanaged", 0),
+
+        (RefusedName, Unchanged, None, "refused", 0),
+        (RefusedName, OtherSecret, None, "applying", 0),
+        (RefusedName, NoCertificate, Some(Removed), "unmanaged", 0),
+        (RefusedName, Delete, Some(Removed), "gone", 0),
+        (RefusedName, RelistWith, None, "refused", 0),
+        (RefusedName, RelistWithout, Some(Removed), "gone", 0),
+        (RefusedName, SecretValid, None, "refused", 0),
+        (RefusedName, SecretInvalid, None, "refused", 0),
+        (RefusedName, SecretSame, None, "refused", 0),
+        (RefusedName, SecretGone, None, "refused", 0),
+        (RefusedName, SecretStale, None, "refused", 0),
+        (RefusedName, Minute, None, "refused", 0),
+
+        (Denied, Unchanged, None, "refused, retrying", 0),
+        (Denied, OtherSecret, None, "applying", 0),
+        (Denied, NoCertificate, Some(Removed), "unmanaged", 0),
+        (Denied, Delete, Some(Removed), "gone", 0),
+        (Denied, RelistWith, None, "refused, retrying", 0),
+        (Denied, RelistWithout, Some(Removed), "gone", 0),
+        (Denied, SecretValid, None, "refused, retrying", 0),
+        (Denied, SecretInvalid, None, "refused, retrying", 0),
+        (Denied, SecretSame, None, "refused, retrying", 0),
+        (Denied, SecretGone, None, "refused, retrying", 0),
+        (Denied, SecretStale, None, "refused, retrying", 0),
+        // The denial expired (30 s): checked again, registering anew.
+        (Denied, Minute, None, "applying", 0),
+
+        (Unanswered, Unchanged, None, "refused, retrying", 0),
+        (Unanswered, OtherSecret, None, "applying", 0),
+        (Unanswered, NoCertificate, Some(Removed), "unmanaged", 0),
+        (Unanswered, Delete, Some(Removed), "gone", 0),
+        (Unanswered, RelistWith, None, "refused, retrying", 0),
+        (Unanswered, RelistWithout, Some(Removed), "gone", 0),
+        (Unanswered, SecretValid, None, "refused, retrying", 0),
+        (Unanswered, SecretInvalid, None, "refused, retrying", 0),
+        (Unanswered, SecretSame, None, "refused, retrying", 0),
+        (Unanswered, SecretGone, None, "refused, retrying", 0),
+        (Unanswered, SecretStale, None, "refused, retrying", 0),
+        (Unanswered, Minute, None, "applying", 0),
+
+        (Serving, Unchanged, None, "registered, evaluated", 1),
+        (Serving, OtherSecret, None, "applying", 0),
+        (Serving, NoCertificate, Some(Removed), "unmanaged", 0),
+        (Serving, Delete, Some(Removed), "gone", 0),
+        (Serving, RelistWith, None, "registered, evaluated", 1),
+        (Serving, RelistWithout, Some(Removed), "gone", 0),
+        (Serving, SecretValid, Some(Admitted), "registered, evaluated", 1),
+        (Serving, SecretInvalid, Some(Rejected(VF)), "registered, evaluated", 1),
+        (Serving, SecretSame, None, "registered, evaluated", 1),
+        (Serving, SecretGone, Some(Rejected(SD)), "registered, secret deleted", 1),
+        (Serving, SecretStale, None, "registered, evaluated", 1),
+        (Serving, Minute, None, "registered, evaluated", 1),
+
+        (InvalidMaterial, Unchanged, None, "registered, evaluated", 1),
+        (InvalidMaterial, OtherSecret, None, "applying", 0),
+        (InvalidMaterial, NoCertificate, Some(Removed), "unmanaged", 0),
+        (InvalidMaterial, Delete, Some(Removed), "gone", 0),
+        (InvalidMaterial, RelistWith, None, "registered, evaluated", 1),
+        (InvalidMaterial, RelistWithout, Some(Removed), "gone", 0),
+        (InvalidMaterial, SecretValid, Some(Admitted), "registered, evaluated", 1),
+        // A new version that is invalid in the same way says nothing new.
+        (InvalidMaterial, SecretInvalid, None, "registered, evaluated", 1),
+        (InvalidMaterial, SecretSame, None, "registered, evaluated", 1),
+        (InvalidMaterial, SecretGone, Some(Rejected(SD)), "registered, secret deleted", 1),
+        (InvalidMaterial, SecretStale, None, "registered, evaluated", 1),
+        (InvalidMaterial, Minute, None, "registered, evaluated", 1),
+
+        (Missing, Unchanged, None, "registered, secret missing", 1),
+        (Missing, OtherSecret, None, "applying", 0),
+        (Missing, NoCertificate, Some(Removed), "unmanaged", 0),
+        (Missing, Delete, Some(Removed), "gone", 0),
+        (Missing, RelistWith, None, "registered, secret missing", 1),
+        (Missing, RelistWithout, Some(Removed), "gone", 0),
+        // Created: admitted (a creation, not a re-creation).
+        (Missing, SecretValid, Some(Admitted), "registered, evaluated", 1),
+        (Missing, SecretInvalid, Some(Rejected(VF)), "registered, evaluated", 1),
+        (Missing, SecretSame, Some(Admitted), "registered, evaluated", 1),
+        (Missing, SecretGone, Some(Rejected(SD)), "registered, secret deleted", 1),
+        (Missing, SecretStale, None, "registered, secret missing", 1),
+        (Missing, Minute, None, "registered, secret missing", 1),
+
+        (SecretDeleted, Unchanged, None, "registered, secret deleted", 1),
+        (SecretDeleted, OtherSecret, None, "applying", 0),
+        (SecretDeleted, NoCertificate, Some(Removed), "unmanaged", 0),
+        (SecretDeleted, Delete, Some(Removed), "gone", 0),
+        (SecretDeleted, RelistWith, None, "registered, secret deleted", 1),
+        (SecretDeleted, RelistWithout, Some(Removed), "gone", 0),
+        (SecretDeleted, SecretValid, Some(Recreated), "registered, evaluated", 1),
+        (SecretDeleted, SecretInvalid, Some(Rejected(VF)), "registered, evaluated", 1),
+        (SecretDeleted, SecretSame, Some(Recreated), "registered, evaluated", 1),
+        (SecretDeleted, SecretGone, None, "registered, secret deleted", 1),
+        (SecretDeleted, SecretStale, None, "registered, secret deleted", 1),
+        (SecretDeleted, Minute, None, "registered, secret deleted", 1),
+
+        (LookupFailed, Unchanged, None, "registered, retrying", 1),
+        (LookupFailed, OtherSecret, None, "applying", 0),
+        (LookupFailed, NoCertificate, Some(Removed), "unmanaged", 0),
+        (LookupFailed, Delete, Some(Removed), "gone", 0),
+        (LookupFailed, RelistWith, None, "registered, retrying", 1),
+        (LookupFailed, RelistWithout, Some(Removed), "gone", 0),
+        // The secret arrives after all: decided, and the retry is moot.
+        (LookupFailed, SecretValid, Some(Admitted), "registered, evaluated", 1),
+        (LookupFailed, SecretInvalid, Some(Rejected(VF)), "registered, evaluated", 1),
+        (LookupFailed, SecretSame, Some(Admitted), "registered, evaluated", 1),
+        (LookupFailed, SecretGone, Some(Rejected(SD)), "registered, secret deleted", 1),
+        (LookupFailed, SecretStale, None, "registered, retrying", 1),
+        // The retry re-checks with the registration held: no new registration.
+        (LookupFailed, Minute, None, "applying", 1),
+
+        (Deleting, Unchanged, None, "queued", 1),
+        (Deleting, OtherSecret, None, "queued", 1),
+        (Deleting, NoCertificate, None, "queued", 1),
+        (Deleting, Delete, None, "deleting", 1),
+        (Deleting, RelistWith, None, "queued", 1),
+        (Deleting, RelistWithout, None, "deleting", 1),
+        // A deleted route hears nothing more from its secret.
+        (Deleting, SecretValid, None, "deleting", 1),
+        (Deleting, SecretInvalid, None, "deleting", 1),
+        (Deleting, SecretSame, None, "deleting", 1),
+        (Deleting, SecretGone, None, "deleting", 1),
+        (Deleting, SecretStale, None, "deleting", 1),
+        (Deleting, Minute, None, "deleting", 1),
+    ]
+};
+
+#[test]
+fn the_table_covers_every_state_and_event() {
+    for state in STATES {
+        for event in EVENTS {
+            let rows = TABLE
+                .iter()
+                .filter(|(s, e, ..)| *s == state && *e == event)
+                .count();
+            assert_eq!(rows, 1, "{state:?} × {event:?}");
+        }
+    }
+}
+
+#[test]
+fn every_state_meets_every_event() {
+    let mut failures = Vec::new();
+    for (state, event, expected_said, expected_stand, expected_held) in TABLE.iter().cloned() {
+        let mut d = in_state(state);
+        let before = d.outcomes.len();
+        meet(&mut d, state, event);
+        let told: Vec<Said> = d.outcomes[before..]
+            .iter()
+            .filter(|o| *o.route() == key("r"))
+            .map(said)
+            .collect();
+        let actual = (told.last().cloned(), stands(&d), d.held_by("r"));
+        let expected = (expected_said, expected_stand, expected_held);
+        if told.len() > 1 || actual != expected {
+            failures.push(format!(
+                "{state:?} × {event:?}: expected {expected:?}, got {actual:?} (told {told:?})"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `(name, answer, what r is told, where r stands, registrations held, retry in)`.
+type AnswerCase = (
+    &'static str,
+    PreparedOutcome,
+    Said,
+    &'static str,
+    usize,
+    Option<Duration>,
+);
+
+/// How the head's apply ends, from each way the network can answer.
+#[test]
+fn every_network_answer_ends_the_apply() {
+    const VF: &str = "ExternalCertificateValidationFailed";
+    const GF: &str = "ExternalCertificateGetFailed";
+    let valid = || Ok(Arc::clone(&material().valid[0]));
+    let cases: Vec<AnswerCase> = vec![
+        (
+            "found, valid",
+            PreparedOutcome::Ready(SecretLookup::Found(version("u", 1, valid()))),
+            Said::Admitted,
+            "registered, evaluated",
+            1,
+            None,
+        ),
+        (
+            "found, invalid",
+            PreparedOutcome::Ready(SecretLookup::Found(version("u", 1, Err(invalid())))),
+            Said::Rejected(VF),
+            "registered, evaluated",
+            1,
+            None,
+        ),
+        (
+            "not found",
+            PreparedOutcome::Ready(SecretLookup::NotFound),
+            Said::Rejected(VF),
+            "registered, secret missing",
+            1,
+            None,
+        ),
+        (
+            "cache failed",
+            PreparedOutcome::Ready(SecretLookup::Failed { detail: "x".into() }),
+            Said::Rejected(GF),
+            "registered, retrying",
+            1,
+            Some(Duration::from_millis(800)),
+        ),
+        (
+            "access denied",
+            PreparedOutcome::AccessDenied {
+                verb: Verb::Watch,
+                recheck_after: Duration::from_secs(25),
+            },
+            Said::Rejected(VF),
+            "refused, retrying",
+            0,
+            Some(Duration::from_secs(25)),
+        ),
+        (
+            "access denied, answer about to expire",
+            PreparedOutcome::AccessDenied {
+                verb: Verb::Watch,
+                recheck_after: Duration::ZERO,
+            },
+            Said::Rejected(VF),
+            "refused, retrying",
+            0,
+            Some(Duration::from_millis(800)),
+        ),
+        (
+            "access unanswered",
+            PreparedOutcome::AccessUnanswered { detail: "x".into() },
+            Said::Rejected(GF),
+            "refused, retrying",
+            0,
+            Some(Duration::from_millis(800)),
+        ),
+        (
+            "watch forbidden",
+            PreparedOutcome::RegistrationForbidden { verb: Verb::List },
+            Said::Rejected(VF),
+            "refused, retrying",
+            0,
+            Some(Duration::from_millis(800)),
+        ),
+        (
+            "watch failed",
+            PreparedOutcome::RegistrationFailed { detail: "x".into() },
+            Said::Rejected(GF),
+            "refused, retrying",
+            0,
+            Some(Duration::from_millis(800)),
+        ),
+    ];
+    for (name, answer, expected_said, expected_stand, expected_held, retry) in cases {
+        let mut d = in_state(State::Applying);
+        let start = d.now;
+        d.answer(answer);
+        assert_eq!(d.said_to("r").last(), Some(&expected_said), "{name}");
+        assert_eq!(stands(&d), expected_stand, "{name}");
+        assert_eq!(d.held_by("r"), expected_held, "{name}");
+        match retry {
+            None => assert_eq!(d.machine.next_wakeup(), None, "{name}"),
+            Some(at_most) => {
+                let wakeup = d.machine.next_wakeup().expect(name);
+                let delay = wakeup - start;
+                // Backoff jitter only shortens, to no less than half the step.
+                assert!(
+                    delay <= at_most && delay >= at_most / 2,
+                    "{name}: {delay:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn an_apply_overtaken_by_a_newer_event_is_redone_with_the_latest_copy() {
+    let mut d = in_state(State::Applying);
+    // While r registers with s, r is changed to use t.
+    d.step(Input::Applied(r_with(Some("t"))));
+    let valid = Ok(Arc::clone(&material().valid[0]));
+    d.found(version("u", 1, valid.clone()));
+    // Nothing is said about the stale apply; the new one releases s and registers t.
+    assert_eq!(d.said_to("r"), vec![]);
+    let preparation = d.preparing.clone().expect("re-applied");
+    assert_eq!(preparation.secret, "t");
+    assert_eq!(d.held_by("r"), 0, "the registration on s was released");
+    d.found(version("ut", 1, valid));
+    assert_eq!(d.said_to("r"), vec![Said::Admitted]);
+    assert_eq!(
+        d.held.values().cloned().collect::<Vec<_>>(),
+        [(key("h"), "hs".to_owned()), (key("r"), "t".to_owned())]
+    );
+}
+
+#[test]
+fn a_route_deleted_while_it_registers_is_torn_down_and_holds_nothing() {
+    let mut d = in_state(State::Applying);
+    d.step(Input::Deleted(r_with(Some("s"))));
+    d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
+    assert_eq!(d.said_to("r"), vec![], "never told, so no removal either");
+    assert_eq!(d.held_by("r"), 0);
+    assert_eq!(stands(&d), "gone");
+}
+
+#[test]
+fn a_re_created_route_is_told_again_and_gets_its_status() {
+    let mut d = in_state(State::Serving);
+    let statuses = d.statuses.len();
+    let mut again = r_with(Some("s"));
+    again.metadata.uid = Some("uid-r-2".to_owned());
+    d.step(Input::Applied(again));
+    d.found(version("uid-s", 1, Ok(Arc::clone(&material().valid[0]))));
+    assert_eq!(d.said_to("r"), vec![Said::Admitted, Said::Admitted]);
+    assert_eq!(d.statuses.len(), statuses + 1);
+}
+
+#[test]
+fn start_up_is_ready_once_every_listed_route_is_decided_oldest_first() {
+    let mut d = Driver::new();
+    let routes = vec![
+        route("c", Some("s"), "c.example", 3, "uc"),
+        route("a", Some("s"), "a.example", 1, "ua"),
+        route("plain", None, "p.example", 0, "up"),
+        route("b", Some("t"), "b.example", 2, "ub"),
+    ];
+    d.step(Input::Listed(routes));
+    assert_eq!(
+        d.readiness,
+        Readiness {
+            listed: true,
+            initial_routes: 4,
+            initial_done: 1,
+        },
+        "the route without a certificate needs nothing"
+    );
+    // Both secrets were prefetched the moment the listing arrived.
+    assert_eq!(d.prefetched.len(), 2);
+    let valid = || Ok(Arc::clone(&material().valid[0]));
+    let mut order = Vec::new();
+    while let Some(preparation) = d.preparing.clone() {
+        order.push(preparation.route.name.clone());
+        assert!(!d.readiness.is_ready());
+        d.found(version(&preparation.secret, 1, valid()));
+    }
+    assert_eq!(order, ["a", "b", "c"]);
+    assert!(d.readiness.is_ready());
+    assert!(
+        d.prefetched.is_empty(),
+        "prefetch holds released once the queue drained"
+    );
+    // The outcome of each route comes before it is counted.
+    let names: Vec<String> = d.outcomes.iter().map(|o| o.route().name.clone()).collect();
+    assert_eq!(names, ["a", "b", "c"]);
+}
+
+#[test]
+fn a_denied_route_is_checked_again_when_the_denial_expires_never_later() {
+    let mut d = in_state(State::Applying);
+    d.answer(PreparedOutcome::AccessDenied {
+        verb: Verb::Get,
+        recheck_after: Duration::from_secs(30),
+    });
+    for _ in 0..5 {
+        let wakeup = d.machine.next_wakeup().expect("retry scheduled");
+        assert_eq!(wakeup - d.now, Duration::from_secs(30));
+        d.advance(Duration::from_secs(30));
+        d.answer(PreparedOutcome::AccessDenied {
+            verb: Verb::Get,
+            recheck_after: Duration::from_secs(30),
+        });
+    }
+    // The grant shows at the next check, at most one denial TTL later.
+    d.advance(Duration::from_secs(30));
+    d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
+    assert_eq!(d.said_to("r").last(), Some(&Said::Admitted));
+}
+
+#[test]
+fn transient_failures_back_off_to_the_policy_cap_and_no_further() {
+    let mut d = in_state(State::Applying);
+    let mut delays = Vec::new();
+    for _ in 0..10 {
+        d.answer(PreparedOutcome::AccessUnanswered {
+            detail: "503".into(),
+        });
+        let wakeup = d.machine.next_wakeup().expect("retry scheduled");
+        let delay = wakeup - d.now;
+        delays.push(delay);
+        d.advance(delay);
+    }
+    let cap = BackoffPolicy::default().max;
+    assert!(delays.iter().all(|delay| *delay <= cap), "{delays:?}");
+    assert!(delays[9] >= cap / 2, "{delays:?}");
+    // Told once, not once per retry.
+    assert_eq!(
+        d.said_to("r"),
+        vec![Said::Rejected("ExternalCertificateGetFailed")]
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// Random sequences against invariants.
+// ---------------------------------------------------------------------------------
+
+const ROUTES: [&str; 4] = ["r0", "r1", "r2", "r3"];
+const SECRETS: [&str; 3] = ["s0", "s1", "s2"];
+
+#[derive(Clone, Debug)]
+enum Action {
+    /// Route `route` references `secret` (none: no external certificate).
+    Upsert {
+        route: usize,
+        secret: Option<usize>,
+    },
+    Delete {
+        route: usize,
+    },
+    /// A re-list holding the routes whose bit is set.
+    Relist {
+        present: u8,
+    },
+    /// Secret `secret` gets a new version, valid or not.
+    SetSecret {
+        secret: usize,
+        valid: bool,
+    },
+    DeleteSecret {
+        secret: usize,
+    },
+    /// Delivers the oldest pending secret event.
+    Deliver,
+    /// Answers the outstanding apply.
+    Answer(Answer),
+    /// Time passes.
+    Wait {
+        seconds: u8,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Answer {
+    Allowed,
+    Denied,
+    Unanswered,
+    Forbidden,
+    Failed,
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        4 => (0..ROUTES.len(), proptest::option::weighted(0.85, 0..SECRETS.len()))
+            .prop_map(|(route, secret)| Action::Upsert { route, secret }),
+        1 => (0..ROUTES.len()).prop_map(|route| Action::Delete { route }),
+        1 => any::<u8>().prop_map(|present| Action::Relist { present }),
+        2 => (0..SECRETS.len(), proptest::bool::weighted(0.7))
+            .prop_map(|(secret, valid)| Action::SetSecret { secret, valid }),
+        1 => (0..SECRETS.len()).prop_map(|secret| Action::DeleteSecret { secret }),
+        4 => Just(Action::Deliver),
+        6 => prop_oneof![
+            6 => Just(Answer::Allowed),
+            1 => Just(Answer::Denied),
+            1 => Just(Answer::Unanswered),
+            1 => Just(Answer::Forbidden),
+            1 => Just(Answer::Failed),
+        ]
+        .prop_map(Action::Answer),
+        1 => (0u8..90).prop_map(|seconds| Action::Wait { seconds }),
+    ]
+}
+
+/// The world around the machine: the API server's routes and secrets, and the shell's
+/// registrations and undelivered secret events.
+struct World {
+    d: Driver,
+    /// Routes that exist: their secret reference and uid.
+    routes: BTreeMap<usize, (Option<usize>, u64)>,
+    /// Secrets that exist: version and validity.
+    secrets: BTreeMap<usize, (u64, bool)>,
+    /// Secret events in flight to registrations.
+    events: std::collections::VecDeque<(RouteKey, RegistrationId, SecretChange)>,
+    next_version: u64,
+    /// The first listing, oldest first.
+    initial: Vec<RouteKey>,
+    /// Routes deleted and not created again since, with the outcomes said then.
+    deleted: BTreeMap<RouteKey, usize>,
+    /// Start-up routes changed, deleted or re-listed away before their first outcome:
+    /// they lose their place in the start-up order.
+    touched: BTreeSet<RouteKey>,
+}
+
+impl World {
+    fn new(initial: u8) -> Self {
+        let mut world = Self {
+            d: Driver::new(),
+            routes: BTreeMap::new(),
+            secrets: BTreeMap::from([(0, (1, true)), (1, (2, true))]),
+            events: Default::default(),
+            next_version: 3,
+            initial: Vec::new(),
+            deleted: BTreeMap::new(),
+            touched: BTreeSet::new(),
+        };
+        for index in 0..ROUTES.len() {
+            if initial & (1 << index) != 0 {
+                world.routes.insert(index, (Some(index % SECRETS.len()), 1));
+            }
+        }
+        let listing = world.listing();
+        // Oldest first: r0 is the oldest.
+        world.initial = world.routes.keys().map(|i| key(ROUTES[*i])).collect();
+        world.d.step(Input::Listed(listing));
+        world
+    }
+
+    fn route(&self, index: usize) -> Route {
+        let (secret, uid) = self.routes[&index];
+        // Routes are created in index order: r0 is the oldest.
+        route(
+            ROUTES[index],
+            secret.map(|s| SECRETS[s]),
+            "r.example",
+            index as i64,
+            &format!("{}-{uid}", ROUTES[index]),
+        )
+    }
+
+    fn listing(&self) -> Vec<Route> {
+        // The API server lists in name order; the machine sorts by age.
+        self.routes.keys().rev().map(|i| self.route(*i)).collect()
+    }
+
+    fn secret_version(&self, secret: usize) -> Option<SecretVersion> {
+        let (version, valid) = *self.secrets.get(&secret)?;
+        let material = Arc::clone(&material().valid[(version % 2) as usize]);
+        Some(self::version(
+            SECRETS[secret],
+            version,
+            if valid { Ok(material) } else { Err(invalid()) },
+        ))
+    }
+
+    fn secret_of(name: &str) -> usize {
+        SECRETS
+            .iter()
+            .position(|s| *s == name)
+            .expect("known secret")
+    }
+
+    /// Sends `change` of `secret` to every registration on it (as the watch would).
+    fn broadcast(&mut self, secret: usize, change: &SecretChange) {
+        for (id, (route, held)) in &self.d.held {
+            if *held == SECRETS[secret] {
+                self.events.push_back((route.clone(), *id, change.clone()));
+            }
+        }
+    }
+
+    /// Marks `route` as changed by the test, if it still waits for its first outcome.
+    fn touch(&mut self, index: usize) {
+        let route = key(ROUTES[index]);
+        if !self.d.outcomes.iter().any(|o| *o.route() == route) {
+            self.touched.insert(route);
+        }
+    }
+
+    fn act(&mut self, action: Action) {
+        match action {
+            Action::Upsert { route, secret } => {
+                let uid = match self.routes.get(&route) {
+                    Some((_, uid)) => *uid,
+                    None => self.next_version,
+                };
+                self.touch(route);
+                self.routes.insert(route, (secret, uid));
+                self.deleted.remove(&key(ROUTES[route]));
+                self.d.step(Input::Applied(self.route(route)));
+            }
+            Action::Delete { route } => {
+                if self.routes.contains_key(&route) {
+                    self.touch(route);
+                    let gone = self.route(route);
+                    self.routes.remove(&route);
+                    self.deleted
+                        .insert(key(ROUTES[route]), self.d.outcomes.len());
+                    self.d.step(Input::Deleted(gone));
+                }
+            }
+            Action::Relist { present } => {
+                let before: Vec<usize> = self.routes.keys().copied().collect();
+                for index in before {
+                    if present & (1 << index) == 0 {
+                        self.touch(index);
+                        self.routes.remove(&index);
+                        self.deleted
+                            .insert(key(ROUTES[index]), self.d.outcomes.len());
+                    }
+                }
+                let listing = self.listing();
+                self.d.step(Input::Listed(listing));
+            }
+            Action::SetSecret { secret, valid } => {
+                self.secrets.insert(secret, (self.next_version, valid));
+                self.next_version += 1;
+                if let Some(version) = self.secret_version(secret) {
+                    self.broadcast(secret, &SecretChange::Present(version));
+                }
+            }
+            Action::DeleteSecret { secret } => {
+                if self.secrets.remove(&secret).is_some() {
+                    self.broadcast(secret, &SecretChange::Deleted);
+                }
+            }
+            Action::Deliver => {
+                if let Some((route, registration, change)) = self.events.pop_front() {
+                    self.d.step(Input::Secret {
+                        route,
+                        registration,
+                        change,
+                    });
+                }
+            }
+            Action::Answer(answer) => {
+                let Some(preparation) = self.d.preparing.clone() else {
+                    return;
+                };
+                let secret = Self::secret_of(&preparation.secret);
+                let outcome = match answer {
+                    Answer::Allowed => {
+                        let lookup = match self.secret_version(secret) {
+                            Some(version) => SecretLookup::Found(version),
+                            None => SecretLookup::NotFound,
+                        };
+                        PreparedOutcome::Ready(lookup)
+                    }
+                    Answer::Denied => PreparedOutcome::AccessDenied {
+                        verb: Verb::List,
+                        recheck_after: Duration::from_secs(30),
+                    },
+                    Answer::Unanswered => PreparedOutcome::AccessUnanswered {
+                        detail: "503".into(),
+                    },
+                    Answer::Forbidden if preparation.register.is_some() => {
+                        PreparedOutcome::RegistrationForbidden { verb: Verb::Watch }
+                    }
+                    Answer::Failed if preparation.register.is_some() => {
+                        PreparedOutcome::RegistrationFailed {
+                            detail: "500".into(),
+                        }
+                    }
+                    Answer::Forbidden | Answer::Failed => {
+                        PreparedOutcome::Ready(SecretLookup::Failed {
+                            detail: "cache".into(),
+                        })
+                    }
+                };
+                let registers =
+                    matches!(outcome, PreparedOutcome::Ready(_)) && preparation.register.is_some();
+                self.d.answer(outcome);
+                if registers {
+                    // A new registration first hears the secret's current state.
+                    let id = preparation.register.expect("registering");
+                    let change = match self.secret_version(secret) {
+                        Some(version) => SecretChange::Present(version),
+                        None => SecretChange::Deleted,
+                    };
+                    if self.d.held.contains_key(&id) && matches!(change, SecretChange::Present(_)) {
+                        self.events
+                            .push_back((preparation.route.clone(), id, change));
+                    }
+                }
+            }
+            Action::Wait { seconds } => self.d.advance(Duration::from_secs(u64::from(seconds))),
+        }
+    }
+
+    /// Invariants that hold after every step.
+    fn check(&self) -> Result<(), TestCaseError> {
+        // At most one registration per route, and it is the one the machine records.
+        let mut per_route: BTreeMap<&RouteKey, Vec<&String>> = BTreeMap::new();
+        for (route, secret) in self.d.held.values() {
+            per_route.entry(route).or_default().push(secret);
+        }
+        for (route, secrets) in &per_route {
+            prop_assert!(secrets.len() <= 1, "{route} holds {secrets:?}");
+            let head_registers = self
+                .d
+                .preparing
+                .as_ref()
+                .is_some_and(|p| &p.route == *route && p.register.is_some());
+            if !head_registers {
+                prop_assert_eq!(
+                    self.d.machine.registered_secret(route),
+                    Some(secrets[0].as_str()),
+                    "{} holds a registration the machine does not know",
+                    route
+                );
+            }
+        }
+        prop_assert_eq!(self.d.machine.registered_routes(), self.d.held.len());
+        // No outcome for a deleted route but its removal.
+        for (route, since) in &self.deleted {
+            let after: Vec<Said> = self.d.outcomes[*since..]
+                .iter()
+                .filter(|o| o.route() == route)
+                .map(said)
+                .collect();
+            prop_assert!(
+                after.iter().all(|s| *s == Said::Removed) && after.len() <= 1,
+                "{route} was told {after:?} after its deletion"
+            );
+        }
+        // The first outcomes of the start-up routes come oldest first.
+        let mut firsts: Vec<&RouteKey> = Vec::new();
+        for outcome in &self.d.outcomes {
+            let route = outcome.route();
+            if self.initial.contains(route) && !firsts.contains(&route) {
+                firsts.push(route);
+            }
+        }
+        let told = firsts.len();
+        firsts.retain(|route| !self.touched.contains(*route));
+        let mut sorted = firsts.clone();
+        sorted.sort_by_key(|route| self.initial.iter().position(|r| r == *route));
+        prop_assert_eq!(firsts, sorted, "start-up outcomes out of order");
+        // Readiness counts the start-up routes decided: each one told anything is
+        // counted, and once ready, every one left as listed has been told.
+        let readiness = self.d.machine.readiness();
+        prop_assert!(readiness.listed);
+        prop_assert_eq!(readiness, self.d.readiness);
+        prop_assert_eq!(readiness.initial_routes, self.initial.len());
+        prop_assert!(readiness.initial_done <= readiness.initial_routes);
+        prop_assert!(readiness.initial_done >= told, "{readiness:?}, {told} told");
+        if readiness.is_ready() {
+            for route in &self.initial {
+                let has_certificate = !self.touched.contains(route);
+                let was_told = self.d.outcomes.iter().any(|o| o.route() == route);
+                prop_assert!(
+                    !has_certificate || was_told,
+                    "ready, but {route} was never told"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets everything settle with the network answering yes: deliver every event,
+    /// answer every apply, fire every retry.
+    fn settle(&mut self) {
+        for _ in 0..200 {
+            if let Some(event) = self.events.pop_front() {
+                let (route, registration, change) = event;
+                self.d.step(Input::Secret {
+                    route,
+                    registration,
+                    change,
+                });
+            } else if self.d.preparing.is_some() {
+                self.act(Action::Answer(Answer::Allowed));
+            } else if self.d.machine.next_wakeup().is_some() {
+                self.d.advance(Duration::from_secs(600));
+            } else {
+                return;
+            }
+        }
+    }
+
+    /// After settling, what each route was last told follows from the world.
+    fn check_converged(&self) -> Result<(), TestCaseError> {
+        prop_assert!(self.d.readiness.is_ready());
+        for (index, name) in ROUTES.iter().enumerate() {
+            let route = key(name);
+            let last = self.d.said_to(name).last().cloned();
+            let expected = match self.routes.get(&index) {
+                None | Some((None, _)) => {
+                    prop_assert!(
+                        last.is_none() || last == Some(Said::Removed),
+                        "{name}: {last:?}"
+                    );
+                    prop_assert_eq!(self.d.held_by(name), 0);
+                    continue;
+                }
+                Some((Some(secret), _)) => match self.secrets.get(secret) {
+                    Some((_, true)) => vec![Said::Admitted, Said::Recreated],
+                    Some((_, false)) => {
+                        vec![Said::Rejected("ExternalCertificateValidationFailed")]
+                    }
+                    None => vec![
+                        Said::Rejected("ExternalCertificateValidationFailed"),
+                        Said::Rejected("ExternalCertificateSecretDeleted"),
+                    ],
+                },
+            };
+            prop_assert!(
+                last.as_ref().is_some_and(|l| expected.contains(l)),
+                "{route}: last told {last:?}, expected one of {expected:?}"
+            );
+            prop_assert_eq!(self.d.held_by(name), 1, "{} registered once", route);
+        }
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_sequences_keep_the_invariants(
+        initial in 0u8..16,
+        actions in proptest::collection::vec(action(), 0..60),
+    ) {
+        let mut world = World::new(initial);
+        world.check()?;
+        for action in actions {
+            world.act(action);
+            world.check()?;
+        }
+        world.settle();
+        world.check()?;
+        world.check_converged()?;
+    }
+}

@@ -173,3 +173,52 @@ pub fn route_events_with_backoff(
         },
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::utils::Backoff as _;
+
+    use super::*;
+
+    #[test]
+    fn the_route_watch_backs_off_to_the_cap_and_events_do_not_start_it_over() {
+        let policy = BackoffPolicy::default();
+        let mut backoff = PolicyBackoff(Backoff::new(policy));
+        let mut delays = Vec::new();
+        for _ in 0..10 {
+            delays.push(backoff.next().unwrap_or_default());
+            // kube-runtime resets the backoff on every event, including the Init that
+            // precedes each re-list: that must not restart the sequence.
+            backoff.reset();
+        }
+        assert!(delays.iter().all(|d| *d <= policy.max), "{delays:?}");
+        assert!(delays[0] <= policy.initial, "{delays:?}");
+        // Jitter keeps each delay within the upper half of its step: by the seventh
+        // failure the step is the cap.
+        assert!(
+            delays[6..].iter().all(|d| *d >= policy.max / 2),
+            "{delays:?}"
+        );
+    }
+
+    #[test]
+    fn only_a_malformed_request_is_permanent() {
+        let status = |code: u16| kube::core::Status {
+            code,
+            reason: "Reason".to_owned(),
+            message: "message".to_owned(),
+            ..kube::core::Status::default()
+        };
+        let list =
+            |code| watcher::Error::InitialListFailed(kube::Error::Api(Box::new(status(code))));
+        assert_eq!(
+            RouteWatchError::permanent(&list(400)).map(|e| e.code),
+            Some(400)
+        );
+        for code in [401, 403, 404, 410, 429, 500, 503] {
+            assert_eq!(RouteWatchError::permanent(&list(code)), None, "{code}");
+        }
+        let watch = watcher::Error::WatchError(Box::new(status(400)));
+        assert!(RouteWatchError::permanent(&watch).is_some());
+    }
+}

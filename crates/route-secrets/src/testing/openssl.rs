@@ -199,6 +199,22 @@ pub const LEAF_UNDER_RSA_1024: Fixture = Fixture {
     ),
 };
 
+/// Leaf: RSA 2048-bit, signed by the intermediate with RSASSA-PSS and SHA-256.
+pub const LEAF_PSS_SHA256: Fixture = Fixture {
+    name: "leaf-pss-sha256",
+    certificate: include_str!("certs/leaf-pss-sha256.crt"),
+    key: include_str!("keys/rsa-2048-a.pkcs8.pem"),
+    chain: INTERMEDIATE_AND_ROOT,
+};
+
+/// Leaf: RSA 2048-bit, signed by the intermediate with RSASSA-PSS and SHA-1.
+pub const LEAF_PSS_SHA1: Fixture = Fixture {
+    name: "leaf-pss-sha1",
+    certificate: include_str!("certs/leaf-pss-sha1.crt"),
+    key: include_str!("keys/rsa-2048-a.pkcs8.pem"),
+    chain: INTERMEDIATE_AND_ROOT,
+};
+
 /// Leaf: RSA 2048-bit, signed by [`EC_ROOT`] with ecdsa-with-SHA1.
 pub const LEAF_ECDSA_SHA1: Fixture = Fixture {
     name: "leaf-ecdsa-sha1",
@@ -256,7 +272,9 @@ pub const SELF_SIGNED_EC_P521: Fixture = Fixture {
 };
 
 /// Every leaf fixture.
-pub const ALL: [Fixture; 23] = [
+pub const ALL: [Fixture; 25] = [
+    LEAF_PSS_SHA256,
+    LEAF_PSS_SHA1,
     LEAF_RSA_2048,
     LEAF_RSA_1024,
     LEAF_RSA_3072,

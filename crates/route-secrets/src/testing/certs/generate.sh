@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates the OpenSSL-made certificate fixtures in this folder (see README.md).
 #
-# Run from anywhere: `bash crates/route-secrets/src/testing/certs/generate.sh`. New keys
-# are only generated when their file under ../keys/ is missing, so regenerating keeps the
-# keys and re-issues the certificates. Needs OpenSSL 3 (the CLI, not HAProxy's library).
+# Run from anywhere: `bash crates/route-secrets/src/testing/certs/generate.sh`. Keys and
+# certificates are only made when their file is missing (FORCE=1 re-issues every
+# certificate, keeping the keys). Needs OpenSSL 3 (the CLI, not HAProxy's library).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 keys="$here/../keys"
@@ -72,16 +72,20 @@ CNF
 : > index.txt
 echo 1000 > serial
 
-# issue OUT SUBJECT-CN KEY ISSUER-CERT|self ISSUER-KEY DIGEST EXTENSION-SECTION
+# issue OUT SUBJECT-CN KEY ISSUER-CERT|self ISSUER-KEY DIGEST EXTENSION-SECTION [SIGOPT...]
 issue() {
   local out=$1 cn=$2 key=$3 issuer=$4 issuer_key=$5 digest=$6 ext=$7
+  shift 7
+  local sigopts=()
+  for opt in "$@"; do sigopts+=(-sigopt "$opt"); done
+  if [ -f "$here/$out" ] && [ "${FORCE:-0}" != 1 ]; then return; fi
   openssl req -new -config openssl.cnf -key "$keys/$key" -subj "/O=certwatch fixtures/CN=$cn" -out csr.pem
   if [ "$issuer" = self ]; then
-    openssl ca -config openssl.cnf -batch -notext -selfsign -keyfile "$keys/$key" \
-      -startdate $start -enddate $end -md "$digest" -extensions "$ext" -in csr.pem -out "$here/$out" 2>/dev/null
+    openssl ca -config openssl.cnf -batch -notext -rand_serial -selfsign -keyfile "$keys/$key" \
+      -startdate $start -enddate $end -md "$digest" "${sigopts[@]}" -extensions "$ext" -in csr.pem -out "$here/$out" 2>/dev/null
   else
-    openssl ca -config openssl.cnf -batch -notext -cert "$here/$issuer" -keyfile "$keys/$issuer_key" \
-      -startdate $start -enddate $end -md "$digest" -extensions "$ext" -in csr.pem -out "$here/$out" 2>/dev/null
+    openssl ca -config openssl.cnf -batch -notext -rand_serial -cert "$here/$issuer" -keyfile "$keys/$issuer_key" \
+      -startdate $start -enddate $end -md "$digest" "${sigopts[@]}" -extensions "$ext" -in csr.pem -out "$here/$out" 2>/dev/null
   fi
 }
 
@@ -110,6 +114,10 @@ issue leaf-ecdsa-sha1.crt test.example.com rsa-2048-a.pkcs8.pem ec-root.crt ca-e
 issue leaf-dsa-sha1.crt test.example.com rsa-2048-a.pkcs8.pem dsa-root.crt dsa-2048.pkcs8.pem sha1 leaf_ext
 issue leaf-under-dsa-root.crt test.example.com rsa-2048-a.pkcs8.pem dsa-root.crt dsa-2048.pkcs8.pem sha256 leaf_ext
 issue leaf-under-rsa-1024.crt test.example.com rsa-2048-a.pkcs8.pem intermediate-rsa-1024.crt rsa-1024.pkcs8.pem sha256 leaf_ext
+# RSASSA-PSS signatures: with SHA-256 (fine), and with SHA-1 (refused by HAProxy; Go
+# cannot read it, so the router does not flag it).
+issue leaf-pss-sha256.crt test.example.com rsa-2048-a.pkcs8.pem intermediate.crt ca-rsa-intermediate.pkcs8.pem sha256 leaf_ext rsa_padding_mode:pss rsa_pss_saltlen:32
+issue leaf-pss-sha1.crt test.example.com rsa-2048-a.pkcs8.pem intermediate.crt ca-rsa-intermediate.pkcs8.pem sha1 leaf_ext rsa_padding_mode:pss rsa_pss_saltlen:20
 # Self-signed leaves.
 issue self-signed-sha1.crt test.example.com rsa-2048-a.pkcs8.pem self - sha1 self_ext
 issue self-signed-md5.crt test.example.com rsa-2048-a.pkcs8.pem self - md5 self_ext

@@ -573,40 +573,48 @@ fn read_entry(bytes: &[u8], entry: &'static str) -> Result<EntryBlocks, TlsRejec
     Ok(blocks)
 }
 
+/// Why an entry yielded nothing usable, most telling first.
+enum NothingUsable {
+    /// The bytes are not text: the first invalid byte.
+    NotText { offset: usize },
+    /// A block was broken: the first one's problem.
+    Broken(PemProblem),
+    /// Only other blocks, or none: their labels.
+    OtherBlocks(Vec<String>),
+}
+
+fn nothing_usable(bytes: &[u8], blocks: &EntryBlocks) -> NothingUsable {
+    if let Err(err) = std::str::from_utf8(bytes) {
+        NothingUsable::NotText {
+            offset: err.valid_up_to(),
+        }
+    } else if let Some(problem) = blocks.skipped.first() {
+        NothingUsable::Broken(problem.clone())
+    } else {
+        NothingUsable::OtherBlocks(blocks.labels.clone())
+    }
+}
+
 /// Why `tls.crt` (`bytes`, scanned into `blocks`) yielded no certificate.
 fn no_certificate(bytes: &[u8], blocks: &EntryBlocks) -> TlsRejection {
-    if let Err(err) = std::str::from_utf8(bytes) {
-        TlsRejection::CertificateNotText {
-            offset: err.valid_up_to(),
+    match nothing_usable(bytes, blocks) {
+        NothingUsable::NotText { offset } => TlsRejection::CertificateNotText {
+            offset,
             // A DER SEQUENCE with a long-form length: someone stored the binary certificate.
             looks_like_der: bytes.first() == Some(&0x30)
                 && bytes.get(1).is_some_and(|b| b & 0x80 != 0),
-        }
-    } else if let Some(problem) = blocks.skipped.first() {
-        TlsRejection::CertificatePemMalformed {
-            problem: problem.clone(),
-        }
-    } else {
-        TlsRejection::NoCertificate {
-            found_labels: blocks.labels.clone(),
-        }
+        },
+        NothingUsable::Broken(problem) => TlsRejection::CertificatePemMalformed { problem },
+        NothingUsable::OtherBlocks(found_labels) => TlsRejection::NoCertificate { found_labels },
     }
 }
 
 /// Why `tls.key` (`bytes`, scanned into `blocks`) yielded no private key.
 fn no_private_key(bytes: &[u8], blocks: &EntryBlocks) -> TlsRejection {
-    if let Err(err) = std::str::from_utf8(bytes) {
-        TlsRejection::KeyNotText {
-            offset: err.valid_up_to(),
-        }
-    } else if let Some(problem) = blocks.skipped.first() {
-        TlsRejection::KeyPemMalformed {
-            problem: problem.clone(),
-        }
-    } else {
-        TlsRejection::NoPrivateKey {
-            found_labels: blocks.labels.clone(),
-        }
+    match nothing_usable(bytes, blocks) {
+        NothingUsable::NotText { offset } => TlsRejection::KeyNotText { offset },
+        NothingUsable::Broken(problem) => TlsRejection::KeyPemMalformed { problem },
+        NothingUsable::OtherBlocks(found_labels) => TlsRejection::NoPrivateKey { found_labels },
     }
 }
 

@@ -1247,3 +1247,43 @@ fn rejection_codes_are_distinct_and_causes_stable() {
     assert_eq!(KeyAlgorithm::Rsa { bits: 3072 }.to_string(), "RSA 3072-bit");
     assert_eq!(KeyEncoding::Sec1.pem_label(), "EC PRIVATE KEY");
 }
+
+#[test]
+fn a_long_chain_given_backwards_is_served_in_issuing_order() {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    // root -> CA 1 -> ... -> CA 39 -> leaf, each CA named differently.
+    let mut pems = Vec::new();
+    let ca = |name: &str| {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+    };
+    let mut issuer_params = ca("chain CA 0");
+    let mut issuer_key = KeyPair::generate().unwrap();
+    pems.push(issuer_params.self_signed(&issuer_key).unwrap().pem());
+    for depth in 1..40 {
+        let params = ca(&format!("chain CA {depth}"));
+        let key = KeyPair::generate().unwrap();
+        let issuer = Issuer::from_params(&issuer_params, &issuer_key);
+        pems.push(params.signed_by(&key, &issuer).unwrap().pem());
+        (issuer_params, issuer_key) = (params, key);
+    }
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec![HOST.to_owned()])
+        .unwrap()
+        .signed_by(&leaf_key, &Issuer::from_params(&issuer_params, &issuer_key))
+        .unwrap()
+        .pem();
+    // Given: the leaf, then the root first; served: the leaf, then CA 39 down to the root.
+    let given = format!("{leaf}{}", pems.concat());
+    let validated = check(given.as_bytes(), leaf_key.serialize_pem().as_bytes()).unwrap();
+    let expected = format!("{leaf}{}", pems.iter().rev().cloned().collect::<String>());
+    assert_eq!(validated.chain_pem(), expected);
+    assert_eq!(validated.chain_len(), 41);
+    let order: Vec<usize> = std::iter::once(1).chain((2..=41).rev()).collect();
+    assert_eq!(
+        validated.warnings(),
+        &[TlsWarning::ChainReordered { order }]
+    );
+}

@@ -221,32 +221,62 @@ pub(crate) fn check_each(certificates: &[X509Certificate<'_>]) -> Result<(), Tls
     Ok(())
 }
 
-/// Distinguished names are compared as encoded first; equal text with a different string
-/// encoding (PrintableString vs UTF8String) also counts as the same name.
-fn same_name(a: &X509Name<'_>, b: &X509Name<'_>) -> bool {
-    a.as_raw() == b.as_raw() || a.to_string() == b.to_string()
+/// What ordering needs of a certificate, read once: its names (as encoded and as text,
+/// so that equal names in different string encodings still match) and key identifiers.
+struct Identity {
+    subject: (Vec<u8>, String),
+    issuer: (Vec<u8>, String),
+    authority_key_id: Option<Vec<u8>>,
+    subject_key_id: Option<Vec<u8>>,
 }
 
-/// Whether `issuer` plausibly issued `certificate`: names match, key identifiers do not
-/// contradict each other, and the signature verifies where ring can check it.
-fn issued_by(certificate: &X509Certificate<'_>, issuer: &X509Certificate<'_>) -> bool {
-    if !same_name(certificate.issuer(), issuer.subject()) {
-        return false;
+impl Identity {
+    fn of(certificate: &X509Certificate<'_>) -> Self {
+        let name = |name: &X509Name<'_>| (name.as_raw().to_vec(), name.to_string());
+        let (authority, subject) = key_identifiers(certificate);
+        Self {
+            subject: name(certificate.subject()),
+            issuer: name(certificate.issuer()),
+            authority_key_id: authority.map(<[u8]>::to_vec),
+            subject_key_id: subject.map(<[u8]>::to_vec),
+        }
     }
-    let (authority, _) = key_identifiers(certificate);
-    let (_, issuer_subject) = key_identifiers(issuer);
-    if let (Some(authority), Some(issuer_subject)) = (authority, issuer_subject)
-        && authority != issuer_subject
-    {
-        return false;
+
+    fn is_self_issued(&self) -> bool {
+        same_name(&self.issuer, &self.subject)
     }
+
+    /// Whether `issuer`'s name and key identifier fit this certificate's issuer.
+    fn may_be_issued_by(&self, issuer: &Self) -> bool {
+        same_name(&self.issuer, &issuer.subject)
+            && match (&self.authority_key_id, &issuer.subject_key_id) {
+                (Some(authority), Some(subject)) => authority == subject,
+                _ => true,
+            }
+    }
+}
+
+/// Names are compared as encoded first; equal text with a different string encoding
+/// (PrintableString vs UTF8String) also counts as the same name.
+fn same_name(a: &(Vec<u8>, String), b: &(Vec<u8>, String)) -> bool {
+    a.0 == b.0 || a.1 == b.1
+}
+
+/// Whether `issuer` plausibly issued `certificate`: names and key identifiers fit, and
+/// the signature verifies where ring can check it.
+fn issued_by(
+    certificate: &X509Certificate<'_>,
+    identity: &Identity,
+    issuer: &X509Certificate<'_>,
+    issuer_identity: &Identity,
+) -> bool {
     // Verified, or an algorithm or key size ring cannot check: names and identifiers
     // decide. A signature that ring checks and finds wrong rules the issuer out.
-    !matches!(
-        certificate.verify_signature(Some(issuer.public_key())),
-        Err(X509Error::SignatureVerificationError)
-            if ring_verifies_with(issuer)
-    )
+    identity.may_be_issued_by(issuer_identity)
+        && !matches!(
+            certificate.verify_signature(Some(issuer.public_key())),
+            Err(X509Error::SignatureVerificationError) if ring_verifies_with(issuer)
+        )
 }
 
 /// ring verifies RSA signatures only from keys of 2048 bits or more; for smaller keys a
@@ -262,19 +292,25 @@ fn ring_verifies_with(issuer: &X509Certificate<'_>) -> bool {
 /// certificate the key belongs to), then its issuer, that one's issuer and so on, as far
 /// as `tls.crt` holds them; then every other certificate in the order given.
 ///
-/// Also returns the indices that are not part of the leaf's issuer path.
+/// Also returns the indices that are not part of the leaf's issuer path. Names are read
+/// once, and a signature is only checked where names fit, so that even a secret full of
+/// certificates in reverse order costs one verification per link.
 pub(crate) fn serving_order(certificates: &[X509Certificate<'_>]) -> (Vec<usize>, Vec<usize>) {
+    let identities: Vec<Identity> = certificates.iter().map(Identity::of).collect();
     let mut order = vec![0];
     let mut rest: Vec<usize> = (1..certificates.len()).collect();
     while let Some(&last) = order.last() {
-        let current = &certificates[last];
-        if same_name(current.issuer(), current.subject()) {
+        if identities[last].is_self_issued() {
             break;
         }
-        let Some(found) = rest
-            .iter()
-            .position(|&candidate| issued_by(current, &certificates[candidate]))
-        else {
+        let Some(found) = rest.iter().position(|&candidate| {
+            issued_by(
+                &certificates[last],
+                &identities[last],
+                &certificates[candidate],
+                &identities[candidate],
+            )
+        }) else {
             break;
         };
         order.push(rest.remove(found));

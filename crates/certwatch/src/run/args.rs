@@ -347,10 +347,10 @@ impl RunArgs {
             route_selector: self.route_selector.clone(),
         };
         options.reload = self.reload_command.clone().map(|command| ReloadOptions {
-            command,
             debounce: self.reload_debounce,
             max_delay: self.reload_max_delay.max(self.reload_debounce),
             timeout: self.reload_timeout,
+            ..ReloadOptions::new(command)
         });
         options.haproxy = self.haproxy_socket.clone().map(HaproxyOptions::new);
         options.listen = Some(self.listen);

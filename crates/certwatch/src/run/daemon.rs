@@ -165,6 +165,9 @@ impl Daemon {
     pub async fn start(config: kube::Config, options: DaemonOptions) -> Result<Self, DaemonError> {
         let started = Instant::now();
         let metrics = Arc::new(Metrics::new());
+        if options.haproxy.is_some() {
+            metrics.register_haproxy();
+        }
         let cert_dir = CertDir::open(&options.cert_dir, options.write_concurrency)
             .await
             .map_err(|source| DaemonError::CertDir {
@@ -406,5 +409,6 @@ fn refresher(metrics: &Arc<Metrics>, manager: &SecretManager, pool: &PoolHandle)
         metrics.set_registered_routes(manager.route_count());
         let stats = pool.stats();
         metrics.set_api_connections(stats.http2_connections_open, stats.http1_connections_open);
+        metrics.refresh_process();
     })
 }

@@ -7,7 +7,8 @@
 //! - [`cert_dir`] and [`files`]: bundles, links and the crt-list on disk.
 //! - [`reload`]: the debounced, single-flight reload command.
 //! - [`haproxy`]: HAProxy's runtime API client and the synchronisation over it.
-//! - [`metrics`]: the Prometheus metrics; `http`: `/healthz`, `/readyz`, `/metrics`.
+//! - [`metrics`] and [`process`]: the Prometheus metrics; `http`: `/healthz`,
+//!   `/readyz`, `/metrics`.
 //! - [`progress`]: the start-up progress bar or log lines.
 
 pub mod args;
@@ -19,6 +20,7 @@ pub mod haproxy;
 mod http;
 pub mod metrics;
 pub mod outputs;
+pub mod process;
 pub mod progress;
 pub mod reload;
 pub mod scope;

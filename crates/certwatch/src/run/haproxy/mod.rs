@@ -104,8 +104,8 @@ impl HaproxySync {
     }
 
     /// The crt-list's entries changed: bring HAProxy there.
-    pub fn publish(&self, entries: Vec<CrtEntry>) {
-        self.snapshots.send_replace(Some(Arc::new(entries)));
+    pub fn publish(&self, entries: Arc<Vec<CrtEntry>>) {
+        self.snapshots.send_replace(Some(entries));
     }
 
     /// Finishes the pass in progress (with the last entries published) and stops.
@@ -252,7 +252,7 @@ impl Worker {
                 }
                 Some(_) => {}
             }
-            let rest = entry.sni.clone().unwrap_or_default();
+            let rest = entry.sni.clone();
             let lines = state.lines.get(&entry.name).map_or(&[][..], Vec::as_slice);
             if lines.len() == 1 && lines[0].rest == rest {
                 continue;
@@ -262,11 +262,9 @@ impl Worker {
                 state.lines.remove(&entry.name);
                 report.relisted += 1;
             }
-            let line = if rest.is_empty() {
-                entry.name.clone()
-            } else {
-                format!("{} {rest}", entry.name)
-            };
+            // Every entry has an SNI filter: a line without one would capture every
+            // other route's hosts.
+            let line = format!("{} {rest}", entry.name);
             self.count(
                 "add ssl crt-list",
                 self.api.add_crt_list_line(&self.crt_list, &line).await,

@@ -91,6 +91,7 @@ mod options;
 mod pool;
 mod service;
 mod stats;
+mod token_file;
 mod transport;
 
 pub use client::{PoolHandle, PooledClient, build_client};

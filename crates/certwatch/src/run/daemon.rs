@@ -134,6 +134,8 @@ pub enum DaemonError {
 /// A running daemon. Stop it with [`Daemon::shutdown`].
 pub struct Daemon {
     status: watch::Receiver<DaemonStatus>,
+    /// Counts re-synchronisation requests (SIGHUP) for the outputs task.
+    resync: watch::Sender<u64>,
     metrics: Arc<Metrics>,
     pool: PoolHandle,
     manager: SecretManager,
@@ -246,6 +248,7 @@ impl Daemon {
             )
         });
         let (status_sender, status) = watch::channel(DaemonStatus::default());
+        let (resync, resync_requests) = watch::channel(0);
         let outputs = tokio::spawn(
             Outputs {
                 cert_dir,
@@ -254,6 +257,7 @@ impl Daemon {
                 haproxy,
                 status: status_sender,
                 started,
+                resync: resync_requests,
             }
             .run(pipeline_outputs.outcomes, pipeline_outputs.readiness),
         );
@@ -285,6 +289,7 @@ impl Daemon {
 
         Ok(Self {
             status,
+            resync,
             metrics,
             pool,
             manager,
@@ -320,6 +325,13 @@ impl Daemon {
             .await
             .map_err(|_| DaemonError::Stopped)?;
         Ok(*ready)
+    }
+
+    /// Brings the proxy up to date again (what SIGHUP does): HAProxy's state is read
+    /// afresh and synchronised, and the reload command runs once. Before start-up is
+    /// decided there is nothing to re-synchronise and the request is dropped.
+    pub fn resync(&self) {
+        self.resync.send_modify(|count| *count += 1);
     }
 
     /// Where the HTTP endpoint listens.

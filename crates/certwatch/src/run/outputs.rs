@@ -77,6 +77,8 @@ pub(crate) struct Outputs {
     pub(crate) haproxy: Option<HaproxySync>,
     pub(crate) status: watch::Sender<DaemonStatus>,
     pub(crate) started: Instant,
+    /// Re-synchronisation requests ([`super::Daemon::resync`]).
+    pub(crate) resync: watch::Receiver<u64>,
 }
 
 /// The outputs task's own state besides its parts.
@@ -117,6 +119,7 @@ impl Outputs {
             route_log: StateLog::new(REPEAT_LOG_INTERVAL),
         };
         let mut readiness_open = true;
+        let mut resync_open = true;
         loop {
             tokio::select! {
                 biased;
@@ -130,6 +133,17 @@ impl Outputs {
                 }
                 changed = readiness.changed(), if readiness_open && !progress.decided => {
                     readiness_open = changed.is_ok();
+                }
+                changed = self.resync.changed(), if resync_open => {
+                    resync_open = changed.is_ok();
+                    if resync_open && progress.decided {
+                        if let Some(reloader) = &self.reloader {
+                            reloader.trigger();
+                        }
+                        if let Some(haproxy) = &self.haproxy {
+                            haproxy.resync();
+                        }
+                    }
                 }
                 () = sleep_until(progress.retry_at), if progress.retry_at.is_some() => {
                     progress.retry_at = None;

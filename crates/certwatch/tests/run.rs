@@ -153,7 +153,7 @@ async fn files_follow_secrets_and_routes() {
     assert_eq!(
         metric_value(
             &metrics,
-            "certwatch_certificate_expiry_timestamp_seconds{namespace=\"app-0\",route=\"route-0\"}"
+            "certwatch_certificate_expiration_timestamp_seconds{namespace=\"app-0\",route=\"route-0\",secret=\"tls-0\"}"
         ),
         Some(not_after(&first) as f64)
     );
@@ -196,6 +196,12 @@ async fn files_follow_secrets_and_routes() {
         .then_some(())
     })
     .await;
+    // The rejected route still exists: its certificate's expiration stays visible.
+    assert!(
+        certwatch
+            .metric("certwatch_certificate_expiration_timestamp_seconds{namespace=\"app-1\",route=\"route-1\",secret=\"tls-1\"}")
+            .is_some()
+    );
     let mut recreated = Secret {
         data: Some(new_tls_data(&format!("route-1.app-1.{SIM_HOSTS}"))),
         type_: Some("kubernetes.io/tls".to_owned()),
@@ -304,14 +310,32 @@ async fn files_follow_secrets_and_routes() {
         Some(4.0),
         "{metrics}"
     );
-    assert!(
-        metric_value(
-            &metrics,
-            "certwatch_certificate_expiry_timestamp_seconds{namespace=\"app-1\",route=\"route-5\"}"
-        )
-        .is_none(),
-        "{metrics}"
-    );
+    // The expiration series go with their routes, and follow a change of secret.
+    for (series, present) in [
+        (
+            "namespace=\"app-1\",route=\"route-5\",secret=\"tls-5\"",
+            false,
+        ),
+        (
+            "namespace=\"app-1\",route=\"route-3\",secret=\"tls-3\"",
+            false,
+        ),
+        (
+            "namespace=\"app-0\",route=\"route-4\",secret=\"tls-4\"",
+            false,
+        ),
+        (
+            "namespace=\"app-0\",route=\"route-4\",secret=\"tls-0\"",
+            true,
+        ),
+    ] {
+        let sample = format!("certwatch_certificate_expiration_timestamp_seconds{{{series}}}");
+        assert_eq!(
+            metric_value(&metrics, &sample).is_some(),
+            present,
+            "{sample}\n{metrics}"
+        );
+    }
 
     let status = certwatch.terminate();
     assert_eq!(status.code(), Some(0), "{}", certwatch.log_text());
@@ -572,11 +596,10 @@ async fn namespace_scope() {
         &temp.path().join("selector.log"),
         &["--namespace-selector", "certwatch.io/shard=0"],
     );
-    let mut by_list = Certwatch::start(
-        &sim.kubeconfig,
-        &listed,
-        &temp.path().join("list.log"),
-        &["--namespace", "app-1", "--log-format", "json"],
+    let mut by_list = Certwatch::launch(
+        Launch::new(&sim.kubeconfig, &listed, &temp.path().join("list.log"))
+            .args(&["--namespace", "app-1"])
+            .json(),
     );
     by_selector.wait_ready().await;
     by_list.wait_ready().await;

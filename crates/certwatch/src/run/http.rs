@@ -79,13 +79,13 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
-                "not ready: every route present at start-up is decided, but {} of {} bundles are written and the crt-list is {}{cause}; retrying\n",
+                "not ready: every route present at start-up is decided, but {} of {} bundles are written {}{cause}; retrying\n",
                 files.written,
                 files.served,
                 if files.crt_list_written {
-                    "written"
+                    "(the crt-list names only those)"
                 } else {
-                    "not written"
+                    "and the crt-list is not written"
                 },
             ),
         )

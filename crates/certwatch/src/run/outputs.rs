@@ -175,9 +175,11 @@ impl Outputs {
     /// Declares ready when it is time, and sends the status if it changed.
     fn publish_status(&mut self, progress: &mut Progress, pipeline: Readiness) {
         let (admitted, rejected) = progress.states.counts();
+        let mut ready_after = None;
         if progress.decided && !progress.ready && self.cert_dir.is_current() {
             progress.ready = true;
             let elapsed = self.started.elapsed();
+            ready_after = Some(elapsed);
             self.metrics.set_ready(elapsed);
             info!(
                 routes = pipeline.initial_routes,
@@ -188,10 +190,6 @@ impl Outputs {
                 cert_dir = %self.cert_dir.path().display(),
                 "ready: every route present at start-up is decided, and its bundle and the crt-list are on disk"
             );
-            self.status.send_modify(|status| {
-                status.ready = true;
-                status.ready_after = Some(elapsed);
-            });
         }
         let waiting_for_files = (progress.decided && !progress.ready).then(|| WriteProblem {
             written: self.cert_dir.served_on_disk(),
@@ -200,14 +198,17 @@ impl Outputs {
             error: progress.last_error,
         });
         let bundles = self.cert_dir.bundles_on_disk();
+        // One update with everything, so that a waiter that sees `ready` also sees
+        // the counts it was reached with.
         self.status.send_if_modified(|status| {
             let new = DaemonStatus {
                 readiness: pipeline,
+                ready: progress.ready,
+                ready_after: ready_after.or(status.ready_after),
                 admitted,
                 rejected,
                 bundles,
                 waiting_for_files,
-                ..*status
             };
             let changed = new != *status;
             *status = new;

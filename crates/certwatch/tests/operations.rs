@@ -28,8 +28,9 @@ fn must_be_root(what: &str) {
 /// naming the flag; none is retried against the API server.
 #[test]
 fn configuration_is_checked_at_start_up() {
-    // (extra arguments, environment, what the message must name)
-    let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+    /// Extra arguments, environment, and what the message must name.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
         (&["--reload-timeout", "60"], &[], "--reload-timeout"),
         (&["--sync-timeout", "2"], &[], "--sync-timeout"),
         (&["--route-selector", "shard in a"], &[], "--route-selector"),

@@ -545,6 +545,7 @@ async fn injected_errors_at_startup_are_retried_and_counted() {
     for rule in [
         r#"{"verb":"list","resource":"routes","code":500,"count":2}"#,
         r#"{"verb":"watch","resource":"secrets","code":500,"count":1,"name":"tls-1"}"#,
+        r#"{"verb":"watch","resource":"secrets","code":429,"count":1,"name":"tls-2"}"#,
     ] {
         let (status, body) = sim.admin("POST", "/sim/faults/fail", rule);
         assert_eq!(status, 200, "{body}");
@@ -579,6 +580,31 @@ async fn injected_errors_at_startup_are_retried_and_counted() {
         Some(3.0),
         "{metrics}"
     );
+    // Every request by resource, verb and code, the 429 included.
+    for (sample, expected) in [
+        (
+            "certwatch_api_requests_total{resource=\"routes\",verb=\"list\",code=\"500\"}",
+            2.0,
+        ),
+        (
+            "certwatch_api_requests_total{resource=\"secrets\",verb=\"watch\",code=\"500\"}",
+            1.0,
+        ),
+        (
+            "certwatch_api_requests_total{resource=\"secrets\",verb=\"watch\",code=\"429\"}",
+            1.0,
+        ),
+        (
+            "certwatch_api_requests_total{resource=\"secrets\",verb=\"watch\",code=\"200\"}",
+            3.0,
+        ),
+    ] {
+        assert_eq!(
+            metric_value(&metrics, sample),
+            Some(expected),
+            "{sample}\n{metrics}"
+        );
+    }
     assert_eq!(certwatch.terminate().code(), Some(0));
 }
 

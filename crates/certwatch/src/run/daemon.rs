@@ -184,7 +184,9 @@ impl Daemon {
             "starting"
         );
 
-        let pooled = kube_h2::build_client(config, options.client.clone())?;
+        let request_observer: Arc<dyn kube_h2::RequestObserver> = metrics.clone();
+        let pooled =
+            kube_h2::build_client(config, options.client.clone().observer(request_observer))?;
         let pool = pooled.pool().clone();
         let client = pooled.client();
         let observer: Arc<dyn MonitorObserver> = metrics.clone();

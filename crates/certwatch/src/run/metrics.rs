@@ -26,6 +26,8 @@
 //! | `certwatch_haproxy_in_sync` | gauge | | 1 when HAProxy holds exactly the crt-list's certificates (only with `--haproxy-socket`) |
 //! | `certwatch_api_errors_total` | counter | `source`, `code` | failed API requests: HTTP code, or `transport`/`timeout` |
 //! | `certwatch_api_connections` | gauge | `protocol` | open connections to the API server |
+//! | `certwatch_api_requests_total` | counter | `resource`, `verb`, `code` | every API request by resource (with subresource), verb (as kube-apiserver names it) and HTTP code (`none`: no response), 429s included |
+//! | `certwatch_api_retries_total` | counter | `resource`, `verb` | of those, requests that were retries |
 //! | `certwatch_build_info` | gauge | `version` | always 1 |
 //! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`, `process_start_time_seconds` | | | the standard process metrics |
 //!
@@ -93,6 +95,19 @@ struct ApiErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    resource: String,
+    verb: &'static str,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RetryLabels {
+    resource: String,
+    verb: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProtocolLabels {
     protocol: &'static str,
 }
@@ -139,6 +154,8 @@ pub struct Metrics {
     haproxy_in_sync: Gauge,
     api_errors: Family<ApiErrorLabels, Counter>,
     api_connections: Family<ProtocolLabels, Gauge>,
+    api_requests: Family<RequestLabels, Counter>,
+    api_retries: Family<RetryLabels, Counter>,
     process_cpu: Counter<f64, AtomicU64>,
     /// Guards nothing but the order of CPU-counter updates: concurrent scrapes must
     /// add each CPU second once.
@@ -193,6 +210,8 @@ impl Metrics {
             haproxy_in_sync: Gauge::default(),
             api_errors: Family::default(),
             api_connections: Family::default(),
+            api_requests: Family::default(),
+            api_retries: Family::default(),
             process_cpu: Counter::default(),
             process_cpu_update: Mutex::new(()),
             process_resident: Gauge::default(),
@@ -314,6 +333,16 @@ impl Metrics {
                 "api_connections",
                 "Open connections to the Kubernetes API server by protocol",
                 metrics.api_connections.clone(),
+            );
+            r.register(
+                "api_requests",
+                "Kubernetes API requests by resource, verb and HTTP code (none: no response)",
+                metrics.api_requests.clone(),
+            );
+            r.register(
+                "api_retries",
+                "Kubernetes API requests that were retries, by resource and verb",
+                metrics.api_retries.clone(),
             );
             let build_info = Family::<BuildLabels, Gauge>::default();
             build_info
@@ -635,6 +664,29 @@ fn register_process_metrics(registry: &mut Registry, metrics: &Metrics) {
         Unit::Seconds,
         start,
     );
+}
+
+impl kube_h2::RequestObserver for Metrics {
+    fn response(&self, record: &kube_h2::ResponseRecord<'_>) {
+        let verb = record.verb.as_str();
+        self.api_requests
+            .get_or_create(&RequestLabels {
+                resource: record.resource.to_owned(),
+                verb,
+                code: record
+                    .code
+                    .map_or_else(|| "none".to_owned(), |code| code.to_string()),
+            })
+            .inc();
+        if record.retry {
+            self.api_retries
+                .get_or_create(&RetryLabels {
+                    resource: record.resource.to_owned(),
+                    verb,
+                })
+                .inc();
+        }
+    }
 }
 
 impl MonitorObserver for Metrics {

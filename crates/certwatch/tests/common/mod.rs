@@ -506,6 +506,75 @@ pub async fn rotate_secret(
         .unwrap()
 }
 
+/// Lets the router identity read `secret` in `namespace` (adds it to the Role the
+/// simulator's generator made there).
+pub async fn grant_secret(admin: &kube::Client, namespace: &str, secret: &str) {
+    use k8s_openapi::api::rbac::v1::Role;
+    let roles = Api::<Role>::namespaced(admin.clone(), namespace);
+    let mut role = roles.get("certwatch-router-secrets").await.unwrap();
+    role.rules.as_mut().unwrap()[0]
+        .resource_names
+        .as_mut()
+        .unwrap()
+        .push(secret.to_owned());
+    roles
+        .replace(
+            "certwatch-router-secrets",
+            &kube::api::PostParams::default(),
+            &role,
+        )
+        .await
+        .unwrap();
+}
+
+/// Creates a `kubernetes.io/tls` secret with a fresh certificate for `host`.
+pub async fn create_tls_secret(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    host: &str,
+) -> Secret {
+    let mut secret = Secret {
+        data: Some(new_tls_data(host)),
+        type_: Some("kubernetes.io/tls".to_owned()),
+        ..Secret::default()
+    };
+    secret.metadata.name = Some(name.to_owned());
+    Api::<Secret>::namespaced(admin.clone(), namespace)
+        .create(&kube::api::PostParams::default(), &secret)
+        .await
+        .unwrap()
+}
+
+/// Creates an edge route whose certificate is in `secret`; `host: None` leaves
+/// `spec.host` out.
+pub async fn create_route(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    host: Option<&str>,
+    secret: &str,
+) {
+    let mut spec = serde_json::json!({
+        "to": {"kind": "Service", "name": "backend"},
+        "tls": {"termination": "edge", "externalCertificate": {"name": secret}}
+    });
+    if let Some(host) = host {
+        spec["host"] = host.into();
+    }
+    let route: route_secrets::route::Route = serde_json::from_value(serde_json::json!({
+        "apiVersion": "route.openshift.io/v1",
+        "kind": "Route",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }))
+    .unwrap();
+    Api::<route_secrets::route::Route>::namespaced(admin.clone(), namespace)
+        .create(&kube::api::PostParams::default(), &route)
+        .await
+        .unwrap();
+}
+
 /// The file's bytes, or empty when it is absent.
 pub fn read_or_empty(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_default()

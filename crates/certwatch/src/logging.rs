@@ -138,6 +138,12 @@ impl Repeats {
         Some(std::mem::take(&mut self.unlogged))
     }
 
+    /// A line about the condition was just logged elsewhere (its first occurrence, in
+    /// its own words): the next summary is due an interval from now, not at once.
+    pub fn logged(&mut self, now: std::time::Instant) {
+        self.last_logged.get_or_insert(now);
+    }
+
     /// The condition ended: the next occurrence is logged at once. Returns how many
     /// occurrences were not logged.
     pub fn reset(&mut self) -> u64 {
@@ -191,6 +197,7 @@ impl<K: std::hash::Hash + Eq> StateLog<K> {
                 None => Seen::Repeat,
             };
         }
+        self.repeats.logged(now);
         Seen::Changed
     }
 
@@ -232,15 +239,16 @@ mod tests {
             log.observe("a", &"bad pem", now),
             log.observe("b", &"denied", later),
         ];
+        // Repeats are summarised a minute after the first line at the earliest.
         assert_eq!(
             seen,
             [
                 Seen::Changed,
                 Seen::Changed,
-                Seen::RepeatDue(1),
+                Seen::Repeat,
                 Seen::Repeat,
                 Seen::Changed,
-                Seen::RepeatDue(2),
+                Seen::RepeatDue(3),
             ]
         );
         log.forget(&"b");

@@ -403,22 +403,6 @@ enum Step {
     DeleteRoute1,
 }
 
-/// The crt-list as (link file name, SNI); every path it names must exist.
-fn listed(cert_dir: &Path) -> Vec<(String, String)> {
-    let text = std::fs::read_to_string(cert_dir.join("crt-list")).unwrap_or_default();
-    text.lines()
-        .map(|line| {
-            let (path, sni) = line.split_once(' ').expect("every line has an SNI filter");
-            assert!(
-                std::fs::metadata(path).is_ok(),
-                "{path} is listed but missing"
-            );
-            let name = Path::new(path).file_name().unwrap().to_string_lossy();
-            (name.into_owned(), sni.to_owned())
-        })
-        .collect()
-}
-
 /// After every step of a table of route changes, the files certwatch wrote are what
 /// they should be, `haproxy -c` accepts them, and the running HAProxy (fed through the
 /// runtime API) serves exactly the listed routes with their certificates.
@@ -521,7 +505,7 @@ async fn haproxy_accepts_the_files_after_every_step() {
             }
         }
         eventually(&format!("{step:?}: the crt-list"), || {
-            (listed(&cert_dir) == expected).then_some(())
+            (crt_list(&cert_dir) == expected).then_some(())
         })
         .await;
         haproxy_check(&config)

@@ -375,3 +375,52 @@ fn the_demo_stays_in_its_own_directory() {
     assert!(!stdout.contains(real.to_str().unwrap()), "{stdout}");
     assert!(stdout.contains("matches the new certificate"), "{stdout}");
 }
+
+/// A route decided the same way again and again is logged once, not once per
+/// decision: here a certificate that does not cover the route's host (served, with a
+/// warning), rotated four times to another certificate for the same wrong host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_decision_is_logged_once() {
+    let temp = tempfile::tempdir().unwrap();
+    let sim = SimProcess::start(temp.path(), &["--generate", "routes=1,namespaces=1"]);
+    let admin = sim.client("admin").await;
+    let wrong_host = "elsewhere.example";
+    grant_secret(&admin, "app-0", "mismatch").await;
+    create_tls_secret(&admin, "app-0", "mismatch", wrong_host).await;
+    create_route(
+        &admin,
+        "app-0",
+        "mismatch",
+        Some("mismatch.app-0.apps.sim.example"),
+        "mismatch",
+    )
+    .await;
+    let cert_dir = temp.path().join("certs");
+    let mut certwatch = Certwatch::start(
+        &sim.kubeconfig,
+        &cert_dir,
+        &temp.path().join("certwatch.log"),
+        &[],
+    );
+    certwatch.wait_ready().await;
+    let bundle = cert_dir.join("app-0:mismatch.pem");
+    for _ in 0..4 {
+        let rotated = rotate_secret(&admin, "app-0", "mismatch", wrong_host).await;
+        let expected = expected_bundle(&rotated);
+        // Each rotation is decided again (the new bundle is written) ...
+        eventually("the rotated bundle", || {
+            (read_or_empty(&bundle) == expected).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(certwatch.terminate().code(), Some(0));
+    // ... and the unchanged warning was logged once.
+    let log = certwatch.log_text();
+    let lines = log
+        .lines()
+        .filter(|line| {
+            line.contains("does not cover the route host") && line.contains("app-0/mismatch")
+        })
+        .count();
+    assert_eq!(lines, 1, "{log}");
+}

@@ -21,23 +21,6 @@ fn bundle(dir: &Path, namespace: &str, route: &str) -> std::path::PathBuf {
     dir.join(format!("{namespace}:{route}.pem"))
 }
 
-/// The crt-list as (route file name in links/, SNI) pairs, in order.
-fn crt_list(dir: &Path) -> Vec<(String, String)> {
-    std::fs::read_to_string(dir.join("crt-list"))
-        .unwrap_or_default()
-        .lines()
-        .map(|line| {
-            let (path, sni) = line.split_once(' ').unwrap_or((line, ""));
-            let path = Path::new(path);
-            assert_eq!(path.parent().unwrap(), dir.join("links"), "{line}");
-            (
-                path.file_name().unwrap().to_string_lossy().into_owned(),
-                sni.to_owned(),
-            )
-        })
-        .collect()
-}
-
 fn not_after(pem_bundle: &[u8]) -> i64 {
     let text = String::from_utf8_lossy(pem_bundle);
     let block = pem::parse_many(text.as_bytes())
@@ -227,72 +210,104 @@ async fn files_follow_secrets_and_routes() {
     })
     .await;
 
-    // Route edits.
-    let routes_app0 = Api::<Route>::namespaced(admin.clone(), "app-0");
-    let merge = |value: serde_json::Value| value;
-    // Host change: same bundle, new SNI filter.
-    let renamed = format!("renamed.app-0.{SIM_HOSTS}");
-    routes_app0
-        .patch(
-            "route-2",
-            &PatchParams::default(),
-            &Patch::Merge(merge(serde_json::json!({"spec": {"host": renamed}}))),
+    // Route edits, one row each: the change, and the crt-list after it (oldest route
+    // first). A switch of secret also rewrites the bundle.
+    enum Change {
+        Patch(serde_json::Value),
+        Delete,
+    }
+    let line = |namespace: &str, route: &str| {
+        (
+            format!("{namespace}_{route}.pem"),
+            format!("{route}.{namespace}.{SIM_HOSTS}"),
         )
-        .await
-        .unwrap();
-    eventually("the new host in the crt-list", || {
-        crt_list(&cert_dir)
-            .contains(&("app-0_route-2.pem".to_owned(), renamed.clone()))
-            .then_some(())
-    })
-    .await;
-    // Switching to another secret (one the router may read in that namespace).
-    routes_app0
-        .patch(
-            "route-4",
-            &PatchParams::default(),
-            &Patch::Merge(
+    };
+    let renamed = format!("renamed.app-0.{SIM_HOSTS}");
+    let renamed_line = ("app-0_route-2.pem".to_owned(), renamed.clone());
+    let steps = [
+        (
+            "a host change: same bundle, new SNI filter",
+            ("app-0", "route-2"),
+            Change::Patch(serde_json::json!({"spec": {"host": renamed}})),
+            vec![
+                line("app-0", "route-0"),
+                line("app-1", "route-1"),
+                renamed_line.clone(),
+                line("app-1", "route-3"),
+                line("app-0", "route-4"),
+                line("app-1", "route-5"),
+            ],
+            None,
+        ),
+        (
+            "a switch to another secret the router may read",
+            ("app-0", "route-4"),
+            Change::Patch(
                 serde_json::json!({"spec": {"tls": {"externalCertificate": {"name": "tls-0"}}}}),
             ),
-        )
-        .await
-        .unwrap();
-    wait_for_bundle(&cert_dir, "app-0", "route-4", expected_bundle(&rotated)).await;
-    // No external certificate any more.
-    routes_app1
-        .patch(
-            "route-3",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"tls": {"externalCertificate": null}}})),
-        )
-        .await
-        .unwrap();
-    wait_for_absence(&cert_dir, "app-1", "route-3").await;
-    // Deleted route.
-    routes_app1
-        .delete("route-5", &DeleteParams::default())
-        .await
-        .unwrap();
-    wait_for_absence(&cert_dir, "app-1", "route-5").await;
-
-    assert_eq!(
-        crt_list(&cert_dir),
-        vec![
-            (
-                "app-0_route-0.pem".to_owned(),
-                format!("route-0.app-0.{SIM_HOSTS}")
-            ),
-            (
-                "app-1_route-1.pem".to_owned(),
-                format!("route-1.app-1.{SIM_HOSTS}")
-            ),
-            ("app-0_route-2.pem".to_owned(), renamed.clone()),
-            (
-                "app-0_route-4.pem".to_owned(),
-                format!("route-4.app-0.{SIM_HOSTS}")
-            ),
-        ]
-    );
+            vec![
+                line("app-0", "route-0"),
+                line("app-1", "route-1"),
+                renamed_line.clone(),
+                line("app-1", "route-3"),
+                line("app-0", "route-4"),
+                line("app-1", "route-5"),
+            ],
+            Some(expected_bundle(&rotated)),
+        ),
+        (
+            "no external certificate any more",
+            ("app-1", "route-3"),
+            Change::Patch(serde_json::json!({"spec": {"tls": {"externalCertificate": null}}})),
+            vec![
+                line("app-0", "route-0"),
+                line("app-1", "route-1"),
+                renamed_line.clone(),
+                line("app-0", "route-4"),
+                line("app-1", "route-5"),
+            ],
+            None,
+        ),
+        (
+            "a deleted route",
+            ("app-1", "route-5"),
+            Change::Delete,
+            vec![
+                line("app-0", "route-0"),
+                line("app-1", "route-1"),
+                renamed_line.clone(),
+                line("app-0", "route-4"),
+            ],
+            None,
+        ),
+    ];
+    for (what, (namespace, name), change, expected, bundle_after) in steps {
+        let routes = Api::<Route>::namespaced(admin.clone(), namespace);
+        match change {
+            Change::Patch(patch) => {
+                routes
+                    .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .unwrap();
+            }
+            Change::Delete => {
+                routes.delete(name, &DeleteParams::default()).await.unwrap();
+            }
+        }
+        if let Some(bundle) = bundle_after {
+            wait_for_bundle(&cert_dir, namespace, name, bundle).await;
+        }
+        eventually(&format!("{what}: the crt-list"), || {
+            (crt_list(&cert_dir) == expected).then_some(())
+        })
+        .await;
+        if expected
+            .iter()
+            .all(|(link, _)| *link != format!("{namespace}_{name}.pem"))
+        {
+            wait_for_absence(&cert_dir, namespace, name).await;
+        }
+    }
     let metrics = certwatch.metrics();
     assert_eq!(
         metric_value(&metrics, "certwatch_routes_admitted"),

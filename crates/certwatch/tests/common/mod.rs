@@ -575,6 +575,26 @@ pub async fn create_route(
         .unwrap();
 }
 
+/// The crt-list in `cert_dir` as (link file name, SNI) pairs, in order; empty when
+/// there is none. Every line must name an existing file in `cert_dir/links`, with an
+/// SNI filter.
+pub fn crt_list(cert_dir: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(cert_dir.join("crt-list")).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            let (path, sni) = line.split_once(' ').expect("every line has an SNI filter");
+            let path = Path::new(path);
+            assert_eq!(path.parent().unwrap(), cert_dir.join("links"), "{line}");
+            assert!(
+                std::fs::metadata(path).is_ok(),
+                "{line}: listed but missing"
+            );
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, sni.to_owned())
+        })
+        .collect()
+}
+
 /// The file's bytes, or empty when it is absent.
 pub fn read_or_empty(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_default()

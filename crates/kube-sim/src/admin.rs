@@ -32,11 +32,11 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::body::SimBody;
 use crate::config::{LatencyConfig, LimitsConfig, duration_serde};
-use crate::faults::{FailRule, OutageMode};
-use crate::generate::GenerateSpec;
-use crate::server::Shared;
+use crate::control::faults::{FailRule, OutageMode};
+use crate::generator::generate::GenerateSpec;
+use crate::state::Shared;
+use crate::transport::body::SimBody;
 
 /// Largest admin request body (manifests can be large).
 const MAX_ADMIN_BODY: usize = 64 * 1024 * 1024;
@@ -246,7 +246,7 @@ async fn route(
                 .map_err(|_| AdminError::bad("manifests must be UTF-8 text"))?;
             let store = shared.store.clone();
             let loaded = tokio::task::spawn_blocking(move || {
-                crate::store_handle::load_manifests(&store, &text)
+                crate::storage::handle::load_manifests(&store, &text)
             })
             .await
             .map_err(|e| AdminError {
@@ -259,14 +259,15 @@ async fn route(
         (Method::POST, "/sim/generate") => {
             let spec: GenerateSpec = json_body(body).await?;
             let store = shared.store.clone();
-            let generated =
-                tokio::task::spawn_blocking(move || crate::generate::generate(&store, &spec))
-                    .await
-                    .map_err(|e| AdminError {
-                        code: 500,
-                        message: e.to_string(),
-                    })?
-                    .map_err(|e| AdminError::bad(e.to_string()))?;
+            let generated = tokio::task::spawn_blocking(move || {
+                crate::generator::generate::generate(&store, &spec)
+            })
+            .await
+            .map_err(|e| AdminError {
+                code: 500,
+                message: e.to_string(),
+            })?
+            .map_err(|e| AdminError::bad(e.to_string()))?;
             Ok((200, to_json(&generated)))
         }
         (_, p)

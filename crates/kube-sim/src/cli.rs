@@ -8,10 +8,12 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::admin::ENDPOINTS;
+use crate::auth::users::ROUTER_USER;
 use crate::config::{LatencyConfig, LimitsConfig, SimConfig};
 use crate::error::SimError;
-use crate::generate::GenerateSpec;
-use crate::{ADMIN_CONTEXT, ROUTER_CONTEXT, ROUTER_USER, Simulator};
+use crate::generator::generate::GenerateSpec;
+use crate::kubeconfig::{ADMIN_CONTEXT, ROUTER_CONTEXT};
+use crate::simulator::Simulator;
 use kube_common::duration::parse as parse_duration;
 
 fn duration_arg(s: &str) -> Result<Duration, String> {

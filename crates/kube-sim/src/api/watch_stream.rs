@@ -14,13 +14,14 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::{Interval, MissedTickBehavior, Sleep};
 use tokio_util::sync::CancellationToken;
 
-use crate::body::SimBody;
-use crate::limits::InflightPermit;
+use crate::api::table::{self, TableOptions};
+use crate::control::limits::InflightPermit;
+use crate::objects::meta::meta_str;
 use crate::resources::ResourceDef;
-use crate::server::Shared;
-use crate::store::{InitialItem, Subscription, meta_str};
-use crate::table::{self, TableOptions};
-use crate::watch::{DeliveryItem, encode_event};
+use crate::state::Shared;
+use crate::storage::store::{InitialItem, Subscription};
+use crate::storage::watch::{DeliveryItem, encode_event};
+use crate::transport::body::SimBody;
 
 /// The annotation that marks the end of the initial events of a streaming list.
 pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";

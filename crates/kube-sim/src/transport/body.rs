@@ -12,8 +12,8 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 
-use crate::limits::InflightPermit;
-use crate::stats::Stats;
+use crate::control::limits::InflightPermit;
+use crate::control::stats::Stats;
 
 pin_project_lite::pin_project! {
     /// Every response the simulator sends.

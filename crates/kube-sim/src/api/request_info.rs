@@ -156,7 +156,10 @@ pub(crate) fn classify(
         && let Some(n) = &name
     {
         // A watch on a single object URL is a watch with a metadata.name selector.
-        let selector = format!("metadata.name={}", crate::selectors::escape_field_value(n));
+        let selector = format!(
+            "metadata.name={}",
+            crate::objects::selectors::escape_field_value(n)
+        );
         let combined = match query.get("fieldSelector").filter(|s| !s.is_empty()) {
             Some(existing) => format!("{existing},{selector}"),
             None => selector,

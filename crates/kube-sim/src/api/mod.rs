@@ -1,6 +1,14 @@
-//! The Kubernetes API request pipeline, in kube-apiserver's filter order:
-//! authentication (401), accounting, the concurrency limit (429), latency, injected
-//! faults, authorization (403), then the verb handlers.
+//! The Kubernetes API surface. This module is the request pipeline, in
+//! kube-apiserver's filter order: authentication (401), accounting, the concurrency
+//! limit (429), latency, injected faults, authorization (403), then the verb handlers.
+//! Around it: what a URL means ([`request_info`]), discovery ([`discovery`]),
+//! server-side printing for kubectl ([`table`]) and the body of a watch response
+//! ([`watch_stream`]).
+
+pub(crate) mod discovery;
+pub(crate) mod request_info;
+pub(crate) mod table;
+pub(crate) mod watch_stream;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,23 +20,24 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 
-use crate::body::SimBody;
+use crate::auth::rbac::{Attributes, forbidden_reason};
+use crate::auth::review;
+use crate::auth::users::UserInfo;
+use crate::control::limits::InflightPermit;
+use crate::control::stats::{Protocol, RequestRecord};
 use crate::error::{ApiError, FieldError};
-use crate::limits::InflightPermit;
-use crate::patch::{PatchBody, PatchKind};
-use crate::rbac::{Attributes, UserInfo, forbidden_reason};
-use crate::request_info::{self, ResourceRequest, Target};
+use crate::objects::patch::{PatchBody, PatchKind};
+use crate::objects::selectors::{FieldSelector, LabelSelector, ObjectFilter};
 use crate::resources::{ResourceDef, ResourceKind};
-use crate::review;
-use crate::selectors::{FieldSelector, LabelSelector, ObjectFilter};
-use crate::server::Shared;
-use crate::stats::{Protocol, RequestRecord};
-use crate::store::{
+use crate::state::Shared;
+use crate::storage::store::{
     ContinueToken, Key, ListPage, ListVersion, Preconditions, UpdateTarget, WatchStart,
     WatchStartError, WriteOptions,
 };
-use crate::table::{self, TableOptions};
-use crate::watch_stream::{self, WatchOptions};
+use crate::transport::body::SimBody;
+use request_info::{ResourceRequest, Target};
+use table::TableOptions;
+use watch_stream::WatchOptions;
 
 /// Largest request body accepted (kube-apiserver's limit is 3 MiB).
 const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -327,13 +336,13 @@ fn non_resource(
             "{method} is not allowed on {path}"
         )));
     }
-    if crate::discovery::is_health(path) {
+    if crate::api::discovery::is_health(path) {
         return Ok(Reply::Text {
             code: 200,
             body: "ok",
         });
     }
-    match crate::discovery::document(path, shared.addr) {
+    match crate::api::discovery::document(path, shared.addr) {
         Some(doc) => Ok(Reply::json(200, &doc)),
         None => Err(ApiError::no_route()),
     }
@@ -367,7 +376,7 @@ fn decode_object(content_type: Option<&str>, body: &[u8]) -> Result<Value, ApiEr
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
         "application/json" | "" | "*/*" => serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding JSON: {e}")))?,
-        "application/vnd.kubernetes.protobuf" => crate::protobuf::decode(body)
+        "application/vnd.kubernetes.protobuf" => crate::transport::protobuf::decode(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding protobuf: {e}")))?,
         other => return Err(ApiError::unsupported_media_type(other)),
     };
@@ -502,7 +511,8 @@ async fn resource(
         let body = read_body(body).await?;
         let obj = decode_object(content_type.as_deref(), &body)?;
         check_kind(def, &obj)?;
-        return review::answer(shared, rr, user, obj).map(|v| Reply::json(201, &v));
+        return review::answer(&shared.authorizer, def, rr.namespace.as_deref(), user, obj)
+            .map(|v| Reply::json(201, &v));
     }
     match rr.verb {
         "get" => {
@@ -603,7 +613,7 @@ async fn resource(
             let mut details = json!({
                 "name": rr.name.clone().unwrap_or_default(),
                 "kind": def.name,
-                "uid": crate::store::meta_str(&gone, "uid").unwrap_or(""),
+                "uid": crate::objects::meta::meta_str(&gone, "uid").unwrap_or(""),
             });
             if !def.group.is_empty() {
                 details["group"] = json!(def.group);

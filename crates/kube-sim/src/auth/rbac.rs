@@ -1,4 +1,4 @@
-//! Authentication (bearer tokens) and RBAC authorization.
+//! RBAC authorization.
 //!
 //! RBAC objects are ordinary store objects; the authorizer evaluates the store's
 //! current contents through an index of grants per subject, rebuilt lazily when the
@@ -9,52 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::{Value, json};
 
-use crate::store::Store;
-
-/// The group whose members may do anything (hard-wired, as in kube-apiserver).
-pub const MASTERS_GROUP: &str = "system:masters";
-/// Added to every authenticated user.
-pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
-
-/// An authenticated identity.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UserInfo {
-    /// User name.
-    pub name: String,
-    /// Groups.
-    pub groups: Vec<String>,
-}
-
-/// Token → user table; fixed when the simulator starts.
-pub(crate) struct Users {
-    by_token: HashMap<String, Arc<UserInfo>>,
-}
-
-impl Users {
-    pub(crate) fn new(users: impl IntoIterator<Item = (String, UserInfo)>) -> Users {
-        Users {
-            by_token: users
-                .into_iter()
-                .map(|(token, mut info)| {
-                    if !info.groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
-                        info.groups.push(AUTHENTICATED_GROUP.to_string());
-                    }
-                    (token, Arc::new(info))
-                })
-                .collect(),
-        }
-    }
-
-    /// The user for an `Authorization` header value, if it carries a known token.
-    pub(crate) fn authenticate(&self, header: Option<&str>) -> Option<Arc<UserInfo>> {
-        let value = header?.trim();
-        let (scheme, token) = value.split_once(' ')?;
-        if !scheme.eq_ignore_ascii_case("bearer") {
-            return None;
-        }
-        self.by_token.get(token.trim()).cloned()
-    }
-}
+use crate::auth::users::{MASTERS_GROUP, UserInfo};
+use crate::storage::store::Store;
 
 /// What is being asked for.
 #[derive(Debug, Clone, Default)]
@@ -225,7 +181,7 @@ fn rules_of(role: &Value) -> Arc<Vec<Rule>> {
 }
 
 fn meta<'a>(v: &'a Value, key: &str) -> &'a str {
-    crate::store::meta_str(v, key).unwrap_or_default()
+    crate::objects::meta::meta_str(v, key).unwrap_or_default()
 }
 
 impl RbacIndex {

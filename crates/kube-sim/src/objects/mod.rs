@@ -1,0 +1,9 @@
+//! What the API does to objects, independent of HTTP and of storage: metadata helpers
+//! ([`meta`]), defaulting and validation as kube-apiserver applies them
+//! ([`validation`]), patch bodies ([`patch`]), and field and label selectors
+//! ([`selectors`]). The kinds themselves are [`crate::resources`].
+
+pub(crate) mod meta;
+pub(crate) mod patch;
+pub(crate) mod selectors;
+pub(crate) mod validation;

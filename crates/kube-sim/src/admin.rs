@@ -28,6 +28,7 @@ use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use kube_common::Verb;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -161,6 +162,13 @@ struct OutageRequest {
     mode: OutageMode,
 }
 
+/// Whether a fail rule's verb can match anything: `*`, an API verb, or the
+/// lower-cased HTTP method a non-resource request is logged under.
+fn is_verb_pattern(verb: &str) -> bool {
+    const METHODS: &[&str] = &["head", "options", "post", "put", "connect", "trace"];
+    verb == "*" || verb.parse::<Verb>().is_ok() || METHODS.contains(&verb)
+}
+
 async fn route(
     shared: Arc<Shared>,
     method: Method,
@@ -223,6 +231,12 @@ async fn route(
         }
         (Method::POST, "/sim/faults/fail") => {
             let rule: FailRule = json_body(body).await?;
+            if !is_verb_pattern(&rule.verb) {
+                return Err(AdminError::bad(format!(
+                    "verb {:?} is neither \"*\", an API verb (get, list, watch, create, update, patch, delete, deletecollection) nor a lower-case HTTP method",
+                    rule.verb
+                )));
+            }
             if !(100..=599).contains(&rule.code) {
                 return Err(AdminError::bad(
                     "code must be an HTTP status code (100-599)",

@@ -14,17 +14,19 @@ use crate::error::SimError;
 use crate::generator::generate::GenerateSpec;
 use crate::kubeconfig::{ADMIN_CONTEXT, ROUTER_CONTEXT};
 use crate::simulator::Simulator;
+use kube_common::Verb;
 use kube_common::duration::parse as parse_duration;
 
 fn duration_arg(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())
 }
 
-fn verb_latency_arg(s: &str) -> Result<(String, Duration), String> {
+fn verb_latency_arg(s: &str) -> Result<(Verb, Duration), String> {
     let (verb, d) = s
         .split_once('=')
         .ok_or_else(|| format!("expected VERB=DURATION (e.g. list=2s), got {s:?}"))?;
-    Ok((verb.to_string(), duration_arg(d)?))
+    let verb = verb.parse::<Verb>().map_err(|e| e.to_string())?;
+    Ok((verb, duration_arg(d)?))
 }
 
 fn generate_arg(s: &str) -> Result<GenerateSpec, String> {
@@ -77,7 +79,7 @@ pub struct SimArgs {
 
     /// Latency for one verb, overriding --latency (repeatable), e.g. --verb-latency list=2s.
     #[arg(long = "verb-latency", value_name = "VERB=D", value_parser = verb_latency_arg)]
-    pub verb_latency: Vec<(String, Duration)>,
+    pub verb_latency: Vec<(Verb, Duration)>,
 
     /// Maximum concurrent in-flight requests (API Priority and Fairness model);
     /// unlimited when absent. Idle open watches are not in flight.

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use kube_common::Verb;
 use serde::{Deserialize, Serialize};
 
 use kube_common::duration::{format as format_duration, parse as parse_duration};
@@ -91,9 +92,10 @@ pub struct LatencyConfig {
     /// Maximum random deviation from the base delay, in either direction.
     #[serde(with = "duration_serde")]
     pub jitter: Duration,
-    /// Per-verb delays (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`).
+    /// Per-verb delays (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
+    /// `deletecollection`).
     #[serde(with = "duration_map_serde")]
-    pub per_verb: BTreeMap<String, Duration>,
+    pub per_verb: BTreeMap<Verb, Duration>,
 }
 
 impl LatencyConfig {
@@ -105,9 +107,13 @@ impl LatencyConfig {
         }
     }
 
-    /// The delay to apply to one request of `verb`, with jitter drawn at random.
-    pub fn sample(&self, verb: &str) -> Duration {
-        let base = self.per_verb.get(verb).copied().unwrap_or(self.default);
+    /// The delay to apply to one request of `verb` (`None`: a request no verb names,
+    /// which gets the default), with jitter drawn at random.
+    pub fn sample(&self, verb: impl Into<Option<Verb>>) -> Duration {
+        let base = verb
+            .into()
+            .and_then(|verb| self.per_verb.get(&verb).copied())
+            .unwrap_or(self.default);
         if self.jitter.is_zero() {
             return base;
         }
@@ -177,10 +183,7 @@ mod duration_map_serde {
     use super::*;
     use serde::{Deserializer, Serializer, ser::SerializeMap};
 
-    pub fn serialize<S: Serializer>(
-        m: &BTreeMap<String, Duration>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(m: &BTreeMap<Verb, Duration>, s: S) -> Result<S::Ok, S::Error> {
         let mut map = s.serialize_map(Some(m.len()))?;
         for (k, v) in m {
             map.serialize_entry(k, &format_duration(*v))?;
@@ -193,8 +196,8 @@ mod duration_map_serde {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
-    ) -> Result<BTreeMap<String, Duration>, D::Error> {
-        let raw = BTreeMap::<String, Wrapper>::deserialize(d)?;
+    ) -> Result<BTreeMap<Verb, Duration>, D::Error> {
+        let raw = BTreeMap::<Verb, Wrapper>::deserialize(d)?;
         Ok(raw.into_iter().map(|(k, v)| (k, v.0)).collect())
     }
 }
@@ -211,7 +214,7 @@ mod tests {
                 .unwrap();
         assert_eq!(cfg.default, Duration::from_millis(1400));
         assert_eq!(cfg.jitter, Duration::from_millis(100));
-        assert_eq!(cfg.per_verb["list"], Duration::from_secs(2));
+        assert_eq!(cfg.per_verb[&Verb::List], Duration::from_secs(2));
         let back: LatencyConfig =
             serde_json::from_value(serde_json::to_value(&cfg).unwrap()).unwrap();
         assert_eq!(back, cfg);
@@ -225,7 +228,7 @@ mod tests {
             per_verb: BTreeMap::new(),
         };
         for _ in 0..200 {
-            let d = cfg.sample("get");
+            let d = cfg.sample(Verb::Get);
             assert!(d >= Duration::from_millis(50) && d <= Duration::from_millis(150));
         }
     }

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use kube_common::Verb;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::rbac::Authorizer;
@@ -40,7 +41,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn latency_for(&self, verb: &str) -> Duration {
+    pub(crate) fn latency_for(&self, verb: Option<Verb>) -> Duration {
         self.latency
             .read()
             .unwrap_or_else(PoisonError::into_inner)

@@ -44,7 +44,7 @@ async fn concurrency_limit_queues_then_rejects_with_retry_after() {
     let sim = start_with(limited(1, 1)).await;
     // Lists take "forever", so the first is in flight and the second waits.
     sim.set_latency(LatencyConfig {
-        per_verb: BTreeMap::from([("list".to_string(), Duration::from_secs(3600))]),
+        per_verb: BTreeMap::from([(kube_common::Verb::List, Duration::from_secs(3600))]),
         ..LatencyConfig::default()
     });
     let client = client_without_retries(&sim, "admin").await;
@@ -182,7 +182,7 @@ async fn open_watches_are_not_in_flight_but_streaming_lists_are_until_their_book
 async fn latency_is_applied_while_in_flight() {
     let sim = start().await;
     sim.set_latency(LatencyConfig {
-        per_verb: BTreeMap::from([("watch".to_string(), Duration::from_secs(3600))]),
+        per_verb: BTreeMap::from([(kube_common::Verb::Watch, Duration::from_secs(3600))]),
         ..LatencyConfig::default()
     });
     let token = sim.token("admin").unwrap();

@@ -18,13 +18,14 @@ use http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use kube_common::Verb;
 use serde_json::{Value, json};
 
-use crate::auth::rbac::{Attributes, forbidden_reason};
+use crate::auth::rbac::{AccessVerb, Attributes, forbidden_reason};
 use crate::auth::review;
 use crate::auth::users::UserInfo;
 use crate::control::limits::InflightPermit;
-use crate::control::stats::{Protocol, RequestRecord};
+use crate::control::stats::{Protocol, RequestRecord, RequestVerb};
 use crate::error::{ApiError, FieldError};
 use crate::objects::patch::{PatchBody, PatchKind};
 use crate::objects::selectors::{FieldSelector, LabelSelector, ObjectFilter};
@@ -92,7 +93,7 @@ fn error_response(e: &ApiError) -> Response<SimBody> {
 
 /// What the request log and the stats need to know about a request.
 struct Accounting {
-    verb: String,
+    verb: RequestVerb,
     resource: String,
     namespace: Option<String>,
     name: Option<String>,
@@ -114,7 +115,7 @@ impl Accounting {
                         .and_then(|f| f.exact("metadata.name").map(str::to_string))
                 });
                 Accounting {
-                    verb: rr.verb.to_string(),
+                    verb: RequestVerb::Api(rr.verb),
                     resource: rr.resource_key(),
                     namespace: rr.namespace.clone(),
                     name,
@@ -130,16 +131,8 @@ impl Accounting {
     }
 
     fn plain(method: &Method, path: &str) -> Accounting {
-        let verb = match *method {
-            Method::GET | Method::HEAD => "get",
-            Method::POST => "create",
-            Method::PUT => "update",
-            Method::PATCH => "patch",
-            Method::DELETE => "delete",
-            _ => "other",
-        };
         Accounting {
-            verb: verb.to_string(),
+            verb: RequestVerb::for_method(method),
             resource: path.to_string(),
             namespace: None,
             name: None,
@@ -231,7 +224,7 @@ async fn respond(
             )));
         }
     };
-    let delay = shared.latency_for(&acct.verb);
+    let delay = shared.latency_for(latency_verb(&acct.verb, &parts.method));
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
@@ -284,6 +277,19 @@ async fn respond(
     counted(resp)
 }
 
+/// The verb whose latency applies: a resource request's own, or for other requests
+/// the verb their method would have on a resource (a discovery GET is a `get`).
+fn latency_verb(verb: &RequestVerb, method: &Method) -> Option<Verb> {
+    verb.api().or(match *method {
+        Method::GET | Method::HEAD => Some(Verb::Get),
+        Method::POST => Some(Verb::Create),
+        Method::PUT => Some(Verb::Update),
+        Method::PATCH => Some(Verb::Patch),
+        Method::DELETE => Some(Verb::Delete),
+        _ => None,
+    })
+}
+
 fn with_permit(resp: Response<SimBody>, permit: InflightPermit) -> Response<SimBody> {
     let (p, b) = resp.into_parts();
     Response::from_parts(p, b.holding(Some(permit)))
@@ -297,7 +303,7 @@ fn authorize(
 ) -> Result<(), ApiError> {
     let def = rr.id.def();
     let attrs = Attributes {
-        verb: rr.verb.to_string(),
+        verb: AccessVerb::Api(rr.verb),
         group: def.group.to_string(),
         resource: def.name.to_string(),
         subresource: rr.subresource.clone().unwrap_or_default(),
@@ -322,14 +328,10 @@ fn non_resource(
     method: &Method,
     path: &str,
 ) -> Result<Reply, ApiError> {
-    let verb = method.as_str().to_ascii_lowercase();
-    let attrs = Attributes {
-        verb: verb.clone(),
-        path: Some(path.to_string()),
-        ..Attributes::default()
-    };
+    let verb = RequestVerb::for_method(method);
+    let attrs = Attributes::non_resource(AccessVerb::parse(verb.as_str()), path);
     if !shared.authorizer.authorize(user, &attrs).allowed {
-        return Err(ApiError::forbidden_path(&user.name, &verb, path));
+        return Err(ApiError::forbidden_path(&user.name, verb.as_str(), path));
     }
     if *method != Method::GET && *method != Method::HEAD {
         return Err(ApiError::method_not_allowed(format!(
@@ -515,7 +517,7 @@ async fn resource(
             .map(|v| Reply::json(201, &v));
     }
     match rr.verb {
-        "get" => {
+        Verb::Get => {
             let obj = shared
                 .store
                 .get(rr.id, &key_for(rr))
@@ -525,9 +527,9 @@ async fn resource(
                 None => Reply::json(200, &obj),
             })
         }
-        "list" => list(shared, rr, table),
-        "watch" => watch(shared, rr, table),
-        "create" => {
+        Verb::List => list(shared, rr, table),
+        Verb::Watch => watch(shared, rr, table),
+        Verb::Create => {
             let body = read_body(body).await?;
             let mut obj = decode_object(content_type.as_deref(), &body)?;
             check_kind(def, &obj)?;
@@ -535,7 +537,7 @@ async fn resource(
             let stored = shared.store.create(rr.id, obj, write_options(rr)?)?;
             Ok(Reply::json(201, &stored))
         }
-        "update" => {
+        Verb::Update => {
             let body = read_body(body).await?;
             let mut obj = decode_object(content_type.as_deref(), &body)?;
             check_kind(def, &obj)?;
@@ -560,7 +562,7 @@ async fn resource(
                     .update(rr.id, key_for(rr), obj, target, write_options(rr)?)?;
             Ok(Reply::json(200, &stored))
         }
-        "patch" => {
+        Verb::Patch => {
             let kind = PatchKind::from_content_type(content_type.as_deref().unwrap_or(""))?;
             if kind == PatchKind::Apply && rr.param("fieldManager").is_none_or(str::is_empty) {
                 return Err(ApiError::invalid_params(
@@ -584,7 +586,7 @@ async fn resource(
                     .patch(rr.id, key_for(rr), &patch, target, write_options(rr)?)?;
             Ok(Reply::json(if created { 201 } else { 200 }, &stored))
         }
-        "delete" => {
+        Verb::Delete => {
             let body = read_body(body).await?;
             let opts: Value = if body.iter().all(u8::is_ascii_whitespace) {
                 json!({})
@@ -629,7 +631,7 @@ async fn resource(
                 }),
             ))
         }
-        "deletecollection" => {
+        Verb::DeleteCollection => {
             let filter = build_filter(rr)?;
             let gone = shared
                 .store
@@ -645,9 +647,6 @@ async fn resource(
                 body: list_json(def, &page),
             })
         }
-        other => Err(ApiError::method_not_allowed(format!(
-            "verb {other} is not supported"
-        ))),
     }
 }
 

@@ -7,16 +7,52 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use kube_common::Verb;
 use serde_json::{Value, json};
 
 use crate::auth::users::{MASTERS_GROUP, UserInfo};
 use crate::storage::store::Store;
 
+/// The verb an authorization question is about. A request asks about its API verb
+/// (for a non-resource URL: its lower-cased HTTP method); an access review may ask
+/// about any verb an RBAC rule can name (`use`, `bind`, `escalate`, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessVerb {
+    /// A verb of the API.
+    Api(Verb),
+    /// Any other word, as the review or the HTTP method spelled it.
+    Named(String),
+}
+
+impl AccessVerb {
+    /// The API verb `word` names, else the word itself.
+    pub fn parse(word: &str) -> AccessVerb {
+        match word.parse::<Verb>() {
+            Ok(verb) => AccessVerb::Api(verb),
+            Err(_) => AccessVerb::Named(word.to_string()),
+        }
+    }
+
+    /// The word RBAC rules are matched against.
+    pub fn as_str(&self) -> &str {
+        match self {
+            AccessVerb::Api(verb) => verb.as_str(),
+            AccessVerb::Named(word) => word,
+        }
+    }
+}
+
+impl From<Verb> for AccessVerb {
+    fn from(verb: Verb) -> Self {
+        AccessVerb::Api(verb)
+    }
+}
+
 /// What is being asked for.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Attributes {
-    /// Kubernetes verb (`get`, `list`, `watch`, `create`, ...).
-    pub verb: String,
+    /// The verb (`get`, `list`, `watch`, `create`, ...).
+    pub verb: AccessVerb,
     /// API group.
     pub group: String,
     /// Resource (plural).
@@ -29,6 +65,21 @@ pub struct Attributes {
     pub name: String,
     /// For non-resource requests: the URL path.
     pub path: Option<String>,
+}
+
+impl Attributes {
+    /// A question about a non-resource URL (`/version`, `/metrics`, ...).
+    pub fn non_resource(verb: AccessVerb, path: impl Into<String>) -> Attributes {
+        Attributes {
+            verb,
+            group: String::new(),
+            resource: String::new(),
+            subresource: String::new(),
+            namespace: String::new(),
+            name: String::new(),
+            path: Some(path.into()),
+        }
+    }
 }
 
 /// An authorization decision.
@@ -76,7 +127,7 @@ impl Rule {
     }
 
     fn allows(&self, a: &Attributes) -> bool {
-        if !contains_or_star(&self.verbs, &a.verb) {
+        if !contains_or_star(&self.verbs, a.verb.as_str()) {
             return false;
         }
         if let Some(path) = &a.path {
@@ -359,12 +410,15 @@ pub(crate) fn forbidden_reason(user: &str, a: &Attributes) -> String {
     if a.namespace.is_empty() {
         format!(
             "User {user:?} cannot {} resource {resource:?} in API group {:?} at the cluster scope",
-            a.verb, a.group
+            a.verb.as_str(),
+            a.group
         )
     } else {
         format!(
             "User {user:?} cannot {} resource {resource:?} in API group {:?} in the namespace {:?}",
-            a.verb, a.group, a.namespace
+            a.verb.as_str(),
+            a.group,
+            a.namespace
         )
     }
 }

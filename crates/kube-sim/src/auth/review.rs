@@ -8,7 +8,7 @@
 
 use serde_json::{Value, json};
 
-use crate::auth::rbac::{Attributes, Authorizer};
+use crate::auth::rbac::{AccessVerb, Attributes, Authorizer};
 use crate::auth::users::UserInfo;
 use crate::error::{ApiError, FieldError};
 use crate::resources::ResourceDef;
@@ -22,7 +22,7 @@ fn attributes(spec: &Value) -> Result<Attributes, Vec<FieldError>> {
     let na = spec.get("nonResourceAttributes").filter(|v| !v.is_null());
     match (ra, na) {
         (Some(ra), None) => Ok(Attributes {
-            verb: s(ra, "verb"),
+            verb: AccessVerb::parse(&s(ra, "verb")),
             group: s(ra, "group"),
             resource: s(ra, "resource"),
             subresource: s(ra, "subresource"),
@@ -30,11 +30,10 @@ fn attributes(spec: &Value) -> Result<Attributes, Vec<FieldError>> {
             name: s(ra, "name"),
             path: None,
         }),
-        (None, Some(na)) => Ok(Attributes {
-            verb: s(na, "verb"),
-            path: Some(s(na, "path")),
-            ..Attributes::default()
-        }),
+        (None, Some(na)) => Ok(Attributes::non_resource(
+            AccessVerb::parse(&s(na, "verb")),
+            s(na, "path"),
+        )),
         _ => Err(vec![FieldError::invalid(
             "spec.resourceAttributes",
             "",

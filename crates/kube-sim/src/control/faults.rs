@@ -9,12 +9,16 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::control::stats::Stats;
+use crate::control::stats::{RequestVerb, Stats};
 use crate::error::ApiError;
 use crate::storage::store::Store;
 
 /// Fail the next `count` requests matching `verb` and `resource` (and, if set,
 /// `namespace` and `name`) with HTTP status `code`. `"*"` matches any verb or resource.
+///
+/// `verb` is a pattern, not a [`kube_common::Verb`]: `"*"`, or the word a request is
+/// logged under ([`crate::RequestRecord::verb`]), so that a rule can also fail a
+/// discovery `get`. The admin API refuses words that are neither.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FailRule {
     /// Verb to match (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`) or `*`.
@@ -53,12 +57,12 @@ impl FailRule {
 
     fn matches(
         &self,
-        verb: &str,
+        verb: &RequestVerb,
         resource: &str,
         namespace: Option<&str>,
         name: Option<&str>,
     ) -> bool {
-        (self.verb == "*" || self.verb == verb)
+        (self.verb == "*" || *verb == *self.verb)
             && (self.resource == "*" || self.resource == resource)
             && self
                 .namespace
@@ -136,7 +140,7 @@ impl Faults {
     /// Consumes one matching fail rule, returning the error to answer with.
     pub(crate) fn take_failure(
         &self,
-        verb: &str,
+        verb: &RequestVerb,
         resource: &str,
         namespace: Option<&str>,
         name: Option<&str>,

@@ -150,7 +150,6 @@ pub(crate) async fn serve(
     req: Request<Incoming>,
     protocol: Protocol,
 ) -> Response<SimBody> {
-    shared.faults.wait_while_hanging().await;
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
     tracing::trace!(
@@ -170,6 +169,9 @@ pub(crate) async fn serve(
             .and_then(|v| v.to_str().ok()),
     );
     shared.stats.count_request(&acct.verb, &acct.resource);
+    // A `Hang` outage holds requests after they arrived (and were counted): the
+    // server has them but does not answer.
+    shared.faults.wait_while_hanging().await;
 
     let (response, code) = respond(&shared, &parts, body, target, &acct, user.as_deref()).await;
     shared.stats.count_response(code);
@@ -238,7 +240,7 @@ async fn respond(
     }
     let reply = match &target {
         Target::NonResource { path } => non_resource(shared, user, &parts.method, path),
-        Target::Resource(rr) => match authorize(shared, user, rr, acct) {
+        Target::Resource(rr) => match authorize(shared, user, rr) {
             Err(e) => Err(e),
             Ok(()) => resource(shared, parts, body, rr, user).await,
         },
@@ -295,21 +297,37 @@ fn with_permit(resp: Response<SimBody>, permit: InflightPermit) -> Response<SimB
     Response::from_parts(p, b.holding(Some(permit)))
 }
 
-fn authorize(
-    shared: &Shared,
-    user: &UserInfo,
-    rr: &ResourceRequest,
-    acct: &Accounting,
-) -> Result<(), ApiError> {
+/// The name kube-apiserver's request info gives a request, which both RBAC's
+/// `resourceNames` and a 403's message use: the URL's, or for a list or watch the
+/// value of an exact `metadata.name` field selector (when it could be a name).
+fn request_name(rr: &ResourceRequest) -> Option<String> {
+    match rr.verb {
+        Verb::List | Verb::Watch => rr
+            .param("fieldSelector")
+            .and_then(|f| FieldSelector::parse(f).ok())
+            .and_then(|f| f.exact("metadata.name").map(str::to_string))
+            .filter(|name| crate::objects::validation::path_segment_name(name).is_ok()),
+        _ => rr.name.clone(),
+    }
+}
+
+fn authorize(shared: &Shared, user: &UserInfo, rr: &ResourceRequest) -> Result<(), ApiError> {
     let def = rr.id.def();
+    let name = request_name(rr).unwrap_or_default();
+    // A namespace's own URL (`/api/v1/namespaces/{name}`) is, to RBAC, a request in
+    // that namespace: Roles there may grant access to it.
+    let namespace = match &rr.namespace {
+        Some(ns) => ns.clone(),
+        None if rr.id == crate::resources::NAMESPACES => name.clone(),
+        None => String::new(),
+    };
     let attrs = Attributes {
         verb: AccessVerb::Api(rr.verb),
         group: def.group.to_string(),
         resource: def.name.to_string(),
         subresource: rr.subresource.clone().unwrap_or_default(),
-        namespace: rr.namespace.clone().unwrap_or_default(),
-        // For list and watch, a metadata.name field selector supplies the name.
-        name: acct.name.clone().unwrap_or_default(),
+        namespace,
+        name,
         path: None,
     };
     if shared.authorizer.authorize(user, &attrs).allowed {
@@ -317,7 +335,7 @@ fn authorize(
     }
     Err(ApiError::forbidden(
         def,
-        rr.name.as_deref().unwrap_or(""),
+        &attrs.name,
         &forbidden_reason(&user.name, &attrs),
     ))
 }
@@ -713,7 +731,7 @@ fn list(
         errs.push(FieldError::not_supported(
             "resourceVersionMatch",
             Some(m.to_string()),
-            "supported values: \"Exact\", \"NotOlderThan\"",
+            "supported values: \"Exact\", \"NotOlderThan\", \"\"",
         ));
     }
     if rvm == Some("Exact") && rv == Some("0") {
@@ -725,12 +743,14 @@ fn list(
     if !errs.is_empty() {
         return Err(ApiError::invalid_params("ListOptions", &errs));
     }
+    // kube-apiserver reads a zero or negative limit as no limit.
     let limit = match rr.param("limit").filter(|s| !s.is_empty()) {
-        Some(l) => Some(l.parse::<usize>().map_err(|_| {
-            ApiError::bad_request(format!(
-                "invalid limit {l:?}: must be a non-negative integer"
-            ))
-        })?),
+        Some(l) => {
+            let n = l.parse::<i64>().map_err(|_| {
+                ApiError::bad_request(format!("invalid limit {l:?}: must be an integer"))
+            })?;
+            usize::try_from(n).ok().filter(|n| *n > 0)
+        }
         None => None,
     };
     let cont = cont.map(ContinueToken::decode).transpose()?;
@@ -782,12 +802,6 @@ fn watch(
                 errs.push(FieldError::forbidden(
                     "resourceVersionMatch",
                     "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-                ));
-            }
-            if !bookmarks {
-                errs.push(FieldError::forbidden(
-                    "allowWatchBookmarks",
-                    "allowWatchBookmarks must be set to true when sendInitialEvents is set",
                 ));
             }
         }

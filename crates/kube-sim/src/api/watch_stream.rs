@@ -75,7 +75,7 @@ fn rv_of(v: &Value) -> u64 {
 
 /// A BOOKMARK event line.
 pub(crate) fn bookmark_line(def: &ResourceDef, rv: u64, initial_end: bool) -> Bytes {
-    let mut meta = json!({ "resourceVersion": rv.to_string(), "creationTimestamp": null });
+    let mut meta = json!({ "resourceVersion": rv.to_string() });
     if initial_end {
         meta["annotations"] = json!({ INITIAL_EVENTS_END: "true" });
     }
@@ -150,12 +150,14 @@ impl WatchState {
             };
             return self.counted(line);
         }
+        // The initial events are out: a streaming list leaves the in-flight count.
+        self.permit.take();
         if self.opts.initial_events_end {
             self.opts.initial_events_end = false;
-            let line = self.bookmark(self.sub.start_rv, true);
-            // The streaming list is complete: the request leaves the in-flight count.
-            self.permit.take();
-            return Some(line);
+            // Announced only to a client that allows bookmarks, as kube-apiserver does.
+            if self.opts.bookmarks {
+                return Some(self.bookmark(self.sub.start_rv, true));
+            }
         }
         loop {
             if let Some(rv) = self.pending_bookmark {

@@ -178,10 +178,15 @@ impl Rule {
     }
 }
 
-/// The rules of one role as granted by one binding.
+/// The rules of one role as one binding grants them to one of its subjects.
 struct Grant {
-    /// `RoleBinding "ns/name" of Role "x"`, for decision reasons.
+    /// `RoleBinding "name/namespace" of Role "x" to ServiceAccount "sa/namespace"`,
+    /// as kube-apiserver names the grant in a decision's reason.
     source: String,
+    /// Where kube-apiserver's authorizer meets this grant: cluster bindings before
+    /// namespaced ones, bindings in name order, subjects in list order. The first
+    /// grant that allows a request is the one its reason names.
+    order: (bool, usize, usize),
     rules: Arc<Vec<Rule>>,
 }
 
@@ -198,7 +203,9 @@ struct RbacIndex {
     namespaced: HashMap<String, HashMap<Subject, Vec<Arc<Grant>>>>,
 }
 
-fn subjects_of(binding: &Value, binding_ns: &str) -> Vec<Subject> {
+/// A binding's subjects, each with how a decision's reason describes it
+/// (`User "alice"`, `Group "g"`, `ServiceAccount "name/namespace"`).
+fn subjects_of(binding: &Value, binding_ns: &str) -> Vec<(Subject, String)> {
     let Some(list) = binding.get("subjects").and_then(Value::as_array) else {
         return Vec::new();
     };
@@ -206,15 +213,18 @@ fn subjects_of(binding: &Value, binding_ns: &str) -> Vec<Subject> {
         .filter_map(|s| {
             let name = s.get("name").and_then(Value::as_str)?;
             match s.get("kind").and_then(Value::as_str)? {
-                "User" => Some(Subject::User(name.to_string())),
-                "Group" => Some(Subject::Group(name.to_string())),
+                "User" => Some((Subject::User(name.to_string()), format!("User {name:?}"))),
+                "Group" => Some((Subject::Group(name.to_string()), format!("Group {name:?}"))),
                 "ServiceAccount" => {
                     let ns = s
                         .get("namespace")
                         .and_then(Value::as_str)
                         .filter(|n| !n.is_empty())
                         .unwrap_or(binding_ns);
-                    Some(Subject::User(format!("system:serviceaccount:{ns}:{name}")))
+                    Some((
+                        Subject::User(format!("system:serviceaccount:{ns}:{name}")),
+                        format!("ServiceAccount {:?}", format!("{name}/{ns}")),
+                    ))
                 }
                 _ => None,
             }
@@ -252,7 +262,7 @@ impl RbacIndex {
             generation: objs.generation,
             ..RbacIndex::default()
         };
-        for b in &objs.cluster_role_bindings {
+        for (position, b) in objs.cluster_role_bindings.iter().enumerate() {
             let role_name = b
                 .pointer("/roleRef/name")
                 .and_then(Value::as_str)
@@ -260,18 +270,19 @@ impl RbacIndex {
             let Some(rules) = cluster_roles.get(role_name) else {
                 continue;
             };
-            let grant = Arc::new(Grant {
-                source: format!(
-                    "ClusterRoleBinding {:?} of ClusterRole {role_name:?}",
-                    meta(b, "name")
-                ),
-                rules: rules.clone(),
-            });
-            for s in subjects_of(b, "") {
-                index.cluster.entry(s).or_default().push(grant.clone());
+            for (nth, (subject, described)) in subjects_of(b, "").into_iter().enumerate() {
+                let grant = Arc::new(Grant {
+                    source: format!(
+                        "ClusterRoleBinding {:?} of ClusterRole {role_name:?} to {described}",
+                        meta(b, "name")
+                    ),
+                    order: (false, position, nth),
+                    rules: rules.clone(),
+                });
+                index.cluster.entry(subject).or_default().push(grant);
             }
         }
-        for b in &objs.role_bindings {
+        for (position, b) in objs.role_bindings.iter().enumerate() {
             let ns = meta(b, "namespace");
             let kind = b
                 .pointer("/roleRef/kind")
@@ -287,37 +298,38 @@ impl RbacIndex {
                 _ => None,
             };
             let Some(rules) = rules else { continue };
-            let grant = Arc::new(Grant {
-                source: format!(
-                    "RoleBinding \"{ns}/{}\" of {kind} {role_name:?}",
-                    meta(b, "name")
-                ),
-                rules: rules.clone(),
-            });
             let by_subject = index.namespaced.entry(ns.to_string()).or_default();
-            for s in subjects_of(b, ns) {
-                by_subject.entry(s).or_default().push(grant.clone());
+            for (nth, (subject, described)) in subjects_of(b, ns).into_iter().enumerate() {
+                let grant = Arc::new(Grant {
+                    source: format!(
+                        "RoleBinding {:?} of {kind} {role_name:?} to {described}",
+                        format!("{}/{ns}", meta(b, "name"))
+                    ),
+                    order: (true, position, nth),
+                    rules: rules.clone(),
+                });
+                by_subject.entry(subject).or_default().push(grant);
             }
         }
         index
     }
 
-    fn grants<'a>(
-        &'a self,
-        user: &'a UserInfo,
-        namespace: &'a str,
-    ) -> impl Iterator<Item = &'a Arc<Grant>> + 'a {
+    /// The grants that apply to `user` in `namespace`, in the authorizer's order.
+    fn grants<'a>(&'a self, user: &UserInfo, namespace: &str) -> Vec<&'a Arc<Grant>> {
         let subjects = std::iter::once(Subject::User(user.name.clone()))
             .chain(user.groups.iter().map(|g| Subject::Group(g.clone())));
-        subjects.flat_map(move |s| {
-            let cluster = self.cluster.get(&s).into_iter().flatten();
-            let local = if namespace.is_empty() {
-                None
-            } else {
-                self.namespaced.get(namespace).and_then(|m| m.get(&s))
-            };
-            cluster.chain(local.into_iter().flatten())
-        })
+        let local = (!namespace.is_empty())
+            .then(|| self.namespaced.get(namespace))
+            .flatten();
+        let mut found: Vec<&Arc<Grant>> = subjects
+            .flat_map(|s| {
+                let cluster = self.cluster.get(&s).into_iter().flatten();
+                let local = local.and_then(|m| m.get(&s)).into_iter().flatten();
+                cluster.chain(local)
+            })
+            .collect();
+        found.sort_by_key(|grant| grant.order);
+        found
     }
 }
 

@@ -28,6 +28,15 @@
 
 use std::time::{Duration, Instant};
 
+/// Marks an HTTP request as a retry of one that failed, so that the transport below can
+/// count retries apart from first attempts.
+///
+/// Whoever retries puts it in the request's extensions
+/// (`request.extensions_mut().insert(Retry)`); kube-h2's request accounting reads it.
+/// Retries are made where they can be logged and counted, never silently underneath.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retry;
+
 /// How delays between retries grow.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BackoffPolicy {

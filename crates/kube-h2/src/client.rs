@@ -1,16 +1,18 @@
-//! Building the `kube::Client`: kube's middleware (base URI, retries, auth, extra
-//! headers) on top of the pooled transport.
+//! Building the `kube::Client`: kube's middleware (base URI, auth, extra headers) on top
+//! of the pooled transport. Deliberately without kube's retry layer: a request the
+//! server refused (429, 5xx) is retried by the caller, where it is counted and logged.
 
 use std::sync::{Arc, Weak};
 
-use kube::client::{ConfigExt, retry::RetryPolicy};
-use tower::{BoxError, ServiceBuilder, retry::RetryLayer};
+use kube::client::ConfigExt;
+use tower::{BoxError, ServiceBuilder};
 
 use crate::{
+    accounting::{Accounting, RequestStats},
     connection::Keepalive,
     error::Error,
     http1,
-    options::ClientOptions,
+    options::{ClientOptions, DEFAULT_USER_AGENT},
     pool::{Pool, PoolConfig},
     service::{Dispatcher, PoolService},
     stats::{ConnectionInfo, Counters, PoolStats},
@@ -61,6 +63,7 @@ impl std::fmt::Debug for PooledClient {
 #[derive(Clone)]
 pub struct PoolHandle {
     counters: Arc<Counters>,
+    accounting: Arc<Accounting>,
     pool: Weak<Pool>,
 }
 
@@ -68,6 +71,12 @@ impl PoolHandle {
     /// The pool's counters now.
     pub fn stats(&self) -> PoolStats {
         self.counters.snapshot()
+    }
+
+    /// Every request sent so far, by resource, verb and HTTP status, and the retries
+    /// among them. Cheap enough to call on every metrics scrape.
+    pub fn requests(&self) -> RequestStats {
+        self.accounting.snapshot()
     }
 
     /// The HTTP/2 connections in the pool now, in opening order.
@@ -89,10 +98,12 @@ impl std::fmt::Debug for PoolHandle {
 
 /// Builds a `kube::Client` whose requests share a pool of HTTP/2 connections.
 ///
-/// The service stack mirrors kube's default one, minus its HTTP/1.1-only connector:
-/// base URI, kube's server-aware retry policy (if `config.default_retry`), the auth layer
-/// (bearer token, refreshing token file, exec plugin, basic auth), extra and
-/// impersonation headers, then the pooled transport. TLS uses
+/// The service stack mirrors kube's default one, minus its HTTP/1.1-only connector and
+/// its retry layer: base URI, the auth layer (bearer token, refreshing token file, exec
+/// plugin, basic auth), extra and impersonation headers, then the pooled transport,
+/// which sets `User-Agent` and counts every outcome ([`PoolHandle::requests`]).
+/// `config.default_retry` is ignored: kube's retry layer would repeat 429s and 5xx
+/// below every counter and log; callers retry with their own backoff instead. TLS uses
 /// `config.rustls_client_config()` (CA, client certificate, `accept_invalid_certs`,
 /// rotating CA file), with ALPN set from [`ClientOptions::protocol`].
 ///
@@ -117,7 +128,11 @@ pub fn build_client(config: kube::Config, options: ClientOptions) -> Result<Pool
         config.tls_server_name.as_deref(),
         options.connect_timeout.or(config.connect_timeout),
     )?);
+    let user_agent = options.user_agent.as_deref().unwrap_or(DEFAULT_USER_AGENT);
+    let user_agent = http::HeaderValue::from_str(user_agent)
+        .map_err(|_| Error::InvalidUserAgent(user_agent.to_owned()))?;
     let counters = Arc::new(Counters::default());
+    let accounting = Arc::new(Accounting::new(options.observer.clone()));
     let pool = Arc::new(Pool::new(PoolConfig {
         connector: connector.clone(),
         protocol: options.protocol,
@@ -135,16 +150,14 @@ pub fn build_client(config: kube::Config, options: ClientOptions) -> Result<Pool
         protocol: options.protocol,
         response_headers_timeout: options.response_headers_timeout.or(config.read_timeout),
         counters: counters.clone(),
+        accounting: accounting.clone(),
+        user_agent,
     };
 
     let auth = config.auth_layer().map_err(Error::Auth)?;
     let extra_headers = config.extra_headers_layer().map_err(Error::Headers)?;
-    let retry = config
-        .default_retry
-        .then(|| RetryLayer::new(RetryPolicy::server_retry()));
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
-        .option_layer(retry)
         .option_layer(auth)
         .layer(extra_headers)
         .map_err(BoxError::from)
@@ -156,6 +169,7 @@ pub fn build_client(config: kube::Config, options: ClientOptions) -> Result<Pool
         client,
         pool: PoolHandle {
             counters,
+            accounting,
             pool: Arc::downgrade(&pool),
         },
     })

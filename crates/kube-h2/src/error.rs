@@ -118,6 +118,10 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// [`ClientOptions::user_agent`](crate::ClientOptions::user_agent) cannot be sent
+    /// as an HTTP header value.
+    #[error("user agent {0:?} is not a valid HTTP header value")]
+    InvalidUserAgent(String),
     /// Reading the request body (supplied by kube) failed.
     #[error("reading the request body failed: {0}")]
     RequestBody(#[source] tower::BoxError),

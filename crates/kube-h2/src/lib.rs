@@ -61,6 +61,14 @@
 //!   `kube::Error::Service` and errors while reading a watch in an `std::io::Error`
 //!   (`kube::Error::ReadEvents`); both can be downcast to [`Error`] along the source
 //!   chain.
+//! - **Every request is counted** ([`PoolHandle::requests`]): by resource and verb, read
+//!   from the method and path as kube-apiserver's request-info reads them, and by HTTP
+//!   status (429s included; `None` when no response came), with retries apart (requests
+//!   marked [`kube_common::backoff::Retry`] by whoever retried). An optional
+//!   [`RequestObserver`] sees each outcome with its `Retry-After`. kube's own retry layer
+//!   is *not* installed: it would repeat 429s and 5xx below every counter and log.
+//! - **`User-Agent: certwatch/<version>`** on every request that sets none
+//!   ([`ClientOptions::user_agent`]), so the API server's audit log names the client.
 //! - **One crypto back-end.** [`build_client`] installs rustls's ring provider as the
 //!   process default if none is installed, so kube's TLS setup never panics for want of
 //!   one.
@@ -78,10 +86,12 @@
 //!
 //! # Locks
 //!
-//! Two kinds of `std::sync::Mutex`, never held across an `.await`: the pool's table of
-//! origins (lookup/insert only), and one per origin guarding its connection list, slot
-//! counts and connect bookkeeping. Statistics are atomics.
+//! Three kinds of `std::sync::Mutex`, never held across an `.await`: the pool's table of
+//! origins (lookup/insert only), one per origin guarding its connection list, slot
+//! counts and connect bookkeeping, and the request accounting's counts (one map update
+//! per request). Pool statistics are atomics.
 
+mod accounting;
 mod body;
 mod client;
 mod connection;
@@ -93,7 +103,10 @@ mod service;
 mod stats;
 mod transport;
 
+pub use accounting::{RequestObserver, RequestStats, ResponseCount, ResponseRecord, RetryCount};
 pub use client::{PoolHandle, PooledClient, build_client};
 pub use error::{ConnectError, Error};
-pub use options::{ClientOptions, DEFAULT_MAX_STREAMS_PER_CONNECTION, Protocol};
+pub use options::{
+    ClientOptions, DEFAULT_MAX_STREAMS_PER_CONNECTION, DEFAULT_USER_AGENT, Protocol,
+};
 pub use stats::{ConnectionInfo, PoolStats};

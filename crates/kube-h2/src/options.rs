@@ -1,6 +1,10 @@
 //! Options that shape the connection pool underneath the kube client.
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::accounting::RequestObserver;
 
 /// Which HTTP versions the client may speak to the API server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -26,13 +30,17 @@ pub enum Protocol {
 /// pool spreading load over several connections even where a server advertises more.
 pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: u32 = 100;
 
+/// `User-Agent` of every request that does not set its own: `certwatch/<version>`, so
+/// that the API server's audit log and metrics can tell certwatch apart.
+pub const DEFAULT_USER_AGENT: &str = concat!("certwatch/", env!("CARGO_PKG_VERSION"));
+
 /// Tuning for [`build_client`](crate::build_client).
 ///
 /// `ClientOptions::default()` is the setting for talking to a Kubernetes API server:
 /// HTTP/2 where offered, at most 100 streams per connection (fewer if the server says
 /// so), keep-alive pings every 30 s that drop a connection whose peer stopped answering,
 /// and no deadline on response bodies, so idle watches live until the server ends them.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct ClientOptions {
     /// Which HTTP versions to speak.
@@ -60,6 +68,33 @@ pub struct ClientOptions {
     /// How many HTTP/2 connections per origin may stay open with no stream on them.
     /// Connections beyond this are closed as soon as their last stream ends.
     pub max_idle_connections_per_origin: usize,
+    /// `User-Agent` of requests that set none. `None` means [`DEFAULT_USER_AGENT`].
+    pub user_agent: Option<String>,
+    /// Told about every response (see [`RequestObserver`]); counting happens whether
+    /// or not one is set ([`PoolHandle::requests`](crate::PoolHandle::requests)).
+    pub observer: Option<Arc<dyn RequestObserver>>,
+}
+
+impl fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("protocol", &self.protocol)
+            .field(
+                "max_streams_per_connection",
+                &self.max_streams_per_connection,
+            )
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_headers_timeout", &self.response_headers_timeout)
+            .field("keepalive_interval", &self.keepalive_interval)
+            .field("keepalive_timeout", &self.keepalive_timeout)
+            .field(
+                "max_idle_connections_per_origin",
+                &self.max_idle_connections_per_origin,
+            )
+            .field("user_agent", &self.user_agent)
+            .field("observer", &self.observer.is_some())
+            .finish()
+    }
 }
 
 impl Default for ClientOptions {
@@ -72,6 +107,8 @@ impl Default for ClientOptions {
             keepalive_interval: Some(Duration::from_secs(30)),
             keepalive_timeout: Duration::from_secs(15),
             max_idle_connections_per_origin: 1,
+            user_agent: None,
+            observer: None,
         }
     }
 }
@@ -111,6 +148,18 @@ impl ClientOptions {
     /// Sets [`max_idle_connections_per_origin`](Self::max_idle_connections_per_origin).
     pub fn max_idle_connections_per_origin(mut self, max: usize) -> Self {
         self.max_idle_connections_per_origin = max;
+        self
+    }
+
+    /// Sets [`user_agent`](Self::user_agent).
+    pub fn user_agent(mut self, user_agent: impl Into<String>) -> Self {
+        self.user_agent = Some(user_agent.into());
+        self
+    }
+
+    /// Sets [`observer`](Self::observer).
+    pub fn observer(mut self, observer: Arc<dyn RequestObserver>) -> Self {
+        self.observer = Some(observer);
         self
     }
 

@@ -15,6 +15,7 @@ use http_body_util::{BodyExt, Full};
 use tracing::{Instrument, field::Empty};
 
 use crate::{
+    accounting::{Accounting, RequestTarget, ResponseRecord, retry_after},
     body::{ResponseBody, h2_error},
     error::Error,
     http1::{self, Http1Client},
@@ -45,6 +46,10 @@ pub(crate) struct Dispatcher {
     pub(crate) protocol: Protocol,
     pub(crate) response_headers_timeout: Option<Duration>,
     pub(crate) counters: Arc<Counters>,
+    /// Counts every outcome by resource, verb and status.
+    pub(crate) accounting: Arc<Accounting>,
+    /// `User-Agent` of requests that do not set one.
+    pub(crate) user_agent: http::HeaderValue,
 }
 
 /// The innermost service of the kube client's stack.
@@ -121,7 +126,43 @@ enum AttemptFailed {
 }
 
 impl Dispatcher {
+    /// Sends the request and counts its outcome.
     async fn send(
+        &self,
+        mut request: Request<kube::client::Body>,
+    ) -> Result<Response<ResponseBody>, Error> {
+        if !request.headers().contains_key(header::USER_AGENT) {
+            request
+                .headers_mut()
+                .insert(header::USER_AGENT, self.user_agent.clone());
+        }
+        let retry = request
+            .extensions()
+            .get::<kube_common::backoff::Retry>()
+            .is_some();
+        // Kept for counting after the request is consumed (both clones are cheap: a
+        // URI shares its bytes).
+        let (method, uri) = (request.method().clone(), request.uri().clone());
+        let result = self.send_uncounted(request).await;
+        let target = RequestTarget::of(&method, &uri);
+        let (code, retry_after) = match &result {
+            Ok(response) => (
+                Some(response.status().as_u16()),
+                retry_after(response.headers()),
+            ),
+            Err(_) => (None, None),
+        };
+        self.accounting.record(&ResponseRecord {
+            resource: &target.resource,
+            verb: target.verb,
+            code,
+            retry,
+            retry_after,
+        });
+        result
+    }
+
+    async fn send_uncounted(
         &self,
         request: Request<kube::client::Body>,
     ) -> Result<Response<ResponseBody>, Error> {

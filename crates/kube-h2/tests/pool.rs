@@ -491,6 +491,33 @@ async fn bearer_tokens_reach_the_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_carry_the_certwatch_user_agent() {
+    let server = TestServer::start(ServerOptions::default()).await;
+    let (_pooled, api) = client(&server, ClientOptions::default());
+    api.list(&ListParams::default()).await.unwrap();
+    let _watch = open_watch(api, "s".to_owned()).await;
+    assert_eq!(
+        server.state.user_agents(),
+        [format!("certwatch/{}", env!("CARGO_PKG_VERSION"))]
+    );
+    assert_eq!(kube_h2::DEFAULT_USER_AGENT, server.state.user_agents()[0]);
+
+    let (_pooled, api) = client(&server, ClientOptions::default().user_agent("router/4.18"));
+    api.list(&ListParams::default()).await.unwrap();
+    assert_eq!(server.state.user_agents()[1..], ["router/4.18".to_owned()]);
+
+    let error = build_client(
+        server.kube_config(),
+        ClientOptions::default().user_agent("bad\nagent"),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(error, kube_h2::Error::InvalidUserAgent(_)),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxies_are_refused_with_a_clear_error() {
     let mut config = kube::Config::new("https://kube.example:6443".parse().unwrap());
     config.proxy_url = Some("http://proxy.example:3128".parse().unwrap());

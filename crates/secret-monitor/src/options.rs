@@ -4,6 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube_common::backoff::BackoffPolicy;
+
 use crate::{MonitorError, ObjectKey};
 
 /// How a key's watch obtains the object's initial state.
@@ -51,7 +53,10 @@ pub struct MonitorOptions {
     /// connection failure) fails it. Permanent errors (401, 403, other 4xx) fail it at
     /// once.
     pub first_sync_attempts: u32,
-    /// Smallest delay between retries of a failed watch request.
+    /// The first delay before retrying a failed watch request; later ones double up to
+    /// [`backoff_max`](Self::backoff_max) (the project's policy,
+    /// [`kube_common::backoff`], with these bounds). A server's `Retry-After` is
+    /// honoured on top: no retry comes sooner.
     pub backoff_min: Duration,
     /// Largest delay between retries of a failed watch request.
     pub backoff_max: Duration,
@@ -69,7 +74,7 @@ impl Default for MonitorOptions {
             initial_list: InitialList::default(),
             max_concurrent_syncs: None,
             first_sync_attempts: 3,
-            backoff_min: Duration::from_millis(500),
+            backoff_min: BackoffPolicy::default().initial,
             backoff_max: Duration::from_secs(30),
             watch_timeout: None,
             observer: None,

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use backon::BackoffBuilder;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use kube::api::Api;
@@ -29,6 +28,7 @@ use crate::reconcile::{Reconciler, Step};
 use crate::registry::SyncDriver;
 use crate::{MonitorError, MonitorErrorKind, ObjectKey};
 use kube_common::Verb;
+use kube_common::backoff::{Backoff, BackoffPolicy};
 
 /// State shared by all watch tasks of one monitor.
 pub(crate) struct WatchContext {
@@ -66,8 +66,9 @@ impl WatchContext {
 enum Disposition {
     /// Retrying cannot help until someone changes something (RBAC, the request).
     Permanent,
-    /// Throttling, server errors, broken connections: retry after a backoff.
-    Transient,
+    /// Throttling, server errors, broken connections: retry after a backoff, and not
+    /// before the server's `Retry-After`, when it gave one.
+    Transient(Option<Duration>),
     /// `410 Gone`: the watcher re-lists on its own; no backoff needed.
     Resync,
     /// The server does not accept `sendInitialEvents`.
@@ -108,11 +109,12 @@ where
         }
     }
 
-    let mut backoff = new_backoff(&ctx.options);
+    // One sequence for the key's life: it starts over after a healthy period, not after
+    // every success, so a watch that opens and breaks at once keeps backing off.
+    let mut backoff = Backoff::new(backoff_policy(&ctx.options));
     loop {
         match watch.next(&reconciler).await {
             Ok(event) => {
-                backoff = new_backoff(&ctx.options);
                 if let Step::Changed { object, events } = reconciler.step(event) {
                     driver.publish(object, &events);
                 }
@@ -126,12 +128,17 @@ where
                     if let Some(observer) = &ctx.options.observer {
                         observer.watch_error(&key, &error);
                     }
-                    if disposition == Disposition::Resync {
-                        debug!(%key, "watch expired (410); re-listing");
-                        continue;
-                    }
-                    warn!(%key, %error, "watch failed; retrying");
-                    next_delay(&mut backoff, &ctx.options)
+                    let retry_after = match disposition {
+                        Disposition::Resync => {
+                            debug!(%key, "watch expired (410); re-listing");
+                            continue;
+                        }
+                        Disposition::Transient(retry_after) => retry_after,
+                        Disposition::Permanent | Disposition::StreamingRefused => None,
+                    };
+                    let delay = retry_delay(&mut backoff, retry_after);
+                    warn!(%key, %error, retry_in = ?delay, "watch failed; retrying");
+                    delay
                 };
                 Box::pin(tokio::time::sleep(delay)).await;
             }
@@ -182,7 +189,7 @@ async fn first_sync<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let mut backoff = new_backoff(&ctx.options);
+    let mut backoff = Backoff::new(backoff_policy(&ctx.options));
     let mut failures = 0;
     loop {
         let err = match watch.next(reconciler).await {
@@ -204,12 +211,14 @@ where
             }
             Disposition::Resync => {}
             Disposition::Permanent | Disposition::StreamingRefused => return Err(error),
-            Disposition::Transient => {
+            Disposition::Transient(retry_after) => {
                 failures += 1;
                 if failures >= ctx.options.first_sync_attempts.max(1) {
                     return Err(error);
                 }
-                tokio::time::sleep(next_delay(&mut backoff, &ctx.options)).await;
+                let delay = retry_delay(&mut backoff, retry_after);
+                debug!(key = %watch.key, %error, retry_in = ?delay, "first sync request failed; retrying");
+                tokio::time::sleep(delay).await;
             }
         }
     }
@@ -287,18 +296,21 @@ where
     watcher(api.clone(), config).boxed()
 }
 
-fn new_backoff(options: &MonitorOptions) -> backon::ExponentialBackoff {
-    backon::ExponentialBuilder::default()
-        .with_min_delay(options.backoff_min)
-        .with_max_delay(options.backoff_max)
-        .with_factor(2.0)
-        .with_jitter()
-        .without_max_times()
-        .build()
+/// The project's retry policy (client-go's reflector shape) within the configured
+/// bounds.
+fn backoff_policy(options: &MonitorOptions) -> BackoffPolicy {
+    BackoffPolicy::default().with_bounds(options.backoff_min, options.backoff_max)
 }
 
-fn next_delay(backoff: &mut backon::ExponentialBackoff, options: &MonitorOptions) -> Duration {
-    backoff.next().unwrap_or(options.backoff_max)
+/// The wait before retrying: the backoff's next delay, but never less than the server's
+/// `Retry-After`. Past `Retry-After` the wait is spread over up to half as long again,
+/// so that the many requests one throttled burst refused do not return in lock-step.
+fn retry_delay(backoff: &mut Backoff, retry_after: Option<Duration>) -> Duration {
+    let delay = backoff.next_delay();
+    match retry_after {
+        Some(floor) => delay.max(floor.mul_f64(1.0 + rand::random::<f64>() / 2.0)),
+        None => delay,
+    }
 }
 
 /// Names the failed verb and turns a watcher error into a [`MonitorError`].
@@ -322,7 +334,7 @@ fn classify(err: &watcher::Error, key: &ObjectKey, resource: &str) -> (MonitorEr
                     message: "the list response carried no metadata.resourceVersion".into(),
                 },
             );
-            return (error, Disposition::Transient);
+            return (error, Disposition::Transient(None));
         }
     };
     let streaming_start = matches!(err, watcher::Error::WatchStartFailed(_));
@@ -348,7 +360,7 @@ fn classify(err: &watcher::Error, key: &ObjectKey, resource: &str) -> (MonitorEr
                     message: transport_message(other),
                 },
             );
-            (error, Disposition::Transient)
+            (error, Disposition::Transient(None))
         }
     }
 }
@@ -373,7 +385,7 @@ fn from_status(
         code => {
             let disposition = match code {
                 410 => Disposition::Resync,
-                408 | 409 | 429 | 500..=599 => Disposition::Transient,
+                408 | 409 | 429 | 500..=599 => Disposition::Transient(retry_after(status)),
                 _ => Disposition::Permanent,
             };
             let error = error(MonitorErrorKind::Api {
@@ -385,6 +397,12 @@ fn from_status(
             (error, disposition)
         }
     }
+}
+
+/// The server's `Retry-After`, as kube-apiserver also puts it in the Status details.
+fn retry_after(status: &Status) -> Option<Duration> {
+    let seconds = status.details.as_ref()?.retry_after_seconds;
+    (seconds > 0).then(|| Duration::from_secs(u64::from(seconds)))
 }
 
 /// Describes a failure that is not an API status. Decoding errors are described by

@@ -73,6 +73,8 @@ pub struct ServerState {
     per_connection: Mutex<HashMap<u64, (usize, usize)>>,
     /// Distinct Authorization header values.
     authorizations: Mutex<Vec<String>>,
+    /// Distinct User-Agent header values.
+    user_agents: Mutex<Vec<String>>,
     /// Per connection: abort (hard kill) and GOAWAY (graceful shutdown) controls.
     controls: Mutex<HashMap<u64, (AbortHandle, Arc<Notify>)>>,
 }
@@ -110,6 +112,10 @@ impl ServerState {
 
     pub fn authorizations(&self) -> Vec<String> {
         self.authorizations.lock().unwrap().clone()
+    }
+
+    pub fn user_agents(&self) -> Vec<String> {
+        self.user_agents.lock().unwrap().clone()
     }
 
     /// Drops every connection abruptly (as a crashed or restarted server would).
@@ -337,11 +343,16 @@ async fn handle(
         Version::HTTP_2 => state.http2_requests.fetch_add(1, Ordering::SeqCst),
         _ => state.http1_requests.fetch_add(1, Ordering::SeqCst),
     };
-    if let Some(auth) = request.headers().get(http::header::AUTHORIZATION) {
-        let value = auth.to_str().unwrap_or("<binary>").to_owned();
-        let mut seen = state.authorizations.lock().unwrap();
-        if !seen.contains(&value) {
-            seen.push(value);
+    for (header, seen) in [
+        (http::header::AUTHORIZATION, &state.authorizations),
+        (http::header::USER_AGENT, &state.user_agents),
+    ] {
+        if let Some(value) = request.headers().get(header) {
+            let value = value.to_str().unwrap_or("<binary>").to_owned();
+            let mut seen = seen.lock().unwrap();
+            if !seen.contains(&value) {
+                seen.push(value);
+            }
         }
     }
     let path = request.uri().path().to_owned();

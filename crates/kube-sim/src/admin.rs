@@ -10,6 +10,7 @@
 //! | GET | `/sim/requests` | `?since=SEQ` | `[RequestRecord]` with `seq > SEQ` |
 //! | GET, PUT | `/sim/latency` | [`crate::LatencyConfig`] | the latency model |
 //! | GET, PUT | `/sim/limits` | [`crate::LimitsConfig`] | the concurrency limit |
+//! | GET, PUT | `/sim/features` | [`crate::ServerFeatures`] | streaming-list support |
 //! | GET | `/sim/faults` | | [`crate::FaultState`] |
 //! | DELETE | `/sim/faults` | | clears every fault |
 //! | POST | `/sim/faults/close-watches` | | `{"closed": n}` |
@@ -33,7 +34,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::config::{LatencyConfig, LimitsConfig, duration_serde};
+use crate::config::{LatencyConfig, LimitsConfig, ServerFeatures, duration_serde};
 use crate::control::faults::{FailRule, OutageMode};
 use crate::generator::generate::GenerateSpec;
 use crate::state::Shared;
@@ -68,6 +69,11 @@ pub const ENDPOINTS: &[(&str, &str, &str)] = &[
         "GET|PUT",
         "/sim/limits",
         "{\"max_inflight\":100,\"queue_len\":50,\"retry_after\":\"1s\"}",
+    ),
+    (
+        "GET|PUT",
+        "/sim/features",
+        "{\"watch_list\":false} refuses streaming lists (422); {\"watch_progress\":false} answers them with an ERROR event",
     ),
     ("GET", "/sim/faults", "current faults"),
     ("DELETE", "/sim/faults", "clear every fault"),
@@ -215,6 +221,12 @@ async fn route(
             let cfg: LimitsConfig = json_body(body).await?;
             shared.limiter.set_config(cfg.clone());
             Ok((200, to_json(&cfg)))
+        }
+        (Method::GET, "/sim/features") => Ok((200, to_json(&shared.features()))),
+        (Method::PUT, "/sim/features") => {
+            let features: ServerFeatures = json_body(body).await?;
+            shared.set_features(features);
+            Ok((200, to_json(&features)))
         }
         (Method::GET, "/sim/faults") => Ok((200, to_json(&faults.state()))),
         (Method::DELETE, "/sim/faults") => {

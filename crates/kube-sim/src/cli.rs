@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::admin::ENDPOINTS;
 use crate::auth::users::ROUTER_USER;
-use crate::config::{LatencyConfig, LimitsConfig, SimConfig};
+use crate::config::{LatencyConfig, LimitsConfig, ServerFeatures, SimConfig};
 use crate::error::SimError;
 use crate::generator::generate::GenerateSpec;
 use crate::kubeconfig::{ADMIN_CONTEXT, ROUTER_CONTEXT};
@@ -27,6 +27,23 @@ fn verb_latency_arg(s: &str) -> Result<(Verb, Duration), String> {
         .ok_or_else(|| format!("expected VERB=DURATION (e.g. list=2s), got {s:?}"))?;
     let verb = verb.parse::<Verb>().map_err(|e| e.to_string())?;
     Ok((verb, duration_arg(d)?))
+}
+
+/// One `--feature-gates` entry, as kube-apiserver spells them (`WatchList=false`).
+/// Only the gates the simulator models are accepted.
+fn feature_gate_arg(s: &str) -> Result<(String, bool), String> {
+    let (gate, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected GATE=true|false (e.g. WatchList=false), got {s:?}"))?;
+    let enabled = value
+        .parse::<bool>()
+        .map_err(|_| format!("invalid value of {gate}: {value:?} (true or false)"))?;
+    match gate {
+        "WatchList" => Ok((gate.to_string(), enabled)),
+        other => Err(format!(
+            "unrecognized feature gate: {other} (the simulator models WatchList)"
+        )),
+    }
 }
 
 fn generate_arg(s: &str) -> Result<GenerateSpec, String> {
@@ -94,6 +111,16 @@ pub struct SimArgs {
     #[arg(long, value_name = "D", value_parser = duration_arg, default_value = "1s")]
     pub retry_after: Duration,
 
+    /// Feature gates, as kube-apiserver takes them: `WatchList=false` refuses streaming
+    /// lists (`sendInitialEvents`) with 422, as older clusters do.
+    #[arg(long = "feature-gates", value_name = "GATE=BOOL", value_delimiter = ',', value_parser = feature_gate_arg)]
+    pub feature_gates: Vec<(String, bool)>,
+
+    /// Model storage without RequestWatchProgress (etcd 3.4): every streaming list is
+    /// answered 200 with one ERROR event (code 500) and ends.
+    #[arg(long)]
+    pub storage_without_watch_progress: bool,
+
     /// SETTINGS_MAX_CONCURRENT_STREAMS advertised on HTTP/2 connections.
     #[arg(long = "max-streams", value_name = "N", default_value_t = 100)]
     pub max_streams: u32,
@@ -151,6 +178,15 @@ impl SimArgs {
             bookmark_interval: self.bookmark_interval,
             admin_token: self.admin_token.clone(),
             router_token: self.router_token.clone(),
+            features: ServerFeatures {
+                watch_list: self
+                    .feature_gates
+                    .iter()
+                    .rev()
+                    .find(|(gate, _)| gate == "WatchList")
+                    .is_none_or(|(_, enabled)| *enabled),
+                watch_progress: !self.storage_without_watch_progress,
+            },
             ..SimConfig::default()
         }
     }
@@ -220,4 +256,49 @@ pub async fn run(args: SimArgs) -> Result<(), SimError> {
     println!("shutting down");
     sim.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sim: SimArgs,
+    }
+
+    fn config(args: &[&str]) -> Result<SimConfig, clap::Error> {
+        let argv = ["sim", "--write-kubeconfig", "/dev/null"]
+            .iter()
+            .chain(args);
+        Cli::try_parse_from(argv).map(|cli| cli.sim.config())
+    }
+
+    #[test]
+    fn feature_flags_read_as_kube_apiserver_spells_them() {
+        let on = config(&[]).unwrap().features;
+        assert!(on.watch_list && on.watch_progress);
+        let off = config(&[
+            "--feature-gates=WatchList=false",
+            "--storage-without-watch-progress",
+        ])
+        .unwrap()
+        .features;
+        assert!(!off.watch_list && !off.watch_progress);
+        assert!(
+            config(&["--feature-gates=WatchList=true"])
+                .unwrap()
+                .features
+                .watch_list
+        );
+        assert!(config(&["--feature-gates=Nope=false"]).is_err());
+        assert!(config(&["--feature-gates=WatchList=maybe"]).is_err());
+        assert!(
+            config(&["--verb-latency=fetch=1s"]).is_err(),
+            "verbs are typed"
+        );
+    }
 }

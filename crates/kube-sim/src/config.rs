@@ -44,6 +44,8 @@ pub struct SimConfig {
     /// Extra DNS names or IP addresses for the generated server certificate (TLS only);
     /// `localhost`, `127.0.0.1`, `::1` and the listen IP are always included.
     pub tls_subject_alt_names: Vec<String>,
+    /// What the modelled server supports of streaming lists.
+    pub features: ServerFeatures,
 }
 
 impl Default for SimConfig {
@@ -62,6 +64,30 @@ impl Default for SimConfig {
             router_token: None,
             users: Vec::new(),
             tls_subject_alt_names: Vec::new(),
+            features: ServerFeatures::default(),
+        }
+    }
+}
+
+/// Server capabilities that real clusters differ in, and that clients must cope with.
+/// The default is a current server (kube-apiserver 1.32+ on etcd 3.6): everything on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ServerFeatures {
+    /// The `WatchList` feature gate. Off (`--feature-gates=WatchList=false`, as on
+    /// older clusters), a watch with `sendInitialEvents` is refused with 422 Invalid.
+    pub watch_list: bool,
+    /// Whether the storage offers `RequestWatchProgress` (etcd 3.4 does not). Without
+    /// it, a streaming list (`sendInitialEvents=true` with bookmarks) is answered 200
+    /// with a single ERROR event carrying a 500 `Status`, and ends.
+    pub watch_progress: bool,
+}
+
+impl Default for ServerFeatures {
+    fn default() -> Self {
+        ServerFeatures {
+            watch_list: true,
+            watch_progress: true,
         }
     }
 }

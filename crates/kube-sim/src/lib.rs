@@ -100,7 +100,7 @@ mod transport;
 pub use api::discovery::SERVER_MINOR;
 pub use api::watch_stream::INITIAL_EVENTS_END;
 pub use auth::users::{ADMIN_USER, AUTHENTICATED_GROUP, MASTERS_GROUP, ROUTER_USER};
-pub use config::{LatencyConfig, LimitsConfig, SimConfig, SimUser};
+pub use config::{LatencyConfig, LimitsConfig, ServerFeatures, SimConfig, SimUser};
 pub use control::faults::{FailRule, FaultControl, FaultState, OutageMode};
 pub use control::stats::{Protocol, ProtocolCounts, RequestRecord, SimStats};
 pub use error::{ApiError, FieldError, FieldErrorKind, SimError};

@@ -18,7 +18,7 @@ use crate::auth::rbac::Authorizer;
 use crate::auth::users::{
     ADMIN_USER, AUTHENTICATED_GROUP, MASTERS_GROUP, ROUTER_USER, UserInfo, Users,
 };
-use crate::config::{LatencyConfig, LimitsConfig, SimConfig};
+use crate::config::{LatencyConfig, LimitsConfig, ServerFeatures, SimConfig};
 use crate::control::faults::{FaultControl, Faults};
 use crate::control::limits::Limiter;
 use crate::control::stats::{Protocol, RequestLog, RequestRecord, SimStats, Stats};
@@ -282,6 +282,7 @@ impl Simulator {
             limiter: Limiter::new(config.limits.clone()),
             latency: RwLock::new(config.latency.clone()),
             faults: Arc::new(Faults::new()),
+            features: RwLock::new(config.features),
             bookmark_interval: config.bookmark_interval,
             addr,
             url: url_for(addr, config.tls),
@@ -449,6 +450,16 @@ impl Simulator {
     /// Replaces the concurrency limit.
     pub fn set_limits(&self, limits: LimitsConfig) {
         self.shared.limiter.set_config(limits);
+    }
+
+    /// What the server supports of streaming lists now.
+    pub fn features(&self) -> ServerFeatures {
+        self.shared.features()
+    }
+
+    /// Replaces the server's features (for example turns `WatchList` off mid-run).
+    pub fn set_features(&self, features: ServerFeatures) {
+        self.shared.set_features(features);
     }
 
     /// Fault injection.

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::rbac::Authorizer;
 use crate::auth::users::Users;
-use crate::config::LatencyConfig;
+use crate::config::{LatencyConfig, ServerFeatures};
 use crate::control::faults::{FaultControl, Faults};
 use crate::control::limits::Limiter;
 use crate::control::stats::{RequestLog, SimStats, Stats};
@@ -29,6 +29,8 @@ pub(crate) struct Shared {
     /// Guards the current latency model (replaced whole by `set_latency`).
     pub latency: RwLock<LatencyConfig>,
     pub faults: Arc<Faults>,
+    /// Guards the server's features (replaced whole by `set_features`).
+    pub features: RwLock<ServerFeatures>,
     pub bookmark_interval: Duration,
     pub addr: SocketAddr,
     pub url: String,
@@ -57,6 +59,17 @@ impl Shared {
 
     pub(crate) fn set_latency(&self, latency: LatencyConfig) {
         *self.latency.write().unwrap_or_else(PoisonError::into_inner) = latency;
+    }
+
+    pub(crate) fn features(&self) -> ServerFeatures {
+        *self.features.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn set_features(&self, features: ServerFeatures) {
+        *self
+            .features
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = features;
     }
 
     pub(crate) fn stats_snapshot(&self) -> SimStats {

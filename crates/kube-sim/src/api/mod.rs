@@ -795,7 +795,14 @@ fn watch(
     let rv = rr.param("resourceVersion").filter(|s| !s.is_empty());
     let rvm = rr.param("resourceVersionMatch").filter(|s| !s.is_empty());
     let bookmarks = rr.flag("allowWatchBookmarks");
+    let features = shared.features();
     let mut errs = Vec::new();
+    if send_initial_events.is_some() && !features.watch_list {
+        errs.push(FieldError::forbidden(
+            "sendInitialEvents",
+            "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+        ));
+    }
     match send_initial_events {
         Some(_) => {
             if rvm != Some("NotOlderThan") {
@@ -837,6 +844,21 @@ fn watch(
         (None, None | Some("0")) => WatchStart::CurrentWithState,
         (_, Some(r)) => WatchStart::After(parse_rv(r)?),
     };
+    if send_initial_events == Some(true) && bookmarks && !features.watch_progress {
+        // The streaming list needs the storage to report progress for its closing
+        // bookmark; without it kube-apiserver answers 200 and one ERROR event.
+        let status = ApiError::new(
+            500,
+            "InternalError",
+            "a watch stream was requested by the client but the required storage feature RequestWatchProgress is disabled",
+        )
+        .to_status();
+        let shared = shared.clone();
+        return Ok(Reply::Watch {
+            body_builder: Box::new(move |_| watch_stream::error_body(&shared, &status)),
+            holds_permit: false,
+        });
+    }
     let sub = match shared.store.watch(rr.id, filter, start) {
         Ok(sub) => sub,
         Err(WatchStartError::Expired { requested, oldest }) => {

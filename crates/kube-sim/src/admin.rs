@@ -10,6 +10,7 @@
 //! | GET | `/sim/requests` | `?since=SEQ` | `[RequestRecord]` with `seq > SEQ` |
 //! | GET, PUT | `/sim/latency` | [`crate::LatencyConfig`] | the latency model |
 //! | GET, PUT | `/sim/limits` | [`crate::LimitsConfig`] | the concurrency limit |
+//! | GET, PUT | `/sim/flow-control` | [`crate::FlowControlConfig`] or `null` | API Priority and Fairness (`null`: off) |
 //! | GET, PUT | `/sim/features` | [`crate::ServerFeatures`] | streaming-list support |
 //! | GET | `/sim/faults` | | [`crate::FaultState`] |
 //! | DELETE | `/sim/faults` | | clears every fault |
@@ -34,7 +35,9 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::config::{LatencyConfig, LimitsConfig, ServerFeatures, duration_serde};
+use crate::config::{
+    FlowControlConfig, LatencyConfig, LimitsConfig, ServerFeatures, duration_serde,
+};
 use crate::control::faults::{FailRule, OutageMode};
 use crate::generator::generate::GenerateSpec;
 use crate::state::Shared;
@@ -69,6 +72,11 @@ pub const ENDPOINTS: &[(&str, &str, &str)] = &[
         "GET|PUT",
         "/sim/limits",
         "{\"max_inflight\":100,\"queue_len\":50,\"retry_after\":\"1s\"}",
+    ),
+    (
+        "GET|PUT",
+        "/sim/flow-control",
+        "{\"max_requests_inflight\":4,\"max_mutating_requests_inflight\":2} turns API Priority and Fairness on; null turns it off",
     ),
     (
         "GET|PUT",
@@ -221,6 +229,15 @@ async fn route(
             let cfg: LimitsConfig = json_body(body).await?;
             shared.limiter.set_config(cfg.clone());
             Ok((200, to_json(&cfg)))
+        }
+        (Method::GET, "/sim/flow-control") => Ok((
+            200,
+            to_json(&shared.flow_control().map(|fc| fc.config().clone())),
+        )),
+        (Method::PUT, "/sim/flow-control") => {
+            let config: Option<FlowControlConfig> = json_body(body).await?;
+            shared.set_flow_control(config.clone());
+            Ok((200, to_json(&config)))
         }
         (Method::GET, "/sim/features") => Ok((200, to_json(&shared.features()))),
         (Method::PUT, "/sim/features") => {

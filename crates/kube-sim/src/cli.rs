@@ -9,7 +9,7 @@ use clap::Args;
 
 use crate::admin::ENDPOINTS;
 use crate::auth::users::ROUTER_USER;
-use crate::config::{LatencyConfig, LimitsConfig, ServerFeatures, SimConfig};
+use crate::config::{FlowControlConfig, LatencyConfig, LimitsConfig, ServerFeatures, SimConfig};
 use crate::error::SimError;
 use crate::generator::generate::GenerateSpec;
 use crate::kubeconfig::{ADMIN_CONTEXT, ROUTER_CONTEXT};
@@ -98,7 +98,7 @@ pub struct SimArgs {
     #[arg(long = "verb-latency", value_name = "VERB=D", value_parser = verb_latency_arg)]
     pub verb_latency: Vec<(Verb, Duration)>,
 
-    /// Maximum concurrent in-flight requests (API Priority and Fairness model);
+    /// A simple limit on concurrent in-flight requests (one FIFO queue, then 429);
     /// unlimited when absent. Idle open watches are not in flight.
     #[arg(long, value_name = "N")]
     pub max_inflight: Option<usize>,
@@ -107,7 +107,23 @@ pub struct SimArgs {
     #[arg(long = "queue", value_name = "N", default_value_t = 50)]
     pub queue: usize,
 
-    /// Retry-After sent with 429 responses.
+    /// Turn API Priority and Fairness on, as kube-apiserver runs it: the default flow
+    /// schemas and priority levels (the router's service account lands in
+    /// workload-low), per-flow queues, 429 with Retry-After beyond them. Implied by
+    /// --max-requests-inflight and --max-mutating-requests-inflight.
+    #[arg(long)]
+    pub priority_and_fairness: bool,
+
+    /// kube-apiserver's --max-requests-inflight (default 400): with the next flag, the
+    /// seats API Priority and Fairness divides among priority levels by their shares.
+    #[arg(long, value_name = "N")]
+    pub max_requests_inflight: Option<u32>,
+
+    /// kube-apiserver's --max-mutating-requests-inflight (default 200).
+    #[arg(long, value_name = "N")]
+    pub max_mutating_requests_inflight: Option<u32>,
+
+    /// Retry-After sent with 429 responses of the simple limit (--max-inflight).
     #[arg(long, value_name = "D", value_parser = duration_arg, default_value = "1s")]
     pub retry_after: Duration,
 
@@ -158,6 +174,25 @@ pub struct SimArgs {
 }
 
 impl SimArgs {
+    /// API Priority and Fairness as the flags ask for it, or `None` when off.
+    pub fn flow_control(&self) -> Option<FlowControlConfig> {
+        let asked = self.priority_and_fairness
+            || self.max_requests_inflight.is_some()
+            || self.max_mutating_requests_inflight.is_some();
+        asked.then(|| {
+            let defaults = FlowControlConfig::default();
+            FlowControlConfig {
+                max_requests_inflight: self
+                    .max_requests_inflight
+                    .unwrap_or(defaults.max_requests_inflight),
+                max_mutating_requests_inflight: self
+                    .max_mutating_requests_inflight
+                    .unwrap_or(defaults.max_mutating_requests_inflight),
+                ..defaults
+            }
+        })
+    }
+
     /// The simulator configuration these arguments describe.
     pub fn config(&self) -> SimConfig {
         SimConfig {
@@ -174,6 +209,7 @@ impl SimArgs {
                 queue_len: self.queue,
                 retry_after: self.retry_after,
             },
+            flow_control: self.flow_control(),
             history_limit: self.history,
             bookmark_interval: self.bookmark_interval,
             admin_token: self.admin_token.clone(),

@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kube_common::Verb;
+
+pub use crate::control::flow_control::FlowControlConfig;
 use serde::{Deserialize, Serialize};
 
 use kube_common::duration::{format as format_duration, parse as parse_duration};
@@ -24,8 +26,11 @@ pub struct SimConfig {
     pub latency: LatencyConfig,
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` advertised on every HTTP/2 connection.
     pub max_concurrent_streams: u32,
-    /// Concurrency limit and queue (a model of API Priority and Fairness).
+    /// A simple concurrency limit and queue (429 beyond it).
     pub limits: LimitsConfig,
+    /// API Priority and Fairness (`None`: off, the default, so that only `limits`
+    /// applies). kube-apiserver has it on, with 400 + 200 seats.
+    pub flow_control: Option<FlowControlConfig>,
     /// Number of events kept in the watch history. Older resource versions get 410.
     pub history_limit: usize,
     /// Interval between periodic BOOKMARK events on watches that allow them.
@@ -56,6 +61,7 @@ impl Default for SimConfig {
             latency: LatencyConfig::default(),
             max_concurrent_streams: 100,
             limits: LimitsConfig::default(),
+            flow_control: None,
             history_limit: 10_000,
             bookmark_interval: Duration::from_secs(60),
             watch_buffer: 1_000,

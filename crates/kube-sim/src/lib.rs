@@ -100,8 +100,11 @@ mod transport;
 pub use api::discovery::SERVER_MINOR;
 pub use api::watch_stream::INITIAL_EVENTS_END;
 pub use auth::users::{ADMIN_USER, AUTHENTICATED_GROUP, MASTERS_GROUP, ROUTER_USER};
-pub use config::{LatencyConfig, LimitsConfig, ServerFeatures, SimConfig, SimUser};
+pub use config::{
+    FlowControlConfig, LatencyConfig, LimitsConfig, ServerFeatures, SimConfig, SimUser,
+};
 pub use control::faults::{FailRule, FaultControl, FaultState, OutageMode};
+pub use control::flow_control::{FlowControlStats, PriorityLevelStats, RejectedRequests};
 pub use control::stats::{Protocol, ProtocolCounts, RequestRecord, SimStats};
 pub use error::{ApiError, FieldError, FieldErrorKind, SimError};
 pub use generator::generate::{

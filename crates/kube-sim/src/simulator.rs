@@ -6,6 +6,7 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::json;
@@ -18,8 +19,9 @@ use crate::auth::rbac::Authorizer;
 use crate::auth::users::{
     ADMIN_USER, AUTHENTICATED_GROUP, MASTERS_GROUP, ROUTER_USER, UserInfo, Users,
 };
-use crate::config::{LatencyConfig, LimitsConfig, ServerFeatures, SimConfig};
+use crate::config::{FlowControlConfig, LatencyConfig, LimitsConfig, ServerFeatures, SimConfig};
 use crate::control::faults::{FaultControl, Faults};
+use crate::control::flow_control::FlowControl;
 use crate::control::limits::Limiter;
 use crate::control::stats::{Protocol, RequestLog, RequestRecord, SimStats, Stats};
 use crate::error::SimError;
@@ -52,6 +54,28 @@ impl Handler for Dispatch {
             } else {
                 api::serve(shared, request, protocol).await
             }
+        }
+    }
+}
+
+/// Ends API Priority and Fairness's adjustment periods (re-dividing seats by recent
+/// demand) until the simulator stops; idles while APF is off.
+async fn adjust_flow_control(shared: Arc<Shared>) {
+    loop {
+        let control = shared.flow_control();
+        let period = control
+            .as_ref()
+            .map_or(Duration::from_secs(1), |fc| fc.config().adjust_interval)
+            .max(Duration::from_millis(10));
+        tokio::select! {
+            _ = shared.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+        // Adjust the filter that was in force for the whole period, if it still is.
+        if let (Some(before), Some(now)) = (control, shared.flow_control())
+            && Arc::ptr_eq(&before, &now)
+        {
+            now.adjust();
         }
     }
 }
@@ -280,6 +304,7 @@ impl Simulator {
             stats: Arc::new(Stats::default()),
             log: RequestLog::new(config.request_log_limit),
             limiter: Limiter::new(config.limits.clone()),
+            flow_control: RwLock::new(config.flow_control.clone().map(FlowControl::new)),
             latency: RwLock::new(config.latency.clone()),
             faults: Arc::new(Faults::new()),
             features: RwLock::new(config.features),
@@ -301,6 +326,7 @@ impl Simulator {
             handler: Dispatch(shared.clone()),
         });
         let task = tokio::spawn(transport::accept_loop(transport, listener));
+        tokio::spawn(adjust_flow_control(shared.clone()));
         tracing::info!(url = %shared.url, "kube-sim listening");
         Ok(Simulator {
             guard: Arc::new(ServerGuard {
@@ -447,9 +473,14 @@ impl Simulator {
         self.shared.set_latency(latency);
     }
 
-    /// Replaces the concurrency limit.
+    /// Replaces the simple concurrency limit.
     pub fn set_limits(&self, limits: LimitsConfig) {
         self.shared.limiter.set_config(limits);
+    }
+
+    /// Turns API Priority and Fairness on with `config`, or off with `None`.
+    pub fn set_flow_control(&self, config: Option<FlowControlConfig>) {
+        self.shared.set_flow_control(config);
     }
 
     /// What the server supports of streaming lists now.

@@ -14,6 +14,7 @@ use crate::auth::rbac::Authorizer;
 use crate::auth::users::Users;
 use crate::config::{LatencyConfig, ServerFeatures};
 use crate::control::faults::{FaultControl, Faults};
+use crate::control::flow_control::{FlowControl, FlowControlConfig};
 use crate::control::limits::Limiter;
 use crate::control::stats::{RequestLog, SimStats, Stats};
 use crate::storage::store::Store;
@@ -26,6 +27,9 @@ pub(crate) struct Shared {
     pub stats: Arc<Stats>,
     pub log: RequestLog,
     pub limiter: Arc<Limiter>,
+    /// Guards the API Priority and Fairness filter, `None` when off; replaced whole
+    /// when reconfigured (seats taken from the old one are given back to it).
+    pub flow_control: RwLock<Option<Arc<FlowControl>>>,
     /// Guards the current latency model (replaced whole by `set_latency`).
     pub latency: RwLock<LatencyConfig>,
     pub faults: Arc<Faults>,
@@ -72,14 +76,33 @@ impl Shared {
             .unwrap_or_else(PoisonError::into_inner) = features;
     }
 
+    pub(crate) fn flow_control(&self) -> Option<Arc<FlowControl>> {
+        self.flow_control
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn set_flow_control(&self, config: Option<FlowControlConfig>) {
+        *self
+            .flow_control
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = config.map(FlowControl::new);
+    }
+
     pub(crate) fn stats_snapshot(&self) -> SimStats {
         let (inflight, peak_inflight, peak_queued) = self.limiter.counters();
-        self.stats.snapshot(inflight, peak_inflight, peak_queued)
+        let mut stats = self.stats.snapshot(inflight, peak_inflight, peak_queued);
+        stats.flow_control = self.flow_control().map(|fc| fc.stats());
+        stats
     }
 
     pub(crate) fn reset_stats(&self) {
         self.stats.reset();
         self.limiter.reset_peaks();
+        if let Some(fc) = self.flow_control() {
+            fc.reset_counters();
+        }
     }
 
     pub(crate) fn faults_handle(&self) -> FaultControl {

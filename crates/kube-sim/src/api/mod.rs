@@ -24,7 +24,8 @@ use serde_json::{Value, json};
 use crate::auth::rbac::{AccessVerb, Attributes, forbidden_reason};
 use crate::auth::review;
 use crate::auth::users::UserInfo;
-use crate::control::limits::InflightPermit;
+use crate::control::admission::Admission;
+use crate::control::flow_control::{self, Classification, RequestShape};
 use crate::control::stats::{Protocol, RequestRecord, RequestVerb};
 use crate::error::{ApiError, FieldError};
 use crate::objects::patch::{PatchBody, PatchKind};
@@ -54,7 +55,7 @@ pub(crate) enum Reply {
         body: &'static str,
     },
     Watch {
-        body_builder: Box<dyn FnOnce(Option<InflightPermit>) -> SimBody + Send>,
+        body_builder: Box<dyn FnOnce(Option<Admission>) -> SimBody + Send>,
         /// Keep the request in flight until the initial-events-end bookmark.
         holds_permit: bool,
     },
@@ -217,8 +218,30 @@ async fn respond(
         Ok(t) => t,
         Err(e) => return counted(error_response(&e)),
     };
+    // API Priority and Fairness first, as kube-apiserver filters (after
+    // authentication, before authorization), then the simple limit.
+    let seat = match shared.flow_control() {
+        None => None,
+        Some(control) => match control.admit(classify(user, &target, &parts.method)).await {
+            Ok(seat) => Some(seat),
+            Err((class, rejection)) => {
+                tracing::debug!(
+                    user = %user.name,
+                    flow_schema = class.flow_schema(),
+                    priority_level = class.priority_level(),
+                    reason = rejection.reason.as_str(),
+                    "API Priority and Fairness refused a request"
+                );
+                shared.stats.count_rejected();
+                return counted(too_many_requests(rejection.retry_after_secs));
+            }
+        },
+    };
     let permit = match shared.limiter.acquire().await {
-        Ok(p) => p,
+        Ok(inflight) => Admission {
+            _inflight: inflight,
+            _seat: seat,
+        },
         Err(rejected) => {
             shared.stats.count_rejected();
             return counted(error_response(&ApiError::too_many_requests(
@@ -292,7 +315,65 @@ fn latency_verb(verb: &RequestVerb, method: &Method) -> Option<Verb> {
     })
 }
 
-fn with_permit(resp: Response<SimBody>, permit: InflightPermit) -> Response<SimBody> {
+/// API Priority and Fairness's refusal, exactly as kube-apiserver writes it: plain
+/// text, not a `Status`, with the level's current `Retry-After`.
+fn too_many_requests(retry_after_secs: u64) -> Response<SimBody> {
+    let mut resp = Response::new(SimBody::full(Bytes::from_static(
+        b"Too many requests, please try again later.\n",
+    )));
+    *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    let h = resp.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+    resp
+}
+
+/// Where API Priority and Fairness files a request: its user, and what it asks for as
+/// kube-apiserver's request info reads it.
+fn classify(user: &UserInfo, target: &Target, method: &Method) -> Classification {
+    match target {
+        Target::Resource(rr) => {
+            let def = rr.id.def();
+            let resource = rr.resource_key();
+            // A namespace's own URL is a request in that namespace.
+            let namespace =
+                rr.namespace
+                    .as_deref()
+                    .or(match rr.id == crate::resources::NAMESPACES {
+                        true => rr.name.as_deref(),
+                        false => None,
+                    });
+            flow_control::classify(
+                user,
+                RequestShape::Resource {
+                    verb: rr.verb.as_str(),
+                    group: def.group,
+                    resource: &resource,
+                    namespace,
+                },
+            )
+        }
+        Target::NonResource { path } => {
+            let verb = RequestVerb::for_method(method);
+            flow_control::classify(
+                user,
+                RequestShape::NonResource {
+                    verb: verb.as_str(),
+                    path,
+                },
+            )
+        }
+    }
+}
+
+fn with_permit(resp: Response<SimBody>, permit: Admission) -> Response<SimBody> {
     let (p, b) = resp.into_parts();
     Response::from_parts(p, b.holding(Some(permit)))
 }

@@ -15,7 +15,7 @@ use tokio::time::{Interval, MissedTickBehavior, Sleep};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::table::{self, TableOptions};
-use crate::control::limits::InflightPermit;
+use crate::control::admission::Admission;
 use crate::objects::meta::meta_str;
 use crate::resources::ResourceDef;
 use crate::state::Shared;
@@ -54,7 +54,7 @@ struct WatchState {
     opts: WatchOptions,
     /// Kept until the initial-events-end bookmark is sent (streaming lists count as
     /// in flight until then).
-    permit: Option<InflightPermit>,
+    permit: Option<Admission>,
     close: CancellationToken,
     deadline: Option<Pin<Box<Sleep>>>,
     ticker: Option<Interval>,
@@ -232,7 +232,7 @@ pub(crate) fn watch_body(
     def: &'static ResourceDef,
     sub: Subscription,
     opts: WatchOptions,
-    permit: Option<InflightPermit>,
+    permit: Option<Admission>,
 ) -> SimBody {
     shared.stats.watch_opened(def.name);
     let open = OpenWatch {

@@ -1,8 +1,11 @@
 //! What an operator turns and reads while the simulator runs: fault injection
-//! ([`faults`]), the server's concurrency limit ([`limits`]) and request accounting
-//! ([`stats`]). The admin API and the [`crate::Simulator`] methods are two doors to
+//! ([`faults`]), the server's concurrency limits — a simple one ([`limits`]) and API
+//! Priority and Fairness ([`flow_control`]), held together by each request
+//! ([`admission`]) — and request accounting ([`stats`]). The admin API and the [`crate::Simulator`] methods are two doors to
 //! these same handles.
 
+pub(crate) mod admission;
 pub(crate) mod faults;
+pub(crate) mod flow_control;
 pub(crate) mod limits;
 pub(crate) mod stats;

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use kube_common::Verb;
+
+use crate::control::flow_control::FlowControlStats;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Per-protocol counts.
@@ -52,10 +54,14 @@ pub struct SimStats {
     pub bytes_sent: u64,
     /// Watch events sent (including bookmarks and errors).
     pub watch_events_sent: u64,
-    /// Requests rejected with 429 by the concurrency limit.
+    /// Requests rejected with 429 by a concurrency limit (the simple one or APF).
     pub rejected_429: u64,
     /// Highest number of requests waiting in the queue at once.
     pub peak_queued: u64,
+    /// API Priority and Fairness, when on: each priority level's limits, seats and
+    /// queues, and the refusals (also counted in `rejected_429`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_control: Option<FlowControlStats>,
 }
 
 /// HTTP protocol of a connection.
@@ -285,6 +291,7 @@ impl Stats {
             watch_events_sent: self.watch_events_sent.load(Ordering::Relaxed),
             rejected_429: c.rejected_429,
             peak_queued,
+            flow_control: None,
         }
     }
 

@@ -12,7 +12,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 
-use crate::control::limits::InflightPermit;
+use crate::control::admission::Admission;
 use crate::control::stats::Stats;
 
 pin_project_lite::pin_project! {
@@ -21,7 +21,7 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: UnsyncBoxBody<Bytes, Infallible>,
         stats: Option<Arc<Stats>>,
-        permit: Option<InflightPermit>,
+        permit: Option<Admission>,
     }
 }
 
@@ -54,7 +54,7 @@ impl SimBody {
     }
 
     /// Keeps the request in flight until the body is complete.
-    pub(crate) fn holding(mut self, permit: Option<InflightPermit>) -> SimBody {
+    pub(crate) fn holding(mut self, permit: Option<Admission>) -> SimBody {
         self.permit = permit;
         self
     }

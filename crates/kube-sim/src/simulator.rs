@@ -23,6 +23,7 @@ use crate::config::{FlowControlConfig, LatencyConfig, LimitsConfig, ServerFeatur
 use crate::control::faults::{FaultControl, Faults};
 use crate::control::flow_control::FlowControl;
 use crate::control::limits::Limiter;
+use crate::control::metrics::RequestMetrics;
 use crate::control::stats::{Protocol, RequestLog, RequestRecord, SimStats, Stats};
 use crate::error::SimError;
 use crate::generator::certs;
@@ -302,6 +303,7 @@ impl Simulator {
             store,
             users: Users::new(users),
             stats: Arc::new(Stats::default()),
+            metrics: Arc::new(RequestMetrics::default()),
             log: RequestLog::new(config.request_log_limit),
             limiter: Limiter::new(config.limits.clone()),
             flow_control: RwLock::new(config.flow_control.clone().map(FlowControl::new)),

@@ -16,6 +16,7 @@ use crate::config::{LatencyConfig, ServerFeatures};
 use crate::control::faults::{FaultControl, Faults};
 use crate::control::flow_control::{FlowControl, FlowControlConfig};
 use crate::control::limits::Limiter;
+use crate::control::metrics::RequestMetrics;
 use crate::control::stats::{RequestLog, SimStats, Stats};
 use crate::storage::store::Store;
 
@@ -25,6 +26,7 @@ pub(crate) struct Shared {
     pub authorizer: Authorizer,
     pub users: Users,
     pub stats: Arc<Stats>,
+    pub metrics: Arc<RequestMetrics>,
     pub log: RequestLog,
     pub limiter: Arc<Limiter>,
     /// Guards the API Priority and Fairness filter, `None` when off; replaced whole

@@ -976,3 +976,72 @@ async fn discovery_and_stats_accounting() {
     assert_eq!(rec.protocol, "h1");
     sim.shutdown().await;
 }
+
+/// The number a metric line carries, for one exact label set.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_requests_as_kube_apiserver_does() {
+    let sim = start().await;
+    let cluster = sim.generate(&GenerateSpec::new(1, 1)).unwrap();
+    let mine = &cluster.routes[0];
+    let router = sim.client("router").await.unwrap();
+    let admin = sim.client("admin").await.unwrap();
+    let secret = format!(
+        "/api/v1/namespaces/{}/secrets/{}",
+        mine.namespace, mine.secret
+    );
+    assert_eq!(get(&router, &secret).await.0, 200);
+    assert_eq!(
+        get(
+            &router,
+            &format!("/api/v1/namespaces/{}/secrets/nope", mine.namespace)
+        )
+        .await
+        .0,
+        403
+    );
+    let selector = format!(
+        "/api/v1/namespaces/{}/secrets?watch=true&timeoutSeconds=1&fieldSelector=metadata.name%3D{}",
+        mine.namespace, mine.secret
+    );
+    assert_eq!(get(&router, &selector).await.0, 200);
+    let (code, _, body) = raw(&admin, Method::GET, "/metrics", None, "application/json").await;
+    assert_eq!(code, 200);
+    // raw() parses JSON; read the text again as text.
+    assert_eq!(body, Value::Null);
+    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = admin.request_text(req).await.unwrap();
+    let series = |verb: &str, scope: &str, code: u16| {
+        format!(
+            "apiserver_request_total{{code=\"{code}\",component=\"apiserver\",dry_run=\"\",group=\"\",resource=\"secrets\",scope=\"{scope}\",subresource=\"\",system_client=\"\",verb=\"{verb}\",version=\"v1\"}}"
+        )
+    };
+    assert_eq!(
+        metric(&text, &series("GET", "resource", 200)),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, &series("GET", "resource", 403)),
+        None,
+        "403s are not counted"
+    );
+    // The watch named its secret by selector (scope resource) and has ended.
+    assert_eq!(
+        metric(&text, &series("WATCH", "resource", 200)),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "apiserver_longrunning_requests{component=\"apiserver\",group=\"\",resource=\"secrets\",scope=\"resource\",subresource=\"\",verb=\"WATCH\",version=\"v1\"}"
+        ),
+        Some(0.0)
+    );
+    sim.shutdown().await;
+}

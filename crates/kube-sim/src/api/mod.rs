@@ -26,6 +26,7 @@ use crate::auth::review;
 use crate::auth::users::UserInfo;
 use crate::control::admission::Admission;
 use crate::control::flow_control::{self, Classification, RequestShape};
+use crate::control::metrics::RequestKind;
 use crate::control::stats::{Protocol, RequestRecord, RequestVerb};
 use crate::error::{ApiError, FieldError};
 use crate::objects::patch::{PatchBody, PatchKind};
@@ -52,12 +53,16 @@ pub(crate) enum Reply {
     },
     Text {
         code: u16,
-        body: &'static str,
+        body: Bytes,
+        content_type: &'static str,
     },
     Watch {
         body_builder: Box<dyn FnOnce(Option<Admission>) -> SimBody + Send>,
         /// Keep the request in flight until the initial-events-end bookmark.
         holds_permit: bool,
+        /// A stream of events (not a single ERROR event): it is counted in the
+        /// request metrics when it ends.
+        streaming: bool,
     },
 }
 
@@ -92,9 +97,11 @@ fn error_response(e: &ApiError) -> Response<SimBody> {
     )
 }
 
-/// What the request log and the stats need to know about a request.
+/// What the request log, the stats and the metrics need to know about a request.
 struct Accounting {
     verb: RequestVerb,
+    /// How `apiserver_request_total` labels it (resource requests only).
+    kind: Option<RequestKind>,
     resource: String,
     namespace: Option<String>,
     name: Option<String>,
@@ -105,9 +112,30 @@ struct Accounting {
 }
 
 impl Accounting {
-    fn for_target(method: &Method, path: &str, target: &Result<Target, ApiError>) -> Accounting {
+    fn for_target(
+        method: &Method,
+        path: &str,
+        target: &Result<Target, ApiError>,
+        content_type: Option<&str>,
+    ) -> Accounting {
         match target {
             Ok(Target::Resource(rr)) => {
+                let def = rr.id.def();
+                let apply =
+                    content_type.is_some_and(|ct| ct.starts_with("application/apply-patch"));
+                let kind = RequestKind {
+                    verb: RequestKind::metric_verb(rr.verb, apply),
+                    group: def.group,
+                    version: def.version,
+                    resource: def.name,
+                    subresource: rr.subresource.clone().unwrap_or_default(),
+                    scope: RequestKind::scope(
+                        request_name(rr).is_some(),
+                        rr.verb,
+                        rr.namespace.is_some(),
+                    ),
+                    dry_run: rr.param("dryRun") == Some("All"),
+                };
                 let field_selector = rr.param("fieldSelector").map(str::to_string);
                 let name = rr.name.clone().or_else(|| {
                     field_selector
@@ -117,6 +145,7 @@ impl Accounting {
                 });
                 Accounting {
                     verb: RequestVerb::Api(rr.verb),
+                    kind: Some(kind),
                     resource: rr.resource_key(),
                     namespace: rr.namespace.clone(),
                     name,
@@ -134,6 +163,7 @@ impl Accounting {
     fn plain(method: &Method, path: &str) -> Accounting {
         Accounting {
             verb: RequestVerb::for_method(method),
+            kind: None,
             resource: path.to_string(),
             namespace: None,
             name: None,
@@ -162,7 +192,15 @@ pub(crate) async fn serve(
         "request"
     );
     let target = request_info::classify(&parts.method, &path, parts.uri.query());
-    let acct = Accounting::for_target(&parts.method, &path, &target);
+    let acct = Accounting::for_target(
+        &parts.method,
+        &path,
+        &target,
+        parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+    );
     let user = shared.users.authenticate(
         parts
             .headers
@@ -176,6 +214,16 @@ pub(crate) async fn serve(
 
     let (response, code) = respond(&shared, &parts, body, target, &acct, user.as_deref()).await;
     shared.stats.count_response(code);
+    // As kube-apiserver: refusals of authentication and authorization are not
+    // counted, and a streaming watch is counted by its body when it ends.
+    let streaming = response.body().is_long_running();
+    if let Some(kind) = &acct.kind
+        && code != 401
+        && code != 403
+        && !streaming
+    {
+        shared.metrics.finished(kind, code);
+    }
     shared.log.push(RequestRecord {
         seq: 0,
         verb: acct.verb,
@@ -271,18 +319,21 @@ async fn respond(
     let resp = match reply {
         Err(e) => with_permit(error_response(&e), permit),
         Ok(Reply::Json { code, body }) => with_permit(json_response(code, body, None), permit),
-        Ok(Reply::Text { code, body }) => {
+        Ok(Reply::Text {
+            code,
+            body,
+            content_type,
+        }) => {
             let mut resp = Response::new(SimBody::full(body));
             *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
-            resp.headers_mut().insert(
-                CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; charset=utf-8"),
-            );
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
             with_permit(resp, permit)
         }
         Ok(Reply::Watch {
             body_builder,
             holds_permit,
+            streaming,
         }) => {
             // A list-then-watch style watch leaves the in-flight count as its headers
             // go out; a streaming list stays until its initial-events-end bookmark.
@@ -292,7 +343,11 @@ async fn respond(
                 drop(permit);
                 None
             };
-            let mut resp = Response::new(body_builder(permit));
+            let mut body = body_builder(permit);
+            if streaming && let Some(kind) = &acct.kind {
+                body = body.long_running(shared.metrics.watch_started(kind.clone()));
+            }
+            let mut resp = Response::new(body);
             let h = resp.headers_mut();
             h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
@@ -440,7 +495,16 @@ fn non_resource(
     if crate::api::discovery::is_health(path) {
         return Ok(Reply::Text {
             code: 200,
-            body: "ok",
+            body: Bytes::from_static(b"ok"),
+            content_type: "text/plain; charset=utf-8",
+        });
+    }
+    if path == "/metrics" {
+        let flow = shared.flow_control().map(|fc| fc.stats());
+        return Ok(Reply::Text {
+            code: 200,
+            body: Bytes::from(shared.metrics.encode(flow.as_ref())),
+            content_type: "text/plain; version=0.0.4; charset=utf-8",
         });
     }
     match crate::api::discovery::document(path, shared.addr) {
@@ -938,6 +1002,7 @@ fn watch(
         return Ok(Reply::Watch {
             body_builder: Box::new(move |_| watch_stream::error_body(&shared, &status)),
             holds_permit: false,
+            streaming: false,
         });
     }
     let sub = match shared.store.watch(rr.id, filter, start) {
@@ -950,6 +1015,7 @@ fn watch(
             return Ok(Reply::Watch {
                 body_builder: Box::new(move |_| watch_stream::error_body(&shared, &status)),
                 holds_permit: false,
+                streaming: false,
             });
         }
         Err(WatchStartError::TooLarge { requested, current }) => {
@@ -969,5 +1035,6 @@ fn watch(
             watch_stream::watch_body(shared, def, sub, opts, permit)
         }),
         holds_permit,
+        streaming: true,
     })
 }

@@ -131,18 +131,10 @@ impl RequestKind {
 }
 
 /// The request metrics (families are internally synchronised).
+#[derive(Default)]
 pub(crate) struct RequestMetrics {
     requests: Family<RequestLabels, Counter>,
     long_running: Family<LongRunningLabels, Gauge>,
-}
-
-impl Default for RequestMetrics {
-    fn default() -> Self {
-        RequestMetrics {
-            requests: Family::default(),
-            long_running: Family::default(),
-        }
-    }
 }
 
 impl RequestMetrics {

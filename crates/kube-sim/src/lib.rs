@@ -18,10 +18,13 @@
 //! kubectl 1.32+ sends protobuf bodies for objects it generates (`kubectl create
 //! secret ...`); those are decoded for Secret, Namespace, RBAC and review kinds, and
 //! every response is JSON.
-//! Latency, a concurrency limit with a queue (429 + `Retry-After` beyond it) and
-//! faults can be set at start and changed while running, in-process or through the
-//! admin API under `/sim/` (see [`admin`]). Every request is counted ([`SimStats`])
-//! and logged ([`RequestRecord`]).
+//! Latency, a simple concurrency limit with a queue, API Priority and Fairness as
+//! kube-apiserver applies it (429 + `Retry-After` beyond them), servers without
+//! streaming lists, and faults can be set at start and changed while running,
+//! in-process or through the admin API under `/sim/` (see [`admin`]). Every request is
+//! counted ([`SimStats`], and `/metrics` in kube-apiserver's names) and logged
+//! ([`RequestRecord`]). `kubectl apply` validates against the simulator as against
+//! kube-apiserver: it serves the same OpenAPI documents and validates fields itself.
 //!
 //! # Map
 //!
@@ -33,17 +36,20 @@
 //!   ├─ transport/   accept loop, TLS + ALPN, h2c sniffing, HTTP/1.1 and HTTP/2 serving
 //!   │               (body: response bodies that hold in-flight slots; protobuf: request decoding)
 //!   ├─ api/         the Kubernetes API: request pipeline and verb handlers (mod),
-//!   │               request_info, discovery, table (kubectl printing), watch_stream
+//!   │               request_info, discovery, openapi (+ openapi_v2: the protobuf v2 document),
+//!   │               table (kubectl printing), watch_stream
 //!   └─ admin        the /sim/ admin API
 //!        │
 //!      state        Shared: what every handler reads
 //!        │
 //!   ├─ auth/        users (bearer tokens), rbac (authorizer), review (access reviews)
-//!   ├─ control/     faults, limits (429 + Retry-After), stats (counters, request log)
+//!   ├─ control/     faults; limits (simple) and flow_control (API Priority and Fairness),
+//!   │               held together per request by admission; stats (counters, request log)
+//!   │               and metrics (kube-apiserver's names)
 //!   ├─ generator/   generate (routes, secrets, RBAC), certs, loadgen (HTTP/2 load)
 //!   └─ storage/     store (objects, resourceVersions, history), watch (watcher index),
 //!        │          handle (direct access)
-//!      objects/     meta, validation, patch, selectors
+//!      objects/     meta, schema (kube-apiserver's OpenAPI schemas), validation, patch, selectors
 //!        │
 //!      error, config, kubeconfig
 //!        │
@@ -51,8 +57,11 @@
 //! ```
 //!
 //! A request travels `transport` → `simulator`'s dispatch → `api` (authenticate,
-//! count, limit, delay, fault, authorize) → `storage` → back out through
-//! `api::watch_stream` or a JSON body.
+//! count, API Priority and Fairness, the simple limit, delay, fault, authorize) →
+//! `storage` → back out through `api::watch_stream` or a JSON body.
+//!
+//! How the simulator compares with a real kube-apiserver, and what was changed to make
+//! it agree, is in `docs/SIMULATOR.md`.
 //!
 //! # Example
 //!

@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::rbac::Authorizer;
 use crate::auth::users::Users;
-use crate::config::{LatencyConfig, ServerFeatures};
+use crate::config::{FlowControlConfig, LatencyConfig, ServerFeatures};
 use crate::control::faults::{FaultControl, Faults};
-use crate::control::flow_control::{FlowControl, FlowControlConfig};
+use crate::control::flow_control::FlowControl;
 use crate::control::limits::Limiter;
 use crate::control::metrics::RequestMetrics;
 use crate::control::stats::{RequestLog, SimStats, Stats};

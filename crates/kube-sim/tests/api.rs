@@ -1045,3 +1045,96 @@ async fn metrics_count_requests_as_kube_apiserver_does() {
     );
     sim.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_and_duplicate_fields_follow_field_validation() {
+    let sim = start().await;
+    let admin = sim.client("admin").await.unwrap();
+    let secrets = "/api/v1/namespaces/default/secrets";
+    let strict = "Secret in version \"v1\" cannot be handled as a Secret: strict decoding error:";
+    // (query, body, code, message start, warnings)
+    let cases: [(&str, &str, u16, &str, &[&str]); 5] = [
+        (
+            "?fieldValidation=Strict",
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"a"},"bogus":1}"#,
+            400,
+            strict,
+            &[],
+        ),
+        (
+            "?fieldValidation=Strict",
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"b"},"type":"Opaque","type":"Opaque"}"#,
+            400,
+            strict,
+            &[],
+        ),
+        (
+            "",
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"c"},"bogus":1}"#,
+            201,
+            "",
+            &["299 - \"unknown field \\\"bogus\\\"\""],
+        ),
+        (
+            "?fieldValidation=Ignore",
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"d"},"bogus":1}"#,
+            201,
+            "",
+            &[],
+        ),
+        (
+            "?fieldValidation=Maybe",
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"e"}}"#,
+            400,
+            "fieldValidation",
+            &[],
+        ),
+    ];
+    for (query, body, code, message, warnings) in cases {
+        let req = http::Request::post(format!("{secrets}{query}"))
+            .header("content-type", "application/json")
+            .body(kube::client::Body::from(body.as_bytes().to_vec()))
+            .unwrap();
+        let resp = admin.send(req).await.unwrap();
+        assert_eq!(resp.status().as_u16(), code, "{query} {body}");
+        let got: Vec<&str> = resp
+            .headers()
+            .get_all("warning")
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(got, warnings, "{query} {body}");
+        let bytes = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let status: Value = serde_json::from_slice(&bytes).unwrap();
+        if !message.is_empty() {
+            assert!(
+                status["message"].as_str().unwrap().starts_with(message),
+                "{status}"
+            );
+        }
+    }
+    // A patch that adds an unknown field is an invalid patch (422), naming the field.
+    let (code, _, status) = raw(
+        &admin,
+        Method::PATCH,
+        &format!("{secrets}/c?fieldValidation=Strict"),
+        Some(json!({"bogus2": 1})),
+        "application/merge-patch+json",
+    )
+    .await;
+    assert_eq!((code, status["reason"].as_str()), (422, Some("Invalid")));
+    let message = status["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(" \"\" is invalid: patch: Invalid value: \""),
+        "{message}"
+    );
+    assert!(
+        message.ends_with("strict decoding error: unknown field \"bogus2\""),
+        "{message}"
+    );
+    assert_eq!(status["details"]["causes"][0]["field"], "patch");
+    sim.shutdown().await;
+}

@@ -1,7 +1,9 @@
 //! kubectl driven as a subprocess against a TLS simulator: every kubectl installed
 //! (each versioned `kubectl.1.N` next to the one on PATH, else that one) runs the same
-//! table of commands — get, list, create, apply, delete on secrets and routes, typed
-//! generators (protobuf bodies), `auth can-i` as the router — then a watch.
+//! table of commands — get, list, create, apply (validated, as against kube-apiserver,
+//! through the OpenAPI documents and server-side field validation), delete on secrets
+//! and routes, typed generators (protobuf bodies), `auth can-i` as the router — then a
+//! watch.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -129,6 +131,35 @@ async fn scenario(binary: Binary) {
         "route-2.yaml",
         &route_yaml("web2", "two.example.com"),
     );
+    // Objects with a field their schema does not have: kubectl leaves validation to
+    // the server (the OpenAPI documents say it validates fields), which refuses them.
+    let bad = [
+        (
+            "bad-secret.yaml",
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: bad\n  namespace: default\nstringData:\n  a: b\nbogus: 1\n",
+            "Secret in version \"v1\" cannot be handled as a Secret: strict decoding error: unknown field \"bogus\"",
+        ),
+        (
+            "bad-route.yaml",
+            &route_yaml("bad", "bad.example.com")
+                .replace("termination: edge", "termination: edge\n    bogus: 1"),
+            "Route in version \"v1\" cannot be handled as a Route: strict decoding error: unknown field \"spec.tls.bogus\"",
+        ),
+        (
+            "bad-namespace.yaml",
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: bad\nspec:\n  bogus: []\n",
+            "Namespace in version \"v1\" cannot be handled as a Namespace: strict decoding error: unknown field \"spec.bogus\"",
+        ),
+        (
+            "bad-role.yaml",
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata:\n  name: bad\n  namespace: default\nrules:\n- apiGroups: [\"\"]\n  resources: [secrets]\n  verbs: [get]\n  nope: true\n",
+            "Role in version \"v1\" cannot be handled as a Role: strict decoding error: unknown field \"rules[0].nope\"",
+        ),
+    ];
+    let bad_files: Vec<(String, &str)> = bad
+        .iter()
+        .map(|(name, text, message)| (write(dir.path(), name, text), *message))
+        .collect();
     let router_secret = format!("secrets/{}", mine.secret);
     let ns = mine.namespace.as_str();
 
@@ -165,22 +196,16 @@ async fn scenario(binary: Binary) {
             ]),
             Expect::PrintsExactly(b64("b")),
         ),
+        step(&admin(&["apply", "-f", &secret_one]), prints(&["created"])),
         step(
-            &admin(&["apply", "--validate=false", "-f", &secret_one]),
-            prints(&["created"]),
-        ),
-        step(
-            &admin(&["apply", "--validate=false", "-f", &secret_two]),
+            &admin(&["apply", "-f", &secret_two]),
             prints(&["configured"]),
         ),
         step(
-            &admin(&["apply", "--validate=false", "-f", &route_a]),
+            &admin(&["apply", "-f", &route_a]),
             prints(&["route.route.openshift.io/web created"]),
         ),
-        step(
-            &admin(&["apply", "--validate=false", "-f", &route_b]),
-            prints(&["configured"]),
-        ),
+        step(&admin(&["apply", "-f", &route_b]), prints(&["configured"])),
         step(
             &admin(&["get", "routes", "-n", "default"]),
             prints(&["www.example.com", "edge"]),
@@ -197,10 +222,7 @@ async fn scenario(binary: Binary) {
             ]),
             Expect::PrintsExactly("www.example.com 2".to_string()),
         ),
-        step(
-            &admin(&["create", "--validate=false", "-f", &route_2]),
-            prints(&["created"]),
-        ),
+        step(&admin(&["create", "-f", &route_2]), prints(&["created"])),
         step(
             &admin(&["get", "routes", "-A", "-o", "name"]),
             prints(&["route.route.openshift.io/web2"]),
@@ -270,6 +292,29 @@ async fn scenario(binary: Binary) {
         ),
     ];
     run_steps(&k, &steps).await;
+    for (file, message) in &bad_files {
+        let o = k.run(&["--context", "admin", "apply", "-f", file]).await;
+        assert!(!o.ok, "{}: {file} was accepted", k.binary.name);
+        assert!(
+            o.stderr.contains(&format!(
+                "Error from server (BadRequest): error when creating \"{file}\": {message}"
+            )),
+            "{}: {}",
+            k.binary.name,
+            o.stderr
+        );
+    }
+    for (resource, namespace) in [
+        ("secrets", "default"),
+        ("routes", "default"),
+        ("namespaces", ""),
+        ("roles", "default"),
+    ] {
+        assert!(
+            sim.store().get(resource, namespace, "bad").is_none(),
+            "{resource} stored"
+        );
+    }
 
     // What the commands stored, field by field.
     let store = sim.store();

@@ -6,6 +6,8 @@
 //! ([`watch_stream`]).
 
 pub(crate) mod discovery;
+pub(crate) mod openapi;
+pub(crate) mod openapi_v2;
 pub(crate) mod request_info;
 pub(crate) mod table;
 pub(crate) mod watch_stream;
@@ -38,6 +40,7 @@ use crate::storage::store::{
     WatchStartError, WriteOptions,
 };
 use crate::transport::body::SimBody;
+use openapi::{FieldProblems, FieldValidation};
 use request_info::{ResourceRequest, Target};
 use table::TableOptions;
 use watch_stream::WatchOptions;
@@ -50,6 +53,8 @@ pub(crate) enum Reply {
     Json {
         code: u16,
         body: Bytes,
+        /// `Warning` headers (field validation's, for example).
+        warnings: Vec<String>,
     },
     Text {
         code: u16,
@@ -71,6 +76,19 @@ impl Reply {
         Reply::Json {
             code,
             body: Bytes::from(serde_json::to_vec(value).unwrap_or_default()),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// The same with `Warning` headers.
+    fn warned(self, warnings: Vec<String>) -> Reply {
+        match self {
+            Reply::Json { code, body, .. } => Reply::Json {
+                code,
+                body,
+                warnings,
+            },
+            other => other,
         }
     }
 }
@@ -310,7 +328,16 @@ async fn respond(
         return counted(with_permit(error_response(&e), permit));
     }
     let reply = match &target {
-        Target::NonResource { path } => non_resource(shared, user, &parts.method, path),
+        Target::NonResource { path } => non_resource(
+            shared,
+            user,
+            &parts.method,
+            path,
+            parts
+                .headers
+                .get(http::header::ACCEPT)
+                .and_then(|v| v.to_str().ok()),
+        ),
         Target::Resource(rr) => match authorize(shared, user, rr) {
             Err(e) => Err(e),
             Ok(()) => resource(shared, parts, body, rr, user).await,
@@ -318,7 +345,21 @@ async fn respond(
     };
     let resp = match reply {
         Err(e) => with_permit(error_response(&e), permit),
-        Ok(Reply::Json { code, body }) => with_permit(json_response(code, body, None), permit),
+        Ok(Reply::Json {
+            code,
+            body,
+            warnings,
+        }) => {
+            let mut resp = json_response(code, body, None);
+            for warning in warnings {
+                // kube-apiserver's format: `299 - "<text>"`.
+                let value = format!("299 - {warning:?}");
+                if let Ok(value) = HeaderValue::from_str(&value) {
+                    resp.headers_mut().append(http::header::WARNING, value);
+                }
+            }
+            with_permit(resp, permit)
+        }
         Ok(Reply::Text {
             code,
             body,
@@ -481,6 +522,7 @@ fn non_resource(
     user: &UserInfo,
     method: &Method,
     path: &str,
+    accept: Option<&str>,
 ) -> Result<Reply, ApiError> {
     let verb = RequestVerb::for_method(method);
     let attrs = Attributes::non_resource(AccessVerb::parse(verb.as_str()), path);
@@ -505,6 +547,13 @@ fn non_resource(
             code: 200,
             body: Bytes::from(shared.metrics.encode(flow.as_ref())),
             content_type: "text/plain; version=0.0.4; charset=utf-8",
+        });
+    }
+    if let Some((body, content_type)) = openapi::document(path, accept) {
+        return Ok(Reply::Text {
+            code: 200,
+            body,
+            content_type,
         });
     }
     match crate::api::discovery::document(path, shared.addr) {
@@ -695,14 +744,16 @@ async fn resource(
         Verb::Create => {
             let body = read_body(body).await?;
             let mut obj = decode_object(content_type.as_deref(), &body)?;
+            let warnings = body_field_problems(def, rr, content_type.as_deref(), &body, &obj)?;
             check_kind(def, &obj)?;
             bind_namespace(def, rr, &mut obj)?;
             let stored = shared.store.create(rr.id, obj, write_options(rr)?)?;
-            Ok(Reply::json(201, &stored))
+            Ok(Reply::json(201, &stored).warned(warnings))
         }
         Verb::Update => {
             let body = read_body(body).await?;
             let mut obj = decode_object(content_type.as_deref(), &body)?;
+            let warnings = body_field_problems(def, rr, content_type.as_deref(), &body, &obj)?;
             check_kind(def, &obj)?;
             bind_namespace(def, rr, &mut obj)?;
             let url_name = rr.name.clone().unwrap_or_default();
@@ -723,7 +774,7 @@ async fn resource(
                 shared
                     .store
                     .update(rr.id, key_for(rr), obj, target, write_options(rr)?)?;
-            Ok(Reply::json(200, &stored))
+            Ok(Reply::json(200, &stored).warned(warnings))
         }
         Verb::Patch => {
             let kind = PatchKind::from_content_type(content_type.as_deref().unwrap_or(""))?;
@@ -738,6 +789,17 @@ async fn resource(
             }
             let body = read_body(body).await?;
             let patch = PatchBody::decode(kind, &body)?;
+            let level = FieldValidation::from_param(rr.param("fieldValidation"))?;
+            // Field validation looks at the patched object, as kube-apiserver does;
+            // a patch that creates (apply) is judged like a body.
+            let warnings = match shared.store.get(rr.id, &key_for(rr)) {
+                Some(current) => {
+                    let mut patched = (*current).clone();
+                    patch.apply_to(&mut patched)?;
+                    FieldProblems::of(def, &patched, None).judge_patched(&patched, level)?
+                }
+                None => FieldProblems::of(def, &patch.patch, None).judge_body(def, level)?,
+            };
             let target = if rr.subresource.is_some() {
                 UpdateTarget::Status
             } else {
@@ -747,7 +809,7 @@ async fn resource(
                 shared
                     .store
                     .patch(rr.id, key_for(rr), &patch, target, write_options(rr)?)?;
-            Ok(Reply::json(if created { 201 } else { 200 }, &stored))
+            Ok(Reply::json(if created { 201 } else { 200 }, &stored).warned(warnings))
         }
         Verb::Delete => {
             let body = read_body(body).await?;
@@ -808,9 +870,28 @@ async fn resource(
             Ok(Reply::Json {
                 code: 200,
                 body: list_json(def, &page),
+                warnings: Vec::new(),
             })
         }
     }
+}
+
+/// Field validation of a create or update body: refuses it (`fieldValidation=Strict`)
+/// or returns the warnings to send. Protobuf bodies cannot carry unknown fields.
+fn body_field_problems(
+    def: &ResourceDef,
+    rr: &ResourceRequest,
+    content_type: Option<&str>,
+    raw: &[u8],
+    object: &Value,
+) -> Result<Vec<String>, ApiError> {
+    let level = FieldValidation::from_param(rr.param("fieldValidation"))?;
+    let base = content_type.unwrap_or("application/json");
+    let raw_json = (base.starts_with("application/json") || base.is_empty()).then_some(raw);
+    if base.starts_with("application/vnd.kubernetes.protobuf") {
+        return Ok(Vec::new());
+    }
+    FieldProblems::of(def, object, raw_json).judge_body(def, level)
 }
 
 /// Encodes a list page as `<Kind>List` JSON without building a Value tree.
@@ -916,6 +997,7 @@ fn list(
         None => Reply::Json {
             code: 200,
             body: list_json(def, &page),
+            warnings: Vec::new(),
         },
     })
 }

@@ -20,52 +20,13 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use crate::auth::users::UserInfo;
-use crate::config::duration_serde;
-
-/// The server's concurrency budget and APF's timing, as kube-apiserver's flags set it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct FlowControlConfig {
-    /// `--max-requests-inflight` (default 400).
-    pub max_requests_inflight: u32,
-    /// `--max-mutating-requests-inflight` (default 200). With APF on, the two only add
-    /// up to the server's concurrency limit; reads and writes share it.
-    pub max_mutating_requests_inflight: u32,
-    /// How long a request may wait in a queue before it is refused with reason
-    /// `time-out` (kube-apiserver: a quarter of the 60 s request timeout).
-    #[serde(with = "duration_serde")]
-    pub queue_wait_limit: Duration,
-    /// How often the levels' current limits are re-divided by recent demand
-    /// (kube-apiserver: 10 s).
-    #[serde(with = "duration_serde")]
-    pub adjust_interval: Duration,
-}
-
-impl Default for FlowControlConfig {
-    fn default() -> Self {
-        FlowControlConfig {
-            max_requests_inflight: 400,
-            max_mutating_requests_inflight: 200,
-            queue_wait_limit: Duration::from_secs(15),
-            adjust_interval: Duration::from_secs(10),
-        }
-    }
-}
-
-impl FlowControlConfig {
-    /// The server's concurrency limit: the seats all priority levels share.
-    pub fn server_concurrency_limit(&self) -> u32 {
-        self.max_requests_inflight
-            .saturating_add(self.max_mutating_requests_inflight)
-            .max(1)
-    }
-}
+use crate::config::FlowControlConfig;
 
 /// What a priority level does with a request it cannot serve at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1190,6 +1151,7 @@ pub struct FlowControlStats {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn user(name: &str, groups: &[&str]) -> UserInfo {
         UserInfo {

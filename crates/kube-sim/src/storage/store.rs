@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use crate::error::{ApiError, FieldError};
 use crate::objects::meta::{meta_str, metadata_mut, now_timestamp, set_resource_version};
 use crate::objects::patch::{PatchBody, PatchKind};
+use crate::objects::schema;
 use crate::objects::selectors::ObjectFilter;
 use crate::objects::validation;
 use crate::resources::{
@@ -410,6 +411,9 @@ impl Store {
     ) -> Result<Arc<Value>, ApiError> {
         let def = id.def();
         prepare_shape(id, &mut obj)?;
+        if opts.api {
+            schema::prune_unknown(def, &mut obj);
+        }
         let key = key_of(def, &obj)?;
         if let Some(meta) = metadata_mut(&mut obj) {
             meta.remove("resourceVersion");
@@ -464,6 +468,9 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let def = id.def();
         prepare_shape(id, &mut incoming)?;
+        if opts.api {
+            schema::prune_unknown(def, &mut incoming);
+        }
         let old_rv = meta_str(old, "resourceVersion").unwrap_or_default();
         if let Some(rv) = meta_str(&incoming, "resourceVersion")
             && !rv.is_empty()

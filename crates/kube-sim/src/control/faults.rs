@@ -9,11 +9,16 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::control::stats::{RequestVerb, Stats};
 use crate::error::ApiError;
-use crate::server::Shared;
+use crate::storage::store::Store;
 
 /// Fail the next `count` requests matching `verb` and `resource` (and, if set,
 /// `namespace` and `name`) with HTTP status `code`. `"*"` matches any verb or resource.
+///
+/// `verb` is a pattern, not a [`kube_common::Verb`]: `"*"`, or the word a request is
+/// logged under ([`crate::RequestRecord::verb`]), so that a rule can also fail a
+/// discovery `get`. The admin API refuses words that are neither.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FailRule {
     /// Verb to match (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`) or `*`.
@@ -52,12 +57,12 @@ impl FailRule {
 
     fn matches(
         &self,
-        verb: &str,
+        verb: &RequestVerb,
         resource: &str,
         namespace: Option<&str>,
         name: Option<&str>,
     ) -> bool {
-        (self.verb == "*" || self.verb == verb)
+        (self.verb == "*" || *verb == *self.verb)
             && (self.resource == "*" || self.resource == resource)
             && self
                 .namespace
@@ -135,7 +140,7 @@ impl Faults {
     /// Consumes one matching fail rule, returning the error to answer with.
     pub(crate) fn take_failure(
         &self,
-        verb: &str,
+        verb: &RequestVerb,
         resource: &str,
         namespace: Option<&str>,
         name: Option<&str>,
@@ -239,15 +244,21 @@ impl Faults {
 /// Handle for injecting faults into a running simulator.
 #[derive(Clone)]
 pub struct FaultControl {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) faults: Arc<Faults>,
+    /// Counts the open watches that `close_all_watches` reports.
+    pub(crate) stats: Arc<Stats>,
+    /// Compacted by `compact_history`.
+    pub(crate) store: Arc<Store>,
+    /// Where an outage's end is scheduled (callers need not be inside the runtime).
+    pub(crate) runtime: tokio::runtime::Handle,
 }
 
 impl FaultControl {
     /// Closes every open watch now (cleanly: the streams end). Returns how many were
     /// open.
     pub fn close_all_watches(&self) -> u64 {
-        let open = self.shared.stats.open_watches();
-        let mut t = lock(&self.shared.faults.watch_close);
+        let open = self.stats.open_watches();
+        let mut t = lock(&self.faults.watch_close);
         t.cancel();
         *t = CancellationToken::new();
         open
@@ -256,8 +267,7 @@ impl FaultControl {
     /// Makes every watch close after it has sent `events` events (ADDED, MODIFIED,
     /// DELETED; bookmarks do not count). `None` turns this off.
     pub fn close_watches_after(&self, events: Option<u64>) {
-        self.shared
-            .faults
+        self.faults
             .close_after
             .store(events.unwrap_or(0), Ordering::Relaxed);
     }
@@ -265,33 +275,33 @@ impl FaultControl {
     /// Fails the next matching requests (see [`FailRule`]).
     pub fn fail_next(&self, rule: FailRule) {
         if rule.count > 0 {
-            lock(&self.shared.faults.rules).push(rule);
+            lock(&self.faults.rules).push(rule);
         }
     }
 
     /// Starts an outage lasting `duration` (see [`OutageMode`]).
     pub fn outage(&self, duration: Duration, mode: OutageMode) {
-        let faults = &self.shared.faults;
+        let faults = &self.faults;
         let generation = faults.set_outage(Some(mode), Some(Instant::now() + duration));
         if mode == OutageMode::Refuse {
             faults.close_connections();
         }
-        let shared = self.shared.clone();
-        self.shared.runtime.spawn(async move {
+        let faults = self.faults.clone();
+        self.runtime.spawn(async move {
             tokio::time::sleep(duration).await;
-            shared.faults.end_outage_if(generation);
+            faults.end_outage_if(generation);
         });
     }
 
     /// Drops the whole event history: every watch or exact list from an older
     /// resourceVersion now gets 410 Expired. Returns the current resourceVersion.
     pub fn compact_history(&self) -> u64 {
-        self.shared.store.compact()
+        self.store.compact()
     }
 
     /// Removes every fault: fail rules, close-after and any outage.
     pub fn clear(&self) {
-        let faults = &self.shared.faults;
+        let faults = &self.faults;
         lock(&faults.rules).clear();
         faults.close_after.store(0, Ordering::Relaxed);
         faults.set_outage(None, None);
@@ -299,6 +309,6 @@ impl FaultControl {
 
     /// The current fault settings.
     pub fn state(&self) -> FaultState {
-        self.shared.faults.state()
+        self.faults.state()
     }
 }

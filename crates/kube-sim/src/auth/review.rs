@@ -8,10 +8,10 @@
 
 use serde_json::{Value, json};
 
+use crate::auth::rbac::{AccessVerb, Attributes, Authorizer};
+use crate::auth::users::UserInfo;
 use crate::error::{ApiError, FieldError};
-use crate::rbac::{Attributes, UserInfo};
-use crate::request_info::ResourceRequest;
-use crate::server::Shared;
+use crate::resources::ResourceDef;
 
 fn s(v: &Value, key: &str) -> String {
     v.get(key).and_then(Value::as_str).unwrap_or("").to_string()
@@ -22,7 +22,7 @@ fn attributes(spec: &Value) -> Result<Attributes, Vec<FieldError>> {
     let na = spec.get("nonResourceAttributes").filter(|v| !v.is_null());
     match (ra, na) {
         (Some(ra), None) => Ok(Attributes {
-            verb: s(ra, "verb"),
+            verb: AccessVerb::parse(&s(ra, "verb")),
             group: s(ra, "group"),
             resource: s(ra, "resource"),
             subresource: s(ra, "subresource"),
@@ -30,11 +30,10 @@ fn attributes(spec: &Value) -> Result<Attributes, Vec<FieldError>> {
             name: s(ra, "name"),
             path: None,
         }),
-        (None, Some(na)) => Ok(Attributes {
-            verb: s(na, "verb"),
-            path: Some(s(na, "path")),
-            ..Attributes::default()
-        }),
+        (None, Some(na)) => Ok(Attributes::non_resource(
+            AccessVerb::parse(&s(na, "verb")),
+            s(na, "path"),
+        )),
         _ => Err(vec![FieldError::invalid(
             "spec.resourceAttributes",
             "",
@@ -43,8 +42,8 @@ fn attributes(spec: &Value) -> Result<Attributes, Vec<FieldError>> {
     }
 }
 
-fn decision_status(shared: &Shared, user: &UserInfo, attrs: &Attributes) -> Value {
-    let d = shared.authorizer.authorize(user, attrs);
+fn decision_status(authorizer: &Authorizer, user: &UserInfo, attrs: &Attributes) -> Value {
+    let d = authorizer.authorize(user, attrs);
     let mut status = json!({ "allowed": d.allowed });
     if !d.reason.is_empty() {
         status["reason"] = json!(d.reason);
@@ -52,21 +51,22 @@ fn decision_status(shared: &Shared, user: &UserInfo, attrs: &Attributes) -> Valu
     status
 }
 
-/// Answers a review; the response is the review with its `status` filled in.
+/// Answers a review of kind `def` posted by `requester` (to a URL in `url_namespace`
+/// for the local kind); the response is the review with its `status` filled in.
 pub(crate) fn answer(
-    shared: &Shared,
-    rr: &ResourceRequest,
+    authorizer: &Authorizer,
+    def: &ResourceDef,
+    url_namespace: Option<&str>,
     requester: &UserInfo,
     mut review: Value,
 ) -> Result<Value, ApiError> {
-    let def = rr.id.def();
     let spec = review.get("spec").cloned().unwrap_or_else(|| json!({}));
     let invalid = |errs: Vec<FieldError>| ApiError::invalid(def, "", &errs);
     let status = match def.name {
         "subjectaccessreviews" | "localsubjectaccessreviews" => {
             let mut attrs = attributes(&spec).map_err(invalid)?;
             if def.name == "localsubjectaccessreviews" {
-                let url_ns = rr.namespace.clone().unwrap_or_default();
+                let url_ns = url_namespace.unwrap_or_default().to_string();
                 if attrs.namespace.is_empty() {
                     attrs.namespace = url_ns.clone();
                 } else if attrs.namespace != url_ns {
@@ -96,15 +96,15 @@ pub(crate) fn answer(
                     "at least one of user or group must be specified",
                 )]));
             }
-            decision_status(shared, &user, &attrs)
+            decision_status(authorizer, &user, &attrs)
         }
         "selfsubjectaccessreviews" => {
             let attrs = attributes(&spec).map_err(invalid)?;
-            decision_status(shared, requester, &attrs)
+            decision_status(authorizer, requester, &attrs)
         }
         "selfsubjectrulesreviews" => {
             let ns = s(&spec, "namespace");
-            let (resource_rules, non_resource_rules) = shared.authorizer.rules_for(requester, &ns);
+            let (resource_rules, non_resource_rules) = authorizer.rules_for(requester, &ns);
             json!({
                 "resourceRules": resource_rules,
                 "nonResourceRules": non_resource_rules,
@@ -119,7 +119,7 @@ pub(crate) fn answer(
         let meta = map.entry("metadata").or_insert_with(|| json!({}));
         if let Some(meta) = meta.as_object_mut() {
             meta.insert("creationTimestamp".into(), Value::Null);
-            if let Some(ns) = &rr.namespace {
+            if let Some(ns) = url_namespace {
                 meta.insert("namespace".into(), json!(ns));
             }
         }

@@ -8,10 +8,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::error::{ApiError, SimError};
-use crate::patch::{PatchBody, PatchKind};
+use crate::objects::patch::{PatchBody, PatchKind};
+use crate::objects::validation;
 use crate::resources::{self, ResourceId};
-use crate::store::{Key, Preconditions, Store, UpdateTarget, WriteOptions};
-use crate::validation;
+use crate::storage::store::{Key, Preconditions, Store, UpdateTarget, WriteOptions};
 
 /// A namespace argument: `"ns"`, `Some("ns")`, or `""`/`None` for cluster-scoped
 /// objects (and, for `list`, all namespaces).
@@ -82,8 +82,8 @@ fn key(id: ResourceId, ns: NamespaceArg<'_>, name: &str) -> Key {
 }
 
 fn key_of(id: ResourceId, obj: &Value) -> Key {
-    let name = crate::store::meta_str(obj, "name").unwrap_or("");
-    let ns = crate::store::meta_str(obj, "namespace").filter(|s| !s.is_empty());
+    let name = crate::objects::meta::meta_str(obj, "name").unwrap_or("");
+    let ns = crate::objects::meta::meta_str(obj, "namespace").filter(|s| !s.is_empty());
     key(id, NamespaceArg(ns), name)
 }
 
@@ -268,12 +268,12 @@ pub(crate) fn load_manifests(store: &Store, text: &str) -> Result<usize, SimErro
             let id = validation::resource_of(&item)
                 .map_err(|message| SimError::Manifest { index, message })?;
             if id.def().namespaced
-                && crate::store::meta_str(&item, "namespace").is_none_or(str::is_empty)
+                && crate::objects::meta::meta_str(&item, "namespace").is_none_or(str::is_empty)
                 && let Some(meta) = item.get_mut("metadata").and_then(Value::as_object_mut)
             {
                 meta.insert("namespace".into(), json!("default"));
             }
-            let name = crate::store::meta_str(&item, "name")
+            let name = crate::objects::meta::meta_str(&item, "name")
                 .unwrap_or("")
                 .to_string();
             upsert(store, id, item, DIRECT).map_err(|e| SimError::Manifest {

@@ -5,7 +5,10 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use serde::{Deserialize, Serialize};
+use kube_common::Verb;
+
+use crate::control::flow_control::FlowControlStats;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Per-protocol counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,10 +54,14 @@ pub struct SimStats {
     pub bytes_sent: u64,
     /// Watch events sent (including bookmarks and errors).
     pub watch_events_sent: u64,
-    /// Requests rejected with 429 by the concurrency limit.
+    /// Requests rejected with 429 by a concurrency limit (the simple one or APF).
     pub rejected_429: u64,
     /// Highest number of requests waiting in the queue at once.
     pub peak_queued: u64,
+    /// API Priority and Fairness, when on: each priority level's limits, seats and
+    /// queues, and the refusals (also counted in `rejected_429`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_control: Option<FlowControlStats>,
 }
 
 /// HTTP protocol of a connection.
@@ -74,6 +81,90 @@ impl Protocol {
             Protocol::H1 => "h1",
             Protocol::H2 => "h2",
         }
+    }
+}
+
+/// The verb a request is counted and logged under: for a resource request its API
+/// verb, for anything else (discovery, health, OpenAPI, a path the server does not
+/// serve) its HTTP method in lower case, as kube-apiserver's request info names it.
+///
+/// Serialized as that one word (`"watch"`, `"get"`, `"post"`); compares equal to it as
+/// a string, and to the [`Verb`] it carries.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum RequestVerb {
+    /// A resource request's verb.
+    Api(Verb),
+    /// Another request's lower-cased HTTP method.
+    Http(Box<str>),
+}
+
+impl RequestVerb {
+    /// The verb for a request that names no resource.
+    pub fn for_method(method: &http::Method) -> RequestVerb {
+        RequestVerb::Http(method.as_str().to_ascii_lowercase().into_boxed_str())
+    }
+
+    /// The word as it is logged.
+    pub fn as_str(&self) -> &str {
+        match self {
+            RequestVerb::Api(verb) => verb.as_str(),
+            RequestVerb::Http(method) => method,
+        }
+    }
+
+    /// The API verb, for a resource request.
+    pub fn api(&self) -> Option<Verb> {
+        match self {
+            RequestVerb::Api(verb) => Some(*verb),
+            RequestVerb::Http(_) => None,
+        }
+    }
+}
+
+impl From<Verb> for RequestVerb {
+    fn from(verb: Verb) -> Self {
+        RequestVerb::Api(verb)
+    }
+}
+
+impl std::fmt::Display for RequestVerb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<str> for RequestVerb {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for RequestVerb {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<Verb> for RequestVerb {
+    fn eq(&self, other: &Verb) -> bool {
+        self.api() == Some(*other)
+    }
+}
+
+impl Serialize for RequestVerb {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for RequestVerb {
+    /// An API verb's name reads back as that verb, any other word as a method.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let word = String::deserialize(deserializer)?;
+        Ok(match word.parse::<Verb>() {
+            Ok(verb) => RequestVerb::Api(verb),
+            Err(_) => RequestVerb::Http(word.into_boxed_str()),
+        })
     }
 }
 
@@ -105,7 +196,7 @@ impl Stats {
         self.counters.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn count_request(&self, verb: &str, resource: &str) {
+    pub(crate) fn count_request(&self, verb: &RequestVerb, resource: &str) {
         let mut c = self.lock();
         c.requests_total += 1;
         let by_resource = c.requests.entry(verb.to_string()).or_default();
@@ -200,6 +291,7 @@ impl Stats {
             watch_events_sent: self.watch_events_sent.load(Ordering::Relaxed),
             rejected_429: c.rejected_429,
             peak_queued,
+            flow_control: None,
         }
     }
 
@@ -227,7 +319,7 @@ pub struct RequestRecord {
     /// Kubernetes verb (`get`, `list`, `watch`, `create`, `update`, `patch`,
     /// `delete`, `deletecollection`), or the lower-cased HTTP method for
     /// non-resource requests.
-    pub verb: String,
+    pub verb: RequestVerb,
     /// Resource with subresource (`secrets`, `routes/status`), or the URL path for
     /// non-resource requests.
     pub resource: String,
@@ -292,5 +384,30 @@ impl RequestLog {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let start = inner.records.partition_point(|r| r.seq <= since);
         inner.records.range(start..).cloned().collect()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_verbs_keep_their_wire_words() {
+        let watch = RequestVerb::from(Verb::Watch);
+        assert_eq!(serde_json::to_string(&watch).unwrap(), "\"watch\"");
+        assert!(watch == "watch" && watch == Verb::Watch && watch != Verb::List);
+        let post = RequestVerb::for_method(&http::Method::POST);
+        assert_eq!((post.as_str(), post.api()), ("post", None));
+        for word in ["deletecollection", "get", "post", "options"] {
+            let verb: RequestVerb = serde_json::from_str(&format!("\"{word}\"")).unwrap();
+            assert_eq!(verb, *word);
+        }
+        let get: RequestVerb = serde_json::from_str("\"get\"").unwrap();
+        assert_eq!(
+            get.api(),
+            Some(Verb::Get),
+            "an API verb's word reads back as the verb"
+        );
     }
 }

@@ -14,13 +14,14 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::time::{Interval, MissedTickBehavior, Sleep};
 use tokio_util::sync::CancellationToken;
 
-use crate::body::SimBody;
-use crate::limits::InflightPermit;
+use crate::api::table::{self, TableOptions};
+use crate::control::admission::Admission;
+use crate::objects::meta::meta_str;
 use crate::resources::ResourceDef;
-use crate::server::Shared;
-use crate::store::{InitialItem, Subscription, meta_str};
-use crate::table::{self, TableOptions};
-use crate::watch::{DeliveryItem, encode_event};
+use crate::state::Shared;
+use crate::storage::store::{InitialItem, Subscription};
+use crate::storage::watch::{DeliveryItem, encode_event};
+use crate::transport::body::SimBody;
 
 /// The annotation that marks the end of the initial events of a streaming list.
 pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
@@ -53,7 +54,7 @@ struct WatchState {
     opts: WatchOptions,
     /// Kept until the initial-events-end bookmark is sent (streaming lists count as
     /// in flight until then).
-    permit: Option<InflightPermit>,
+    permit: Option<Admission>,
     close: CancellationToken,
     deadline: Option<Pin<Box<Sleep>>>,
     ticker: Option<Interval>,
@@ -74,7 +75,7 @@ fn rv_of(v: &Value) -> u64 {
 
 /// A BOOKMARK event line.
 pub(crate) fn bookmark_line(def: &ResourceDef, rv: u64, initial_end: bool) -> Bytes {
-    let mut meta = json!({ "resourceVersion": rv.to_string(), "creationTimestamp": null });
+    let mut meta = json!({ "resourceVersion": rv.to_string() });
     if initial_end {
         meta["annotations"] = json!({ INITIAL_EVENTS_END: "true" });
     }
@@ -149,12 +150,14 @@ impl WatchState {
             };
             return self.counted(line);
         }
+        // The initial events are out: a streaming list leaves the in-flight count.
+        self.permit.take();
         if self.opts.initial_events_end {
             self.opts.initial_events_end = false;
-            let line = self.bookmark(self.sub.start_rv, true);
-            // The streaming list is complete: the request leaves the in-flight count.
-            self.permit.take();
-            return Some(line);
+            // Announced only to a client that allows bookmarks, as kube-apiserver does.
+            if self.opts.bookmarks {
+                return Some(self.bookmark(self.sub.start_rv, true));
+            }
         }
         loop {
             if let Some(rv) = self.pending_bookmark {
@@ -229,7 +232,7 @@ pub(crate) fn watch_body(
     def: &'static ResourceDef,
     sub: Subscription,
     opts: WatchOptions,
-    permit: Option<InflightPermit>,
+    permit: Option<Admission>,
 ) -> SimBody {
     shared.stats.watch_opened(def.name);
     let open = OpenWatch {

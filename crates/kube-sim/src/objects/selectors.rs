@@ -514,7 +514,7 @@ pub fn validate_label_key(key: &str) -> Result<(), String> {
         None => (None, key),
     };
     if let Some(p) = prefix
-        && crate::validation::dns1123_subdomain(p).is_err()
+        && kube_common::name::subdomain(p).is_err()
     {
         return Err(format!(
             "invalid label key {key:?}: prefix part must be a DNS-1123 subdomain"

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use http::Method;
+use kube_common::Verb;
 use percent_encoding::percent_decode_str;
 
 use crate::error::ApiError;
@@ -17,7 +18,7 @@ pub(crate) type Query = HashMap<String, String>;
 #[derive(Debug, Clone)]
 pub(crate) struct ResourceRequest {
     pub id: ResourceId,
-    pub verb: &'static str,
+    pub verb: Verb,
     pub namespace: Option<String>,
     pub name: Option<String>,
     pub subresource: Option<String>,
@@ -127,36 +128,40 @@ pub(crate) fn classify(
     }
     let watch =
         legacy_watch || matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
-    let verb: &'static str = match *method {
-        Method::GET if watch => "watch",
-        Method::GET if name.is_some() => "get",
-        Method::GET => "list",
-        Method::POST if name.is_none() => "create",
-        Method::PUT if name.is_some() => "update",
-        Method::PATCH if name.is_some() => "patch",
-        Method::DELETE if name.is_some() => "delete",
-        Method::DELETE => "deletecollection",
+    let verb = match *method {
+        Method::GET if watch => Verb::Watch,
+        Method::GET if name.is_some() => Verb::Get,
+        Method::GET => Verb::List,
+        Method::POST if name.is_none() => Verb::Create,
+        Method::PUT if name.is_some() => Verb::Update,
+        Method::PATCH if name.is_some() => Verb::Patch,
+        Method::DELETE if name.is_some() => Verb::Delete,
+        Method::DELETE => Verb::DeleteCollection,
         _ => {
             return Err(ApiError::method_not_allowed(format!(
                 "the server does not allow this method on the requested resource ({method} {path})"
             )));
         }
     };
-    let served = def.verbs.contains(&verb) || (verb == "watch" && def.verbs.contains(&"list"));
+    let served =
+        def.verbs.contains(&verb) || (verb == Verb::Watch && def.verbs.contains(&Verb::List));
     if !served {
         return Err(ApiError::method_not_allowed(format!(
             "the server does not allow this method on the requested resource ({verb} {})",
             def.name
         )));
     }
-    if def.namespaced && namespace.is_none() && !matches!(verb, "list" | "watch") {
+    if def.namespaced && namespace.is_none() && !matches!(verb, Verb::List | Verb::Watch) {
         return Err(ApiError::no_route());
     }
-    if verb == "watch"
+    if verb == Verb::Watch
         && let Some(n) = &name
     {
         // A watch on a single object URL is a watch with a metadata.name selector.
-        let selector = format!("metadata.name={}", crate::selectors::escape_field_value(n));
+        let selector = format!(
+            "metadata.name={}",
+            crate::objects::selectors::escape_field_value(n)
+        );
         let combined = match query.get("fieldSelector").filter(|s| !s.is_empty()) {
             Some(existing) => format!("{existing},{selector}"),
             None => selector,
@@ -167,7 +172,7 @@ pub(crate) fn classify(
         id,
         verb,
         namespace,
-        name: if verb == "watch" { None } else { name },
+        name: if verb == Verb::Watch { None } else { name },
         subresource,
         query,
     }))
@@ -192,11 +197,11 @@ mod tests {
             "/api/v1/namespaces/ns1/secrets",
             Some("watch=true"),
         );
-        assert_eq!((r.verb, r.namespace.as_deref()), ("watch", Some("ns1")));
+        assert_eq!((r.verb, r.namespace.as_deref()), (Verb::Watch, Some("ns1")));
         let r = res(Method::GET, "/api/v1/namespaces/ns1", None);
         assert_eq!(
             (r.verb, r.id.def().name, r.name.as_deref()),
-            ("get", "namespaces", Some("ns1"))
+            (Verb::Get, "namespaces", Some("ns1"))
         );
         let r = res(Method::PUT, "/api/v1/namespaces/ns1/status", None);
         assert_eq!(r.subresource.as_deref(), Some("status"));
@@ -207,9 +212,9 @@ mod tests {
         );
         assert_eq!(r.resource_key(), "routes/status");
         let r = res(Method::GET, "/api/v1/secrets", None);
-        assert_eq!((r.verb, r.namespace), ("list", None));
+        assert_eq!((r.verb, r.namespace), (Verb::List, None));
         let r = res(Method::GET, "/api/v1/watch/namespaces/a/secrets/x", None);
-        assert_eq!(r.verb, "watch");
+        assert_eq!(r.verb, Verb::Watch);
         assert_eq!(r.param("fieldSelector"), Some("metadata.name=x"));
         assert!(classify(&Method::GET, "/api/v1/namespaces/a/widgets", None).is_err());
         assert!(classify(&Method::POST, "/api/v1/secrets", None).is_err());

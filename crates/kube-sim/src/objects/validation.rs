@@ -172,12 +172,12 @@ fn validate_metadata(def: &ResourceDef, obj: &Value, errs: &mut Vec<FieldError>)
         match labels.as_object() {
             Some(labels) => {
                 for (k, v) in labels {
-                    if let Err(e) = crate::selectors::validate_label_key(k) {
+                    if let Err(e) = crate::objects::selectors::validate_label_key(k) {
                         errs.push(FieldError::invalid("metadata.labels", k, e));
                     }
                     match v.as_str() {
                         Some(v) => {
-                            if let Err(e) = crate::selectors::validate_label_value(v) {
+                            if let Err(e) = crate::objects::selectors::validate_label_value(v) {
                                 errs.push(FieldError::invalid(
                                     format!("metadata.labels[{k}]"),
                                     v,
@@ -206,7 +206,7 @@ fn validate_metadata(def: &ResourceDef, obj: &Value, errs: &mut Vec<FieldError>)
             Some(ann) => {
                 let mut total = 0usize;
                 for (k, v) in ann {
-                    if let Err(e) = crate::selectors::validate_label_key(k) {
+                    if let Err(e) = crate::objects::selectors::validate_label_key(k) {
                         errs.push(FieldError::invalid("metadata.annotations", k, e));
                     }
                     if !v.is_string() {

@@ -11,12 +11,12 @@ use base64::engine::general_purpose::STANDARD as B64;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::certs::CertAuthority;
 use crate::config::duration_serde;
 use crate::error::SimError;
+use crate::generator::certs::CertAuthority;
 use crate::resources::{self, ResourceId};
-use crate::store::{Store, WriteOptions};
-use crate::store_handle::upsert;
+use crate::storage::handle::upsert;
+use crate::storage::store::{Store, WriteOptions};
 use kube_common::duration::parse as parse_duration;
 
 /// Namespace of the router's service account.
@@ -317,7 +317,7 @@ pub(crate) fn generate(store: &Store, spec: &GenerateSpec) -> Result<GeneratedCl
         })
         .collect();
     for r in &routes {
-        if let Err(e) = crate::validation::dns1123_subdomain(&r.host) {
+        if let Err(e) = crate::objects::validation::dns1123_subdomain(&r.host) {
             return Err(SimError::Generate(format!(
                 "host pattern {:?} yields {:?} for route {}: {e}",
                 spec.host_pattern, r.host, r.route

@@ -1,15 +1,24 @@
 //! Transport: the accept loop, protocol detection (ALPN under TLS, the HTTP/2 preface
-//! on plain TCP), per-connection HTTP/1.1 or HTTP/2 serving with the advertised stream
-//! limit, and the state every request handler shares.
+//! on plain TCP) and per-connection HTTP/1.1 or HTTP/2 serving with the advertised
+//! stream limit. What a request means is the handler's business: the transport only
+//! hands each one over with the protocol it came on.
+//!
+//! Also here: the response body type ([`body`]) and the protobuf request decoder
+//! ([`protobuf`]), the two pieces of the wire format below JSON.
+
+pub(crate) mod body;
+pub(crate) mod protobuf;
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
@@ -17,73 +26,34 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::LatencyConfig;
-use crate::faults::{FaultControl, Faults};
-use crate::limits::Limiter;
-use crate::rbac::{Authorizer, Users};
-use crate::stats::{Protocol, RequestLog, SimStats, Stats};
-use crate::store::Store;
+use crate::control::faults::Faults;
+use crate::control::stats::{Protocol, Stats};
+use body::SimBody;
 
-/// State shared by the accept loop, every connection and every request.
-pub(crate) struct Shared {
-    pub store: Arc<Store>,
-    pub authorizer: Authorizer,
-    pub users: Users,
-    pub stats: Arc<Stats>,
-    pub log: RequestLog,
-    pub limiter: Arc<Limiter>,
-    /// Guards the current latency model (replaced whole by `set_latency`).
-    pub latency: RwLock<LatencyConfig>,
-    pub faults: Faults,
-    pub bookmark_interval: Duration,
-    pub max_concurrent_streams: u32,
-    pub addr: SocketAddr,
-    pub url: String,
-    pub ca_pem: Option<String>,
-    pub admin_token: String,
-    pub router_token: String,
-    pub runtime: tokio::runtime::Handle,
-    /// Cancelled when the simulator shuts down.
-    pub shutdown: CancellationToken,
+/// Serves one request; the transport calls it for every request on every connection.
+pub(crate) trait Handler: Clone + Send + Sync + 'static {
+    /// The response to `request`, which arrived over `protocol`.
+    fn handle(
+        &self,
+        request: Request<Incoming>,
+        protocol: Protocol,
+    ) -> impl Future<Output = Response<SimBody>> + Send + use<Self>;
 }
 
-impl Shared {
-    pub(crate) fn latency_for(&self, verb: &str) -> Duration {
-        self.latency
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .sample(verb)
-    }
-
-    pub(crate) fn latency(&self) -> LatencyConfig {
-        self.latency
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    pub(crate) fn set_latency(&self, latency: LatencyConfig) {
-        *self
-            .latency
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = latency;
-    }
-
-    pub(crate) fn stats_snapshot(&self) -> SimStats {
-        let (inflight, peak_inflight, peak_queued) = self.limiter.counters();
-        self.stats.snapshot(inflight, peak_inflight, peak_queued)
-    }
-
-    pub(crate) fn reset_stats(&self) {
-        self.stats.reset();
-        self.limiter.reset_peaks();
-    }
-
-    pub(crate) fn faults_handle(self: &Arc<Self>) -> FaultControl {
-        FaultControl {
-            shared: self.clone(),
-        }
-    }
+/// Everything the accept loop and its connections need.
+pub(crate) struct Transport<H> {
+    /// Where connections are counted.
+    pub stats: Arc<Stats>,
+    /// Outages close and refuse connections.
+    pub faults: Arc<Faults>,
+    /// Cancelled when the simulator stops: the loop and every connection end.
+    pub shutdown: CancellationToken,
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` advertised on HTTP/2 connections.
+    pub max_concurrent_streams: u32,
+    /// Present when serving TLS (ALPN chooses the protocol).
+    pub tls: Option<TlsAcceptor>,
+    /// What answers the requests.
+    pub handler: H,
 }
 
 /// The HTTP/2 connection preface a prior-knowledge h2c client sends first.
@@ -172,39 +142,33 @@ async fn sniff<S: AsyncRead + Unpin>(stream: &mut S) -> io::Result<(Protocol, Ve
     }
 }
 
+/// Counts a connection as open for as long as it lives.
 struct OpenConnection {
-    shared: Arc<Shared>,
+    stats: Arc<Stats>,
     protocol: Protocol,
 }
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
-        self.shared.stats.connection_closed(self.protocol);
+        self.stats.connection_closed(self.protocol);
     }
 }
 
-async fn serve_io<I>(shared: Arc<Shared>, io: I, protocol: Protocol)
+async fn serve_io<H: Handler, I>(transport: Arc<Transport<H>>, io: I, protocol: Protocol)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    shared.stats.connection_opened(protocol);
+    transport.stats.connection_opened(protocol);
     let _open = OpenConnection {
-        shared: shared.clone(),
+        stats: transport.stats.clone(),
         protocol,
     };
-    let close = shared.faults.connection_close_token();
-    let shutdown = shared.shutdown.clone();
-    let svc_shared = shared.clone();
+    let close = transport.faults.connection_close_token();
+    let shutdown = transport.shutdown.clone();
+    let handler = transport.handler.clone();
     let service = service_fn(move |req| {
-        let shared = svc_shared.clone();
-        async move {
-            let resp = if req.uri().path() == "/sim" || req.uri().path().starts_with("/sim/") {
-                crate::admin::serve(shared, req).await
-            } else {
-                crate::api::serve(shared, req, protocol).await
-            };
-            Ok::<_, Infallible>(resp)
-        }
+        let answer = handler.handle(req, protocol);
+        async move { Ok::<_, Infallible>(answer.await) }
     });
     let io = TokioIo::new(io);
     let result = match protocol {
@@ -218,7 +182,7 @@ where
         }
         Protocol::H2 => {
             let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .max_concurrent_streams(shared.max_concurrent_streams)
+                .max_concurrent_streams(transport.max_concurrent_streams)
                 .serve_connection(io, service);
             tokio::select! {
                 r = conn => r.map_err(|e| e.to_string()),
@@ -232,9 +196,9 @@ where
     }
 }
 
-async fn handle_connection(shared: Arc<Shared>, stream: TcpStream, tls: Option<TlsAcceptor>) {
+async fn handle_connection<H: Handler>(transport: Arc<Transport<H>>, stream: TcpStream) {
     let _ = stream.set_nodelay(true);
-    match tls {
+    match transport.tls.clone() {
         Some(acceptor) => {
             let tls_stream = match acceptor.accept(stream).await {
                 Ok(s) => s,
@@ -247,7 +211,7 @@ async fn handle_connection(shared: Arc<Shared>, stream: TcpStream, tls: Option<T
                 Some(b"h2") => Protocol::H2,
                 _ => Protocol::H1,
             };
-            serve_io(shared, tls_stream, protocol).await;
+            serve_io(transport, tls_stream, protocol).await;
         }
         None => {
             let mut stream = stream;
@@ -263,20 +227,16 @@ async fn handle_connection(shared: Arc<Shared>, stream: TcpStream, tls: Option<T
                 pos: 0,
                 inner: stream,
             };
-            serve_io(shared, io, protocol).await;
+            serve_io(transport, io, protocol).await;
         }
     }
 }
 
 /// Accepts connections until shutdown.
-pub(crate) async fn accept_loop(
-    shared: Arc<Shared>,
-    listener: TcpListener,
-    tls: Option<TlsAcceptor>,
-) {
+pub(crate) async fn accept_loop<H: Handler>(transport: Arc<Transport<H>>, listener: TcpListener) {
     loop {
         let accepted = tokio::select! {
-            _ = shared.shutdown.cancelled() => return,
+            _ = transport.shutdown.cancelled() => return,
             a = listener.accept() => a,
         };
         let (stream, _peer) = match accepted {
@@ -289,14 +249,12 @@ pub(crate) async fn accept_loop(
                 continue;
             }
         };
-        if shared.faults.is_refusing() {
+        if transport.faults.is_refusing() {
             // A refused connection: reset at once.
             let _ = stream.set_zero_linger();
             drop(stream);
             continue;
         }
-        let shared = shared.clone();
-        let tls = tls.clone();
-        tokio::spawn(handle_connection(shared, stream, tls));
+        tokio::spawn(handle_connection(transport.clone(), stream));
     }
 }

@@ -16,52 +16,23 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::error::{ApiError, FieldError};
-use crate::patch::{PatchBody, PatchKind};
+use crate::objects::meta::{meta_str, metadata_mut, now_timestamp, set_resource_version};
+use crate::objects::patch::{PatchBody, PatchKind};
+use crate::objects::schema;
+use crate::objects::selectors::ObjectFilter;
+use crate::objects::validation;
 use crate::resources::{
     self, CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, NAMESPACES, ROLE_BINDINGS, ROLES, ResourceDef,
     ResourceId,
 };
-use crate::selectors::ObjectFilter;
-use crate::validation;
-use crate::watch::{Bucket, ChangeKind, Delivery, DeliveryItem, StoredEvent, WatchIndex};
+use crate::storage::watch::{Bucket, ChangeKind, Delivery, DeliveryItem, StoredEvent, WatchIndex};
 
 /// Object key within one resource: (namespace or "" for cluster-scoped, name).
 pub(crate) type Key = (String, String);
-
-/// Sets `metadata.resourceVersion`.
-pub(crate) fn set_resource_version(v: &mut Value, rv: u64) {
-    if let Some(meta) = metadata_mut(v) {
-        meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
-    }
-}
-
-fn metadata_mut(v: &mut Value) -> Option<&mut Map<String, Value>> {
-    let obj = v.as_object_mut()?;
-    let meta = obj
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if !meta.is_object() {
-        *meta = Value::Object(Map::new());
-    }
-    meta.as_object_mut()
-}
-
-/// A string field of `metadata`.
-pub(crate) fn meta_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
-    v.get("metadata")?.get(key)?.as_str()
-}
-
-/// The current time as an RFC 3339 timestamp with second precision.
-pub(crate) fn now_timestamp() -> String {
-    let now = jiff::Timestamp::now();
-    jiff::Timestamp::from_second(now.as_second())
-        .unwrap_or(now)
-        .to_string()
-}
 
 fn generated_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
@@ -440,6 +411,9 @@ impl Store {
     ) -> Result<Arc<Value>, ApiError> {
         let def = id.def();
         prepare_shape(id, &mut obj)?;
+        if opts.api {
+            schema::prune_unknown(def, &mut obj);
+        }
         let key = key_of(def, &obj)?;
         if let Some(meta) = metadata_mut(&mut obj) {
             meta.remove("resourceVersion");
@@ -494,6 +468,9 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let def = id.def();
         prepare_shape(id, &mut incoming)?;
+        if opts.api {
+            schema::prune_unknown(def, &mut incoming);
+        }
         let old_rv = meta_str(old, "resourceVersion").unwrap_or_default();
         if let Some(rv) = meta_str(&incoming, "resourceVersion")
             && !rv.is_empty()

@@ -1,6 +1,16 @@
-//! The Kubernetes API request pipeline, in kube-apiserver's filter order:
-//! authentication (401), accounting, the concurrency limit (429), latency, injected
-//! faults, authorization (403), then the verb handlers.
+//! The Kubernetes API surface. This module is the request pipeline, in
+//! kube-apiserver's filter order: authentication (401), accounting, the concurrency
+//! limit (429), latency, injected faults, authorization (403), then the verb handlers.
+//! Around it: what a URL means ([`request_info`]), discovery ([`discovery`]),
+//! server-side printing for kubectl ([`table`]) and the body of a watch response
+//! ([`watch_stream`]).
+
+pub(crate) mod discovery;
+pub(crate) mod openapi;
+pub(crate) mod openapi_v2;
+pub(crate) mod request_info;
+pub(crate) mod table;
+pub(crate) mod watch_stream;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,25 +20,30 @@ use http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use kube_common::Verb;
 use serde_json::{Value, json};
 
-use crate::body::SimBody;
+use crate::auth::rbac::{AccessVerb, Attributes, forbidden_reason};
+use crate::auth::review;
+use crate::auth::users::UserInfo;
+use crate::control::admission::Admission;
+use crate::control::flow_control::{self, Classification, RequestShape};
+use crate::control::metrics::RequestKind;
+use crate::control::stats::{Protocol, RequestRecord, RequestVerb};
 use crate::error::{ApiError, FieldError};
-use crate::limits::InflightPermit;
-use crate::patch::{PatchBody, PatchKind};
-use crate::rbac::{Attributes, UserInfo, forbidden_reason};
-use crate::request_info::{self, ResourceRequest, Target};
+use crate::objects::patch::{PatchBody, PatchKind};
+use crate::objects::selectors::{FieldSelector, LabelSelector, ObjectFilter};
 use crate::resources::{ResourceDef, ResourceKind};
-use crate::review;
-use crate::selectors::{FieldSelector, LabelSelector, ObjectFilter};
-use crate::server::Shared;
-use crate::stats::{Protocol, RequestRecord};
-use crate::store::{
+use crate::state::Shared;
+use crate::storage::store::{
     ContinueToken, Key, ListPage, ListVersion, Preconditions, UpdateTarget, WatchStart,
     WatchStartError, WriteOptions,
 };
-use crate::table::{self, TableOptions};
-use crate::watch_stream::{self, WatchOptions};
+use crate::transport::body::SimBody;
+use openapi::{FieldProblems, FieldValidation};
+use request_info::{ResourceRequest, Target};
+use table::TableOptions;
+use watch_stream::WatchOptions;
 
 /// Largest request body accepted (kube-apiserver's limit is 3 MiB).
 const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -38,15 +53,21 @@ pub(crate) enum Reply {
     Json {
         code: u16,
         body: Bytes,
+        /// `Warning` headers (field validation's, for example).
+        warnings: Vec<String>,
     },
     Text {
         code: u16,
-        body: &'static str,
+        body: Bytes,
+        content_type: &'static str,
     },
     Watch {
-        body_builder: Box<dyn FnOnce(Option<InflightPermit>) -> SimBody + Send>,
+        body_builder: Box<dyn FnOnce(Option<Admission>) -> SimBody + Send>,
         /// Keep the request in flight until the initial-events-end bookmark.
         holds_permit: bool,
+        /// A stream of events (not a single ERROR event): it is counted in the
+        /// request metrics when it ends.
+        streaming: bool,
     },
 }
 
@@ -55,6 +76,19 @@ impl Reply {
         Reply::Json {
             code,
             body: Bytes::from(serde_json::to_vec(value).unwrap_or_default()),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// The same with `Warning` headers.
+    fn warned(self, warnings: Vec<String>) -> Reply {
+        match self {
+            Reply::Json { code, body, .. } => Reply::Json {
+                code,
+                body,
+                warnings,
+            },
+            other => other,
         }
     }
 }
@@ -81,9 +115,11 @@ fn error_response(e: &ApiError) -> Response<SimBody> {
     )
 }
 
-/// What the request log and the stats need to know about a request.
+/// What the request log, the stats and the metrics need to know about a request.
 struct Accounting {
-    verb: String,
+    verb: RequestVerb,
+    /// How `apiserver_request_total` labels it (resource requests only).
+    kind: Option<RequestKind>,
     resource: String,
     namespace: Option<String>,
     name: Option<String>,
@@ -94,9 +130,30 @@ struct Accounting {
 }
 
 impl Accounting {
-    fn for_target(method: &Method, path: &str, target: &Result<Target, ApiError>) -> Accounting {
+    fn for_target(
+        method: &Method,
+        path: &str,
+        target: &Result<Target, ApiError>,
+        content_type: Option<&str>,
+    ) -> Accounting {
         match target {
             Ok(Target::Resource(rr)) => {
+                let def = rr.id.def();
+                let apply =
+                    content_type.is_some_and(|ct| ct.starts_with("application/apply-patch"));
+                let kind = RequestKind {
+                    verb: RequestKind::metric_verb(rr.verb, apply),
+                    group: def.group,
+                    version: def.version,
+                    resource: def.name,
+                    subresource: rr.subresource.clone().unwrap_or_default(),
+                    scope: RequestKind::scope(
+                        request_name(rr).is_some(),
+                        rr.verb,
+                        rr.namespace.is_some(),
+                    ),
+                    dry_run: rr.param("dryRun") == Some("All"),
+                };
                 let field_selector = rr.param("fieldSelector").map(str::to_string);
                 let name = rr.name.clone().or_else(|| {
                     field_selector
@@ -105,7 +162,8 @@ impl Accounting {
                         .and_then(|f| f.exact("metadata.name").map(str::to_string))
                 });
                 Accounting {
-                    verb: rr.verb.to_string(),
+                    verb: RequestVerb::Api(rr.verb),
+                    kind: Some(kind),
                     resource: rr.resource_key(),
                     namespace: rr.namespace.clone(),
                     name,
@@ -121,16 +179,9 @@ impl Accounting {
     }
 
     fn plain(method: &Method, path: &str) -> Accounting {
-        let verb = match *method {
-            Method::GET | Method::HEAD => "get",
-            Method::POST => "create",
-            Method::PUT => "update",
-            Method::PATCH => "patch",
-            Method::DELETE => "delete",
-            _ => "other",
-        };
         Accounting {
-            verb: verb.to_string(),
+            verb: RequestVerb::for_method(method),
+            kind: None,
             resource: path.to_string(),
             namespace: None,
             name: None,
@@ -148,7 +199,6 @@ pub(crate) async fn serve(
     req: Request<Incoming>,
     protocol: Protocol,
 ) -> Response<SimBody> {
-    shared.faults.wait_while_hanging().await;
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
     tracing::trace!(
@@ -160,7 +210,15 @@ pub(crate) async fn serve(
         "request"
     );
     let target = request_info::classify(&parts.method, &path, parts.uri.query());
-    let acct = Accounting::for_target(&parts.method, &path, &target);
+    let acct = Accounting::for_target(
+        &parts.method,
+        &path,
+        &target,
+        parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+    );
     let user = shared.users.authenticate(
         parts
             .headers
@@ -168,9 +226,22 @@ pub(crate) async fn serve(
             .and_then(|v| v.to_str().ok()),
     );
     shared.stats.count_request(&acct.verb, &acct.resource);
+    // A `Hang` outage holds requests after they arrived (and were counted): the
+    // server has them but does not answer.
+    shared.faults.wait_while_hanging().await;
 
     let (response, code) = respond(&shared, &parts, body, target, &acct, user.as_deref()).await;
     shared.stats.count_response(code);
+    // As kube-apiserver: refusals of authentication and authorization are not
+    // counted, and a streaming watch is counted by its body when it ends.
+    let streaming = response.body().is_long_running();
+    if let Some(kind) = &acct.kind
+        && code != 401
+        && code != 403
+        && !streaming
+    {
+        shared.metrics.finished(kind, code);
+    }
     shared.log.push(RequestRecord {
         seq: 0,
         verb: acct.verb,
@@ -213,8 +284,30 @@ async fn respond(
         Ok(t) => t,
         Err(e) => return counted(error_response(&e)),
     };
+    // API Priority and Fairness first, as kube-apiserver filters (after
+    // authentication, before authorization), then the simple limit.
+    let seat = match shared.flow_control() {
+        None => None,
+        Some(control) => match control.admit(classify(user, &target, &parts.method)).await {
+            Ok(seat) => Some(seat),
+            Err((class, rejection)) => {
+                tracing::debug!(
+                    user = %user.name,
+                    flow_schema = class.flow_schema(),
+                    priority_level = class.priority_level(),
+                    reason = rejection.reason.as_str(),
+                    "API Priority and Fairness refused a request"
+                );
+                shared.stats.count_rejected();
+                return counted(too_many_requests(rejection.retry_after_secs));
+            }
+        },
+    };
     let permit = match shared.limiter.acquire().await {
-        Ok(p) => p,
+        Ok(inflight) => Admission {
+            _inflight: inflight,
+            _seat: seat,
+        },
         Err(rejected) => {
             shared.stats.count_rejected();
             return counted(error_response(&ApiError::too_many_requests(
@@ -222,7 +315,7 @@ async fn respond(
             )));
         }
     };
-    let delay = shared.latency_for(&acct.verb);
+    let delay = shared.latency_for(latency_verb(&acct.verb, &parts.method));
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
@@ -235,27 +328,53 @@ async fn respond(
         return counted(with_permit(error_response(&e), permit));
     }
     let reply = match &target {
-        Target::NonResource { path } => non_resource(shared, user, &parts.method, path),
-        Target::Resource(rr) => match authorize(shared, user, rr, acct) {
+        Target::NonResource { path } => non_resource(
+            shared,
+            user,
+            &parts.method,
+            path,
+            parts
+                .headers
+                .get(http::header::ACCEPT)
+                .and_then(|v| v.to_str().ok()),
+        ),
+        Target::Resource(rr) => match authorize(shared, user, rr) {
             Err(e) => Err(e),
             Ok(()) => resource(shared, parts, body, rr, user).await,
         },
     };
     let resp = match reply {
         Err(e) => with_permit(error_response(&e), permit),
-        Ok(Reply::Json { code, body }) => with_permit(json_response(code, body, None), permit),
-        Ok(Reply::Text { code, body }) => {
+        Ok(Reply::Json {
+            code,
+            body,
+            warnings,
+        }) => {
+            let mut resp = json_response(code, body, None);
+            for warning in warnings {
+                // kube-apiserver's format: `299 - "<text>"`.
+                let value = format!("299 - {warning:?}");
+                if let Ok(value) = HeaderValue::from_str(&value) {
+                    resp.headers_mut().append(http::header::WARNING, value);
+                }
+            }
+            with_permit(resp, permit)
+        }
+        Ok(Reply::Text {
+            code,
+            body,
+            content_type,
+        }) => {
             let mut resp = Response::new(SimBody::full(body));
             *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
-            resp.headers_mut().insert(
-                CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; charset=utf-8"),
-            );
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
             with_permit(resp, permit)
         }
         Ok(Reply::Watch {
             body_builder,
             holds_permit,
+            streaming,
         }) => {
             // A list-then-watch style watch leaves the in-flight count as its headers
             // go out; a streaming list stays until its initial-events-end bookmark.
@@ -265,7 +384,11 @@ async fn respond(
                 drop(permit);
                 None
             };
-            let mut resp = Response::new(body_builder(permit));
+            let mut body = body_builder(permit);
+            if streaming && let Some(kind) = &acct.kind {
+                body = body.long_running(shared.metrics.watch_started(kind.clone()));
+            }
+            let mut resp = Response::new(body);
             let h = resp.headers_mut();
             h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
@@ -275,26 +398,113 @@ async fn respond(
     counted(resp)
 }
 
-fn with_permit(resp: Response<SimBody>, permit: InflightPermit) -> Response<SimBody> {
+/// The verb whose latency applies: a resource request's own, or for other requests
+/// the verb their method would have on a resource (a discovery GET is a `get`).
+fn latency_verb(verb: &RequestVerb, method: &Method) -> Option<Verb> {
+    verb.api().or(match *method {
+        Method::GET | Method::HEAD => Some(Verb::Get),
+        Method::POST => Some(Verb::Create),
+        Method::PUT => Some(Verb::Update),
+        Method::PATCH => Some(Verb::Patch),
+        Method::DELETE => Some(Verb::Delete),
+        _ => None,
+    })
+}
+
+/// API Priority and Fairness's refusal, exactly as kube-apiserver writes it: plain
+/// text, not a `Status`, with the level's current `Retry-After`.
+fn too_many_requests(retry_after_secs: u64) -> Response<SimBody> {
+    let mut resp = Response::new(SimBody::full(Bytes::from_static(
+        b"Too many requests, please try again later.\n",
+    )));
+    *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    let h = resp.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+    resp
+}
+
+/// Where API Priority and Fairness files a request: its user, and what it asks for as
+/// kube-apiserver's request info reads it.
+fn classify(user: &UserInfo, target: &Target, method: &Method) -> Classification {
+    match target {
+        Target::Resource(rr) => {
+            let def = rr.id.def();
+            let resource = rr.resource_key();
+            // A namespace's own URL is a request in that namespace.
+            let namespace =
+                rr.namespace
+                    .as_deref()
+                    .or(match rr.id == crate::resources::NAMESPACES {
+                        true => rr.name.as_deref(),
+                        false => None,
+                    });
+            flow_control::classify(
+                user,
+                RequestShape::Resource {
+                    verb: rr.verb.as_str(),
+                    group: def.group,
+                    resource: &resource,
+                    namespace,
+                },
+            )
+        }
+        Target::NonResource { path } => {
+            let verb = RequestVerb::for_method(method);
+            flow_control::classify(
+                user,
+                RequestShape::NonResource {
+                    verb: verb.as_str(),
+                    path,
+                },
+            )
+        }
+    }
+}
+
+fn with_permit(resp: Response<SimBody>, permit: Admission) -> Response<SimBody> {
     let (p, b) = resp.into_parts();
     Response::from_parts(p, b.holding(Some(permit)))
 }
 
-fn authorize(
-    shared: &Shared,
-    user: &UserInfo,
-    rr: &ResourceRequest,
-    acct: &Accounting,
-) -> Result<(), ApiError> {
+/// The name kube-apiserver's request info gives a request, which both RBAC's
+/// `resourceNames` and a 403's message use: the URL's, or for a list or watch the
+/// value of an exact `metadata.name` field selector (when it could be a name).
+fn request_name(rr: &ResourceRequest) -> Option<String> {
+    match rr.verb {
+        Verb::List | Verb::Watch => rr
+            .param("fieldSelector")
+            .and_then(|f| FieldSelector::parse(f).ok())
+            .and_then(|f| f.exact("metadata.name").map(str::to_string))
+            .filter(|name| crate::objects::validation::path_segment_name(name).is_ok()),
+        _ => rr.name.clone(),
+    }
+}
+
+fn authorize(shared: &Shared, user: &UserInfo, rr: &ResourceRequest) -> Result<(), ApiError> {
     let def = rr.id.def();
+    let name = request_name(rr).unwrap_or_default();
+    // A namespace's own URL (`/api/v1/namespaces/{name}`) is, to RBAC, a request in
+    // that namespace: Roles there may grant access to it.
+    let namespace = match &rr.namespace {
+        Some(ns) => ns.clone(),
+        None if rr.id == crate::resources::NAMESPACES => name.clone(),
+        None => String::new(),
+    };
     let attrs = Attributes {
-        verb: rr.verb.to_string(),
+        verb: AccessVerb::Api(rr.verb),
         group: def.group.to_string(),
         resource: def.name.to_string(),
         subresource: rr.subresource.clone().unwrap_or_default(),
-        namespace: rr.namespace.clone().unwrap_or_default(),
-        // For list and watch, a metadata.name field selector supplies the name.
-        name: acct.name.clone().unwrap_or_default(),
+        namespace,
+        name,
         path: None,
     };
     if shared.authorizer.authorize(user, &attrs).allowed {
@@ -302,7 +512,7 @@ fn authorize(
     }
     Err(ApiError::forbidden(
         def,
-        rr.name.as_deref().unwrap_or(""),
+        &attrs.name,
         &forbidden_reason(&user.name, &attrs),
     ))
 }
@@ -312,28 +522,41 @@ fn non_resource(
     user: &UserInfo,
     method: &Method,
     path: &str,
+    accept: Option<&str>,
 ) -> Result<Reply, ApiError> {
-    let verb = method.as_str().to_ascii_lowercase();
-    let attrs = Attributes {
-        verb: verb.clone(),
-        path: Some(path.to_string()),
-        ..Attributes::default()
-    };
+    let verb = RequestVerb::for_method(method);
+    let attrs = Attributes::non_resource(AccessVerb::parse(verb.as_str()), path);
     if !shared.authorizer.authorize(user, &attrs).allowed {
-        return Err(ApiError::forbidden_path(&user.name, &verb, path));
+        return Err(ApiError::forbidden_path(&user.name, verb.as_str(), path));
     }
     if *method != Method::GET && *method != Method::HEAD {
         return Err(ApiError::method_not_allowed(format!(
             "{method} is not allowed on {path}"
         )));
     }
-    if crate::discovery::is_health(path) {
+    if crate::api::discovery::is_health(path) {
         return Ok(Reply::Text {
             code: 200,
-            body: "ok",
+            body: Bytes::from_static(b"ok"),
+            content_type: "text/plain; charset=utf-8",
         });
     }
-    match crate::discovery::document(path, shared.addr) {
+    if path == "/metrics" {
+        let flow = shared.flow_control().map(|fc| fc.stats());
+        return Ok(Reply::Text {
+            code: 200,
+            body: Bytes::from(shared.metrics.encode(flow.as_ref())),
+            content_type: "text/plain; version=0.0.4; charset=utf-8",
+        });
+    }
+    if let Some((body, content_type)) = openapi::document(path, accept) {
+        return Ok(Reply::Text {
+            code: 200,
+            body,
+            content_type,
+        });
+    }
+    match crate::api::discovery::document(path, shared.addr) {
         Some(doc) => Ok(Reply::json(200, &doc)),
         None => Err(ApiError::no_route()),
     }
@@ -367,7 +590,7 @@ fn decode_object(content_type: Option<&str>, body: &[u8]) -> Result<Value, ApiEr
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
         "application/json" | "" | "*/*" => serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding JSON: {e}")))?,
-        "application/vnd.kubernetes.protobuf" => crate::protobuf::decode(body)
+        "application/vnd.kubernetes.protobuf" => crate::transport::protobuf::decode(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding protobuf: {e}")))?,
         other => return Err(ApiError::unsupported_media_type(other)),
     };
@@ -502,10 +725,11 @@ async fn resource(
         let body = read_body(body).await?;
         let obj = decode_object(content_type.as_deref(), &body)?;
         check_kind(def, &obj)?;
-        return review::answer(shared, rr, user, obj).map(|v| Reply::json(201, &v));
+        return review::answer(&shared.authorizer, def, rr.namespace.as_deref(), user, obj)
+            .map(|v| Reply::json(201, &v));
     }
     match rr.verb {
-        "get" => {
+        Verb::Get => {
             let obj = shared
                 .store
                 .get(rr.id, &key_for(rr))
@@ -515,19 +739,21 @@ async fn resource(
                 None => Reply::json(200, &obj),
             })
         }
-        "list" => list(shared, rr, table),
-        "watch" => watch(shared, rr, table),
-        "create" => {
+        Verb::List => list(shared, rr, table),
+        Verb::Watch => watch(shared, rr, table),
+        Verb::Create => {
             let body = read_body(body).await?;
             let mut obj = decode_object(content_type.as_deref(), &body)?;
+            let warnings = body_field_problems(def, rr, content_type.as_deref(), &body, &obj)?;
             check_kind(def, &obj)?;
             bind_namespace(def, rr, &mut obj)?;
             let stored = shared.store.create(rr.id, obj, write_options(rr)?)?;
-            Ok(Reply::json(201, &stored))
+            Ok(Reply::json(201, &stored).warned(warnings))
         }
-        "update" => {
+        Verb::Update => {
             let body = read_body(body).await?;
             let mut obj = decode_object(content_type.as_deref(), &body)?;
+            let warnings = body_field_problems(def, rr, content_type.as_deref(), &body, &obj)?;
             check_kind(def, &obj)?;
             bind_namespace(def, rr, &mut obj)?;
             let url_name = rr.name.clone().unwrap_or_default();
@@ -548,9 +774,9 @@ async fn resource(
                 shared
                     .store
                     .update(rr.id, key_for(rr), obj, target, write_options(rr)?)?;
-            Ok(Reply::json(200, &stored))
+            Ok(Reply::json(200, &stored).warned(warnings))
         }
-        "patch" => {
+        Verb::Patch => {
             let kind = PatchKind::from_content_type(content_type.as_deref().unwrap_or(""))?;
             if kind == PatchKind::Apply && rr.param("fieldManager").is_none_or(str::is_empty) {
                 return Err(ApiError::invalid_params(
@@ -563,6 +789,17 @@ async fn resource(
             }
             let body = read_body(body).await?;
             let patch = PatchBody::decode(kind, &body)?;
+            let level = FieldValidation::from_param(rr.param("fieldValidation"))?;
+            // Field validation looks at the patched object, as kube-apiserver does;
+            // a patch that creates (apply) is judged like a body.
+            let warnings = match shared.store.get(rr.id, &key_for(rr)) {
+                Some(current) => {
+                    let mut patched = (*current).clone();
+                    patch.apply_to(&mut patched)?;
+                    FieldProblems::of(def, &patched, None).judge_patched(&patched, level)?
+                }
+                None => FieldProblems::of(def, &patch.patch, None).judge_body(def, level)?,
+            };
             let target = if rr.subresource.is_some() {
                 UpdateTarget::Status
             } else {
@@ -572,9 +809,9 @@ async fn resource(
                 shared
                     .store
                     .patch(rr.id, key_for(rr), &patch, target, write_options(rr)?)?;
-            Ok(Reply::json(if created { 201 } else { 200 }, &stored))
+            Ok(Reply::json(if created { 201 } else { 200 }, &stored).warned(warnings))
         }
-        "delete" => {
+        Verb::Delete => {
             let body = read_body(body).await?;
             let opts: Value = if body.iter().all(u8::is_ascii_whitespace) {
                 json!({})
@@ -603,7 +840,7 @@ async fn resource(
             let mut details = json!({
                 "name": rr.name.clone().unwrap_or_default(),
                 "kind": def.name,
-                "uid": crate::store::meta_str(&gone, "uid").unwrap_or(""),
+                "uid": crate::objects::meta::meta_str(&gone, "uid").unwrap_or(""),
             });
             if !def.group.is_empty() {
                 details["group"] = json!(def.group);
@@ -619,7 +856,7 @@ async fn resource(
                 }),
             ))
         }
-        "deletecollection" => {
+        Verb::DeleteCollection => {
             let filter = build_filter(rr)?;
             let gone = shared
                 .store
@@ -633,12 +870,28 @@ async fn resource(
             Ok(Reply::Json {
                 code: 200,
                 body: list_json(def, &page),
+                warnings: Vec::new(),
             })
         }
-        other => Err(ApiError::method_not_allowed(format!(
-            "verb {other} is not supported"
-        ))),
     }
+}
+
+/// Field validation of a create or update body: refuses it (`fieldValidation=Strict`)
+/// or returns the warnings to send. Protobuf bodies cannot carry unknown fields.
+fn body_field_problems(
+    def: &ResourceDef,
+    rr: &ResourceRequest,
+    content_type: Option<&str>,
+    raw: &[u8],
+    object: &Value,
+) -> Result<Vec<String>, ApiError> {
+    let level = FieldValidation::from_param(rr.param("fieldValidation"))?;
+    let base = content_type.unwrap_or("application/json");
+    let raw_json = (base.starts_with("application/json") || base.is_empty()).then_some(raw);
+    if base.starts_with("application/vnd.kubernetes.protobuf") {
+        return Ok(Vec::new());
+    }
+    FieldProblems::of(def, object, raw_json).judge_body(def, level)
 }
 
 /// Encodes a list page as `<Kind>List` JSON without building a Value tree.
@@ -704,7 +957,7 @@ fn list(
         errs.push(FieldError::not_supported(
             "resourceVersionMatch",
             Some(m.to_string()),
-            "supported values: \"Exact\", \"NotOlderThan\"",
+            "supported values: \"Exact\", \"NotOlderThan\", \"\"",
         ));
     }
     if rvm == Some("Exact") && rv == Some("0") {
@@ -716,12 +969,14 @@ fn list(
     if !errs.is_empty() {
         return Err(ApiError::invalid_params("ListOptions", &errs));
     }
+    // kube-apiserver reads a zero or negative limit as no limit.
     let limit = match rr.param("limit").filter(|s| !s.is_empty()) {
-        Some(l) => Some(l.parse::<usize>().map_err(|_| {
-            ApiError::bad_request(format!(
-                "invalid limit {l:?}: must be a non-negative integer"
-            ))
-        })?),
+        Some(l) => {
+            let n = l.parse::<i64>().map_err(|_| {
+                ApiError::bad_request(format!("invalid limit {l:?}: must be an integer"))
+            })?;
+            usize::try_from(n).ok().filter(|n| *n > 0)
+        }
         None => None,
     };
     let cont = cont.map(ContinueToken::decode).transpose()?;
@@ -742,6 +997,7 @@ fn list(
         None => Reply::Json {
             code: 200,
             body: list_json(def, &page),
+            warnings: Vec::new(),
         },
     })
 }
@@ -766,19 +1022,20 @@ fn watch(
     let rv = rr.param("resourceVersion").filter(|s| !s.is_empty());
     let rvm = rr.param("resourceVersionMatch").filter(|s| !s.is_empty());
     let bookmarks = rr.flag("allowWatchBookmarks");
+    let features = shared.features();
     let mut errs = Vec::new();
+    if send_initial_events.is_some() && !features.watch_list {
+        errs.push(FieldError::forbidden(
+            "sendInitialEvents",
+            "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+        ));
+    }
     match send_initial_events {
         Some(_) => {
             if rvm != Some("NotOlderThan") {
                 errs.push(FieldError::forbidden(
                     "resourceVersionMatch",
                     "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-                ));
-            }
-            if !bookmarks {
-                errs.push(FieldError::forbidden(
-                    "allowWatchBookmarks",
-                    "allowWatchBookmarks must be set to true when sendInitialEvents is set",
                 ));
             }
         }
@@ -814,6 +1071,22 @@ fn watch(
         (None, None | Some("0")) => WatchStart::CurrentWithState,
         (_, Some(r)) => WatchStart::After(parse_rv(r)?),
     };
+    if send_initial_events == Some(true) && bookmarks && !features.watch_progress {
+        // The streaming list needs the storage to report progress for its closing
+        // bookmark; without it kube-apiserver answers 200 and one ERROR event.
+        let status = ApiError::new(
+            500,
+            "InternalError",
+            "a watch stream was requested by the client but the required storage feature RequestWatchProgress is disabled",
+        )
+        .to_status();
+        let shared = shared.clone();
+        return Ok(Reply::Watch {
+            body_builder: Box::new(move |_| watch_stream::error_body(&shared, &status)),
+            holds_permit: false,
+            streaming: false,
+        });
+    }
     let sub = match shared.store.watch(rr.id, filter, start) {
         Ok(sub) => sub,
         Err(WatchStartError::Expired { requested, oldest }) => {
@@ -824,6 +1097,7 @@ fn watch(
             return Ok(Reply::Watch {
                 body_builder: Box::new(move |_| watch_stream::error_body(&shared, &status)),
                 holds_permit: false,
+                streaming: false,
             });
         }
         Err(WatchStartError::TooLarge { requested, current }) => {
@@ -843,5 +1117,6 @@ fn watch(
             watch_stream::watch_body(shared, def, sub, opts, permit)
         }),
         holds_permit,
+        streaming: true,
     })
 }

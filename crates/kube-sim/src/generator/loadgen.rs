@@ -80,7 +80,9 @@ impl H2Connection {
         self.active.load(Ordering::Relaxed)
     }
 
-    async fn send(
+    /// Sends a request; returns the response with its body still to read (its headers,
+    /// say, matter to the caller).
+    pub async fn send(
         &self,
         method: Method,
         path: &str,

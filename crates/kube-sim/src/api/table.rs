@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use crate::objects::meta::meta_str;
 use crate::resources::ResourceDef;
-use crate::store::meta_str;
 
 /// What each row carries besides its cells (`includeObject`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,5 @@
-//! The response body type: counts bytes sent and holds the request's in-flight slot
-//! until the body is complete (or dropped).
+//! The response body type: counts bytes sent, holds the request's in-flight slot until
+//! the body is complete (or dropped), and a watch's long-running mark for its life.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -12,8 +12,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 
-use crate::limits::InflightPermit;
-use crate::stats::Stats;
+use crate::control::admission::Admission;
+use crate::control::metrics::LongRunning;
+use crate::control::stats::Stats;
 
 pin_project_lite::pin_project! {
     /// Every response the simulator sends.
@@ -21,7 +22,8 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: UnsyncBoxBody<Bytes, Infallible>,
         stats: Option<Arc<Stats>>,
-        permit: Option<InflightPermit>,
+        permit: Option<Admission>,
+        long_running: Option<LongRunning>,
     }
 }
 
@@ -32,6 +34,7 @@ impl SimBody {
             inner: Full::new(bytes.into()).boxed_unsync(),
             stats: None,
             permit: None,
+            long_running: None,
         }
     }
 
@@ -44,6 +47,7 @@ impl SimBody {
             inner: StreamBody::new(stream).boxed_unsync(),
             stats: None,
             permit: None,
+            long_running: None,
         }
     }
 
@@ -53,8 +57,20 @@ impl SimBody {
         self
     }
 
+    /// Keeps a watch in `apiserver_longrunning_requests` for as long as its body lives
+    /// (it ends, or the client goes away).
+    pub(crate) fn long_running(mut self, open: LongRunning) -> SimBody {
+        self.long_running = Some(open);
+        self
+    }
+
+    /// Whether the body counts as a long-running request (an open watch).
+    pub(crate) fn is_long_running(&self) -> bool {
+        self.long_running.is_some()
+    }
+
     /// Keeps the request in flight until the body is complete.
-    pub(crate) fn holding(mut self, permit: Option<InflightPermit>) -> SimBody {
+    pub(crate) fn holding(mut self, permit: Option<Admission>) -> SimBody {
         self.permit = permit;
         self
     }

@@ -13,8 +13,8 @@ use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use crate::objects::selectors::ObjectFilter;
 use crate::resources::ResourceId;
-use crate::selectors::ObjectFilter;
 
 /// What a committed change did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,7 +116,7 @@ impl StoredEvent {
         match (delivery, &self.prev) {
             (Delivery::DeletedPrevious, Some(prev)) => {
                 let mut v = (**prev).clone();
-                crate::store::set_resource_version(&mut v, self.rv);
+                crate::objects::meta::set_resource_version(&mut v, self.rv);
                 Arc::new(v)
             }
             _ => self.object.clone(),

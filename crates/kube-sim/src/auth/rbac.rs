@@ -1,4 +1,4 @@
-//! Authentication (bearer tokens) and RBAC authorization.
+//! RBAC authorization.
 //!
 //! RBAC objects are ordinary store objects; the authorizer evaluates the store's
 //! current contents through an index of grants per subject, rebuilt lazily when the
@@ -7,60 +7,52 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use kube_common::Verb;
 use serde_json::{Value, json};
 
-use crate::store::Store;
+use crate::auth::users::{MASTERS_GROUP, UserInfo};
+use crate::storage::store::Store;
 
-/// The group whose members may do anything (hard-wired, as in kube-apiserver).
-pub const MASTERS_GROUP: &str = "system:masters";
-/// Added to every authenticated user.
-pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
-
-/// An authenticated identity.
+/// The verb an authorization question is about. A request asks about its API verb
+/// (for a non-resource URL: its lower-cased HTTP method); an access review may ask
+/// about any verb an RBAC rule can name (`use`, `bind`, `escalate`, ...).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UserInfo {
-    /// User name.
-    pub name: String,
-    /// Groups.
-    pub groups: Vec<String>,
+pub enum AccessVerb {
+    /// A verb of the API.
+    Api(Verb),
+    /// Any other word, as the review or the HTTP method spelled it.
+    Named(String),
 }
 
-/// Token → user table; fixed when the simulator starts.
-pub(crate) struct Users {
-    by_token: HashMap<String, Arc<UserInfo>>,
-}
-
-impl Users {
-    pub(crate) fn new(users: impl IntoIterator<Item = (String, UserInfo)>) -> Users {
-        Users {
-            by_token: users
-                .into_iter()
-                .map(|(token, mut info)| {
-                    if !info.groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
-                        info.groups.push(AUTHENTICATED_GROUP.to_string());
-                    }
-                    (token, Arc::new(info))
-                })
-                .collect(),
+impl AccessVerb {
+    /// The API verb `word` names, else the word itself.
+    pub fn parse(word: &str) -> AccessVerb {
+        match word.parse::<Verb>() {
+            Ok(verb) => AccessVerb::Api(verb),
+            Err(_) => AccessVerb::Named(word.to_string()),
         }
     }
 
-    /// The user for an `Authorization` header value, if it carries a known token.
-    pub(crate) fn authenticate(&self, header: Option<&str>) -> Option<Arc<UserInfo>> {
-        let value = header?.trim();
-        let (scheme, token) = value.split_once(' ')?;
-        if !scheme.eq_ignore_ascii_case("bearer") {
-            return None;
+    /// The word RBAC rules are matched against.
+    pub fn as_str(&self) -> &str {
+        match self {
+            AccessVerb::Api(verb) => verb.as_str(),
+            AccessVerb::Named(word) => word,
         }
-        self.by_token.get(token.trim()).cloned()
+    }
+}
+
+impl From<Verb> for AccessVerb {
+    fn from(verb: Verb) -> Self {
+        AccessVerb::Api(verb)
     }
 }
 
 /// What is being asked for.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Attributes {
-    /// Kubernetes verb (`get`, `list`, `watch`, `create`, ...).
-    pub verb: String,
+    /// The verb (`get`, `list`, `watch`, `create`, ...).
+    pub verb: AccessVerb,
     /// API group.
     pub group: String,
     /// Resource (plural).
@@ -73,6 +65,21 @@ pub struct Attributes {
     pub name: String,
     /// For non-resource requests: the URL path.
     pub path: Option<String>,
+}
+
+impl Attributes {
+    /// A question about a non-resource URL (`/version`, `/metrics`, ...).
+    pub fn non_resource(verb: AccessVerb, path: impl Into<String>) -> Attributes {
+        Attributes {
+            verb,
+            group: String::new(),
+            resource: String::new(),
+            subresource: String::new(),
+            namespace: String::new(),
+            name: String::new(),
+            path: Some(path.into()),
+        }
+    }
 }
 
 /// An authorization decision.
@@ -120,7 +127,7 @@ impl Rule {
     }
 
     fn allows(&self, a: &Attributes) -> bool {
-        if !contains_or_star(&self.verbs, &a.verb) {
+        if !contains_or_star(&self.verbs, a.verb.as_str()) {
             return false;
         }
         if let Some(path) = &a.path {
@@ -171,10 +178,15 @@ impl Rule {
     }
 }
 
-/// The rules of one role as granted by one binding.
+/// The rules of one role as one binding grants them to one of its subjects.
 struct Grant {
-    /// `RoleBinding "ns/name" of Role "x"`, for decision reasons.
+    /// `RoleBinding "name/namespace" of Role "x" to ServiceAccount "sa/namespace"`,
+    /// as kube-apiserver names the grant in a decision's reason.
     source: String,
+    /// Where kube-apiserver's authorizer meets this grant: cluster bindings before
+    /// namespaced ones, bindings in name order, subjects in list order. The first
+    /// grant that allows a request is the one its reason names.
+    order: (bool, usize, usize),
     rules: Arc<Vec<Rule>>,
 }
 
@@ -191,7 +203,9 @@ struct RbacIndex {
     namespaced: HashMap<String, HashMap<Subject, Vec<Arc<Grant>>>>,
 }
 
-fn subjects_of(binding: &Value, binding_ns: &str) -> Vec<Subject> {
+/// A binding's subjects, each with how a decision's reason describes it
+/// (`User "alice"`, `Group "g"`, `ServiceAccount "name/namespace"`).
+fn subjects_of(binding: &Value, binding_ns: &str) -> Vec<(Subject, String)> {
     let Some(list) = binding.get("subjects").and_then(Value::as_array) else {
         return Vec::new();
     };
@@ -199,15 +213,18 @@ fn subjects_of(binding: &Value, binding_ns: &str) -> Vec<Subject> {
         .filter_map(|s| {
             let name = s.get("name").and_then(Value::as_str)?;
             match s.get("kind").and_then(Value::as_str)? {
-                "User" => Some(Subject::User(name.to_string())),
-                "Group" => Some(Subject::Group(name.to_string())),
+                "User" => Some((Subject::User(name.to_string()), format!("User {name:?}"))),
+                "Group" => Some((Subject::Group(name.to_string()), format!("Group {name:?}"))),
                 "ServiceAccount" => {
                     let ns = s
                         .get("namespace")
                         .and_then(Value::as_str)
                         .filter(|n| !n.is_empty())
                         .unwrap_or(binding_ns);
-                    Some(Subject::User(format!("system:serviceaccount:{ns}:{name}")))
+                    Some((
+                        Subject::User(format!("system:serviceaccount:{ns}:{name}")),
+                        format!("ServiceAccount {:?}", format!("{name}/{ns}")),
+                    ))
                 }
                 _ => None,
             }
@@ -225,7 +242,7 @@ fn rules_of(role: &Value) -> Arc<Vec<Rule>> {
 }
 
 fn meta<'a>(v: &'a Value, key: &str) -> &'a str {
-    crate::store::meta_str(v, key).unwrap_or_default()
+    crate::objects::meta::meta_str(v, key).unwrap_or_default()
 }
 
 impl RbacIndex {
@@ -245,7 +262,7 @@ impl RbacIndex {
             generation: objs.generation,
             ..RbacIndex::default()
         };
-        for b in &objs.cluster_role_bindings {
+        for (position, b) in objs.cluster_role_bindings.iter().enumerate() {
             let role_name = b
                 .pointer("/roleRef/name")
                 .and_then(Value::as_str)
@@ -253,18 +270,19 @@ impl RbacIndex {
             let Some(rules) = cluster_roles.get(role_name) else {
                 continue;
             };
-            let grant = Arc::new(Grant {
-                source: format!(
-                    "ClusterRoleBinding {:?} of ClusterRole {role_name:?}",
-                    meta(b, "name")
-                ),
-                rules: rules.clone(),
-            });
-            for s in subjects_of(b, "") {
-                index.cluster.entry(s).or_default().push(grant.clone());
+            for (nth, (subject, described)) in subjects_of(b, "").into_iter().enumerate() {
+                let grant = Arc::new(Grant {
+                    source: format!(
+                        "ClusterRoleBinding {:?} of ClusterRole {role_name:?} to {described}",
+                        meta(b, "name")
+                    ),
+                    order: (false, position, nth),
+                    rules: rules.clone(),
+                });
+                index.cluster.entry(subject).or_default().push(grant);
             }
         }
-        for b in &objs.role_bindings {
+        for (position, b) in objs.role_bindings.iter().enumerate() {
             let ns = meta(b, "namespace");
             let kind = b
                 .pointer("/roleRef/kind")
@@ -280,37 +298,38 @@ impl RbacIndex {
                 _ => None,
             };
             let Some(rules) = rules else { continue };
-            let grant = Arc::new(Grant {
-                source: format!(
-                    "RoleBinding \"{ns}/{}\" of {kind} {role_name:?}",
-                    meta(b, "name")
-                ),
-                rules: rules.clone(),
-            });
             let by_subject = index.namespaced.entry(ns.to_string()).or_default();
-            for s in subjects_of(b, ns) {
-                by_subject.entry(s).or_default().push(grant.clone());
+            for (nth, (subject, described)) in subjects_of(b, ns).into_iter().enumerate() {
+                let grant = Arc::new(Grant {
+                    source: format!(
+                        "RoleBinding {:?} of {kind} {role_name:?} to {described}",
+                        format!("{}/{ns}", meta(b, "name"))
+                    ),
+                    order: (true, position, nth),
+                    rules: rules.clone(),
+                });
+                by_subject.entry(subject).or_default().push(grant);
             }
         }
         index
     }
 
-    fn grants<'a>(
-        &'a self,
-        user: &'a UserInfo,
-        namespace: &'a str,
-    ) -> impl Iterator<Item = &'a Arc<Grant>> + 'a {
+    /// The grants that apply to `user` in `namespace`, in the authorizer's order.
+    fn grants<'a>(&'a self, user: &UserInfo, namespace: &str) -> Vec<&'a Arc<Grant>> {
         let subjects = std::iter::once(Subject::User(user.name.clone()))
             .chain(user.groups.iter().map(|g| Subject::Group(g.clone())));
-        subjects.flat_map(move |s| {
-            let cluster = self.cluster.get(&s).into_iter().flatten();
-            let local = if namespace.is_empty() {
-                None
-            } else {
-                self.namespaced.get(namespace).and_then(|m| m.get(&s))
-            };
-            cluster.chain(local.into_iter().flatten())
-        })
+        let local = (!namespace.is_empty())
+            .then(|| self.namespaced.get(namespace))
+            .flatten();
+        let mut found: Vec<&Arc<Grant>> = subjects
+            .flat_map(|s| {
+                let cluster = self.cluster.get(&s).into_iter().flatten();
+                let local = local.and_then(|m| m.get(&s)).into_iter().flatten();
+                cluster.chain(local)
+            })
+            .collect();
+        found.sort_by_key(|grant| grant.order);
+        found
     }
 }
 
@@ -403,12 +422,15 @@ pub(crate) fn forbidden_reason(user: &str, a: &Attributes) -> String {
     if a.namespace.is_empty() {
         format!(
             "User {user:?} cannot {} resource {resource:?} in API group {:?} at the cluster scope",
-            a.verb, a.group
+            a.verb.as_str(),
+            a.group
         )
     } else {
         format!(
             "User {user:?} cannot {} resource {resource:?} in API group {:?} in the namespace {:?}",
-            a.verb, a.group, a.namespace
+            a.verb.as_str(),
+            a.group,
+            a.namespace
         )
     }
 }

@@ -10,10 +10,13 @@
 //!   router's `status.ingress[]` entry (write it, recognise it).
 //! - [`reason`]: why a route was rejected or re-admitted, with OpenShift's reason names
 //!   (`ExternalCertificateValidationFailed`, ...) and messages a person can act on.
-//! - [`tls`]: validation of the certificate and key of a `kubernetes.io/tls` secret.
+//! - [`tls`]: validation of the certificate and key of a `kubernetes.io/tls` secret with
+//!   the OpenShift router's rules, plus what HAProxy refuses: PEM, key kinds, weak keys
+//!   and signatures, key/certificate match; warnings for validity, host coverage, order.
 //! - [`machine`]: the route state machine: what to do with each route event, network
 //!   result, secret change and retry, as effects for a shell to perform.
-//! - `testing` (feature `test-support`): rcgen-built certificate and key fixtures.
+//! - `testing` (feature `test-support`): certificate and key fixtures, and a `haproxy -c`
+//!   check of bundles (the one piece of test support that runs a process).
 //!
 //! Talking to the API server ([`api`]):
 //!

@@ -73,22 +73,13 @@ use Material::*;
 const CASES: &[(&str, Material, Expect)] = &[
     ("wrong-type", WrongType, Expect::Tls("wrong_secret_type")),
     ("key-mismatch", KeyMismatch, Expect::Tls("key_mismatch")),
-    ("expired", Expired, Expect::Tls("certificate_expired")),
-    (
-        "not-yet-valid",
-        NotYetValid,
-        Expect::Tls("certificate_not_yet_valid"),
-    ),
-    (
-        "wrong-order",
-        ReversedChain,
-        Expect::Tls("chain_out_of_order"),
-    ),
-    (
-        "impostor",
-        ImpostorIntermediate,
-        Expect::Tls("chain_signature_invalid"),
-    ),
+    // Served anyway, as by the router (a warning says so).
+    ("expired", Expired, Expect::Admitted),
+    ("not-yet-valid", NotYetValid, Expect::Admitted),
+    // The key must belong to the first certificate.
+    ("wrong-order", ReversedChain, Expect::Tls("key_mismatch")),
+    // Chains are not verified, as by the router (a warning says so).
+    ("impostor", ImpostorIntermediate, Expect::Admitted),
     (
         "encrypted-key",
         Key(testing::ENCRYPTED_PKCS8_KEY_PEM),
@@ -120,11 +111,8 @@ const CASES: &[(&str, Material, Expect)] = &[
         NotACertificate,
         Expect::Tls("certificate_unparseable"),
     ),
-    (
-        "non-utf8",
-        NonUtf8Certificate,
-        Expect::Tls("certificate_not_text"),
-    ),
+    // Bytes after the last block are ignored, as by the router.
+    ("non-utf8", NonUtf8Certificate, Expect::Admitted),
     ("huge-valid", HugeValid, Expect::Admitted),
     ("huge-junk", HugeJunk, Expect::Tls("no_certificate")),
     (

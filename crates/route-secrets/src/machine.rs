@@ -54,18 +54,29 @@ pub use inputs::{
     Input, Prepared, PreparedOutcome, RegistrationId, SecretChange, SecretLookup, SecretVersion,
     SecretVersionId,
 };
-pub use outcome::{AdmittedRoute, Readiness, RejectedRoute, RouteOutcome};
+pub use outcome::{AdmittedRoute, Readiness, RejectedRoute, RouteOutcome, Sni};
 use state::{ApplyQueue, Jitter, RouteEntry, RouteState, SecretSeen, Stand, Startup, Told};
 
 use crate::reason::{Reason, ValidationProblem};
 use crate::route::admission::Admission;
-use crate::route::{Route, RouteKey, validate_secret_name};
+use crate::route::{Route, RouteKey, WildcardPolicy, validate_secret_name};
 
-/// How the machine retries.
+/// Which hosts the router admits, as the router's host admission options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostPolicy {
+    /// Admit routes with `spec.wildcardPolicy: Subdomain` (served for `*.<domain>`);
+    /// rejected `WildcardPolicyNotAllowed` otherwise (the router's
+    /// `ROUTER_ALLOW_WILDCARD_ROUTES`).
+    pub allow_wildcard_routes: bool,
+}
+
+/// How the machine decides and retries.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MachineOptions {
     /// Who the router is, as named in rejection messages.
     pub identity: String,
+    /// Which hosts are admitted.
+    pub hosts: HostPolicy,
     /// Delays between retries of a route that failed for a transient reason (API
     /// errors, refused or failed watches).
     pub retry: BackoffPolicy,
@@ -81,6 +92,7 @@ impl Default for MachineOptions {
         let retry = BackoffPolicy::default();
         Self {
             identity: "the router".to_owned(),
+            hosts: HostPolicy::default(),
             denial_recheck_min: retry.initial,
             retry,
             seed: 0,
@@ -227,6 +239,7 @@ impl RouteMachine {
         };
         if let Some(secret) = route.external_certificate_name()
             && validate_secret_name(secret).is_ok()
+            && !self.refuses_wildcard(&route)
         {
             let held = self
                 .routes
@@ -248,6 +261,12 @@ impl RouteMachine {
             }
         }
         self.enqueue(key);
+    }
+
+    /// Whether the route is a wildcard route this router does not admit.
+    fn refuses_wildcard(&self, route: &Route) -> bool {
+        route.spec.wildcard_policy == Some(WildcardPolicy::Subdomain)
+            && !self.options.hosts.allow_wildcard_routes
     }
 
     /// Queues the route's apply; an apply in flight for it is redone instead.
@@ -326,6 +345,17 @@ impl RouteMachine {
             self.mark_decided(&key, effects);
             return;
         };
+        if self.refuses_wildcard(&route) {
+            // Decided on the route alone, as the router's host admission does before
+            // any certificate is looked at: nothing is registered.
+            self.refuse(&key, &route, effects);
+            let reason = Reason::WildcardPolicyNotAllowed {
+                route: key.clone(),
+                secret,
+            };
+            self.reject(&key, reason, effects);
+            return;
+        }
         if let Err(error) = validate_secret_name(&secret) {
             self.refuse(&key, &route, effects);
             let problem = ValidationProblem::InvalidSecretName(error);
@@ -561,6 +591,7 @@ impl RouteMachine {
                 });
                 let admitted = AdmittedRoute {
                     route: key.clone(),
+                    sni: Sni::of(&route),
                     host,
                     created: route.metadata.creation_timestamp.as_ref().map(|t| t.0),
                     secret,
@@ -654,6 +685,7 @@ impl RouteMachine {
                     object,
                     fingerprint: admitted.tls.fingerprint().0,
                     host: admitted.host.clone(),
+                    sni: admitted.sni.clone(),
                     warnings: admitted.warnings.iter().map(ToString::to_string).collect(),
                 },
                 admitted

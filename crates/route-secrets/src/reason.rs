@@ -2,7 +2,8 @@
 //!
 //! [`Reason::name`] is the reason string OpenShift's router writes into the route's
 //! `Admitted` condition; the [`Display`](std::fmt::Display) text is the condition's
-//! message. Messages name the route and the secret, say what is wrong and what to do.
+//! message; [`Reason::cause`] is a small, stable class of the cause
+//! ([`RejectionCause`]), for metric labels and alerts. Messages name the route and the secret, say what is wrong and what to do.
 //! They never contain secret data: callers must not put secret bytes into the free-text
 //! `detail` of [`Reason::ExternalCertificateGetFailed`].
 
@@ -13,7 +14,7 @@ use kube_common::Verb;
 use crate::route::RouteKey;
 use crate::route::SecretNameError;
 use crate::route::admission::Admission;
-use crate::tls::TlsRejection;
+use crate::tls::{ROUTER_REASON_CERTIFICATE, TlsCause, TlsRejection};
 
 /// What made the validation of an external certificate fail.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -54,6 +55,109 @@ pub enum ValidationProblem {
     Tls(#[from] TlsRejection),
 }
 
+impl ValidationProblem {
+    /// The class of the problem.
+    pub fn cause(&self) -> RejectionCause {
+        match self {
+            Self::InvalidSecretName(_) => RejectionCause::InvalidReference,
+            Self::InlineCertificateConflict => RejectionCause::InlineConflict,
+            Self::AccessDenied { .. } => RejectionCause::Rbac,
+            Self::SecretNotFound => RejectionCause::SecretMissing,
+            Self::Tls(rejection) => match rejection.cause() {
+                TlsCause::WrongType => RejectionCause::SecretType,
+                cause => RejectionCause::Tls(cause),
+            },
+        }
+    }
+}
+
+/// The class of the cause of a rejection: few and stable, with a lowercase label, for
+/// metric labels and alerts. Each class belongs to one reason name
+/// ([`RejectionCause::reason_name`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum RejectionCause {
+    /// The router may not get, list or watch the secret (`rbac`).
+    Rbac,
+    /// The secret does not exist (`secret_missing`).
+    SecretMissing,
+    /// The secret was deleted after the route used it (`secret_deleted`).
+    SecretDeleted,
+    /// The secret is not of type `kubernetes.io/tls` (`secret_type`).
+    SecretType,
+    /// `spec.tls.externalCertificate.name` is not a valid secret name
+    /// (`invalid_reference`).
+    InvalidReference,
+    /// The route sets an inline certificate or key as well (`inline_conflict`).
+    InlineConflict,
+    /// The API server or the watch cache could not answer (`api_error`); retried.
+    ApiError,
+    /// A wildcard route, and wildcard routes are not admitted (`wildcard`).
+    Wildcard,
+    /// The certificate or key is unusable, with the TLS validation's class (its label:
+    /// `missing_data`, `bad_pem`, `key_mismatch`, `unsupported_key`, `weak_key`,
+    /// `weak_signature`).
+    Tls(TlsCause),
+}
+
+impl RejectionCause {
+    /// Every class, for metric label sets.
+    pub const ALL: [Self; 14] = [
+        Self::Rbac,
+        Self::SecretMissing,
+        Self::SecretDeleted,
+        Self::SecretType,
+        Self::InvalidReference,
+        Self::InlineConflict,
+        Self::ApiError,
+        Self::Wildcard,
+        Self::Tls(TlsCause::MissingData),
+        Self::Tls(TlsCause::BadPem),
+        Self::Tls(TlsCause::KeyMismatch),
+        Self::Tls(TlsCause::UnsupportedKey),
+        Self::Tls(TlsCause::WeakKey),
+        Self::Tls(TlsCause::WeakSignature),
+    ];
+
+    /// The class as a stable lowercase label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rbac => "rbac",
+            Self::SecretMissing => "secret_missing",
+            Self::SecretDeleted => "secret_deleted",
+            // The secret's type is checked with the access rights, as a secret problem.
+            Self::SecretType | Self::Tls(TlsCause::WrongType) => "secret_type",
+            Self::InvalidReference => "invalid_reference",
+            Self::InlineConflict => "inline_conflict",
+            Self::ApiError => "api_error",
+            Self::Wildcard => "wildcard",
+            Self::Tls(cause) => cause.as_str(),
+        }
+    }
+
+    /// The reason name ([`Reason::name`]) a rejection of this class carries.
+    pub fn reason_name(self) -> &'static str {
+        match self {
+            Self::Rbac
+            | Self::SecretMissing
+            | Self::SecretType
+            | Self::Tls(TlsCause::WrongType)
+            | Self::InvalidReference
+            | Self::InlineConflict => Reason::NAMES[0],
+            Self::Tls(_) => Reason::NAMES[1],
+            Self::ApiError => Reason::NAMES[2],
+            Self::SecretDeleted => Reason::NAMES[3],
+            Self::Wildcard => Reason::NAMES[5],
+        }
+    }
+}
+
+impl fmt::Display for RejectionCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The reason recorded for a route whose external certificate changed its fate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -90,25 +194,55 @@ pub enum Reason {
         /// The secret's name (in the route's namespace).
         secret: String,
     },
+    /// The route asks to serve a whole subdomain (`spec.wildcardPolicy: Subdomain`) and
+    /// the router does not admit wildcard routes.
+    WildcardPolicyNotAllowed {
+        /// The route.
+        route: RouteKey,
+        /// The secret's name (in the route's namespace); not looked at.
+        secret: String,
+    },
 }
 
 impl Reason {
     /// Every reason name, for metric label sets.
-    pub const NAMES: [&'static str; 4] = [
+    pub const NAMES: [&'static str; 6] = [
         "ExternalCertificateValidationFailed",
+        ROUTER_REASON_CERTIFICATE,
         "ExternalCertificateGetFailed",
         "ExternalCertificateSecretDeleted",
         "ExternalCertificateSecretRecreated",
+        "WildcardPolicyNotAllowed",
     ];
 
-    /// The reason as OpenShift writes it into the `Admitted` condition.
+    /// The reason as OpenShift's router writes it into the `Admitted` condition:
+    /// `ExternalCertificateValidationFailed` for access and secret problems (name,
+    /// existence, type), `ExtendedValidationFailed` for certificate and key problems.
     pub fn name(&self) -> &'static str {
         match self {
+            Self::ExternalCertificateValidationFailed {
+                problem: ValidationProblem::Tls(rejection),
+                ..
+            } => rejection.router_reason(),
             Self::ExternalCertificateValidationFailed { .. } => Self::NAMES[0],
-            Self::ExternalCertificateGetFailed { .. } => Self::NAMES[1],
-            Self::ExternalCertificateSecretDeleted { .. } => Self::NAMES[2],
-            Self::ExternalCertificateSecretRecreated { .. } => Self::NAMES[3],
+            Self::ExternalCertificateGetFailed { .. } => Self::NAMES[2],
+            Self::ExternalCertificateSecretDeleted { .. } => Self::NAMES[3],
+            Self::ExternalCertificateSecretRecreated { .. } => Self::NAMES[4],
+            Self::WildcardPolicyNotAllowed { .. } => Self::NAMES[5],
         }
+    }
+
+    /// The class of the cause of a rejection; `None` for
+    /// [`ExternalCertificateSecretRecreated`](Self::ExternalCertificateSecretRecreated),
+    /// which admits the route.
+    pub fn cause(&self) -> Option<RejectionCause> {
+        Some(match self {
+            Self::ExternalCertificateValidationFailed { problem, .. } => problem.cause(),
+            Self::ExternalCertificateGetFailed { .. } => RejectionCause::ApiError,
+            Self::ExternalCertificateSecretDeleted { .. } => RejectionCause::SecretDeleted,
+            Self::ExternalCertificateSecretRecreated { .. } => return None,
+            Self::WildcardPolicyNotAllowed { .. } => RejectionCause::Wildcard,
+        })
     }
 
     /// The route concerned.
@@ -117,7 +251,8 @@ impl Reason {
             Self::ExternalCertificateValidationFailed { route, .. }
             | Self::ExternalCertificateGetFailed { route, .. }
             | Self::ExternalCertificateSecretDeleted { route, .. }
-            | Self::ExternalCertificateSecretRecreated { route, .. } => route,
+            | Self::ExternalCertificateSecretRecreated { route, .. }
+            | Self::WildcardPolicyNotAllowed { route, .. } => route,
         }
     }
 
@@ -127,7 +262,8 @@ impl Reason {
             Self::ExternalCertificateValidationFailed { secret, .. }
             | Self::ExternalCertificateGetFailed { secret, .. }
             | Self::ExternalCertificateSecretDeleted { secret, .. }
-            | Self::ExternalCertificateSecretRecreated { secret, .. } => secret,
+            | Self::ExternalCertificateSecretRecreated { secret, .. }
+            | Self::WildcardPolicyNotAllowed { secret, .. } => secret,
         }
     }
 
@@ -180,6 +316,12 @@ impl fmt::Display for Reason {
                 "route {route}: external certificate secret {namespace}/{secret} was \
                  recreated and validated; the route is served again"
             ),
+            Self::WildcardPolicyNotAllowed { route, .. } => write!(
+                f,
+                "route {route}: spec.wildcardPolicy is Subdomain, and this router does not \
+                 admit wildcard routes; set spec.wildcardPolicy to None, or start the \
+                 router with --allow-wildcard-routes"
+            ),
         }
     }
 }
@@ -215,13 +357,141 @@ mod tests {
             },
         ];
         let names: Vec<_> = reasons.iter().map(Reason::name).collect();
-        assert_eq!(names, Reason::NAMES);
+        assert_eq!(
+            names,
+            [
+                Reason::NAMES[0],
+                Reason::NAMES[2],
+                Reason::NAMES[3],
+                Reason::NAMES[4]
+            ]
+        );
         for reason in &reasons {
             let message = reason.to_string();
             assert!(message.contains("team-a/shop"), "{message}");
             assert!(message.contains("team-a/shop-tls"), "{message}");
             assert_eq!(reason.route(), &route());
             assert_eq!(reason.secret(), "shop-tls");
+        }
+    }
+
+    fn validation_failed(problem: ValidationProblem) -> Reason {
+        Reason::ExternalCertificateValidationFailed {
+            route: route(),
+            secret: "shop-tls".into(),
+            problem,
+        }
+    }
+
+    /// Access and secret problems are the router's `ExternalCertificateValidationFailed`,
+    /// certificate and key problems its `ExtendedValidationFailed`; every rejection has a
+    /// class whose reason name is the rejection's.
+    #[test]
+    fn every_rejection_has_a_cause_class_of_its_reason() {
+        let wrong_type = TlsRejection::WrongSecretType {
+            found: Some("Opaque".into()),
+        };
+        let cases = [
+            (
+                validation_failed(ValidationProblem::AccessDenied {
+                    verb: Verb::Get,
+                    identity: "router".into(),
+                }),
+                "ExternalCertificateValidationFailed",
+                "rbac",
+            ),
+            (
+                validation_failed(ValidationProblem::SecretNotFound),
+                "ExternalCertificateValidationFailed",
+                "secret_missing",
+            ),
+            (
+                validation_failed(wrong_type.into()),
+                "ExternalCertificateValidationFailed",
+                "secret_type",
+            ),
+            (
+                validation_failed(ValidationProblem::InvalidSecretName(SecretNameError::Empty)),
+                "ExternalCertificateValidationFailed",
+                "invalid_reference",
+            ),
+            (
+                validation_failed(ValidationProblem::InlineCertificateConflict),
+                "ExternalCertificateValidationFailed",
+                "inline_conflict",
+            ),
+            (
+                validation_failed(TlsRejection::KeyEmpty.into()),
+                "ExtendedValidationFailed",
+                "missing_data",
+            ),
+            (
+                Reason::ExternalCertificateGetFailed {
+                    route: route(),
+                    secret: "shop-tls".into(),
+                    detail: "timeout".into(),
+                },
+                "ExternalCertificateGetFailed",
+                "api_error",
+            ),
+            (
+                Reason::ExternalCertificateSecretDeleted {
+                    route: route(),
+                    secret: "shop-tls".into(),
+                },
+                "ExternalCertificateSecretDeleted",
+                "secret_deleted",
+            ),
+            (
+                Reason::WildcardPolicyNotAllowed {
+                    route: route(),
+                    secret: "shop-tls".into(),
+                },
+                "WildcardPolicyNotAllowed",
+                "wildcard",
+            ),
+        ];
+        for (reason, name, label) in cases {
+            let cause = reason.cause().expect("a rejection");
+            assert_eq!((reason.name(), cause.as_str()), (name, label), "{reason}");
+            assert_eq!(cause.reason_name(), name, "{cause}");
+        }
+        let recreated = Reason::ExternalCertificateSecretRecreated {
+            route: route(),
+            secret: "shop-tls".into(),
+        };
+        assert_eq!(recreated.cause(), None);
+    }
+
+    /// Labels are distinct and lowercase, and every reason name of a rejection is
+    /// reachable from a class.
+    #[test]
+    fn cause_labels_are_stable_and_distinct() {
+        let labels: std::collections::BTreeSet<_> =
+            RejectionCause::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(labels.len(), RejectionCause::ALL.len());
+        assert!(
+            labels
+                .iter()
+                .all(|l| l.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+        );
+        let reasons: std::collections::BTreeSet<_> = RejectionCause::ALL
+            .iter()
+            .map(|c| c.reason_name())
+            .collect();
+        let rejecting: std::collections::BTreeSet<_> = Reason::NAMES
+            .into_iter()
+            .filter(|name| *name != "ExternalCertificateSecretRecreated")
+            .collect();
+        assert_eq!(reasons, rejecting);
+        // TLS's own classes are reused as they are, but for the secret's type (a secret
+        // problem, labelled as such).
+        for cause in TlsCause::ALL {
+            let expected = match cause {
+                TlsCause::WrongType => "secret_type",
+                other => other.as_str(),
+            };
+            assert_eq!(RejectionCause::Tls(cause).as_str(), expected);
         }
     }
 

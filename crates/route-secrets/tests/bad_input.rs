@@ -252,6 +252,27 @@ fn ends_as(outcome: Option<&RouteOutcome>, expect: Expect) -> bool {
     }
 }
 
+/// The cause class (its label) and the router's reason name a case must be rejected
+/// with; `None` for a case that is admitted.
+fn rejected_as(expect: Expect) -> Option<(&'static str, &'static str)> {
+    const SECRET: &str = "ExternalCertificateValidationFailed";
+    const CERTIFICATE: &str = "ExtendedValidationFailed";
+    Some(match expect {
+        Expect::Admitted => return None,
+        Expect::NotFound => ("secret_missing", SECRET),
+        Expect::Denied(_) => ("rbac", SECRET),
+        Expect::InvalidName => ("invalid_reference", SECRET),
+        Expect::InlineConflict => ("inline_conflict", SECRET),
+        Expect::Tls("wrong_secret_type") => ("secret_type", SECRET),
+        Expect::Tls("key_mismatch") => ("key_mismatch", CERTIFICATE),
+        Expect::Tls("unsupported_key") => ("unsupported_key", CERTIFICATE),
+        Expect::Tls("key_empty" | "key_missing" | "certificate_empty" | "certificate_missing") => {
+            ("missing_data", CERTIFICATE)
+        }
+        Expect::Tls(_) => ("bad_pem", CERTIFICATE),
+    })
+}
+
 fn route(name: &str, secret: &str) -> route_secrets::route::Route {
     testing::route_with_external_certificate(NS, name, &host(name), secret)
 }
@@ -302,16 +323,21 @@ async fn every_bad_input_is_rejected_specifically_and_disturbs_nothing() {
         let what = format!("{route} ends as {expect:?}");
         h.until(&what, |h| ends_as(h.latest.get(&route), *expect))
             .await;
-        // The message names the route and never holds PEM.
+        // The message names the route and never holds PEM; the cause class and the
+        // reason name are the router's for this problem.
+        let expected = rejected_as(*expect);
         if let Some(rejected) = h.rejected(&route) {
             let message = rejected.reason.to_string();
             assert!(message.contains(&route.to_string()), "{message}");
             assert!(!message.contains("BEGIN"), "no PEM in messages: {message}");
+            let cause = rejected.cause().map(|cause| cause.as_str());
+            assert_eq!(
+                (cause, Some(rejected.reason.name())),
+                (expected.map(|e| e.0), expected.map(|e| e.1)),
+                "{message}"
+            );
         }
-        let status_reason = match expect {
-            Expect::Admitted => None,
-            _ => Some("ExternalCertificateValidationFailed"),
-        };
+        let status_reason = expected.map(|(_, reason)| reason);
         h.until_status(&route, *expect == Expect::Admitted, status_reason)
             .await;
     }

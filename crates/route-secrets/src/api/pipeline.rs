@@ -37,7 +37,7 @@ use crate::api::access::AccessChecker;
 use crate::api::manager::{SecretManager, SecretRegistration};
 use crate::api::route_watch::{RouteEvent, RouteWatchError};
 use crate::api::status_writer::StatusWriter;
-pub use crate::machine::{AdmittedRoute, Readiness, RejectedRoute, RouteOutcome};
+pub use crate::machine::{AdmittedRoute, HostPolicy, Readiness, RejectedRoute, RouteOutcome, Sni};
 use crate::machine::{
     Effect, Input, MachineOptions, Preparation, Prepared, PreparedOutcome, RegistrationId,
     RouteMachine, SecretChange, SecretLookup, SecretVersion, SecretVersionId,
@@ -54,6 +54,8 @@ pub struct PipelineOptions {
     pub identity: String,
     /// Delays between retries of a route that failed for a transient reason.
     pub retry: BackoffPolicy,
+    /// Which hosts are admitted (wildcard routes).
+    pub hosts: HostPolicy,
 }
 
 impl Default for PipelineOptions {
@@ -62,6 +64,7 @@ impl Default for PipelineOptions {
             validator: TlsValidator::default(),
             identity: "the router".to_owned(),
             retry: BackoffPolicy::default(),
+            hosts: HostPolicy::default(),
         }
     }
 }
@@ -134,6 +137,7 @@ impl RoutePipeline {
         let (secret_events, secret_receiver) = mpsc::unbounded_channel();
         let machine = RouteMachine::new(MachineOptions {
             identity: options.identity,
+            hosts: options.hosts,
             denial_recheck_min: options.retry.initial,
             retry: options.retry,
             seed: rand::random(),

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 
-use crate::reason::Reason;
-use crate::route::RouteKey;
+use crate::reason::{Reason, RejectionCause};
+use crate::route::{Route, RouteKey, WildcardPolicy};
 use crate::tls::{TlsWarning, ValidatedTls};
 
 /// A route the router serves, with its TLS material.
@@ -15,6 +15,9 @@ pub struct AdmittedRoute {
     pub route: RouteKey,
     /// `spec.host`.
     pub host: Option<String>,
+    /// The server names (SNI) the route is served for: what its crt-list line filters
+    /// on, or [`Sni::NoHost`]: no crt-list line at all.
+    pub sni: Sni,
     /// When the route was created; older routes win host conflicts.
     pub created: Option<Timestamp>,
     /// The secret the material comes from (in the route's namespace).
@@ -27,6 +30,51 @@ pub struct AdmittedRoute {
     pub reason: Option<Reason>,
 }
 
+/// The TLS server names (SNI) an admitted route is served for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Sni {
+    /// Exactly the route's host.
+    Host(String),
+    /// Every host under `domain` (`*.<domain>`): an allowed wildcard route
+    /// (`spec.wildcardPolicy: Subdomain`), whose host's first label is dropped.
+    Subdomain {
+        /// The host's parent domain.
+        domain: String,
+    },
+    /// The route has no host (or a wildcard route's host has no parent domain): it must
+    /// get no crt-list line, since a line without an SNI filter would capture every
+    /// other route's hosts. Its material may still be written.
+    NoHost,
+}
+
+impl Sni {
+    /// The names an admitted `route` is served for, by its host and wildcard policy (a
+    /// wildcard route is only admitted when wildcard routes are allowed).
+    pub fn of(route: &Route) -> Self {
+        let Some(host) = route.host() else {
+            return Self::NoHost;
+        };
+        if route.spec.wildcard_policy == Some(WildcardPolicy::Subdomain) {
+            return match host.split_once('.') {
+                Some((_, domain)) if !domain.is_empty() => Self::Subdomain {
+                    domain: domain.to_owned(),
+                },
+                _ => Self::NoHost,
+            };
+        }
+        Self::Host(host.to_owned())
+    }
+
+    /// The crt-list line's SNI filter: the host, or `*.<domain>`; `None`: no line.
+    pub fn crt_list_filter(&self) -> Option<String> {
+        match self {
+            Self::Host(host) => Some(host.clone()),
+            Self::Subdomain { domain } => Some(format!("*.{domain}")),
+            Self::NoHost => None,
+        }
+    }
+}
+
 /// A route the router does not serve, and why.
 #[derive(Clone, Debug)]
 pub struct RejectedRoute {
@@ -36,6 +84,14 @@ pub struct RejectedRoute {
     pub host: Option<String>,
     /// Why, with a message for people.
     pub reason: Reason,
+}
+
+impl RejectedRoute {
+    /// The class of the cause, for metric labels (`rbac`, `secret_missing`, `bad_pem`,
+    /// ...). `None` only for a reason that admits, which a rejection never carries.
+    pub fn cause(&self) -> Option<RejectionCause> {
+        self.reason.cause()
+    }
 }
 
 /// What the pipeline decided about a route.

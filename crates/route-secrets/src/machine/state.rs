@@ -7,6 +7,7 @@ use std::time::Instant;
 use kube_common::backoff::Backoff;
 
 use super::inputs::{RegistrationId, SecretVersionId};
+use super::outcome::Sni;
 use crate::route::{Route, RouteKey};
 
 /// Everything the machine knows about one route.
@@ -125,6 +126,7 @@ pub(super) enum Told {
         object: Option<String>,
         fingerprint: [u8; 32],
         host: Option<String>,
+        sni: Sni,
         warnings: Vec<String>,
     },
     Rejected {

@@ -123,6 +123,7 @@ impl Driver {
         Self {
             machine: RouteMachine::new(MachineOptions {
                 identity: "router".to_owned(),
+                hosts: HostPolicy::default(),
                 retry: BackoffPolicy::default(),
                 denial_recheck_min: Duration::from_millis(800),
                 seed: 7,
@@ -491,7 +492,8 @@ const TABLE: &[Row] = {
     use Event::*;
     use Said::*;
     use State::*;
-    const VF: &str = "ExternalCertificateValidationFailed";
+    // Certificate and key problems are the router's ExtendedValidationFailed.
+    const EV: &str = "ExtendedValidationFailed";
     const SD: &str = "ExternalCertificateSecretDeleted";
     &[
         (Pending, Unchanged, None, "queued", 0),
@@ -580,7 +582,7 @@ const TABLE: &[Row] = {
         (Serving, RelistWith, None, "registered, evaluated", 1),
         (Serving, RelistWithout, Some(Removed), "gone", 0),
         (Serving, SecretValid, Some(Admitted), "registered, evaluated", 1),
-        (Serving, SecretInvalid, Some(Rejected(VF)), "registered, evaluated", 1),
+        (Serving, SecretInvalid, Some(Rejected(EV)), "registered, evaluated", 1),
         (Serving, SecretSame, None, "registered, evaluated", 1),
         (Serving, SecretGone, Some(Rejected(SD)), "registered, secret deleted", 1),
         (Serving, SecretStale, None, "registered, evaluated", 1),
@@ -608,7 +610,7 @@ const TABLE: &[Row] = {
         (Missing, RelistWithout, Some(Removed), "gone", 0),
         // Created: admitted (a creation, not a re-creation).
         (Missing, SecretValid, Some(Admitted), "registered, evaluated", 1),
-        (Missing, SecretInvalid, Some(Rejected(VF)), "registered, evaluated", 1),
+        (Missing, SecretInvalid, Some(Rejected(EV)), "registered, evaluated", 1),
         (Missing, SecretSame, Some(Admitted), "registered, evaluated", 1),
         (Missing, SecretGone, Some(Rejected(SD)), "registered, secret deleted", 1),
         (Missing, SecretStale, None, "registered, secret missing", 1),
@@ -621,7 +623,7 @@ const TABLE: &[Row] = {
         (SecretDeleted, RelistWith, None, "registered, secret deleted", 1),
         (SecretDeleted, RelistWithout, Some(Removed), "gone", 0),
         (SecretDeleted, SecretValid, Some(Recreated), "registered, evaluated", 1),
-        (SecretDeleted, SecretInvalid, Some(Rejected(VF)), "registered, evaluated", 1),
+        (SecretDeleted, SecretInvalid, Some(Rejected(EV)), "registered, evaluated", 1),
         (SecretDeleted, SecretSame, Some(Recreated), "registered, evaluated", 1),
         (SecretDeleted, SecretGone, None, "registered, secret deleted", 1),
         (SecretDeleted, SecretStale, None, "registered, secret deleted", 1),
@@ -635,7 +637,7 @@ const TABLE: &[Row] = {
         (LookupFailed, RelistWithout, Some(Removed), "gone", 0),
         // The secret arrives after all: decided, and the retry is moot.
         (LookupFailed, SecretValid, Some(Admitted), "registered, evaluated", 1),
-        (LookupFailed, SecretInvalid, Some(Rejected(VF)), "registered, evaluated", 1),
+        (LookupFailed, SecretInvalid, Some(Rejected(EV)), "registered, evaluated", 1),
         (LookupFailed, SecretSame, Some(Admitted), "registered, evaluated", 1),
         (LookupFailed, SecretGone, Some(Rejected(SD)), "registered, secret deleted", 1),
         (LookupFailed, SecretStale, None, "registered, retrying", 1),
@@ -722,7 +724,7 @@ fn every_network_answer_ends_the_apply() {
         (
             "found, invalid",
             PreparedOutcome::Ready(SecretLookup::Found(version("u", 1, Err(invalid())))),
-            Said::Rejected(VF),
+            Said::Rejected("ExtendedValidationFailed"),
             "registered, evaluated",
             1,
             None,
@@ -913,6 +915,127 @@ fn a_denied_route_is_checked_again_when_the_denial_expires_never_later() {
     d.advance(Duration::from_secs(30));
     d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
     assert_eq!(d.said_to("r").last(), Some(&Said::Admitted));
+}
+
+/// A driver whose machine admits routes with `hosts`, with `route` listed.
+fn listed_with(hosts: HostPolicy, route: Route) -> Driver {
+    let mut d = Driver::new();
+    d.machine = RouteMachine::new(MachineOptions {
+        hosts,
+        ..d.machine.options.clone()
+    });
+    d.step(Input::Listed(vec![route]));
+    d
+}
+
+fn wildcard(host: &str) -> Route {
+    let mut route = route("r", Some("s"), host, 10, "uid-r");
+    route.spec.wildcard_policy = Some(crate::route::WildcardPolicy::Subdomain);
+    route
+}
+
+fn admitted_sni(d: &Driver) -> Vec<Sni> {
+    d.outcomes
+        .iter()
+        .filter_map(|outcome| match outcome {
+            RouteOutcome::Admitted(admitted) => Some(admitted.sni.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_wildcard_route_is_refused_by_default_without_touching_its_secret() {
+    let mut d = listed_with(HostPolicy::default(), wildcard("www.shop.example"));
+    assert_eq!(
+        d.said_to("r"),
+        vec![Said::Rejected("WildcardPolicyNotAllowed")]
+    );
+    let RouteOutcome::Rejected(rejected) = &d.outcomes[0] else {
+        panic!("rejected");
+    };
+    assert_eq!(
+        rejected.cause().map(crate::reason::RejectionCause::as_str),
+        Some("wildcard")
+    );
+    assert_eq!(
+        d.statuses,
+        vec![(key("r"), false, Some("WildcardPolicyNotAllowed".to_owned()))]
+    );
+    // Decided from the route alone: no prefetch, no access check, no registration.
+    assert!(d.preparing.is_none());
+    assert!(d.prefetched.is_empty());
+    assert_eq!(d.held_by("r"), 0);
+    assert!(d.readiness.is_ready());
+    assert_eq!(d.machine.next_wakeup(), None, "nothing to retry");
+
+    // Made a plain route, it is checked and admitted for its host.
+    d.step(Input::Applied(route(
+        "r",
+        Some("s"),
+        "www.shop.example",
+        10,
+        "uid-r",
+    )));
+    d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
+    assert_eq!(
+        admitted_sni(&d),
+        vec![Sni::Host("www.shop.example".to_owned())]
+    );
+}
+
+#[test]
+fn an_allowed_wildcard_route_is_served_for_its_domain() {
+    let hosts = HostPolicy {
+        allow_wildcard_routes: true,
+    };
+    let mut d = listed_with(hosts, wildcard("www.shop.example"));
+    d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
+    let sni = admitted_sni(&d);
+    assert_eq!(
+        sni,
+        vec![Sni::Subdomain {
+            domain: "shop.example".to_owned()
+        }]
+    );
+    assert_eq!(sni[0].crt_list_filter().as_deref(), Some("*.shop.example"));
+
+    // Turning the policy off again (same host, same secret) changes what is served:
+    // the consumer is told.
+    d.step(Input::Applied(route(
+        "r",
+        Some("s"),
+        "www.shop.example",
+        10,
+        "uid-r",
+    )));
+    d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
+    assert_eq!(
+        admitted_sni(&d)[1],
+        Sni::Host("www.shop.example".to_owned())
+    );
+}
+
+/// A route without a host is admitted (its material is valid) but explicitly gets no
+/// crt-list line; a wildcard route whose host has no parent domain neither.
+#[test]
+fn a_route_without_a_host_is_admitted_without_a_crt_list_line() {
+    let allow = HostPolicy {
+        allow_wildcard_routes: true,
+    };
+    for (hosts, route) in [
+        (
+            HostPolicy::default(),
+            route("r", Some("s"), "", 10, "uid-r"),
+        ),
+        (allow, wildcard("localhost")),
+        (allow, wildcard("")),
+    ] {
+        let mut d = listed_with(hosts, route);
+        d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
+        assert_eq!(admitted_sni(&d), vec![Sni::NoHost]);
+        assert_eq!(Sni::NoHost.crt_list_filter(), None);
+    }
 }
 
 #[test]
@@ -1321,9 +1444,7 @@ impl World {
                 }
                 Some((Some(secret), _)) => match self.secrets.get(secret) {
                     Some((_, true)) => vec![Said::Admitted, Said::Recreated],
-                    Some((_, false)) => {
-                        vec![Said::Rejected("ExternalCertificateValidationFailed")]
-                    }
+                    Some((_, false)) => vec![Said::Rejected("ExtendedValidationFailed")],
                     None => vec![
                         Said::Rejected("ExternalCertificateValidationFailed"),
                         Said::Rejected("ExternalCertificateSecretDeleted"),

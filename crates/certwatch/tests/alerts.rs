@@ -221,7 +221,7 @@ async fn every_alert_parses_and_fires_on_a_real_run() {
             && at_least("certwatch_haproxy_sync_failures_total", 2.0)
             && at_least("certwatch_bundle_write_failures_total", 2.0)
             && at_least(
-                "certwatch_routes_rejected{reason=\"ExternalCertificateValidationFailed\"}",
+                "certwatch_routes_rejected{reason=\"ExternalCertificateValidationFailed\",cause=\"rbac\"}",
                 1.0,
             ))
         .then_some(now)

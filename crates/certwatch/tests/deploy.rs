@@ -151,7 +151,7 @@ async fn rbac_manifests_grant_exactly_the_named_secret() {
     let metrics = daemon.metrics_text();
     assert!(
         metrics.contains(
-            "certwatch_routes_rejected{reason=\"ExternalCertificateValidationFailed\"} 1"
+            "certwatch_routes_rejected{reason=\"ExternalCertificateValidationFailed\",cause=\"rbac\"} 1"
         ),
         "{metrics}"
     );

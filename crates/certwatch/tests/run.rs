@@ -174,7 +174,7 @@ async fn files_follow_secrets_and_routes() {
     })
     .await;
     eventually("the rejection by reason in the metrics", || {
-        (certwatch.metric("certwatch_routes_rejected{reason=\"ExternalCertificateSecretDeleted\"}")
+        (certwatch.metric("certwatch_routes_rejected{reason=\"ExternalCertificateSecretDeleted\",cause=\"secret_deleted\"}")
             == Some(1.0))
         .then_some(())
     })
@@ -204,7 +204,7 @@ async fn files_follow_secrets_and_routes() {
         ) == Some(1.0)
             && metric_value(
                 &metrics,
-                "certwatch_routes_rejected{reason=\"ExternalCertificateSecretDeleted\"}",
+                "certwatch_routes_rejected{reason=\"ExternalCertificateSecretDeleted\",cause=\"secret_deleted\"}",
             ) == Some(0.0))
         .then_some(())
     })

@@ -309,6 +309,11 @@ pub struct RunArgs {
     #[arg(long, env = "CERTWATCH_ACCESS_DENIED_TTL", value_name = "D", value_parser = duration_arg, default_value = "30s", help_heading = "Router")]
     pub access_denied_ttl: Duration,
 
+    /// Admit routes with spec.wildcardPolicy: Subdomain (served for `*.<domain>` of
+    /// their host); rejected WildcardPolicyNotAllowed otherwise.
+    #[arg(long, env = "CERTWATCH_ALLOW_WILDCARD_ROUTES", value_parser = boolish(), help_heading = "Router")]
+    pub allow_wildcard_routes: bool,
+
     /// At most this many secrets' first syncs at once (default: no limit), for an API
     /// server with a small concurrency budget.
     #[arg(
@@ -397,6 +402,7 @@ impl RunArgs {
         options.access_policy = access_policy;
         options.access_ttl = self.access_cache_ttl;
         options.access_denied_ttl = self.access_denied_ttl;
+        options.hosts.allow_wildcard_routes = self.allow_wildcard_routes;
         options.identity = identity;
         options.max_concurrent_syncs = self
             .max_concurrent_syncs

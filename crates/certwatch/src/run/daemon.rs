@@ -18,7 +18,7 @@ use futures::StreamExt;
 use kube_h2::{ClientOptions, PoolHandle, PoolStats};
 use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy, AccessStats};
 use route_secrets::api::manager::SecretManager;
-use route_secrets::api::pipeline::{PipelineError, PipelineOptions, RoutePipeline};
+use route_secrets::api::pipeline::{HostPolicy, PipelineError, PipelineOptions, RoutePipeline};
 use route_secrets::api::status_writer::StatusWriter;
 use route_secrets::route::admission::RouterIdentity;
 use secret_monitor::{MonitorObserver, MonitorOptions, SecretMonitor};
@@ -66,6 +66,8 @@ pub struct DaemonOptions {
     pub access_denied_ttl: Duration,
     /// How rejection messages name the router identity.
     pub identity: String,
+    /// Which hosts are admitted (wildcard routes).
+    pub hosts: HostPolicy,
     /// At most this many first syncs of secrets at once (`None`: unbounded).
     pub max_concurrent_syncs: Option<usize>,
     /// Deadline of a secret's first sync.
@@ -95,6 +97,7 @@ impl DaemonOptions {
             access_ttl: Duration::from_secs(600),
             access_denied_ttl: Duration::from_secs(30),
             identity: "certwatch's service account".to_owned(),
+            hosts: HostPolicy::default(),
             max_concurrent_syncs: None,
             sync_timeout: Duration::from_secs(120),
             client: ClientOptions::default(),
@@ -223,6 +226,7 @@ impl Daemon {
             status_writer,
             PipelineOptions {
                 identity: options.identity.clone(),
+                hosts: options.hosts,
                 ..PipelineOptions::default()
             },
         );

@@ -10,7 +10,7 @@
 //! | `certwatch_secret_first_sync_duration_seconds` | histogram | | time of each secret's first sync |
 //! | `certwatch_secret_first_sync_failures_total` | counter | | first syncs that failed |
 //! | `certwatch_routes_admitted` | gauge | | routes served now |
-//! | `certwatch_routes_rejected` | gauge | `reason` | routes rejected now, by reason |
+//! | `certwatch_routes_rejected` | gauge | `reason`, `cause` | routes rejected now, by reason and cause class (`rbac`, `secret_missing`, `bad_pem`, ...: see docs/daemon.md) |
 //! | `certwatch_route_outcomes_total` | counter | `outcome`, `reason` | every decision (`admitted`, `rejected`, `removed`) |
 //! | `certwatch_certificate_expiration_timestamp_seconds` | gauge | `namespace`, `route`, `secret` | `notAfter` of the certificate last served for each route; stays while the route exists, also while it is rejected |
 //! | `certwatch_bundles` | gauge | | bundles on disk in the cert directory (files really written) |
@@ -52,7 +52,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use super::process::{ProcessSample, start_time_seconds};
-use route_secrets::reason::Reason;
+use route_secrets::reason::{Reason, RejectionCause};
 use route_secrets::route::RouteKey;
 use secret_monitor::{MonitorError, MonitorErrorKind, MonitorObserver, ObjectKey};
 
@@ -60,8 +60,9 @@ use secret_monitor::{MonitorError, MonitorErrorKind, MonitorObserver, ObjectKey}
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabels {
+struct RejectedLabels {
     reason: &'static str,
+    cause: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -117,8 +118,14 @@ struct ProtocolLabels {
 pub enum RouteState {
     /// Served.
     Admitted,
-    /// Not served, for this reason (e.g. `ExternalCertificateSecretDeleted`).
-    Rejected(&'static str),
+    /// Not served, for this reason (e.g. `ExternalCertificateSecretDeleted`) and cause
+    /// class (e.g. `secret_deleted`).
+    Rejected {
+        /// The reason's name.
+        reason: &'static str,
+        /// The cause class's label.
+        cause: &'static str,
+    },
 }
 
 /// Every metric of the daemon. Cheap to share behind an `Arc`; all methods take `&self`.
@@ -134,7 +141,7 @@ pub struct Metrics {
     first_sync: Histogram,
     first_sync_failures: Counter,
     routes_admitted: Gauge,
-    routes_rejected: Family<ReasonLabels, Gauge>,
+    routes_rejected: Family<RejectedLabels, Gauge>,
     route_outcomes: Family<OutcomeLabels, Counter>,
     expiration: Family<CertificateLabels, Gauge>,
     /// Guards the secret whose certificate each route's expiration series is labelled
@@ -381,8 +388,13 @@ impl Metrics {
 
     /// Label sets known in advance, at 0 from the start.
     fn precreate(&self) {
+        for cause in RejectionCause::ALL {
+            drop(self.routes_rejected.get_or_create(&RejectedLabels {
+                reason: cause.reason_name(),
+                cause: cause.as_str(),
+            }));
+        }
         for reason in Reason::NAMES {
-            drop(self.routes_rejected.get_or_create(&ReasonLabels { reason }));
             drop(self.route_outcomes.get_or_create(&OutcomeLabels {
                 outcome: "rejected",
                 reason,
@@ -455,9 +467,9 @@ impl Metrics {
             Some(RouteState::Admitted) => {
                 self.routes_admitted.dec();
             }
-            Some(RouteState::Rejected(reason)) => {
+            Some(RouteState::Rejected { reason, cause }) => {
                 self.routes_rejected
-                    .get_or_create(&ReasonLabels { reason })
+                    .get_or_create(&RejectedLabels { reason, cause })
                     .dec();
             }
             None => {}
@@ -466,9 +478,9 @@ impl Metrics {
             Some(RouteState::Admitted) => {
                 self.routes_admitted.inc();
             }
-            Some(RouteState::Rejected(reason)) => {
+            Some(RouteState::Rejected { reason, cause }) => {
                 self.routes_rejected
-                    .get_or_create(&ReasonLabels { reason })
+                    .get_or_create(&RejectedLabels { reason, cause })
                     .inc();
             }
             None => {}
@@ -743,19 +755,25 @@ mod tests {
         states.set(
             &metrics,
             &b,
-            Some(RouteState::Rejected("ExternalCertificateSecretDeleted")),
+            Some(RouteState::Rejected {
+                reason: "ExternalCertificateSecretDeleted",
+                cause: "secret_deleted",
+            }),
         );
         states.set(
             &metrics,
             &a,
-            Some(RouteState::Rejected("ExternalCertificateSecretDeleted")),
+            Some(RouteState::Rejected {
+                reason: "ExternalCertificateSecretDeleted",
+                cause: "secret_deleted",
+            }),
         );
         states.set(&metrics, &b, None);
         let text = metrics.encode();
         assert!(text.contains("certwatch_routes_admitted 0\n"), "{text}");
         assert!(
             text.contains(
-                "certwatch_routes_rejected{reason=\"ExternalCertificateSecretDeleted\"} 1\n"
+                "certwatch_routes_rejected{reason=\"ExternalCertificateSecretDeleted\",cause=\"secret_deleted\"} 1\n"
             ),
             "{text}"
         );
@@ -772,7 +790,8 @@ mod tests {
         for sample in [
             "certwatch_bundle_write_failures_total 0\n",
             "certwatch_reload_failures_total 0\n",
-            "certwatch_routes_rejected{reason=\"ExternalCertificateValidationFailed\"} 0\n",
+            "certwatch_routes_rejected{reason=\"ExternalCertificateValidationFailed\",cause=\"rbac\"} 0\n",
+            "certwatch_routes_rejected{reason=\"ExtendedValidationFailed\",cause=\"bad_pem\"} 0\n",
             "certwatch_route_outcomes_total{outcome=\"removed\",reason=\"\"} 0\n",
             "certwatch_ready 0\n",
             "certwatch_reload_duration_seconds_count 0\n",
@@ -827,7 +846,10 @@ mod tests {
         states.set(
             &metrics,
             &route,
-            Some(RouteState::Rejected("ExternalCertificateSecretDeleted")),
+            Some(RouteState::Rejected {
+                reason: "ExternalCertificateSecretDeleted",
+                cause: "secret_deleted",
+            }),
         );
         assert!(metrics.encode().contains(&series("new")));
         metrics.route_removed(&route);

@@ -257,7 +257,7 @@ impl Outputs {
                     .set(&self.metrics, &admitted.route, Some(RouteState::Admitted));
                 let served = ServedCert {
                     route: admitted.route,
-                    sni: admitted.host,
+                    sni: admitted.sni.crt_list_filter(),
                     created: admitted.created,
                     tls: admitted.tls,
                 };
@@ -289,10 +289,11 @@ impl Outputs {
                 }
                 // The expiry series stays: the route still exists, and an alert on its
                 // certificate must not clear because the route went dark.
+                let cause = rejected.cause().map_or("", |cause| cause.as_str());
                 progress.states.set(
                     &self.metrics,
                     &rejected.route,
-                    Some(RouteState::Rejected(reason)),
+                    Some(RouteState::Rejected { reason, cause }),
                 );
                 self.cert_dir.remove(&rejected.route);
             }

@@ -282,7 +282,7 @@ impl Certwatch {
     }
 
     /// The value of the sample `name` (with its labels exactly as printed, e.g.
-    /// `certwatch_routes_rejected{reason="X"}`), if present.
+    /// `certwatch_routes_rejected{reason="X",cause="y"}`), if present.
     pub fn metric(&self, sample: &str) -> Option<f64> {
         metric_value(&self.metrics(), sample)
     }

@@ -36,6 +36,7 @@
 //! The machine is the one owner of "which route holds which registration": the shell
 //! keeps registrations by [`RegistrationId`] only, and the secret manager not at all.
 
+mod claims;
 mod effects;
 mod inputs;
 mod outcome;
@@ -49,6 +50,7 @@ use std::time::{Duration, Instant};
 
 use kube_common::backoff::{Backoff, BackoffPolicy};
 
+use claims::{Claim, HostClaims};
 pub use effects::{Effect, Preparation};
 pub use inputs::{
     Input, Prepared, PreparedOutcome, RegistrationId, SecretChange, SecretLookup, SecretVersion,
@@ -68,6 +70,10 @@ pub struct HostPolicy {
     /// rejected `WildcardPolicyNotAllowed` otherwise (the router's
     /// `ROUTER_ALLOW_WILDCARD_ROUTES`).
     pub allow_wildcard_routes: bool,
+    /// Let routes of any namespace claim a host (with different paths); by default a
+    /// host belongs to the namespace of its oldest route (the router's
+    /// `ROUTER_DISABLE_NAMESPACE_OWNERSHIP_CHECK`).
+    pub disable_namespace_ownership_check: bool,
 }
 
 /// How the machine decides and retries.
@@ -118,6 +124,8 @@ pub struct RouteMachine {
     routes: std::collections::HashMap<RouteKey, RouteEntry>,
     /// Routes waiting to be applied.
     queue: ApplyQueue,
+    /// Every route's claim on its host (from its latest copy).
+    claims: HostClaims,
     /// The apply waiting for the network, if any.
     head: Option<InFlight>,
     /// Routes of the first listing still without an outcome.
@@ -139,6 +147,7 @@ impl RouteMachine {
             options,
             routes: Default::default(),
             queue: ApplyQueue::default(),
+            claims: HostClaims::default(),
             head: None,
             startup: Startup::default(),
             retries: BTreeSet::new(),
@@ -237,9 +246,14 @@ impl RouteMachine {
         let Some(key) = route.key() else {
             return;
         };
+        self.claim(&key, Claim::of(&route));
         if let Some(secret) = route.external_certificate_name()
             && validate_secret_name(secret).is_ok()
             && !self.refuses_wildcard(&route)
+            && self
+                .claims
+                .blocker(&key, self.namespace_ownership())
+                .is_none()
         {
             let held = self
                 .routes
@@ -282,7 +296,42 @@ impl RouteMachine {
     fn forget(&mut self, key: RouteKey) {
         if let Some(entry) = self.routes.get_mut(&key) {
             entry.latest = None;
-            self.enqueue(key);
+            self.enqueue(key.clone());
+            // Its host is free now: a refused claimant takes over, after the teardown.
+            self.claim(&key, None);
+        }
+    }
+
+    fn namespace_ownership(&self) -> bool {
+        !self.options.hosts.disable_namespace_ownership_check
+    }
+
+    /// Records the route's claim on its host; routes whose claim was won or lost by
+    /// this are applied again (forced: their own copy did not change).
+    fn claim(&mut self, key: &RouteKey, claim: Option<(String, Claim)>) {
+        let ownership = self.namespace_ownership();
+        let host = claim.as_ref().map(|(host, _)| host.as_str());
+        let others = self.claims.neighbours(key, host);
+        let before: Vec<_> = others
+            .iter()
+            .map(|other| self.claims.blocker(other, ownership))
+            .collect();
+        if !self.claims.set(key, claim) {
+            return;
+        }
+        for (other, before) in others.into_iter().zip(before) {
+            if self.claims.blocker(&other, ownership) != before {
+                self.enqueue_forced(other);
+            }
+        }
+    }
+
+    /// Queues the route's apply even if its copy did not change; an apply in flight
+    /// for it is redone instead.
+    fn enqueue_forced(&mut self, key: RouteKey) {
+        match &mut self.head {
+            Some(head) if head.preparation.route == key => head.overtaken = true,
+            _ => self.queue.push(key, true),
         }
     }
 
@@ -345,6 +394,19 @@ impl RouteMachine {
             self.mark_decided(&key, effects);
             return;
         };
+        if let Some(blocked) = self.claims.blocker(&key, self.namespace_ownership()) {
+            // The host is an older route's: nothing is registered; the route takes
+            // over (applied again) when that route goes or moves.
+            self.refuse(&key, &route, effects);
+            let reason = Reason::HostAlreadyClaimed {
+                route: key.clone(),
+                secret,
+                host: blocked.host,
+                owner: blocked.owner,
+            };
+            self.reject(&key, reason, effects);
+            return;
+        }
         if self.refuses_wildcard(&route) {
             // Decided on the route alone, as the router's host admission does before
             // any certificate is looked at: nothing is registered.

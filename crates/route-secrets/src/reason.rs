@@ -94,6 +94,8 @@ pub enum RejectionCause {
     ApiError,
     /// A wildcard route, and wildcard routes are not admitted (`wildcard`).
     Wildcard,
+    /// An older route holds the host (`host_claimed`).
+    HostClaimed,
     /// The certificate or key is unusable, with the TLS validation's class (its label:
     /// `missing_data`, `bad_pem`, `key_mismatch`, `unsupported_key`, `weak_key`,
     /// `weak_signature`).
@@ -102,7 +104,7 @@ pub enum RejectionCause {
 
 impl RejectionCause {
     /// Every class, for metric label sets.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::Rbac,
         Self::SecretMissing,
         Self::SecretDeleted,
@@ -111,6 +113,7 @@ impl RejectionCause {
         Self::InlineConflict,
         Self::ApiError,
         Self::Wildcard,
+        Self::HostClaimed,
         Self::Tls(TlsCause::MissingData),
         Self::Tls(TlsCause::BadPem),
         Self::Tls(TlsCause::KeyMismatch),
@@ -131,6 +134,7 @@ impl RejectionCause {
             Self::InlineConflict => "inline_conflict",
             Self::ApiError => "api_error",
             Self::Wildcard => "wildcard",
+            Self::HostClaimed => "host_claimed",
             Self::Tls(cause) => cause.as_str(),
         }
     }
@@ -148,6 +152,7 @@ impl RejectionCause {
             Self::ApiError => Reason::NAMES[2],
             Self::SecretDeleted => Reason::NAMES[3],
             Self::Wildcard => Reason::NAMES[5],
+            Self::HostClaimed => Reason::NAMES[6],
         }
     }
 }
@@ -194,6 +199,17 @@ pub enum Reason {
         /// The secret's name (in the route's namespace).
         secret: String,
     },
+    /// An older route holds the route's host (and path, or the host's namespace).
+    HostAlreadyClaimed {
+        /// The route.
+        route: RouteKey,
+        /// The secret's name (in the route's namespace); not looked at.
+        secret: String,
+        /// The host.
+        host: String,
+        /// The older route that holds it.
+        owner: RouteKey,
+    },
     /// The route asks to serve a whole subdomain (`spec.wildcardPolicy: Subdomain`) and
     /// the router does not admit wildcard routes.
     WildcardPolicyNotAllowed {
@@ -206,13 +222,14 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason name, for metric label sets.
-    pub const NAMES: [&'static str; 6] = [
+    pub const NAMES: [&'static str; 7] = [
         "ExternalCertificateValidationFailed",
         ROUTER_REASON_CERTIFICATE,
         "ExternalCertificateGetFailed",
         "ExternalCertificateSecretDeleted",
         "ExternalCertificateSecretRecreated",
         "WildcardPolicyNotAllowed",
+        "HostAlreadyClaimed",
     ];
 
     /// The reason as OpenShift's router writes it into the `Admitted` condition:
@@ -229,6 +246,7 @@ impl Reason {
             Self::ExternalCertificateSecretDeleted { .. } => Self::NAMES[3],
             Self::ExternalCertificateSecretRecreated { .. } => Self::NAMES[4],
             Self::WildcardPolicyNotAllowed { .. } => Self::NAMES[5],
+            Self::HostAlreadyClaimed { .. } => Self::NAMES[6],
         }
     }
 
@@ -242,6 +260,7 @@ impl Reason {
             Self::ExternalCertificateSecretDeleted { .. } => RejectionCause::SecretDeleted,
             Self::ExternalCertificateSecretRecreated { .. } => return None,
             Self::WildcardPolicyNotAllowed { .. } => RejectionCause::Wildcard,
+            Self::HostAlreadyClaimed { .. } => RejectionCause::HostClaimed,
         })
     }
 
@@ -252,7 +271,8 @@ impl Reason {
             | Self::ExternalCertificateGetFailed { route, .. }
             | Self::ExternalCertificateSecretDeleted { route, .. }
             | Self::ExternalCertificateSecretRecreated { route, .. }
-            | Self::WildcardPolicyNotAllowed { route, .. } => route,
+            | Self::WildcardPolicyNotAllowed { route, .. }
+            | Self::HostAlreadyClaimed { route, .. } => route,
         }
     }
 
@@ -263,7 +283,8 @@ impl Reason {
             | Self::ExternalCertificateGetFailed { secret, .. }
             | Self::ExternalCertificateSecretDeleted { secret, .. }
             | Self::ExternalCertificateSecretRecreated { secret, .. }
-            | Self::WildcardPolicyNotAllowed { secret, .. } => secret,
+            | Self::WildcardPolicyNotAllowed { secret, .. }
+            | Self::HostAlreadyClaimed { secret, .. } => secret,
         }
     }
 
@@ -315,6 +336,23 @@ impl fmt::Display for Reason {
                 f,
                 "route {route}: external certificate secret {namespace}/{secret} was \
                  recreated and validated; the route is served again"
+            ),
+            Self::HostAlreadyClaimed {
+                route, host, owner, ..
+            } if owner.namespace != route.namespace => write!(
+                f,
+                "route {route}: host {host} belongs to namespace {owner_namespace}, where \
+                 route {owner} claimed it first; use another host, or ask for the namespace \
+                 ownership check to be disabled",
+                owner_namespace = owner.namespace
+            ),
+            Self::HostAlreadyClaimed {
+                route, host, owner, ..
+            } => write!(
+                f,
+                "route {route}: host {host} (with this path) is already served by the older \
+                 route {owner}; use another host or path (this route takes over if {owner} \
+                 is deleted or changes host)"
             ),
             Self::WildcardPolicyNotAllowed { route, .. } => write!(
                 f,
@@ -449,6 +487,16 @@ mod tests {
                 },
                 "WildcardPolicyNotAllowed",
                 "wildcard",
+            ),
+            (
+                Reason::HostAlreadyClaimed {
+                    route: route(),
+                    secret: "shop-tls".into(),
+                    host: "shop.example".into(),
+                    owner: RouteKey::new("team-b", "older"),
+                },
+                "HostAlreadyClaimed",
+                "host_claimed",
             ),
         ];
         for (reason, name, label) in cases {

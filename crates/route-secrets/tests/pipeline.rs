@@ -118,9 +118,10 @@ const SCENARIOS: &[(&str, &[Step])] = &[
     (
         "routes sharing a secret share one watch",
         &[
-            Route("r1", Some("a"), "a.shop.example"),
-            Route("r2", Some("a"), "a.shop.example"),
-            Route("r3", Some("a"), "a.shop.example"),
+            // Each its own host: routes of one host are host claims (tests/hosts.rs).
+            Route("r1", Some("a"), "r1.shop.example"),
+            Route("r2", Some("a"), "r2.shop.example"),
+            Route("r3", Some("a"), "r3.shop.example"),
             Admitted("r1", "a"),
             Admitted("r2", "a"),
             Admitted("r3", "a"),

@@ -54,7 +54,7 @@ pub struct PipelineOptions {
     pub identity: String,
     /// Delays between retries of a route that failed for a transient reason.
     pub retry: BackoffPolicy,
-    /// Which hosts are admitted (wildcard routes).
+    /// Which hosts are admitted (wildcard routes, namespace ownership of hosts).
     pub hosts: HostPolicy,
 }
 

@@ -988,6 +988,7 @@ fn a_wildcard_route_is_refused_by_default_without_touching_its_secret() {
 fn an_allowed_wildcard_route_is_served_for_its_domain() {
     let hosts = HostPolicy {
         allow_wildcard_routes: true,
+        ..HostPolicy::default()
     };
     let mut d = listed_with(hosts, wildcard("www.shop.example"));
     d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
@@ -1022,6 +1023,7 @@ fn an_allowed_wildcard_route_is_served_for_its_domain() {
 fn a_route_without_a_host_is_admitted_without_a_crt_list_line() {
     let allow = HostPolicy {
         allow_wildcard_routes: true,
+        ..HostPolicy::default()
     };
     for (hosts, route) in [
         (
@@ -1035,6 +1037,156 @@ fn a_route_without_a_host_is_admitted_without_a_crt_list_line() {
         d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
         assert_eq!(admitted_sni(&d), vec![Sni::NoHost]);
         assert_eq!(Sni::NoHost.crt_list_filter(), None);
+    }
+}
+
+/// A route in namespace `ns` claiming `host` (with `path`), created at second `age`.
+fn claimant(ns: &str, name: &str, host: &str, path: Option<&str>, age: i64) -> Route {
+    let mut route = route(name, Some("s"), host, age, &format!("uid-{ns}-{name}"));
+    route.metadata.namespace = Some(ns.to_owned());
+    route.spec.path = path.map(str::to_owned);
+    route
+}
+
+fn said_to_route(d: &Driver, route: &RouteKey) -> Vec<Said> {
+    d.outcomes
+        .iter()
+        .filter(|o| o.route() == route)
+        .map(said)
+        .collect()
+}
+
+/// Answers every apply the machine asks for with a valid secret.
+fn settle(d: &mut Driver) {
+    let mut answered = 0;
+    while d.preparing.is_some() {
+        d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
+        answered += 1;
+        assert!(answered < 100, "the machine keeps asking");
+    }
+}
+
+#[test]
+fn the_oldest_claim_on_a_host_wins_and_the_next_takes_over_when_it_goes() {
+    let older = claimant("a", "older", "shop.example", None, 1);
+    let younger = claimant("b", "younger", "shop.example", None, 2);
+    let (older_key, younger_key) = (older.key().expect("key"), younger.key().expect("key"));
+    let mut d = Driver::new();
+    // Listed youngest first: the machine orders by age.
+    d.step(Input::Listed(vec![younger.clone(), older.clone()]));
+    settle(&mut d);
+    assert_eq!(said_to_route(&d, &older_key), vec![Said::Admitted]);
+    assert_eq!(
+        said_to_route(&d, &younger_key),
+        vec![Said::Rejected("HostAlreadyClaimed")]
+    );
+    let RouteOutcome::Rejected(rejected) = d
+        .outcomes
+        .iter()
+        .find(|o| *o.route() == younger_key)
+        .expect("told")
+    else {
+        panic!("rejected");
+    };
+    let message = rejected.reason.to_string();
+    assert!(message.contains("a/older"), "{message}");
+    assert_eq!(
+        rejected.cause().map(crate::reason::RejectionCause::as_str),
+        Some("host_claimed")
+    );
+    // The refused claimant holds nothing.
+    assert_eq!(
+        d.held.values().filter(|(r, _)| *r == younger_key).count(),
+        0
+    );
+    assert!(d.readiness.is_ready());
+
+    // The older route moves to another host: the younger takes over.
+    let mut moved = older.clone();
+    moved.spec.host = Some("other.example".to_owned());
+    d.step(Input::Applied(moved.clone()));
+    settle(&mut d);
+    assert_eq!(
+        said_to_route(&d, &younger_key),
+        vec![Said::Rejected("HostAlreadyClaimed"), Said::Admitted]
+    );
+    // It comes back: it is older, and wins again.
+    d.step(Input::Applied(older.clone()));
+    settle(&mut d);
+    assert_eq!(
+        said_to_route(&d, &younger_key).last(),
+        Some(&Said::Rejected("HostAlreadyClaimed"))
+    );
+    assert_eq!(
+        d.held.values().filter(|(r, _)| *r == younger_key).count(),
+        0
+    );
+    // Deleted: the younger takes over, after the older's removal.
+    d.step(Input::Deleted(older));
+    settle(&mut d);
+    let tail: Vec<_> = d
+        .outcomes
+        .iter()
+        .rev()
+        .take(2)
+        .map(|o| (o.route().clone(), said(o)))
+        .collect();
+    assert_eq!(
+        tail,
+        vec![
+            (younger_key.clone(), Said::Admitted),
+            (older_key, Said::Removed)
+        ]
+    );
+}
+
+#[test]
+fn paths_share_a_host_within_its_namespace_and_across_only_when_allowed() {
+    let routes = || {
+        vec![
+            claimant("a", "root", "shop.example", None, 1),
+            claimant("a", "api", "shop.example", Some("/api"), 2),
+            claimant("a", "api-again", "shop.example", Some("/api"), 3),
+            claimant("b", "cart", "shop.example", Some("/cart"), 4),
+        ]
+    };
+    let expect = |ownership_check: bool| {
+        vec![
+            ("root", Said::Admitted),
+            ("api", Said::Admitted),
+            ("api-again", Said::Rejected("HostAlreadyClaimed")),
+            (
+                "cart",
+                if ownership_check {
+                    Said::Rejected("HostAlreadyClaimed")
+                } else {
+                    Said::Admitted
+                },
+            ),
+        ]
+    };
+    for disable in [false, true] {
+        let mut d = Driver::new();
+        d.machine = RouteMachine::new(MachineOptions {
+            hosts: HostPolicy {
+                disable_namespace_ownership_check: disable,
+                ..HostPolicy::default()
+            },
+            ..d.machine.options.clone()
+        });
+        let listed = routes();
+        let keys: Vec<RouteKey> = listed.iter().map(|r| r.key().expect("key")).collect();
+        d.step(Input::Listed(listed));
+        settle(&mut d);
+        let got: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                let said = said_to_route(&d, key);
+                assert_eq!(said.len(), 1, "{key}: {said:?}");
+                (key.name.as_str(), said[0].clone())
+            })
+            .collect();
+        assert_eq!(got, expect(!disable), "ownership check disabled: {disable}");
     }
 }
 
@@ -1178,10 +1330,12 @@ impl World {
     fn route(&self, index: usize) -> Route {
         let (secret, uid) = self.routes[&index];
         // Routes are created in index order: r0 is the oldest.
+        // Each its own host: host claims have their own tests.
+        let host = format!("{}.example", ROUTES[index]);
         route(
             ROUTES[index],
             secret.map(|s| SECRETS[s]),
-            "r.example",
+            &host,
             index as i64,
             &format!("{}-{uid}", ROUTES[index]),
         )

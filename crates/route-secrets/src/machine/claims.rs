@@ -1,0 +1,262 @@
+//! Host claims, as openshift/router's unique-host admission decides them: every route
+//! with a host claims it (with its path); the oldest claim wins. Pure bookkeeping: the
+//! machine asks who keeps a route from its host, and which routes' answer changed when
+//! a claim came, went or moved.
+//!
+//! The rules (`pkg/router/controller/unique_host.go`):
+//!
+//! * Claims are ordered by creation time (routes without one last), then namespace,
+//!   then name: the older claim wins.
+//! * Namespace ownership (unless disabled): a host belongs to the namespace of its
+//!   oldest claim; a route of another namespace is refused whatever its path.
+//! * Within the owning namespace (or anywhere, with the ownership check disabled),
+//!   routes of the same host but different paths are all admitted; of routes with the
+//!   same host and path, only the oldest is.
+//! * A refused claim stays on file: when the claims before it go away (the route is
+//!   deleted, or changes host or path), it takes over.
+
+use std::collections::{BTreeSet, HashMap};
+
+use jiff::Timestamp;
+
+use crate::route::{Route, RouteKey};
+
+/// One route's claim on its host.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Claim {
+    /// Sorts claims without a creation time (not from an API server) last.
+    undated: bool,
+    /// When the route was created.
+    created: Option<Timestamp>,
+    /// The route (namespace, then name: the tie-break).
+    route: RouteKey,
+    /// `spec.path`, empty when unset.
+    path: String,
+}
+
+impl Claim {
+    /// The route's claim: its host, and the claim on it. `None` without a host.
+    pub fn of(route: &Route) -> Option<(String, Self)> {
+        let host = route.host()?.to_ascii_lowercase();
+        let created = route.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let claim = Self {
+            undated: created.is_none(),
+            created,
+            route: route.key()?,
+            path: route.spec.path.clone().unwrap_or_default(),
+        };
+        Some((host, claim))
+    }
+}
+
+/// Why a route does not get its host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Blocked {
+    /// The older route that holds the host.
+    pub owner: RouteKey,
+    /// The host.
+    pub host: String,
+}
+
+/// Every route's claim, by host.
+#[derive(Debug, Default)]
+pub(super) struct HostClaims {
+    /// Claims per host, oldest first.
+    by_host: HashMap<String, BTreeSet<Claim>>,
+    /// Each route's current claim.
+    of_route: HashMap<RouteKey, (String, Claim)>,
+}
+
+impl HostClaims {
+    /// Replaces `route`'s claim with `claim` (`None`: the route claims nothing).
+    /// Returns whether anything changed.
+    pub fn set(&mut self, route: &RouteKey, claim: Option<(String, Claim)>) -> bool {
+        if self.of_route.get(route) == claim.as_ref() {
+            return false;
+        }
+        if let Some((host, old)) = self.of_route.remove(route)
+            && let Some(claims) = self.by_host.get_mut(&host)
+        {
+            claims.remove(&old);
+            if claims.is_empty() {
+                self.by_host.remove(&host);
+            }
+        }
+        if let Some((host, new)) = claim {
+            self.by_host
+                .entry(host.clone())
+                .or_default()
+                .insert(new.clone());
+            self.of_route.insert(route.clone(), (host, new));
+        }
+        true
+    }
+
+    /// The other routes claiming `route`'s current host or `host`: those whose answer
+    /// to [`blocker`](Self::blocker) a change of `route`'s claim can change.
+    pub fn neighbours(&self, route: &RouteKey, host: Option<&str>) -> Vec<RouteKey> {
+        let current = self.of_route.get(route).map(|(host, _)| host.as_str());
+        let mut hosts = vec![current, host];
+        hosts.dedup();
+        hosts
+            .into_iter()
+            .flatten()
+            .filter_map(|host| self.by_host.get(host))
+            .flatten()
+            .map(|claim| claim.route.clone())
+            .filter(|other| other != route)
+            .collect()
+    }
+
+    /// The older claim that keeps `route` from its host, if any.
+    pub fn blocker(&self, route: &RouteKey, namespace_ownership: bool) -> Option<Blocked> {
+        let (host, mine) = self.of_route.get(route)?;
+        let claims = self.by_host.get(host)?;
+        let oldest = claims.first()?;
+        let blocked_by = |owner: &Claim| Blocked {
+            owner: owner.route.clone(),
+            host: host.clone(),
+        };
+        if namespace_ownership && oldest.route.namespace != mine.route.namespace {
+            return Some(blocked_by(oldest));
+        }
+        claims
+            .range(..mine)
+            .find(|older| {
+                older.path == mine.path
+                    // Claims of other namespaces are refused themselves when
+                    // ownership is checked: they keep nobody out.
+                    && (!namespace_ownership || older.route.namespace == mine.route.namespace)
+            })
+            .map(blocked_by)
+    }
+
+    /// How many routes claim a host.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.of_route.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(namespace: &str, name: &str, age: Option<i64>, path: &str) -> Claim {
+        let created = age.map(|age| Timestamp::from_second(1_700_000_000 + age).expect("time"));
+        Claim {
+            undated: created.is_none(),
+            created,
+            route: RouteKey::new(namespace, name),
+            path: path.to_owned(),
+        }
+    }
+
+    /// Each case: claims on one host (namespace, name, age, path), and for each route
+    /// who keeps it out, with the ownership check on and off.
+    #[test]
+    fn who_keeps_whom_out() {
+        type Case = (
+            &'static str,
+            &'static [(&'static str, &'static str, Option<i64>, &'static str)],
+            &'static [(&'static str, Option<&'static str>, Option<&'static str>)],
+        );
+        let cases: &[Case] = &[
+            (
+                "same namespace, same path: the older wins",
+                &[("a", "old", Some(1), ""), ("a", "new", Some(2), "")],
+                &[("new", Some("old"), Some("old")), ("old", None, None)],
+            ),
+            (
+                "same namespace, other paths: both served",
+                &[("a", "root", Some(1), ""), ("a", "api", Some(2), "/api")],
+                &[("root", None, None), ("api", None, None)],
+            ),
+            (
+                "other namespace: refused whatever its path, unless ownership is off",
+                &[("a", "owner", Some(1), ""), ("b", "api", Some(2), "/api")],
+                &[("api", Some("owner"), None), ("owner", None, None)],
+            ),
+            (
+                "other namespace, same path: the older wins either way",
+                &[("a", "owner", Some(1), ""), ("b", "thief", Some(2), "")],
+                &[("thief", Some("owner"), Some("owner"))],
+            ),
+            (
+                "a refused claim of another namespace keeps nobody out",
+                &[
+                    ("a", "owner", Some(1), ""),
+                    ("b", "other", Some(2), "/x"),
+                    ("a", "x", Some(3), "/x"),
+                ],
+                &[("x", None, Some("other")), ("other", Some("owner"), None)],
+            ),
+            (
+                "same creation time: namespace, then name",
+                &[("b", "a", Some(1), ""), ("a", "z", Some(1), "")],
+                &[("a", Some("z"), Some("z")), ("z", None, None)],
+            ),
+            (
+                "no creation time: last",
+                &[("a", "undated", None, ""), ("a", "dated", Some(9), "")],
+                &[("undated", Some("dated"), Some("dated"))],
+            ),
+        ];
+        for (name, claims, expected) in cases {
+            let mut hosts = HostClaims::default();
+            for (namespace, route, age, path) in *claims {
+                let claim = claim(namespace, route, *age, path);
+                assert!(hosts.set(&claim.route.clone(), Some(("h.example".to_owned(), claim))));
+            }
+            let key_of = |route: &str| {
+                claims
+                    .iter()
+                    .find(|c| c.1 == route)
+                    .map(|c| RouteKey::new(c.0, c.1))
+                    .expect("a route of the case")
+            };
+            for (route, with_ownership, without) in *expected {
+                for (ownership, owner) in [(true, with_ownership), (false, without)] {
+                    let got = hosts.blocker(&key_of(route), ownership).map(|b| b.owner);
+                    assert_eq!(
+                        got,
+                        owner.map(key_of),
+                        "{name}: {route} (ownership check {ownership})"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_refused_claim_takes_over_when_the_older_goes_or_moves() {
+        let mut hosts = HostClaims::default();
+        let (old, new) = (
+            claim("a", "old", Some(1), ""),
+            claim("b", "new", Some(2), ""),
+        );
+        let (old_key, new_key) = (old.route.clone(), new.route.clone());
+        assert!(hosts.set(&old_key, Some(("h".into(), old.clone()))));
+        assert_eq!(hosts.neighbours(&new_key, Some("h")), vec![old_key.clone()]);
+        assert!(hosts.set(&new_key, Some(("h".into(), new))));
+        assert!(hosts.blocker(&new_key, true).is_some());
+        // The older route moves to another host: the newer one is among those to ask
+        // again, and has the host now.
+        assert_eq!(
+            hosts.neighbours(&old_key, Some("elsewhere")),
+            vec![new_key.clone()]
+        );
+        assert!(hosts.set(&old_key, Some(("elsewhere".into(), old.clone()))));
+        assert_eq!(hosts.blocker(&new_key, true), None);
+        // Back, then deleted.
+        hosts.set(&old_key, Some(("h".into(), old)));
+        assert!(hosts.blocker(&new_key, true).is_some());
+        assert_eq!(hosts.neighbours(&old_key, None), vec![new_key.clone()]);
+        assert!(hosts.set(&old_key, None));
+        assert_eq!(hosts.blocker(&new_key, true), None);
+        // The same claim again changes nothing.
+        let same = hosts.of_route.get(&new_key).cloned();
+        assert!(!hosts.set(&new_key, same));
+        assert_eq!(hosts.len(), 1);
+    }
+}

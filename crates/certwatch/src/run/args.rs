@@ -314,6 +314,12 @@ pub struct RunArgs {
     #[arg(long, env = "CERTWATCH_ALLOW_WILDCARD_ROUTES", value_parser = boolish(), help_heading = "Router")]
     pub allow_wildcard_routes: bool,
 
+    /// Let routes of any namespace claim a host (with different paths). By default a
+    /// host belongs to the namespace of its oldest route, and routes of other
+    /// namespaces are rejected HostAlreadyClaimed.
+    #[arg(long, env = "CERTWATCH_DISABLE_NAMESPACE_OWNERSHIP_CHECK", value_parser = boolish(), help_heading = "Router")]
+    pub disable_namespace_ownership_check: bool,
+
     /// At most this many secrets' first syncs at once (default: no limit), for an API
     /// server with a small concurrency budget.
     #[arg(
@@ -403,6 +409,7 @@ impl RunArgs {
         options.access_ttl = self.access_cache_ttl;
         options.access_denied_ttl = self.access_denied_ttl;
         options.hosts.allow_wildcard_routes = self.allow_wildcard_routes;
+        options.hosts.disable_namespace_ownership_check = self.disable_namespace_ownership_check;
         options.identity = identity;
         options.max_concurrent_syncs = self
             .max_concurrent_syncs

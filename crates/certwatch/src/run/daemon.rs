@@ -66,7 +66,7 @@ pub struct DaemonOptions {
     pub access_denied_ttl: Duration,
     /// How rejection messages name the router identity.
     pub identity: String,
-    /// Which hosts are admitted (wildcard routes).
+    /// Which hosts are admitted (wildcard routes, namespace ownership of hosts).
     pub hosts: HostPolicy,
     /// At most this many first syncs of secrets at once (`None`: unbounded).
     pub max_concurrent_syncs: Option<usize>,

@@ -356,28 +356,30 @@ mod tests {
         assert_eq!(ours.wildcard_policy, Some(WildcardPolicy::None));
     }
 
-    #[test]
-    fn other_conditions_and_fields_in_our_entry_survive() {
-        let mut route = route_with_foreign_entry();
+    /// The route's `status.ingress[]`, which the fixture has.
+    fn ingresses(route: &mut Route) -> &mut Vec<RouteIngress> {
         route
             .status
             .as_mut()
-            .unwrap()
-            .ingress
-            .as_mut()
-            .unwrap()
-            .push(
-                serde_json::from_value(json!({
-                    "routerName": "default",
-                    "host": "shop.example.com",
-                    "conditions": [
-                        {"type": "UnservableInFutureVersions", "status": "True"},
-                        {"type": "Admitted", "status": "True"}
-                    ],
-                    "vendorField": "x"
-                }))
-                .unwrap(),
-            );
+            .and_then(|status| status.ingress.as_mut())
+            .expect("the fixture has status.ingress")
+    }
+
+    #[test]
+    fn other_conditions_and_fields_in_our_entry_survive() {
+        let mut route = route_with_foreign_entry();
+        ingresses(&mut route).push(
+            serde_json::from_value(json!({
+                "routerName": "default",
+                "host": "shop.example.com",
+                "conditions": [
+                    {"type": "UnservableInFutureVersions", "status": "True"},
+                    {"type": "Admitted", "status": "True"}
+                ],
+                "vendorField": "x"
+            }))
+            .unwrap(),
+        );
         let rejection = Admission::rejected("ExternalCertificateGetFailed", "timeout");
         record_admission(&mut route, &router(), &rejection, t(5));
         let ours = router_ingress(&route, "default").unwrap();
@@ -394,14 +396,7 @@ mod tests {
             router_name: Some("default".into()),
             ..RouteIngress::default()
         };
-        route
-            .status
-            .as_mut()
-            .unwrap()
-            .ingress
-            .as_mut()
-            .unwrap()
-            .extend([entry.clone(), entry]);
+        ingresses(&mut route).extend([entry.clone(), entry]);
         record_admission(&mut route, &router(), &Admission::admitted(), t(1));
         let ingresses = route.status.as_ref().unwrap().ingress.as_ref().unwrap();
         assert_eq!(ingresses.len(), 2);

@@ -22,6 +22,7 @@
 //!
 //! [`AdaptiveLimiter::snapshot`] gives the window and counters for metrics, logs and
 //! progress displays. The limiter is cheap to clone; clones share one window.
+//! [`AdaptiveLimiter::send`] runs the loop below for one kube request.
 //!
 //! # Example
 //!
@@ -172,6 +173,43 @@ impl AdaptiveLimiter {
     /// The window and counters now.
     pub fn snapshot(&self) -> LimiterSnapshot {
         self.inner.snapshot()
+    }
+
+    /// Sends one Kubernetes API request under the limiter: waits for a permit, and
+    /// while the server refuses for load ([`is_overload_status`]) re-queues the request
+    /// in its place (after the `Retry-After` of the refusal's Status, or the backoff
+    /// delay), at most `max_refusals` times; the refusal after that is returned. Any
+    /// other error frees the slot and is returned at once. `send` makes one attempt.
+    pub async fn send<T, F, Fut>(&self, max_refusals: u32, mut send: F) -> Result<T, kube::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        let mut turn = self.turn();
+        let mut refusals = 0;
+        loop {
+            let permit = turn.acquire().await;
+            match send().await {
+                Ok(answer) => {
+                    permit.succeeded();
+                    return Ok(answer);
+                }
+                Err(kube::Error::Api(status)) if is_overload_status(status.code) => {
+                    let retry_after = status
+                        .details
+                        .as_ref()
+                        .map(|details| details.retry_after_seconds)
+                        .filter(|seconds| *seconds > 0)
+                        .map(|seconds| Duration::from_secs(seconds.into()));
+                    turn = permit.refused(retry_after);
+                    if refusals == max_refusals {
+                        return Err(kube::Error::Api(status));
+                    }
+                    refusals += 1;
+                }
+                Err(other) => return Err(other),
+            }
+        }
     }
 }
 

@@ -300,6 +300,77 @@ async fn throttled_while_work_waits_behind_a_reduced_window() {
     assert!(!limiter.snapshot().throttled);
 }
 
+/// A 429 as kube reports it, with the Status body's `retryAfterSeconds`.
+fn too_many_requests(retry_after_seconds: u32) -> kube::Error {
+    let mut status = kube::core::Status::failure("Too many requests", "TooManyRequests");
+    status.code = 429;
+    status.details = Some(kube::core::response::StatusDetails {
+        name: String::new(),
+        group: String::new(),
+        kind: String::new(),
+        uid: String::new(),
+        causes: Vec::new(),
+        retry_after_seconds,
+    });
+    kube::Error::Api(status.boxed())
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_re_queues_refused_requests_until_one_is_answered() {
+    let limiter = AdaptiveLimiter::new(Some(8));
+    let started = tokio::time::Instant::now();
+    let mut attempts = 0;
+    let answer = limiter
+        .send(10, || {
+            attempts += 1;
+            let attempt = attempts;
+            async move {
+                if attempt <= 2 {
+                    Err(too_many_requests(1))
+                } else {
+                    Ok(attempt)
+                }
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(answer, 3);
+    // Each refusal's Retry-After (1 s) passed before the next attempt.
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    let snapshot = limiter.snapshot();
+    assert_eq!(
+        (snapshot.refused, snapshot.succeeded, snapshot.in_flight),
+        (2, 1, 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_gives_up_after_its_refusals_and_returns_other_errors_at_once() {
+    let limiter = AdaptiveLimiter::new(Some(8));
+    let mut attempts = 0;
+    let refused = limiter
+        .send(2, || {
+            attempts += 1;
+            async { Err::<(), _>(too_many_requests(0)) }
+        })
+        .await;
+    assert!(matches!(refused, Err(kube::Error::Api(status)) if status.code == 429));
+    assert_eq!(attempts, 3, "the first attempt and two re-queued ones");
+    let forbidden = limiter
+        .send(2, || async {
+            let mut status = kube::core::Status::failure("forbidden", "Forbidden");
+            status.code = 403;
+            Err::<(), _>(kube::Error::Api(status.boxed()))
+        })
+        .await;
+    assert!(matches!(forbidden, Err(kube::Error::Api(status)) if status.code == 403));
+    let snapshot = limiter.snapshot();
+    assert_eq!(
+        (snapshot.refused, snapshot.in_flight, snapshot.waiting),
+        (3, 0, 0)
+    );
+}
+
 #[test]
 fn overload_statuses() {
     assert!(is_overload_status(429));

@@ -516,6 +516,22 @@ impl ApiError {
         e
     }
 
+    /// The `Status` as kube-apiserver encodes it: Go's field order, empty fields left
+    /// out, so that a refusal reads byte for byte as the real server's (serialize it
+    /// with serde; [`ApiError::to_status`] is the same as a JSON value).
+    pub(crate) fn status_wire(&self) -> StatusWire<'_> {
+        StatusWire {
+            kind: "Status",
+            api_version: "v1",
+            metadata: EmptyObject {},
+            status: "Failure",
+            message: &self.message,
+            reason: &self.reason,
+            details: self.details.as_ref().map(DetailsWire::new),
+            code: self.code,
+        }
+    }
+
     /// The `Status` object for this failure.
     pub fn to_status(&self) -> Value {
         let mut s = json!({
@@ -532,4 +548,81 @@ impl ApiError {
         }
         s
     }
+}
+
+/// A `Status` in the order of kube-apiserver's Go struct (`metav1.Status`): kind,
+/// apiVersion, metadata, status, message, reason, details, code.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct StatusWire<'a> {
+    kind: &'static str,
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    metadata: EmptyObject,
+    status: &'static str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    message: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    reason: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: Option<DetailsWire<'a>>,
+    code: u16,
+}
+
+/// `{}`: a Status's list metadata, always empty in an error.
+#[derive(Debug, serde::Serialize)]
+struct EmptyObject {}
+
+/// `metav1.StatusDetails` in its Go field order (name, group, kind, uid, causes,
+/// retryAfterSeconds); keys the struct does not have are not sent.
+#[derive(Debug, serde::Serialize)]
+struct DetailsWire<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    group: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kind: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uid: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    causes: Option<Vec<CauseWire<'a>>>,
+    #[serde(rename = "retryAfterSeconds", skip_serializing_if = "Option::is_none")]
+    retry_after_seconds: Option<&'a Value>,
+}
+
+impl<'a> DetailsWire<'a> {
+    fn new(details: &'a Value) -> Self {
+        let causes = details
+            .get("causes")
+            .and_then(Value::as_array)
+            .map(|causes| {
+                causes
+                    .iter()
+                    .map(|cause| CauseWire {
+                        reason: cause.get("reason"),
+                        message: cause.get("message"),
+                        field: cause.get("field"),
+                    })
+                    .collect()
+            });
+        DetailsWire {
+            name: details.get("name"),
+            group: details.get("group"),
+            kind: details.get("kind"),
+            uid: details.get("uid"),
+            causes,
+            retry_after_seconds: details.get("retryAfterSeconds"),
+        }
+    }
+}
+
+/// `metav1.StatusCause` in its Go field order (reason, message, field).
+#[derive(Debug, serde::Serialize)]
+struct CauseWire<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'a Value>,
 }

@@ -81,6 +81,25 @@ impl Server {
         }
     }
 
+    /// A client for `context` without kube's retries of 429s, to see refusals as they
+    /// are sent.
+    async fn client_without_retries(&self, context: &str) -> kube::Client {
+        let mut config = match self {
+            Server::Sim(sim) => sim.client_config(context).await.unwrap(),
+            Server::Real(cp) => kube::Config::from_custom_kubeconfig(
+                cp.kubeconfig().clone(),
+                &kube::config::KubeConfigOptions {
+                    context: Some(context.to_string()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap(),
+        };
+        config.default_retry = false;
+        kube::Client::try_from(config).unwrap()
+    }
+
     async fn generate(&self, spec: &GenerateSpec) -> GeneratedCluster {
         match self {
             Server::Sim(sim) => sim.generate(spec).unwrap(),
@@ -666,6 +685,16 @@ async fn a_server_with_a_small_apf_budget() {
         .await,
     );
     let (s, _) = start_up(&sim, SECRETS, AccessCheck::ReviewPerSecret).await;
+    // A refusal itself, byte for byte: the first 429 of a burst sent without retries.
+    let refused_on_sim = first_refusal(&sim, 3 * SECRETS).await;
+    let refused_on_real = first_refusal(&real, 3 * SECRETS).await;
+    eprintln!(
+        "first refusal of a burst: kube-sim {refused_on_sim:?}, kube-apiserver {refused_on_real:?}"
+    );
+    assert_eq!(
+        refused_on_sim, refused_on_real,
+        "a 429 of API Priority and Fairness"
+    );
     for (server, accounting) in [(&sim, &s), (&real, &r)] {
         let rejected = server.metrics().await.rejected_by_priority_level();
         assert!(
@@ -696,12 +725,15 @@ async fn a_server_with_a_small_apf_budget() {
 }
 
 /// How a server answered one request: its code, content type and body, byte for byte
-/// (a streaming answer is read to its end).
+/// (a streaming answer is read to its end), and whether it said when to retry.
 #[derive(Debug, PartialEq, Eq)]
 struct Answer {
     code: u16,
     content_type: String,
     body: String,
+    /// A `Retry-After` header in whole seconds (its value grows with the load, so only
+    /// its presence is compared).
+    retry_after: bool,
 }
 
 async fn ask(
@@ -728,6 +760,11 @@ async fn ask(
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
+    let retry_after = response
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.parse::<u64>().is_ok_and(|seconds| seconds >= 1));
     let body = http_body_util::BodyExt::collect(response.into_body())
         .await
         .unwrap()
@@ -736,6 +773,7 @@ async fn ask(
         code,
         content_type,
         body: String::from_utf8_lossy(&body).into_owned(),
+        retry_after,
     }
 }
 
@@ -908,6 +946,7 @@ async fn refusals(server: &Server) -> Vec<(String, Answer)> {
                 code: 201,
                 content_type: String::new(),
                 body: status.to_string(),
+                retry_after: false,
             },
         ));
     }
@@ -1019,4 +1058,32 @@ async fn a_server_whose_storage_has_no_watch_progress() {
         &streaming_list_path(&route.namespace, &route.secret),
     )
     .await;
+}
+
+/// The first 429 of a burst of `count` access reviews the router sends at once without
+/// retries; panics when the server refused none.
+async fn first_refusal(server: &Server, count: usize) -> Answer {
+    let router = server.client_without_retries("router").await;
+    let review = json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {"verb": "get", "resource": "secrets"}},
+    });
+    let answers = join_all((0..count).map(|_| {
+        ask(
+            &router,
+            http::Method::POST,
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            Some(&review),
+        )
+    }))
+    .await;
+    let codes: BTreeMap<u16, usize> = answers.iter().fold(BTreeMap::new(), |mut codes, a| {
+        *codes.entry(a.code).or_default() += 1;
+        codes
+    });
+    answers
+        .into_iter()
+        .find(|answer| answer.code == 429)
+        .unwrap_or_else(|| panic!("{}: no 429 in a burst of {count}: {codes:?}", server.name()))
 }

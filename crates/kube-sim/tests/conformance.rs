@@ -890,6 +890,70 @@ fn refusal_probes(namespace: &str, granted: &str) -> Vec<Probe> {
     ]
 }
 
+/// The failures a client with every right can meet, for one cluster: the same table
+/// on both servers, every answer compared byte for byte.
+fn error_probes(namespace: &str, existing: &str) -> Vec<Probe> {
+    let secrets = format!("/api/v1/namespaces/{namespace}/secrets");
+    let failing = |what, method, path: String, body: Option<Value>| Probe {
+        what,
+        method,
+        path,
+        body,
+        whole_body: true,
+    };
+    let secret = |name: &str, resource_version: Option<&str>| {
+        let mut secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}});
+        if let Some(rv) = resource_version {
+            secret["metadata"]["resourceVersion"] = json!(rv);
+        }
+        Some(secret)
+    };
+    vec![
+        failing(
+            "get a secret that does not exist",
+            http::Method::GET,
+            format!("{secrets}/missing"),
+            None,
+        ),
+        failing(
+            "delete a secret that does not exist",
+            http::Method::DELETE,
+            format!("{secrets}/missing"),
+            None,
+        ),
+        failing(
+            "get a route that does not exist",
+            http::Method::GET,
+            format!("/apis/route.openshift.io/v1/namespaces/{namespace}/routes/missing"),
+            None,
+        ),
+        failing(
+            "create a secret that exists",
+            http::Method::POST,
+            secrets.clone(),
+            secret(existing, None),
+        ),
+        failing(
+            "replace a secret from a stale resourceVersion",
+            http::Method::PUT,
+            format!("{secrets}/{existing}"),
+            secret(existing, Some("1")),
+        ),
+        failing(
+            "create a secret with an invalid name",
+            http::Method::POST,
+            secrets.clone(),
+            secret("Not_A_Name", None),
+        ),
+        failing(
+            "list secrets by a field secrets do not have",
+            http::Method::GET,
+            format!("{secrets}?fieldSelector=spec.host%3Dx"),
+            None,
+        ),
+    ]
+}
+
 /// What a SelfSubjectAccessReview answered: its `status`, whole.
 async fn review_status(client: &kube::Client, namespace: &str, verb: &str, name: &str) -> Value {
     let review = json!({
@@ -925,6 +989,11 @@ async fn refusals(server: &Server) -> Vec<(String, Answer)> {
             answer.body.clear();
         }
         answers.push((probe.what.to_string(), answer));
+    }
+    let admin = server.client("admin").await;
+    for probe in error_probes(namespace, granted) {
+        let answer = ask(&admin, probe.method, &probe.path, probe.body.as_ref()).await;
+        answers.push((format!("admin: {}", probe.what), answer));
     }
     for (verb, name) in [("get", granted), ("watch", granted), ("get", NOT_GRANTED)] {
         let status = review_status(&router, namespace, verb, name).await;

@@ -592,6 +592,38 @@ fn matrix(now: Timestamp) -> Matrix {
         ROUTER_BAD_CURVE,
         certificate("the router cannot read"),
     );
+    m.added(
+        "RSA 1024 intermediate (HAProxy refuses it)",
+        "k-rsa-1024-intermediate",
+        Material::fixture(openssl::LEAF_UNDER_RSA_1024),
+        ROUTER_ADMITS,
+        certificate("HAProxy refuses to load"),
+    );
+    m.added(
+        "CA-signed with RSASSA-PSS and SHA-1 (Go cannot read it; HAProxy refuses it)",
+        "a-pss-sha1",
+        Material::fixture(openssl::LEAF_PSS_SHA1),
+        ROUTER_ADMITS,
+        certificate("CA-signed using SHA-1"),
+    );
+    m.added(
+        "encrypted key (PKCS#8)",
+        "k-encrypted",
+        Material::tls(
+            openssl::LEAF_RSA_2048.chain_pem(),
+            testing::ENCRYPTED_PKCS8_KEY_PEM,
+            "",
+        ),
+        "`ExtendedValidationFailed`: unrecognized PEM block ENCRYPTED PRIVATE KEY",
+        certificate("unsupported key"),
+    );
+    m.added(
+        "empty tls.crt (the router serves its default certificate for the host)",
+        "a-empty-crt",
+        Material::tls("", openssl::LEAF_RSA_2048.key, ""),
+        ROUTER_ADMITS,
+        certificate("tls.crt is empty"),
+    );
 
     // Route updated: none→ext, with each target outcome.
     for (route, secret, router, outcome) in [

@@ -15,8 +15,14 @@ use futures::future::join_all;
 use k8s_openapi::api::core::v1::Secret;
 use kube_sim::{FailRule, OutageMode, SimConfig};
 use secret_monitor::{
-    EventHandler, InitialList, MonitorErrorKind, MonitorOptions, ObjectEvent, ObjectKey,
+    EventHandler, InitialList, MonitorErrorKind, MonitorObserver, MonitorOptions, ObjectEvent,
+    ObjectKey, SecretMonitor,
 };
+
+/// Latency of the overlap tests: long enough that every registration's request is
+/// issued while the first ones are still in flight even on a loaded machine, so the
+/// peak in flight measures the monitor's concurrency, not the machine's speed.
+const OVERLAP_LATENCY: Duration = Duration::from_secs(1);
 
 fn key(namespace: &str, name: &str) -> ObjectKey {
     ObjectKey::new(namespace, name)
@@ -108,7 +114,7 @@ async fn get_reads_the_cache_without_api_calls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_keys_register_concurrently() {
-    let sim = sim_with_latency(Duration::from_millis(200)).await;
+    let sim = sim_with_latency(OVERLAP_LATENCY).await;
     for i in 0..500 {
         put_secret(&sim, "ns", &format!("s{i}"), "v");
     }
@@ -145,7 +151,7 @@ async fn distinct_keys_register_concurrently() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_keys_register_concurrently_over_http1() {
-    let sim = sim_with_latency(Duration::from_millis(200)).await;
+    let sim = sim_with_latency(OVERLAP_LATENCY).await;
     for i in 0..100 {
         put_secret(&sim, "ns", &format!("s{i}"), "v");
     }
@@ -166,7 +172,7 @@ async fn distinct_keys_register_concurrently_over_http1() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_registrations_overlap_with_one_request_each() {
-    let sim = sim_with_latency(Duration::from_millis(200)).await;
+    let sim = sim_with_latency(OVERLAP_LATENCY).await;
     for i in 0..200 {
         put_secret(&sim, "ns", &format!("s{i}"), "v");
     }
@@ -458,6 +464,80 @@ async fn falls_back_to_list_then_watch_when_streaming_is_refused() {
     let b = requests_for(&sim, "ns", "b");
     assert_eq!((b["list"].len(), b["watch"].len()), (1, 1));
     assert!(!b["watch"][0].send_initial_events);
+}
+
+/// Counts the errors the monitor reports.
+#[derive(Default)]
+struct ErrorCount(AtomicUsize);
+
+impl MonitorObserver for ErrorCount {
+    fn watch_error(&self, _key: &ObjectKey, _error: &secret_monitor::MonitorError) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn a_server_without_watch_progress_turns_streaming_off_for_every_key_at_once() {
+    let api = FakeApi::without_watch_progress("k0");
+    let errors = Arc::new(ErrorCount::default());
+    let monitor = SecretMonitor::with_options(
+        api.client.clone(),
+        MonitorOptions {
+            // A refusal that counted as a failure would fail the sync.
+            first_sync_attempts: 1,
+            // A key that did not switch would wait for its streaming list until then.
+            sync_timeout: Duration::from_secs(20),
+            observer: Some(errors.clone()),
+            ..fast_options()
+        },
+    );
+    // Nineteen keys wait for streaming lists this server never answers...
+    let names: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let waiting: Vec<_> = names[1..]
+        .iter()
+        .map(|name| {
+            let monitor = monitor.clone();
+            let key = key("ns", name);
+            tokio::spawn(async move { monitor.add_handler(key).await })
+        })
+        .collect();
+    eventually("every streaming list is in flight", || {
+        let in_flight = names[1..]
+            .iter()
+            .filter(|name| api.count(name, "streaming") == 1)
+            .count();
+        async move { in_flight == 19 }
+    })
+    .await;
+    // ...until one key is refused: then they all list and watch, at once.
+    monitor.add_handler(key("ns", "k0")).await.unwrap();
+    for registration in waiting {
+        let registration = registration.await.unwrap().unwrap();
+        assert_eq!(value_of(&monitor.get(&registration.handle).unwrap()), "v");
+    }
+    eventually("every key watches", || {
+        let watching = names.iter().filter(|n| api.count(n, "watch") == 1).count();
+        async move { watching == 20 }
+    })
+    .await;
+    for name in &names {
+        let requests = (
+            api.count(name, "streaming"),
+            api.count(name, "list"),
+            api.count(name, "watch"),
+        );
+        assert_eq!(requests, (1, 1, 1), "{name}");
+    }
+    // The refusal was reported once, by the key that got it; the switch of the others
+    // is no error of theirs.
+    assert_eq!(errors.0.load(Ordering::SeqCst), 1);
+
+    // A key registered later lists straight away.
+    monitor.add_handler(key("ns", "late")).await.unwrap();
+    assert_eq!(
+        (api.count("late", "streaming"), api.count("late", "list")),
+        (0, 1)
+    );
 }
 
 // --- Handler semantics --------------------------------------------------------------

@@ -78,6 +78,11 @@ impl LineDecoder {
             };
             let mut line = self.rest.split_to(end + 1);
             line.truncate(end);
+            if self.rest.is_empty() {
+                // An empty slice still holds the whole chunk (up to a 16 KiB DATA
+                // frame) alive: let go of it, so an idle watch holds nothing.
+                self.rest = Bytes::new();
+            }
             let line = if self.partial.is_empty() {
                 Line::Shared(line)
             } else {

@@ -74,9 +74,11 @@ impl WatchContext {
         self.options.initial_list == InitialList::Streaming && !self.streaming_off.is_cancelled()
     }
 
-    /// Turns streaming lists off for every key, logging it once.
-    fn refuse_streaming(&self, key: &ObjectKey, error: Option<&MonitorError>) {
-        if !self.streaming_off_logged.swap(true, Ordering::Relaxed) {
+    /// Turns streaming lists off for every key, logging it once. Returns whether this
+    /// key was the first to find out.
+    fn refuse_streaming(&self, key: &ObjectKey, error: Option<&MonitorError>) -> bool {
+        let first = !self.streaming_off_logged.swap(true, Ordering::Relaxed);
+        if first {
             let reason = error.map(ToString::to_string).unwrap_or_default();
             info!(
                 first_key = %key,
@@ -85,6 +87,7 @@ impl WatchContext {
             );
         }
         self.streaming_off.cancel();
+        first
     }
 
     fn error(&self, key: &ObjectKey, kind: MonitorErrorKind) -> MonitorError {
@@ -295,8 +298,9 @@ where
     K: DeserializeOwned,
 {
     tokio::select! {
-        input = read(watch) => Happened::Input(input),
+        biased;
         () = ctx.streaming_off.cancelled() => Happened::StreamingOff,
+        input = read(watch) => Happened::Input(input),
     }
 }
 
@@ -332,8 +336,11 @@ where
     );
     let answer = if request == Request::StreamingList {
         tokio::select! {
-            answer = sending => answer,
+            // Once streaming is off, an answer that arrives at the same moment (likely
+            // a refusal too) is not looked at: the key switches without a failure.
+            biased;
             () = ctx.streaming_off.cancelled() => return Happened::StreamingOff,
+            answer = sending => answer,
         }
     } else {
         sending.await
@@ -357,8 +364,10 @@ fn report<K>(output: &Output<K>, key: &ObjectKey, ctx: &WatchContext, synced: bo
         .error
         .as_ref()
         .map(|kind| ctx.error(key, kind.clone()));
-    if output.streaming_refused {
-        ctx.refuse_streaming(key, error.as_ref());
+    if output.streaming_refused && !ctx.refuse_streaming(key, error.as_ref()) {
+        // Another key's refusal came first and switched every key over: this one's,
+        // already on its way, is no error of this key's.
+        return;
     }
     let Some(error) = error else {
         return;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::*;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Secret;
-use kube_sim::{FailRule, OutageMode, SimConfig};
+use kube_sim::{FailRule, OutageMode, ServerFeatures, SimConfig};
 use secret_monitor::{
     EventHandler, InitialList, MonitorErrorKind, MonitorObserver, MonitorOptions, ObjectEvent,
     ObjectKey, SecretMonitor,
@@ -538,6 +538,91 @@ async fn a_server_without_watch_progress_turns_streaming_off_for_every_key_at_on
         (api.count("late", "streaming"), api.count("late", "list")),
         (0, 1)
     );
+}
+
+/// Against the simulator's two kinds of servers without streaming lists (WatchList off:
+/// 422; storage without watch progress: 200 and one ERROR event), with every key's
+/// streaming list in flight before the first refusal comes back: each key lists and
+/// watches once, none fails (one attempt allowed), and the refusal is one error, not
+/// one per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_streaming_lists_switch_every_key_in_flight_at_once() {
+    let servers = [
+        (
+            "WatchList off",
+            ServerFeatures {
+                watch_list: false,
+                ..ServerFeatures::default()
+            },
+            422,
+        ),
+        (
+            "storage without watch progress",
+            ServerFeatures {
+                watch_progress: false,
+                ..ServerFeatures::default()
+            },
+            200,
+        ),
+    ];
+    for (server, features, refusal_code) in servers {
+        let sim = sim_with(SimConfig {
+            features,
+            latency: kube_sim::LatencyConfig::fixed(Duration::from_millis(300)),
+            ..SimConfig::default()
+        })
+        .await;
+        for i in 0..200 {
+            put_secret(&sim, "ns", &format!("s{i}"), "v");
+        }
+        let errors = Arc::new(ErrorCount::default());
+        let monitor = monitor_with(
+            &sim,
+            MonitorOptions {
+                first_sync_attempts: 1,
+                observer: Some(errors.clone()),
+                ..fast_options()
+            },
+        )
+        .await;
+        let registrations =
+            join_all((0..200).map(|i| monitor.add_handler(key("ns", &format!("s{i}"))))).await;
+        for registration in registrations {
+            let registration = registration.unwrap_or_else(|e| panic!("{server}: {e}"));
+            assert_eq!(value_of(&monitor.get(&registration.handle).unwrap()), "v");
+        }
+        open_watches_become(&sim, 200).await;
+        let log = sim.request_log();
+        let streaming: Vec<_> = log.iter().filter(|r| r.send_initial_events).collect();
+        let lists = log.iter().filter(|r| r.verb == "list").count();
+        let watches = log
+            .iter()
+            .filter(|r| r.verb == "watch" && !r.send_initial_events)
+            .count();
+        // The fault fired: the server refused streaming lists the way it should.
+        assert!(
+            !streaming.is_empty() && streaming.iter().all(|r| r.code == refusal_code),
+            "{server}"
+        );
+        assert!(streaming.len() <= 200, "{server}: {}", streaming.len());
+        assert_eq!((lists, watches), (200, 200), "{server}");
+        assert_eq!(
+            errors.0.load(Ordering::SeqCst),
+            1,
+            "{server}: one refusal reported, not one per key"
+        );
+
+        // A key registered later lists straight away.
+        put_secret(&sim, "ns", "late", "v");
+        monitor.add_handler(key("ns", "late")).await.unwrap();
+        open_watches_become(&sim, 201).await;
+        let late = requests_for(&sim, "ns", "late");
+        assert_eq!(late["list"].len(), 1, "{server}");
+        assert!(
+            late["watch"].iter().all(|r| !r.send_initial_events),
+            "{server}"
+        );
+    }
 }
 
 // --- Handler semantics --------------------------------------------------------------

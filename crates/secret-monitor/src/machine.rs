@@ -401,6 +401,9 @@ impl<K: Resource> Machine<K> {
     fn failed(&mut self, failure: Failure) -> Output<K> {
         let initial_events = self.state == State::InitialEvents;
         let disposition = classify(&failure, initial_events);
+        // A 429 is the server pacing a burst, not a failure of this key: it never
+        // fails a first sync (the sync timeout still bounds it).
+        let throttled = matches!(failure.kind, MonitorErrorKind::Api { code: 429, .. });
         let output = match disposition {
             Disposition::StreamingRefused if initial_events => {
                 self.streaming = false;
@@ -413,21 +416,22 @@ impl<K: Resource> Machine<K> {
                 // A stream that broke during its initial events is retried as a list
                 // (see `ended`), after the usual backoff.
                 self.streaming = false;
-                self.retry_or_fail(disposition, self.is_synced())
+                self.retry_or_fail(disposition, self.is_synced() || throttled)
             }
-            _ => self.retry_or_fail(disposition, self.is_synced()),
+            _ => self.retry_or_fail(disposition, self.is_synced() || throttled),
         };
         output.with_error(failure.kind)
     }
 
     /// Retries the current request after a backoff, or fails a first sync that
-    /// cannot succeed.
-    fn retry_or_fail(&mut self, disposition: Disposition, synced: bool) -> Output<K> {
+    /// cannot succeed; `forgiven` retries without counting an attempt (after the first
+    /// sync, or for a 429).
+    fn retry_or_fail(&mut self, disposition: Disposition, forgiven: bool) -> Output<K> {
         let retry_after = match disposition {
             Disposition::Transient(retry_after) => retry_after,
             _ => None,
         };
-        if !synced {
+        if !forgiven {
             let transient = matches!(disposition, Disposition::Transient(_));
             if transient {
                 self.failures += 1;
@@ -824,7 +828,8 @@ mod tests {
         }
         let mut machine = Machine::<Secret>::new("s", false, 3);
         machine.start();
-        for _ in 0..2 {
+        // However many 429s: the server paces the burst, no attempt is used up.
+        for _ in 0..10 {
             let output = machine.step(http_error(429, Verb::List));
             assert_eq!(
                 output.next,
@@ -834,6 +839,10 @@ mod tests {
                 },
                 "Retry-After travels with the retry"
             );
+        }
+        for code in [500, 502] {
+            let output = machine.step(http_error(code, Verb::List));
+            assert!(matches!(output.next, Next::Retry { .. }), "{code}");
         }
         let last = machine.step(http_error(503, Verb::List));
         assert_eq!(last.next, Next::Fail);

@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kube::{Client, Resource};
+use kube_common::adaptive::{AdaptiveLimiter, AdaptivePolicy, Permit, Turn, is_overload_status};
 use kube_common::backoff::{Backoff, BackoffPolicy};
 use serde::de::DeserializeOwned;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -51,22 +51,30 @@ pub(crate) struct WatchContext {
     streaming_off: CancellationToken,
     /// Set by the first key that finds streaming lists refused, so it is logged once.
     streaming_off_logged: AtomicBool,
-    /// Bounds concurrent first syncs, when configured.
-    sync_permits: Option<Semaphore>,
+    /// Paces first syncs (shared with other bursts when the options give one).
+    limiter: AdaptiveLimiter,
 }
 
 impl WatchContext {
     pub(crate) fn new(client: Client, options: MonitorOptions, resource: String) -> Self {
-        let sync_permits = options
-            .max_concurrent_syncs
-            .map(|n| Semaphore::new(n.max(1)));
+        // The monitor's own limiter re-queues refused work with the monitor's backoff
+        // bounds, so they hold for first syncs as for everything else.
+        let limiter = options.limiter.clone().unwrap_or_else(|| {
+            AdaptiveLimiter::with_policy(
+                options.max_concurrent_syncs,
+                AdaptivePolicy {
+                    backoff: backoff_policy(&options),
+                    ..AdaptivePolicy::default()
+                },
+            )
+        });
         Self {
             client,
             options,
             resource,
             streaming_off: CancellationToken::new(),
             streaming_off_logged: AtomicBool::new(false),
-            sync_permits,
+            limiter,
         }
     }
 
@@ -173,9 +181,8 @@ where
     }
 }
 
-/// The first sync within the configured bound on concurrent syncs and its deadline,
-/// reported to the observer. Returns the object (`None`: it does not exist) and what to
-/// do next.
+/// The first sync, paced by the adaptive limiter and within its deadline, reported to
+/// the observer. Returns the object (`None`: it does not exist) and what to do next.
 async fn bounded_first_sync<K>(
     watch: &mut KeyWatch<K>,
     key: &ObjectKey,
@@ -184,41 +191,115 @@ async fn bounded_first_sync<K>(
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let _permit = match &ctx.sync_permits {
-        // The semaphore is never closed, so acquiring only fails in theory.
-        Some(permits) => permits.acquire().await.ok(),
-        None => None,
-    };
+    // The first permit is awaited before the deadline starts: a key waiting for its
+    // turn in a long line has not started syncing.
+    let permit = ctx.limiter.acquire().await;
     let started = Instant::now();
-    let first = tokio::time::timeout(ctx.options.sync_timeout, first_sync(watch, key, ctx))
-        .await
-        .unwrap_or_else(|_elapsed| {
-            Err(ctx.error(
-                key,
-                MonitorErrorKind::SyncTimeout {
-                    timeout: ctx.options.sync_timeout,
-                },
-            ))
-        });
+    let first = tokio::time::timeout(
+        ctx.options.sync_timeout,
+        first_sync(watch, permit, key, ctx),
+    )
+    .await
+    .unwrap_or_else(|_elapsed| {
+        Err(ctx.error(
+            key,
+            MonitorErrorKind::SyncTimeout {
+                timeout: ctx.options.sync_timeout,
+            },
+        ))
+    });
     if let Some(observer) = &ctx.options.observer {
         observer.first_sync(key, started.elapsed(), first.as_ref().map(|_| ()));
     }
     first
 }
 
-/// Runs the protocol until the first complete listing, or until it fails.
+/// Where a first sync stands with the adaptive limiter: it holds a permit while a
+/// request is out (until the sync completes or the request fails), or waits for one.
+struct Pacing {
+    /// The permit held, if any.
+    permit: Option<Permit>,
+    /// The place in line a refusal for load gave back: due only after the server's
+    /// `Retry-After` (or the backoff delay), so the retry must not also wait for the
+    /// key's own backoff.
+    refused: Option<Turn>,
+}
+
+impl Pacing {
+    /// Makes sure a permit is held before a request goes out.
+    async fn hold(&mut self, limiter: &AdaptiveLimiter) {
+        if self.permit.is_none() {
+            let turn = self.refused.take().unwrap_or_else(|| limiter.turn());
+            self.permit = Some(turn.acquire().await);
+        }
+    }
+
+    /// Tells the limiter how the request out failed: a refusal for load (429, 5xx)
+    /// shrinks the window and keeps this sync's place in line; any other failure frees
+    /// the slot and teaches nothing.
+    fn failed(&mut self, failure: &Failure) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        if let MonitorErrorKind::Api { code, .. } = failure.kind
+            && is_overload_status(code)
+        {
+            self.refused = Some(permit.refused(failure.retry_after));
+        }
+    }
+
+    /// The first sync completed: the window may grow.
+    fn succeeded(self) {
+        if let Some(permit) = self.permit {
+            permit.succeeded();
+        }
+    }
+}
+
+/// Runs the protocol until the first complete listing, or until it fails. Every
+/// request goes out with a permit of the adaptive limiter.
 async fn first_sync<K>(
     watch: &mut KeyWatch<K>,
+    permit: Permit,
     key: &ObjectKey,
     ctx: &WatchContext,
 ) -> Result<(Option<Arc<K>>, Next), MonitorError>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
+    let mut pacing = Pacing {
+        permit: Some(permit),
+        refused: None,
+    };
     let mut next = watch.machine.start();
     loop {
-        let output = match advance(watch, next, key, ctx).await {
-            Happened::Input(input) => watch.machine.step(input),
+        let happened = match next {
+            Next::Send(request) => {
+                pacing.hold(&ctx.limiter).await;
+                Box::pin(send(watch, request, false, key, ctx)).await
+            }
+            Next::Retry {
+                request,
+                retry_after,
+            } => {
+                watch.stream = None;
+                // A refusal for load is paced by the limiter (its turn comes due after
+                // Retry-After); any other failure backs off as always.
+                if pacing.refused.is_none() {
+                    tokio::time::sleep(retry_delay(&mut watch.backoff, retry_after)).await;
+                }
+                pacing.hold(&ctx.limiter).await;
+                Box::pin(send(watch, request, true, key, ctx)).await
+            }
+            Next::Read | Next::Fail => advance(watch, next, key, ctx).await,
+        };
+        let output = match happened {
+            Happened::Input(input) => {
+                if let Input::Failed(failure) = &input {
+                    pacing.failed(failure);
+                }
+                watch.machine.step(input)
+            }
             Happened::StreamingOff => match watch.machine.streaming_unsupported() {
                 Some(output) => output,
                 None => continue,
@@ -230,6 +311,7 @@ where
             return Err(ctx.error(key, kind));
         }
         if let Step::FirstSync(object) = output.step {
+            pacing.succeeded();
             return Ok((object, output.next));
         }
         next = output.next;

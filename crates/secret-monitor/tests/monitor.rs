@@ -625,6 +625,57 @@ async fn refused_streaming_lists_switch_every_key_in_flight_at_once() {
     }
 }
 
+/// A server with 4 seats and no queue (429 for everything beyond): 40 keys registered
+/// at once all sync, because the adaptive limiter shrinks its window to what the server
+/// takes and re-queues refused first syncs after Retry-After, instead of failing them
+/// after a few attempts. The limiter is the caller's, shared: its counters show it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_syncs_converge_on_a_server_with_four_seats_and_no_queue() {
+    let sim = sim_with(SimConfig {
+        latency: kube_sim::LatencyConfig::fixed(Duration::from_millis(50)),
+        limits: kube_sim::LimitsConfig {
+            max_inflight: Some(4),
+            queue_len: 0,
+            retry_after: Duration::from_secs(1),
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    for i in 0..40 {
+        put_secret(&sim, "ns", &format!("s{i}"), "v");
+    }
+    let limiter = kube_common::adaptive::AdaptiveLimiter::new(None);
+    let monitor = monitor_with(
+        &sim,
+        MonitorOptions {
+            limiter: Some(limiter.clone()),
+            first_sync_attempts: 3,
+            ..fast_options()
+        },
+    )
+    .await;
+    sim.reset_stats();
+    let registrations =
+        join_all((0..40).map(|i| monitor.add_handler(key("ns", &format!("s{i}"))))).await;
+    for registration in registrations {
+        let registration = registration.unwrap();
+        assert_eq!(value_of(&monitor.get(&registration.handle).unwrap()), "v");
+    }
+    let stats = sim.stats();
+    let snapshot = limiter.snapshot();
+    // The server did refuse (the first burst overran its 4 seats)...
+    assert!(stats.rejected_429 > 0, "{stats:?}");
+    assert!(
+        snapshot.refused > 0 && snapshot.decreases > 0,
+        "{snapshot:?}"
+    );
+    // ...and the window came down to what it takes, so refusals stayed a fraction of
+    // the burst rather than repeating round after round.
+    assert_eq!(snapshot.succeeded, 40, "{snapshot:?}");
+    assert!(snapshot.window.is_some_and(|w| w <= 8), "{snapshot:?}");
+    assert!(stats.rejected_429 < 80, "{stats:?}");
+}
+
 // --- Handler semantics --------------------------------------------------------------
 
 #[tokio::test]

@@ -11,6 +11,7 @@
 //!   the syntax of Go's `time.ParseDuration` that kubectl and client-go flags use.
 //! - [`name`]: DNS-1123 label and subdomain checks, with the API server's messages.
 //! - [`kubeconfig`]: writing a kubeconfig file that holds credentials (mode 0600).
+//! - [`hint`]: what a caller tells the transport about a request ([`hint::LongLived`]).
 //!
 //! # Example
 //!
@@ -30,6 +31,7 @@
 pub mod adaptive;
 pub mod backoff;
 pub mod duration;
+pub mod hint;
 pub mod kubeconfig;
 pub mod name;
 pub mod verb;

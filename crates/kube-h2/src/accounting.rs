@@ -59,21 +59,30 @@ impl<'a> RequestTarget<'a> {
             Some("apis") => parts.next().is_some() && parts.next().is_some(),
             _ => false,
         };
-        let mut rest: Vec<&str> = parts.filter(|p| !p.is_empty()).collect();
+        // What follows the group and version: at most `watch/namespaces/{ns}/{resource}
+        // /{name}/{subresource}`; later segments say nothing about the target. Held in
+        // an array, as counting every request must not allocate.
+        let mut segments = [""; 6];
+        let mut count = 0;
+        for segment in parts.filter(|p| !p.is_empty()).take(segments.len()) {
+            segments[count] = segment;
+            count += 1;
+        }
+        let mut rest = &segments[..count];
         if !prefix_ok || rest.is_empty() {
             return non_resource();
         }
         let mut verb = verb_of_method;
         // The deprecated `/watch/` path prefix.
         if rest[0] == "watch" {
-            rest.remove(0);
+            rest = &rest[1..];
             verb = Verb::Watch;
             if rest.is_empty() {
                 return non_resource();
             }
         }
         if rest[0] == "namespaces" && rest.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&rest[2]) {
-            rest.drain(..2);
+            rest = &rest[2..];
         }
         let resource = rest[0];
         let has_name = rest.len() > 1;

@@ -14,16 +14,22 @@
 //!
 //! # Opening connections
 //!
-//! A request that finds no free slot registers as *waiting*. A new connection is started
-//! when the waiting requests outnumber what the connections being opened will hold
-//! (`waiting > connecting x expected limit`), so 1,000 watches arriving at once open
-//! about 1,000 / 100 connections, concurrently, rather than one or a thousand. While the
-//! origin's protocol and limit are still unknown, only one connection is opened; its
-//! SETTINGS then tell how many more are needed. Connection attempts run in their own
-//! task, so a request that gives up does not abort a connect others wait for.
+//! A request that finds no free slot registers as *waiting*. The connections are planned
+//! for *long-lived* requests (watches, which hold their stream for minutes, and requests
+//! marked [`kube_common::hint::LongLived`], such as the list a watch follows): an origin
+//! wants `ceil(long / limit)` connections for the long-lived requests in flight or
+//! waiting, plus at most one more for everything else (lists, gets, access reviews,
+//! status writes), and never more than all its requests fill. Short requests beyond
+//! that wait for a slot, which they get back within a round trip. So 10,000 watches and
+//! a few hundred access reviews started together open 101 connections, not 103, and
+//! 1,000 watches arriving at once open about 1,000 / 100 connections, concurrently,
+//! rather than one or a thousand. While the origin's protocol and limit are still
+//! unknown, only one connection is opened; its SETTINGS then tell how many more are
+//! needed. Connection attempts run in their own task, so a request that gives up does
+//! not abort a connect others wait for.
 //!
 //! A failed connection attempt fails every request that was waiting when it failed
-//! (kube's watcher retries with backoff); the next request starts a fresh attempt.
+//! (their callers retry with backoff); the next request starts a fresh attempt.
 //!
 //! # Dead connections
 //!
@@ -150,6 +156,8 @@ struct ConnEntry {
     limit: usize,
     /// Slots taken now.
     in_use: usize,
+    /// Of those, slots taken by long-lived requests (watches).
+    long_in_use: usize,
     /// Most slots ever taken at once.
     peak: usize,
     /// A stream on it failed because the connection failed.
@@ -166,6 +174,8 @@ struct OriginState {
     connecting: usize,
     /// Requests waiting for a slot.
     waiting: usize,
+    /// Of those, long-lived requests (watches).
+    waiting_long: usize,
     /// The server's stream limit as of the latest new connection.
     learned_limit: Option<usize>,
     /// Number of failed connection attempts so far; a waiter that sees it change fails.
@@ -175,19 +185,21 @@ struct OriginState {
 }
 
 impl OriginState {
-    fn take_slot(&mut self) -> Option<(u64, SendRequest<Bytes>, usize)> {
+    fn take_slot(&mut self, long_lived: bool) -> Option<(u64, SendRequest<Bytes>, usize)> {
         self.connections.iter_mut().find_map(|entry| {
             if entry.in_use >= entry.limit {
                 return None;
             }
             let send = entry.send.clone()?;
             entry.in_use += 1;
+            entry.long_in_use += usize::from(long_lived);
             entry.peak = entry.peak.max(entry.in_use);
             Some((entry.id, send, entry.in_use))
         })
     }
 
-    /// Whether the waiting requests need one more connection than is being opened.
+    /// Whether the waiting requests need one more connection than the origin has or is
+    /// opening: see the module docs.
     fn wants_connection(&self, cap: usize) -> bool {
         match self.protocol {
             Learned::Http1 => false,
@@ -196,11 +208,29 @@ impl OriginState {
             // A server that advertises no streams at all: do not storm it, probe again.
             Learned::Http2 if self.learned_limit == Some(0) => self.connecting == 0,
             Learned::Http2 => {
+                if self.waiting == 0 {
+                    return false;
+                }
                 let per_connection = self.learned_limit.unwrap_or(cap).clamp(1, cap);
-                self.waiting > self.connecting.saturating_mul(per_connection)
+                let (mut accepting, mut all, mut long) = (0, self.waiting, self.waiting_long);
+                for entry in self.connections.iter().filter(|c| c.send.is_some()) {
+                    accepting += 1;
+                    all += entry.in_use;
+                    long += entry.long_in_use;
+                }
+                accepting + self.connecting < connections_wanted(all, long, per_connection)
             }
         }
     }
+}
+
+/// How many connections `requests` streams need, `long_lived` of them watches, at
+/// `per_connection` streams each: enough for the watches, plus at most one for the
+/// rest (which take turns on it), and never more than all of them fill.
+fn connections_wanted(requests: usize, long_lived: usize, per_connection: usize) -> usize {
+    requests
+        .div_ceil(per_connection)
+        .min(long_lived.div_ceil(per_connection) + 1)
 }
 
 /// The connections of one origin.
@@ -241,6 +271,8 @@ pub(crate) struct Grant {
 /// Counts a request among the origin's waiting requests while it waits.
 struct Waiter<'a> {
     origin: &'a OriginPool,
+    /// Whether the request is long-lived (a watch).
+    long_lived: bool,
     registered: bool,
     /// `failed_connects` when this request started waiting.
     epoch: u64,
@@ -250,6 +282,7 @@ impl Waiter<'_> {
     fn register(&mut self, state: &mut OriginState) {
         if !self.registered {
             state.waiting += 1;
+            state.waiting_long += usize::from(self.long_lived);
             self.registered = true;
             self.epoch = state.failed_connects;
         }
@@ -258,6 +291,7 @@ impl Waiter<'_> {
     fn leave(&mut self, state: &mut OriginState) {
         if self.registered {
             state.waiting -= 1;
+            state.waiting_long -= usize::from(self.long_lived);
             self.registered = false;
         }
     }
@@ -267,17 +301,21 @@ impl Drop for Waiter<'_> {
     fn drop(&mut self) {
         // Only reached with `registered` when the request was cancelled while waiting.
         if self.registered {
-            lock(&self.origin.state).waiting -= 1;
+            let mut state = lock(&self.origin.state);
+            state.waiting -= 1;
+            state.waiting_long -= usize::from(self.long_lived);
         }
     }
 }
 
 impl OriginPool {
-    /// Waits for a free stream slot, opening connections as needed.
-    pub(crate) async fn acquire(self: &Arc<Self>) -> Result<Acquired, Error> {
+    /// Waits for a free stream slot, opening connections as needed. `long_lived`
+    /// requests (watches) are the ones connections are planned for.
+    pub(crate) async fn acquire(self: &Arc<Self>, long_lived: bool) -> Result<Acquired, Error> {
         let cap = self.config.stream_cap;
         let mut waiter = Waiter {
             origin: self,
+            long_lived,
             registered: false,
             epoch: 0,
         };
@@ -293,7 +331,7 @@ impl OriginPool {
                     waiter.leave(&mut state);
                     return Ok(Acquired::Http1);
                 }
-                if let Some((connection, send, in_use)) = state.take_slot() {
+                if let Some((connection, send, in_use)) = state.take_slot(long_lived) {
                     waiter.leave(&mut state);
                     drop(state);
                     let counters = &self.config.counters;
@@ -304,7 +342,7 @@ impl OriginPool {
                     return Ok(Acquired::Http2(Grant {
                         connection,
                         send,
-                        slot: StreamSlot::http2(self.clone(), connection),
+                        slot: StreamSlot::http2(self.clone(), connection, long_lived),
                     }));
                 }
                 if waiter.registered
@@ -332,7 +370,7 @@ impl OriginPool {
     }
 
     /// Gives a slot back; retires the connection if it is now a surplus idle one.
-    fn release(&self, connection: u64) {
+    fn release(&self, connection: u64, long_lived: bool) {
         // First, so that whoever sees the effects of the release (a closed surplus
         // connection) also sees the stream gone from the count.
         Counters::dec(&self.config.counters.active_streams);
@@ -347,6 +385,7 @@ impl OriginPool {
                 .count();
             if let Some(entry) = state.connections.iter_mut().find(|c| c.id == connection) {
                 entry.in_use = entry.in_use.saturating_sub(1);
+                entry.long_in_use = entry.long_in_use.saturating_sub(usize::from(long_lived));
                 // `idle` was counted before this release, so this entry is idle number
                 // `idle + 1`.
                 if entry.in_use == 0 && waiting == 0 && idle >= self.config.max_idle {
@@ -418,6 +457,7 @@ async fn connect(origin: Arc<OriginPool>) {
                     send: Some(handshaken.send.clone()),
                     limit: handshaken.server_limit.min(config.stream_cap),
                     in_use: 0,
+                    long_in_use: 0,
                     peak: 0,
                     failed: false,
                 });
@@ -606,22 +646,29 @@ enum Release {
     Http2 {
         origin: Arc<OriginPool>,
         connection: u64,
+        long_lived: bool,
     },
     /// An HTTP/1.1 request in flight (only counted).
     Http1 { counters: Arc<Counters> },
 }
 
 impl StreamSlot {
-    fn http2(origin: Arc<OriginPool>, connection: u64) -> Self {
+    fn http2(origin: Arc<OriginPool>, connection: u64, long_lived: bool) -> Self {
         Self {
-            release: Release::Http2 { origin, connection },
+            release: Release::Http2 {
+                origin,
+                connection,
+                long_lived,
+            },
         }
     }
 
     /// Records that this stream failed because its connection failed, so that the
     /// connection's end counts as a loss even if the peer closed it "cleanly".
     pub(crate) fn connection_failed(&self) {
-        if let Release::Http2 { origin, connection } = &self.release
+        if let Release::Http2 {
+            origin, connection, ..
+        } = &self.release
             && let Some(entry) = lock(&origin.state)
                 .connections
                 .iter_mut()
@@ -643,7 +690,11 @@ impl StreamSlot {
 impl Drop for StreamSlot {
     fn drop(&mut self) {
         match &self.release {
-            Release::Http2 { origin, connection } => origin.release(*connection),
+            Release::Http2 {
+                origin,
+                connection,
+                long_lived,
+            } => origin.release(*connection, *long_lived),
             Release::Http1 { counters } => Counters::dec(&counters.active_streams),
         }
     }
@@ -653,6 +704,7 @@ impl Drop for StreamSlot {
 mod tests {
     use super::*;
 
+    /// An origin whose `waiting` requests are all watches.
     fn state(
         protocol: Learned,
         waiting: usize,
@@ -662,6 +714,7 @@ mod tests {
         OriginState {
             protocol,
             waiting,
+            waiting_long: waiting,
             connecting,
             learned_limit: limit,
             ..OriginState::default()
@@ -698,5 +751,64 @@ mod tests {
     #[test]
     fn http1_origin_never_opens_http2_connections() {
         assert!(!state(Learned::Http1, 5, 0, None).wants_connection(100));
+    }
+
+    /// How many connections an origin without any opens for `waiting` requests,
+    /// `waiting_long` of them watches, at limit 100.
+    fn planned(waiting: usize, waiting_long: usize) -> usize {
+        (0..10_000)
+            .find(|&connecting| {
+                !OriginState {
+                    protocol: Learned::Http2,
+                    waiting,
+                    waiting_long,
+                    connecting,
+                    learned_limit: Some(100),
+                    ..OriginState::default()
+                }
+                .wants_connection(100)
+            })
+            .unwrap_or(usize::MAX)
+    }
+
+    #[test]
+    fn connections_are_planned_for_watches_plus_one_for_short_requests() {
+        // 10,000 secret watches and the route watch, with 100 or 250 namespaces' access
+        // reviews and the route list started at the same moment: 101 connections for the
+        // watches, one more for the rest, however much there is (target: N/100 + 2).
+        assert_eq!(planned(10_001 + 101, 10_001), 102);
+        assert_eq!(planned(10_001 + 251, 10_001), 102);
+        assert_eq!(connections_wanted(10_001 + 251, 10_001, 100), 102);
+        // Watches alone: one connection per hundred.
+        assert_eq!(planned(900, 900), 9);
+        // Short requests alone share one connection, in waves.
+        assert_eq!(planned(300, 0), 1);
+        // Never more connections than all requests fill.
+        assert_eq!(planned(150, 10), 2);
+        assert_eq!(connections_wanted(0, 0, 100), 0);
+    }
+
+    #[test]
+    fn connections_that_stopped_accepting_streams_are_not_counted() {
+        // A connection draining after a GOAWAY holds streams but takes no new ones.
+        let mut origin = OriginState {
+            protocol: Learned::Http2,
+            waiting: 50,
+            waiting_long: 50,
+            learned_limit: Some(100),
+            ..OriginState::default()
+        };
+        origin.connections.push(ConnEntry {
+            id: 1,
+            send: None,
+            limit: 100,
+            in_use: 100,
+            long_in_use: 100,
+            peak: 100,
+            failed: false,
+        });
+        assert!(origin.wants_connection(100));
+        origin.connecting = 1;
+        assert!(!origin.wants_connection(100));
     }
 }

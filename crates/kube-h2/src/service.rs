@@ -12,6 +12,7 @@ use std::{
 use bytes::Bytes;
 use http::{HeaderName, Request, Response, Version, header, request::Parts};
 use http_body_util::{BodyExt, Full};
+use kube_common::Verb;
 use tracing::{Instrument, field::Empty};
 
 use crate::{
@@ -143,8 +144,15 @@ impl Dispatcher {
         // Kept for counting after the request is consumed (both clones are cheap: a
         // URI shares its bytes).
         let (method, uri) = (request.method().clone(), request.uri().clone());
-        let result = self.send_uncounted(request).await;
         let target = RequestTarget::of(&method, &uri);
+        // Connections are planned for watches and for what the caller says stands in
+        // for one (a per-object watch's first list).
+        let long_lived = target.verb == Verb::Watch
+            || request
+                .extensions()
+                .get::<kube_common::hint::LongLived>()
+                .is_some();
+        let result = self.send_uncounted(request, long_lived).await;
         let (code, retry_after) = match &result {
             Ok(response) => (
                 Some(response.status().as_u16()),
@@ -165,6 +173,7 @@ impl Dispatcher {
     async fn send_uncounted(
         &self,
         request: Request<kube::client::Body>,
+        long_lived: bool,
     ) -> Result<Response<ResponseBody>, Error> {
         let origin = Origin::from_uri(request.uri())?;
         let (parts, body) = request.into_parts();
@@ -185,7 +194,7 @@ impl Dispatcher {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let grant = match pool.acquire().await? {
+            let grant = match pool.acquire(long_lived).await? {
                 Acquired::Http1 => return self.send_http1(pool.label.clone(), parts, body).await,
                 Acquired::Http2(grant) => grant,
             };

@@ -52,16 +52,19 @@
 //! * After disconnects, `410 Gone` and outages the watch re-lists and delivers what
 //!   changed in between, including deletions and re-creations.
 
+mod decode;
 mod error;
 mod event;
 mod key;
 mod lock;
+mod machine;
 mod monitor;
 mod options;
 mod reconcile;
 mod registry;
 #[cfg(test)]
 mod registry_model;
+mod request;
 mod watch;
 
 pub use error::{MonitorError, MonitorErrorKind};

@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::fmt::{self, Debug};
 use std::sync::Arc;
 
-use kube::api::Api;
 use kube::core::NamespaceResourceScope;
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
@@ -44,7 +43,6 @@ struct MonitorInner<K>
 where
     K: Send + Sync + 'static,
 {
-    client: Client,
     registry: Registry<K, StdLocks>,
     context: Arc<WatchContext>,
 }
@@ -104,9 +102,8 @@ where
         let resource = K::plural(&()).into_owned();
         Self {
             inner: Arc::new(MonitorInner {
-                client,
                 registry: Registry::new(resource.clone()),
-                context: Arc::new(WatchContext::new(options, resource)),
+                context: Arc::new(WatchContext::new(client, options, resource)),
             }),
         }
     }
@@ -130,8 +127,7 @@ where
     ) -> Result<HandlerHandle, MonitorError> {
         let (ticket, driver) = self.inner.registry.join(&key);
         if let Some(driver) = driver {
-            let api: Api<K> = Api::namespaced(self.inner.client.clone(), &key.namespace);
-            tokio::spawn(watch::run(driver, api, Arc::clone(&self.inner.context)));
+            tokio::spawn(watch::run(driver, Arc::clone(&self.inner.context)));
         }
         // No lock is held here: other registrations proceed while this one waits.
         ticket.synced().await?;

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube_common::adaptive::AdaptiveLimiter;
 use kube_common::backoff::BackoffPolicy;
 
 use crate::{MonitorError, ObjectKey};
@@ -26,7 +27,7 @@ pub enum InitialList {
 /// Methods are called from watch tasks and must return quickly.
 pub trait MonitorObserver: Send + Sync + 'static {
     /// A key's first sync finished, successfully or not, `elapsed` after it started
-    /// (after any wait for a [`MonitorOptions::max_concurrent_syncs`] permit).
+    /// (waits for the [`MonitorOptions::limiter`]'s permits included).
     fn first_sync(&self, key: &ObjectKey, elapsed: Duration, outcome: Result<(), &MonitorError>) {
         let _ = (key, elapsed, outcome);
     }
@@ -47,11 +48,21 @@ pub struct MonitorOptions {
     /// How the initial state is obtained.
     pub initial_list: InitialList,
     /// At most this many first syncs run at once (others wait for a slot); `None`
-    /// means no bound. Useful against an API server with a small concurrency budget.
+    /// means no bound. The upper bound of the monitor's own adaptive limiter (ignored
+    /// when [`limiter`](Self::limiter) is given: that one's bound applies).
     pub max_concurrent_syncs: Option<usize>,
-    /// How many times a first sync tries before a transient error (throttling, 5xx,
-    /// connection failure) fails it. Permanent errors (401, 403, other 4xx) fail it at
-    /// once.
+    /// The adaptive limiter that paces first syncs: each first-sync request takes a
+    /// permit, a 429 or 5xx shrinks the window and re-queues the request in its place
+    /// (after `Retry-After`), a completed first sync lets it grow. Give one to share its
+    /// window with other bursts of requests (access reviews); `None`: the monitor makes
+    /// its own, bounded by [`max_concurrent_syncs`](Self::max_concurrent_syncs), that
+    /// re-queues refused work within [`backoff_min`](Self::backoff_min) and
+    /// [`backoff_max`](Self::backoff_max) (a given limiter uses its own policy).
+    pub limiter: Option<AdaptiveLimiter>,
+    /// How many times a first sync tries before a transient error (5xx, connection
+    /// failure) fails it. Permanent errors (401, 403, other 4xx) fail it at once; 429s
+    /// are the server pacing the burst and never fail it (the
+    /// [`sync_timeout`](Self::sync_timeout) still does).
     pub first_sync_attempts: u32,
     /// The first delay before retrying a failed watch request; later ones double up to
     /// [`backoff_max`](Self::backoff_max) (the project's policy,
@@ -73,6 +84,7 @@ impl Default for MonitorOptions {
             sync_timeout: Duration::from_secs(120),
             initial_list: InitialList::default(),
             max_concurrent_syncs: None,
+            limiter: None,
             first_sync_attempts: 3,
             backoff_min: BackoffPolicy::default().initial,
             backoff_max: Duration::from_secs(30),
@@ -88,6 +100,7 @@ impl fmt::Debug for MonitorOptions {
             .field("sync_timeout", &self.sync_timeout)
             .field("initial_list", &self.initial_list)
             .field("max_concurrent_syncs", &self.max_concurrent_syncs)
+            .field("limiter", &self.limiter)
             .field("first_sync_attempts", &self.first_sync_attempts)
             .field("backoff_min", &self.backoff_min)
             .field("backoff_max", &self.backoff_max)

@@ -1,10 +1,10 @@
-//! Turns kube-runtime watcher events for one object into handler events.
+//! Turns the watch protocol's events for one object into handler events.
 //!
 //! A state machine plus a step function, in the style of kube-runtime's watcher. The
-//! watcher re-lists after a `410 Gone` or a broken stream (`Init`, `InitApply`...,
-//! `InitDone`); [`Reconciler::step`] compares what the re-list found with what handlers
-//! last saw and emits the difference, so that changes made while the watch was down are
-//! never lost:
+//! watch ([`machine`](crate::machine)) re-lists after a `410 Gone` (`Init`,
+//! `InitApply`..., `InitDone`); [`Reconciler::step`] compares what the re-list found
+//! with what handlers last saw and emits the difference, so that changes made while the
+//! watch was down are never lost:
 //!
 //! | last seen | re-list finds              | handlers get              |
 //! |-----------|----------------------------|---------------------------|
@@ -17,11 +17,25 @@
 use std::sync::Arc;
 
 use kube::Resource;
-use kube::runtime::watcher;
 
 use crate::ObjectEvent;
 
-/// What one watcher event means for the entry.
+/// What the watch protocol learned about the object, in the order it learned it.
+#[derive(Debug)]
+pub(crate) enum Event<K> {
+    /// A (re-)list starts: forget what earlier lists found.
+    Init,
+    /// The (re-)list found this object.
+    InitApply(K),
+    /// The (re-)list is complete.
+    InitDone,
+    /// The watch saw the object created or changed.
+    Apply(K),
+    /// The watch saw the object deleted (its final state).
+    Delete(K),
+}
+
+/// What one protocol event means for the entry.
 #[derive(Debug)]
 pub(crate) enum Step<K> {
     /// Nothing changed (a marker event, a duplicate, or a re-list in progress).
@@ -57,25 +71,19 @@ impl<K: Resource> Reconciler<K> {
         }
     }
 
-    /// Whether a (re-)list is in progress: `Init` seen, `InitDone` not yet.
-    pub(crate) fn is_relisting(&self) -> bool {
-        self.relist.is_some()
-    }
-
     /// Whether the first listing has completed.
-    #[cfg(test)]
     pub(crate) fn is_synced(&self) -> bool {
         self.synced
     }
 
-    /// Feeds one watcher event.
-    pub(crate) fn step(&mut self, event: watcher::Event<K>) -> Step<K> {
+    /// Feeds one protocol event.
+    pub(crate) fn step(&mut self, event: Event<K>) -> Step<K> {
         match event {
-            watcher::Event::Init => {
+            Event::Init => {
                 self.relist = Some(None);
                 Step::Unchanged
             }
-            watcher::Event::InitApply(object) => {
+            Event::InitApply(object) => {
                 // The field selector already restricts the list to one name; checking
                 // again guards against a server that ignores it.
                 if object.meta().name.as_deref() == Some(self.name.as_str()) {
@@ -83,7 +91,7 @@ impl<K: Resource> Reconciler<K> {
                 }
                 Step::Unchanged
             }
-            watcher::Event::InitDone => {
+            Event::InitDone => {
                 let listed = self.relist.take().flatten();
                 if self.synced {
                     self.transition(listed)
@@ -93,13 +101,13 @@ impl<K: Resource> Reconciler<K> {
                     Step::FirstSync(listed)
                 }
             }
-            watcher::Event::Apply(object) => {
+            Event::Apply(object) => {
                 if object.meta().name.as_deref() != Some(self.name.as_str()) {
                     return Step::Unchanged;
                 }
                 self.transition(Some(Arc::new(object)))
             }
-            watcher::Event::Delete(object) => {
+            Event::Delete(object) => {
                 if self.seen.is_none() || object.meta().name.as_deref() != Some(self.name.as_str())
                 {
                     return Step::Unchanged;
@@ -190,14 +198,11 @@ mod tests {
     }
 
     fn relist(r: &mut Reconciler<Secret>, found: Option<Secret>) -> Vec<String> {
-        assert!(matches!(r.step(watcher::Event::Init), Step::Unchanged));
+        assert!(matches!(r.step(Event::Init), Step::Unchanged));
         if let Some(obj) = found {
-            assert!(matches!(
-                r.step(watcher::Event::InitApply(obj)),
-                Step::Unchanged
-            ));
+            assert!(matches!(r.step(Event::InitApply(obj)), Step::Unchanged));
         }
-        kinds(&r.step(watcher::Event::InitDone))
+        kinds(&r.step(Event::InitDone))
     }
 
     #[test]
@@ -217,21 +222,21 @@ mod tests {
         let mut r = Reconciler::new("a");
         relist(&mut r, None);
         assert_eq!(
-            kinds(&r.step(watcher::Event::Apply(secret("a", "u1", "6")))),
+            kinds(&r.step(Event::Apply(secret("a", "u1", "6")))),
             ["add:6"]
         );
         assert_eq!(
-            kinds(&r.step(watcher::Event::Apply(secret("a", "u1", "7")))),
+            kinds(&r.step(Event::Apply(secret("a", "u1", "7")))),
             ["update:6->7"]
         );
         // A duplicate delivery of the same version is not an update.
-        assert!(kinds(&r.step(watcher::Event::Apply(secret("a", "u1", "7")))).is_empty());
+        assert!(kinds(&r.step(Event::Apply(secret("a", "u1", "7")))).is_empty());
         assert_eq!(
-            kinds(&r.step(watcher::Event::Delete(secret("a", "u1", "8")))),
+            kinds(&r.step(Event::Delete(secret("a", "u1", "8")))),
             ["delete:8"]
         );
         // A second delete of an absent object is not an event.
-        assert!(kinds(&r.step(watcher::Event::Delete(secret("a", "u1", "8")))).is_empty());
+        assert!(kinds(&r.step(Event::Delete(secret("a", "u1", "8")))).is_empty());
     }
 
     #[test]
@@ -263,6 +268,6 @@ mod tests {
             relist(&mut r, Some(secret("b", "u1", "5"))),
             ["first:false"]
         );
-        assert!(kinds(&r.step(watcher::Event::Apply(secret("b", "u1", "6")))).is_empty());
+        assert!(kinds(&r.step(Event::Apply(secret("b", "u1", "6")))).is_empty());
     }
 }

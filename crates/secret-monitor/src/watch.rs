@@ -1,299 +1,476 @@
-//! The task behind one key: a kube-runtime watcher on `metadata.name=<name>`, its first
-//! sync, and the reconnect loop after it.
+//! The task behind one key: the shell that performs what the protocol's state machine
+//! ([`machine`](crate::machine)) asks for — requests through `kube::Client`, reading the
+//! watch stream, backoff, the first-sync deadline and the bound on concurrent first
+//! syncs — and reports to the registry what handlers should learn.
 //!
-//! The watch protocol itself (list/watch, resume from the last resourceVersion, re-list
-//! after `410 Gone`, streaming lists) is kube-runtime's [`watcher`]; this module adds
-//! what a shared per-object watch needs on top: classifying errors into "fail the
-//! waiters now" and "retry", the fallback from streaming lists, a bound on concurrent
-//! first syncs, a deadline, and backoff with jitter between failed requests.
+//! Ten thousand of these run at once, each idle nearly all the time, so what one holds
+//! while it waits for the next event is kept small: the machine (a resourceVersion and
+//! the last object), the open response body and a line decoder that holds nothing
+//! between events. Everything needed only to send a request or to finish the first
+//! sync lives in boxed futures that exist only while that happens.
 
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::stream::BoxStream;
-use kube::api::Api;
-use kube::runtime::watcher;
-use kube::{Resource, core::Status};
+use kube::{Client, Resource};
+use kube_common::adaptive::{AdaptiveLimiter, AdaptivePolicy, Permit, Turn, is_overload_status};
+use kube_common::backoff::{Backoff, BackoffPolicy};
 use serde::de::DeserializeOwned;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
 
 use crate::lock::StdLocks;
+use crate::machine::{Disposition, Failure, Input, Machine, Next, Output, Request, classify};
 use crate::options::{InitialList, MonitorOptions};
-use crate::reconcile::{Reconciler, Step};
+use crate::reconcile::Step;
 use crate::registry::SyncDriver;
+use crate::request::{self, Answer, EventStream, Target};
 use crate::{MonitorError, MonitorErrorKind, ObjectKey};
-use kube_common::Verb;
-use kube_common::backoff::{Backoff, BackoffPolicy};
+
+/// The shortest server-side watch timeout when none is configured: client-go's
+/// reflector asks for 5 to 10 minutes, at random, so that watches opened together are
+/// not all renewed together.
+const DEFAULT_MIN_WATCH_TIMEOUT: u32 = 300;
+
+/// How long past its `timeoutSeconds` a watch may stay silent before the client gives
+/// up on it (a server that ended it without the end reaching us).
+const WATCH_DEADLINE_MARGIN: Duration = Duration::from_secs(60);
 
 /// State shared by all watch tasks of one monitor.
 pub(crate) struct WatchContext {
+    /// The client every request goes through.
+    pub(crate) client: Client,
     pub(crate) options: MonitorOptions,
     /// Plural resource name, for errors.
     pub(crate) resource: String,
-    /// Set once a server refused a streaming list, so later keys go straight to
-    /// list-then-watch instead of paying for a refused request each.
-    streaming_refused: AtomicBool,
-    /// Bounds concurrent first syncs, when configured.
-    sync_permits: Option<Semaphore>,
+    /// Cancelled once the server turned out not to serve streaming lists: later keys
+    /// list then watch at once, and streaming lists in flight switch over.
+    streaming_off: CancellationToken,
+    /// Set by the first key that finds streaming lists refused, so it is logged once.
+    streaming_off_logged: AtomicBool,
+    /// Paces first syncs (shared with other bursts when the options give one).
+    limiter: AdaptiveLimiter,
 }
 
 impl WatchContext {
-    pub(crate) fn new(options: MonitorOptions, resource: String) -> Self {
-        let sync_permits = options
-            .max_concurrent_syncs
-            .map(|n| Semaphore::new(n.max(1)));
+    pub(crate) fn new(client: Client, options: MonitorOptions, resource: String) -> Self {
+        // The monitor's own limiter re-queues refused work with the monitor's backoff
+        // bounds, so they hold for first syncs as for everything else.
+        let limiter = options.limiter.clone().unwrap_or_else(|| {
+            AdaptiveLimiter::with_policy(
+                options.max_concurrent_syncs,
+                AdaptivePolicy {
+                    backoff: backoff_policy(&options),
+                    ..AdaptivePolicy::default()
+                },
+            )
+        });
         Self {
+            client,
             options,
             resource,
-            streaming_refused: AtomicBool::new(false),
-            sync_permits,
+            streaming_off: CancellationToken::new(),
+            streaming_off_logged: AtomicBool::new(false),
+            limiter,
         }
     }
 
     fn streaming(&self) -> bool {
-        self.options.initial_list == InitialList::Streaming
-            && !self.streaming_refused.load(Ordering::Relaxed)
+        self.options.initial_list == InitialList::Streaming && !self.streaming_off.is_cancelled()
+    }
+
+    /// Turns streaming lists off for every key, logging it once. Returns whether this
+    /// key was the first to find out.
+    fn refuse_streaming(&self, key: &ObjectKey, error: Option<&MonitorError>) -> bool {
+        let first = !self.streaming_off_logged.swap(true, Ordering::Relaxed);
+        if first {
+            let reason = error.map(ToString::to_string).unwrap_or_default();
+            info!(
+                first_key = %key,
+                %reason,
+                "the API server does not serve streaming lists; every watch lists, then watches"
+            );
+        }
+        self.streaming_off.cancel();
+        first
+    }
+
+    fn error(&self, key: &ObjectKey, kind: MonitorErrorKind) -> MonitorError {
+        MonitorError::new(self.resource.as_str(), key.clone(), kind)
     }
 }
 
-/// What to do about an error.
-#[derive(Debug, PartialEq, Eq)]
-enum Disposition {
-    /// Retrying cannot help until someone changes something (RBAC, the request).
-    Permanent,
-    /// Throttling, server errors, broken connections: retry after a backoff, and not
-    /// before the server's `Retry-After`, when it gave one.
-    Transient(Option<Duration>),
-    /// `410 Gone`: the watcher re-lists on its own; no backoff needed.
-    Resync,
-    /// The server does not accept `sendInitialEvents`.
-    StreamingRefused,
+/// One key's protocol state and what it holds open.
+struct KeyWatch<K> {
+    machine: Machine<K>,
+    /// The open watch response, if any.
+    stream: Option<EventStream>,
+    /// When the open watch should have ended on its own.
+    deadline: Instant,
+    /// One sequence for the key's life: it starts over after a healthy period, not
+    /// after every success, so a watch that opens and breaks at once keeps backing off.
+    backoff: Backoff,
+}
+
+/// What moved the key on.
+enum Happened<K> {
+    /// An input for the machine.
+    Input(Input<K>),
+    /// Streaming lists were turned off while this key waited for its initial events.
+    StreamingOff,
 }
 
 /// Runs the watch for the driver's key until the entry leaves the registry.
-pub(crate) async fn run<K>(driver: SyncDriver<K, StdLocks>, api: Api<K>, ctx: Arc<WatchContext>)
+pub(crate) async fn run<K>(driver: SyncDriver<K, StdLocks>, ctx: Arc<WatchContext>)
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let stopped = driver.stopped();
     tokio::select! {
         biased;
-        // Dropping `drive` drops the watcher stream, which closes its HTTP request.
+        // Dropping `drive` drops the open response, which closes its HTTP stream.
         () = stopped => debug!(key = %driver.key(), "watch stopped: no handlers left"),
-        () = drive(&driver, api, &ctx) => {}
+        () = drive(&driver, &ctx) => {}
     }
 }
 
-async fn drive<K>(driver: &SyncDriver<K, StdLocks>, api: Api<K>, ctx: &WatchContext)
+async fn drive<K>(driver: &SyncDriver<K, StdLocks>, ctx: &WatchContext)
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let key = driver.key().clone();
-    let mut reconciler = Reconciler::new(key.name.clone());
-
-    let mut watch = KeyWatch::open(api, &key, ctx);
-    // Boxed: the first sync's state is large and needed once; the task then lives on
-    // for as long as the key is watched, so its size matters at thousands of keys.
-    let first = Box::pin(bounded_first_sync(&mut watch, &mut reconciler, ctx)).await;
-    match first {
-        Ok(object) => driver.synced(object),
+    let key = driver.key();
+    let mut watch = KeyWatch {
+        machine: Machine::new(
+            key.name.clone(),
+            ctx.streaming(),
+            ctx.options.first_sync_attempts,
+        ),
+        stream: None,
+        deadline: Instant::now(),
+        backoff: Backoff::new(backoff_policy(&ctx.options)),
+    };
+    // Boxed: needed once, while the task then lives on for as long as the key is
+    // watched, so its size matters at thousands of keys.
+    let mut next = match Box::pin(bounded_first_sync(&mut watch, key, ctx)).await {
+        Ok((object, next)) => {
+            driver.synced(object);
+            next
+        }
         Err(error) => {
             debug!(%key, %error, "first sync failed");
             driver.failed(error);
             return;
         }
-    }
-
-    // One sequence for the key's life: it starts over after a healthy period, not after
-    // every success, so a watch that opens and breaks at once keeps backing off.
-    let mut backoff = Backoff::new(backoff_policy(&ctx.options));
+    };
     loop {
-        match watch.next(&reconciler).await {
-            Ok(event) => {
-                if let Step::Changed { object, events } = reconciler.step(event) {
-                    driver.publish(object, &events);
-                }
-            }
-            Err(err) => {
-                // The error is reported and dropped before waiting, so that it takes no
-                // room in the task while it sleeps.
-                let delay = {
-                    let (error, disposition) = classify(&err, &key, &ctx.resource);
-                    drop(err);
-                    if let Some(observer) = &ctx.options.observer {
-                        observer.watch_error(&key, &error);
-                    }
-                    let retry_after = match disposition {
-                        Disposition::Resync => {
-                            debug!(%key, "watch expired (410); re-listing");
-                            continue;
-                        }
-                        Disposition::Transient(retry_after) => retry_after,
-                        Disposition::Permanent | Disposition::StreamingRefused => None,
-                    };
-                    let delay = retry_delay(&mut backoff, retry_after);
-                    warn!(%key, %error, retry_in = ?delay, "watch failed; retrying");
-                    delay
-                };
-                Box::pin(tokio::time::sleep(delay)).await;
-            }
+        let output = match advance(&mut watch, next, key, ctx).await {
+            Happened::Input(input) => watch.machine.step(input),
+            Happened::StreamingOff => match watch.machine.streaming_unsupported() {
+                Some(output) => output,
+                None => continue,
+            },
+        };
+        report(&output, key, ctx, true);
+        if let Step::Changed { object, events } = output.step {
+            driver.publish(object, &events);
         }
+        next = output.next;
     }
 }
 
-/// The first sync within the configured bound on concurrent syncs and its deadline,
-/// reported to the observer.
+/// The first sync, paced by the adaptive limiter and within its deadline, reported to
+/// the observer. Returns the object (`None`: it does not exist) and what to do next.
 async fn bounded_first_sync<K>(
-    watch: &mut KeyWatch<'_, K>,
-    reconciler: &mut Reconciler<K>,
+    watch: &mut KeyWatch<K>,
+    key: &ObjectKey,
     ctx: &WatchContext,
-) -> Result<Option<Arc<K>>, MonitorError>
+) -> Result<(Option<Arc<K>>, Next), MonitorError>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let _permit = match &ctx.sync_permits {
-        // The semaphore is never closed, so acquiring only fails in theory.
-        Some(permits) => permits.acquire().await.ok(),
-        None => None,
-    };
+    // The first permit is awaited before the deadline starts: a key waiting for its
+    // turn in a long line has not started syncing.
+    let permit = ctx.limiter.acquire().await;
     let started = Instant::now();
-    let first = tokio::time::timeout(ctx.options.sync_timeout, first_sync(watch, reconciler, ctx))
-        .await
-        .unwrap_or_else(|_elapsed| {
-            Err(MonitorError::new(
-                ctx.resource.as_str(),
-                watch.key.clone(),
-                MonitorErrorKind::SyncTimeout {
-                    timeout: ctx.options.sync_timeout,
-                },
-            ))
-        });
+    let first = tokio::time::timeout(
+        ctx.options.sync_timeout,
+        first_sync(watch, permit, key, ctx),
+    )
+    .await
+    .unwrap_or_else(|_elapsed| {
+        Err(ctx.error(
+            key,
+            MonitorErrorKind::SyncTimeout {
+                timeout: ctx.options.sync_timeout,
+            },
+        ))
+    });
     if let Some(observer) = &ctx.options.observer {
-        observer.first_sync(watch.key, started.elapsed(), first.as_ref().map(|_| ()));
+        observer.first_sync(key, started.elapsed(), first.as_ref().map(|_| ()));
     }
     first
 }
 
-/// Polls the watcher until the first complete listing. Returns the object (or `None`
-/// when it does not exist).
-async fn first_sync<K>(
-    watch: &mut KeyWatch<'_, K>,
-    reconciler: &mut Reconciler<K>,
-    ctx: &WatchContext,
-) -> Result<Option<Arc<K>>, MonitorError>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    let mut backoff = Backoff::new(backoff_policy(&ctx.options));
-    let mut failures = 0;
-    loop {
-        let err = match watch.next(reconciler).await {
-            Ok(event) => match reconciler.step(event) {
-                Step::FirstSync(object) => return Ok(object),
-                Step::Unchanged | Step::Changed { .. } => continue,
-            },
-            Err(err) => err,
+/// Where a first sync stands with the adaptive limiter: it holds a permit while a
+/// request is out (until the sync completes or the request fails), or waits for one.
+struct Pacing {
+    /// The permit held, if any.
+    permit: Option<Permit>,
+    /// The place in line a refusal for load gave back: due only after the server's
+    /// `Retry-After` (or the backoff delay), so the retry must not also wait for the
+    /// key's own backoff.
+    refused: Option<Turn>,
+}
+
+impl Pacing {
+    /// Makes sure a permit is held before a request goes out.
+    async fn hold(&mut self, limiter: &AdaptiveLimiter) {
+        if self.permit.is_none() {
+            let turn = self.refused.take().unwrap_or_else(|| limiter.turn());
+            self.permit = Some(turn.acquire().await);
+        }
+    }
+
+    /// Tells the limiter how the request out failed: a refusal for load (429, 5xx)
+    /// shrinks the window and keeps this sync's place in line; any other failure frees
+    /// the slot and teaches nothing.
+    fn failed(&mut self, failure: &Failure) {
+        let Some(permit) = self.permit.take() else {
+            return;
         };
-        let (error, disposition) = classify(&err, watch.key, &ctx.resource);
-        if let Some(observer) = &ctx.options.observer {
-            observer.watch_error(watch.key, &error);
+        if let MonitorErrorKind::Api { code, .. } = failure.kind
+            && is_overload_status(code)
+        {
+            self.refused = Some(permit.refused(failure.retry_after));
         }
-        match disposition {
-            Disposition::StreamingRefused if watch.streaming => {
-                debug!(key = %watch.key, %error, "server refused a streaming list; using list then watch");
-                ctx.streaming_refused.store(true, Ordering::Relaxed);
-                watch.list_then_watch();
-            }
-            Disposition::Resync => {}
-            Disposition::Permanent | Disposition::StreamingRefused => return Err(error),
-            Disposition::Transient(retry_after) => {
-                failures += 1;
-                if failures >= ctx.options.first_sync_attempts.max(1) {
-                    return Err(error);
-                }
-                let delay = retry_delay(&mut backoff, retry_after);
-                debug!(key = %watch.key, %error, retry_in = ?delay, "first sync request failed; retrying");
-                tokio::time::sleep(delay).await;
-            }
+    }
+
+    /// The first sync completed: the window may grow.
+    fn succeeded(self) {
+        if let Some(permit) = self.permit {
+            permit.succeeded();
         }
     }
 }
 
-/// One key's kube-runtime watcher, and how it lists.
-struct KeyWatch<'a, K> {
-    api: Api<K>,
-    key: &'a ObjectKey,
-    options: &'a MonitorOptions,
-    streaming: bool,
-    stream: BoxStream<'static, watcher::Result<watcher::Event<K>>>,
-}
-
-impl<'a, K> KeyWatch<'a, K>
+/// Runs the protocol until the first complete listing, or until it fails. Every
+/// request goes out with a permit of the adaptive limiter.
+async fn first_sync<K>(
+    watch: &mut KeyWatch<K>,
+    permit: Permit,
+    key: &ObjectKey,
+    ctx: &WatchContext,
+) -> Result<(Option<Arc<K>>, Next), MonitorError>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    fn open(api: Api<K>, key: &'a ObjectKey, ctx: &'a WatchContext) -> Self {
-        let streaming = ctx.streaming();
-        let stream = open(&api, &key.name, streaming, &ctx.options);
-        Self {
-            api,
-            key,
-            options: &ctx.options,
-            streaming,
-            stream,
-        }
-    }
-
-    /// Restarts the watch with a plain list then watch.
-    fn list_then_watch(&mut self) {
-        self.streaming = false;
-        self.stream = open(&self.api, &self.key.name, false, self.options);
-    }
-
-    /// The next watcher event.
-    ///
-    /// A streaming list that breaks before its initial-events bookmark is restarted by
-    /// kube's watcher as another streaming list, which a connection that keeps breaking
-    /// early would never finish; when that happens this key lists then watches instead
-    /// (a plain list is one response, not a stream that can break half-way).
-    async fn next(&mut self, reconciler: &Reconciler<K>) -> watcher::Result<watcher::Event<K>> {
-        loop {
-            match self.stream.next().await {
-                Some(Ok(watcher::Event::Init)) if self.streaming && reconciler.is_relisting() => {
-                    debug!(key = %self.key, "streaming list broke off; using list then watch for this key");
-                    self.list_then_watch();
-                }
-                Some(item) => return item,
-                // kube's watcher never ends on its own; reopen it if it does.
-                None => self.stream = open(&self.api, &self.key.name, self.streaming, self.options),
+    let mut pacing = Pacing {
+        permit: Some(permit),
+        refused: None,
+    };
+    let mut next = watch.machine.start();
+    loop {
+        let happened = match next {
+            Next::Send(request) => {
+                pacing.hold(&ctx.limiter).await;
+                Box::pin(send(watch, request, false, key, ctx)).await
             }
+            Next::Retry {
+                request,
+                retry_after,
+            } => {
+                watch.stream = None;
+                // A refusal for load is paced by the limiter (its turn comes due after
+                // Retry-After); any other failure backs off as always.
+                if pacing.refused.is_none() {
+                    tokio::time::sleep(retry_delay(&mut watch.backoff, retry_after)).await;
+                }
+                pacing.hold(&ctx.limiter).await;
+                Box::pin(send(watch, request, true, key, ctx)).await
+            }
+            Next::Read | Next::Fail => advance(watch, next, key, ctx).await,
+        };
+        let output = match happened {
+            Happened::Input(input) => {
+                if let Input::Failed(failure) = &input {
+                    pacing.failed(failure);
+                }
+                watch.machine.step(input)
+            }
+            Happened::StreamingOff => match watch.machine.streaming_unsupported() {
+                Some(output) => output,
+                None => continue,
+            },
+        };
+        report(&output, key, ctx, false);
+        if output.next == Next::Fail {
+            let kind = output.error.unwrap_or(MonitorErrorKind::Cancelled);
+            return Err(ctx.error(key, kind));
+        }
+        if let Step::FirstSync(object) = output.step {
+            pacing.succeeded();
+            return Ok((object, output.next));
+        }
+        next = output.next;
+    }
+}
+
+/// Performs `next` and returns what came of it.
+async fn advance<K>(
+    watch: &mut KeyWatch<K>,
+    next: Next,
+    key: &ObjectKey,
+    ctx: &WatchContext,
+) -> Happened<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    match next {
+        Next::Read if watch.machine.awaits_initial_events() => {
+            // The rare case, boxed: a streaming list whose initial events are still
+            // coming switches to a list as soon as any key finds streaming refused.
+            Box::pin(read_or_streaming_off(watch, ctx)).await
+        }
+        Next::Read => Happened::Input(read(watch).await),
+        Next::Send(request) => Box::pin(send(watch, request, false, key, ctx)).await,
+        Next::Retry {
+            request,
+            retry_after,
+        } => {
+            // Closed before waiting: a failed watch holds nothing while it backs off.
+            watch.stream = None;
+            let delay = retry_delay(&mut watch.backoff, retry_after);
+            tokio::time::sleep(delay).await;
+            Box::pin(send(watch, request, true, key, ctx)).await
+        }
+        // Only a first sync fails, and `first_sync` stops there; should the machine
+        // ever fail a key that is already synced, starting over is the safe answer.
+        Next::Fail => {
+            let request = watch.machine.restart();
+            Box::pin(send(watch, request, true, key, ctx)).await
         }
     }
 }
 
-/// Opens a kube-runtime watcher on the one object called `name`.
-fn open<K>(
-    api: &Api<K>,
-    name: &str,
-    streaming: bool,
-    options: &MonitorOptions,
-) -> BoxStream<'static, watcher::Result<watcher::Event<K>>>
+/// The next input of the open stream, or a stall once its deadline passed.
+async fn read<K>(watch: &mut KeyWatch<K>) -> Input<K>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: DeserializeOwned,
 {
-    let mut config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    if streaming {
-        config = config.streaming_lists();
+    let Some(stream) = watch.stream.as_mut() else {
+        return Input::Ended;
+    };
+    match tokio::time::timeout_at(watch.deadline, stream.next()).await {
+        Ok(input) => input,
+        Err(_stalled) => Input::Failed(Failure {
+            kind: MonitorErrorKind::Transport {
+                verb: kube_common::Verb::Watch,
+                message: "the watch outlived its timeout without the server ending it".into(),
+            },
+            retry_after: None,
+        }),
     }
-    if let Some(timeout) = options.watch_timeout {
-        config = config.timeout(timeout);
+}
+
+async fn read_or_streaming_off<K>(watch: &mut KeyWatch<K>, ctx: &WatchContext) -> Happened<K>
+where
+    K: DeserializeOwned,
+{
+    tokio::select! {
+        biased;
+        () = ctx.streaming_off.cancelled() => Happened::StreamingOff,
+        input = read(watch) => Happened::Input(input),
     }
-    watcher(api.clone(), config).boxed()
+}
+
+/// Sends `request` (closing any open stream first) and reads its answer.
+async fn send<K>(
+    watch: &mut KeyWatch<K>,
+    request: Request,
+    retry: bool,
+    key: &ObjectKey,
+    ctx: &WatchContext,
+) -> Happened<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    watch.stream = None;
+    if request == Request::StreamingList && !ctx.streaming() {
+        return Happened::StreamingOff;
+    }
+    let path = K::url_path(&(), Some(&key.namespace));
+    let timeout_seconds = watch_timeout_seconds(&ctx.options);
+    let sending = request::send::<K>(
+        &ctx.client,
+        Target {
+            path: &path,
+            name: &key.name,
+        },
+        request::Send {
+            request,
+            resource_version: watch.machine.resource_version(),
+            timeout_seconds,
+            retry,
+        },
+    );
+    let answer = if request == Request::StreamingList {
+        tokio::select! {
+            // Once streaming is off, an answer that arrives at the same moment (likely
+            // a refusal too) is not looked at: the key switches without a failure.
+            biased;
+            () = ctx.streaming_off.cancelled() => return Happened::StreamingOff,
+            answer = sending => answer,
+        }
+    } else {
+        sending.await
+    };
+    match answer {
+        Answer::Stream(stream) => {
+            watch.stream = Some(stream);
+            watch.deadline = Instant::now()
+                + Duration::from_secs(u64::from(timeout_seconds))
+                + WATCH_DEADLINE_MARGIN;
+            Happened::Input(Input::Opened)
+        }
+        Answer::Input(input) => Happened::Input(input),
+    }
+}
+
+/// Tells the observer and the log about an output's error, and turns streaming off
+/// globally when the output says so.
+fn report<K>(output: &Output<K>, key: &ObjectKey, ctx: &WatchContext, synced: bool) {
+    let error = output
+        .error
+        .as_ref()
+        .map(|kind| ctx.error(key, kind.clone()));
+    if output.streaming_refused && !ctx.refuse_streaming(key, error.as_ref()) {
+        // Another key's refusal came first and switched every key over: this one's,
+        // already on its way, is no error of this key's.
+        return;
+    }
+    let Some(error) = error else {
+        return;
+    };
+    if let Some(observer) = &ctx.options.observer {
+        observer.watch_error(key, &error);
+    }
+    let failure = Failure {
+        kind: error.kind().clone(),
+        retry_after: None,
+    };
+    match classify(&failure, false) {
+        Disposition::Resync => debug!(%key, "watch expired (410); re-listing"),
+        _ if output.streaming_refused => {}
+        // Throttling is expected under load and retried; the counts are in the
+        // transport's accounting, so one line per request would only flood the log.
+        _ if error.status_code() == Some(429) || !synced => {
+            debug!(%key, %error, "request failed; retrying");
+        }
+        _ => warn!(%key, %error, "watch failed; retrying"),
+    }
 }
 
 /// The project's retry policy (client-go's reflector shape) within the configured
@@ -313,111 +490,14 @@ fn retry_delay(backoff: &mut Backoff, retry_after: Option<Duration>) -> Duration
     }
 }
 
-/// Names the failed verb and turns a watcher error into a [`MonitorError`].
-fn classify(err: &watcher::Error, key: &ObjectKey, resource: &str) -> (MonitorError, Disposition) {
-    let (verb, source) = match err {
-        watcher::Error::InitialListFailed(source) => (Verb::List, source),
-        watcher::Error::WatchStartFailed(source) | watcher::Error::WatchFailed(source) => {
-            (Verb::Watch, source)
-        }
-        watcher::Error::WatchError(status) => {
-            return from_status(status, Verb::Watch, key, resource);
-        }
-        watcher::Error::NoResourceVersion => {
-            let error = MonitorError::new(
-                resource,
-                key.clone(),
-                MonitorErrorKind::Api {
-                    verb: Verb::List,
-                    code: 500,
-                    reason: "NoResourceVersion".into(),
-                    message: "the list response carried no metadata.resourceVersion".into(),
-                },
-            );
-            return (error, Disposition::Transient(None));
-        }
-    };
-    let streaming_start = matches!(err, watcher::Error::WatchStartFailed(_));
-    match source {
-        kube::Error::Api(status) => {
-            let (error, disposition) = from_status(status, verb, key, resource);
-            let refused = streaming_start && matches!(status.code, 400 | 422);
-            (
-                error,
-                if refused {
-                    Disposition::StreamingRefused
-                } else {
-                    disposition
-                },
-            )
-        }
-        other => {
-            let error = MonitorError::new(
-                resource,
-                key.clone(),
-                MonitorErrorKind::Transport {
-                    verb,
-                    message: transport_message(other),
-                },
-            );
-            (error, Disposition::Transient(None))
-        }
-    }
-}
-
-fn from_status(
-    status: &Status,
-    verb: Verb,
-    key: &ObjectKey,
-    resource: &str,
-) -> (MonitorError, Disposition) {
-    let error = |kind| MonitorError::new(resource, key.clone(), kind);
-    let message = status.message.clone();
-    match status.code {
-        401 => (
-            error(MonitorErrorKind::Unauthorized { verb, message }),
-            Disposition::Permanent,
-        ),
-        403 => (
-            error(MonitorErrorKind::Forbidden { verb, message }),
-            Disposition::Permanent,
-        ),
-        code => {
-            let disposition = match code {
-                410 => Disposition::Resync,
-                408 | 409 | 429 | 500..=599 => Disposition::Transient(retry_after(status)),
-                _ => Disposition::Permanent,
-            };
-            let error = error(MonitorErrorKind::Api {
-                verb,
-                code,
-                reason: status.reason.clone(),
-                message,
-            });
-            (error, disposition)
-        }
-    }
-}
-
-/// The server's `Retry-After`, as kube-apiserver also puts it in the Status details.
-fn retry_after(status: &Status) -> Option<Duration> {
-    let seconds = status.details.as_ref()?.retry_after_seconds;
-    (seconds > 0).then(|| Duration::from_secs(u64::from(seconds)))
-}
-
-/// Describes a failure that is not an API status. Decoding errors are described by
-/// position only: serde's own messages may quote the offending value, which for a
-/// Secret could be its data.
-fn transport_message(err: &kube::Error) -> String {
-    match err {
-        kube::Error::SerdeError(e) => format!(
-            "could not decode the response ({:?} error at line {}, column {})",
-            e.classify(),
-            e.line(),
-            e.column()
-        ),
-        other => other.to_string(),
-    }
+/// `timeoutSeconds` of one watch request: at random between the configured minimum and
+/// twice that, so that watches opened together are renewed spread out.
+fn watch_timeout_seconds(options: &MonitorOptions) -> u32 {
+    let min = options
+        .watch_timeout
+        .unwrap_or(DEFAULT_MIN_WATCH_TIMEOUT)
+        .max(1);
+    min.saturating_add(rand::random_range(0..min))
 }
 
 #[cfg(test)]
@@ -435,18 +515,56 @@ mod tests {
         let service = tower::service_fn(|_request: http::Request<kube::client::Body>| async {
             Ok::<_, std::convert::Infallible>(http::Response::new(kube::client::Body::empty()))
         });
-        let api: Api<Secret> = Api::namespaced(kube::Client::new(service, "default"), "ns");
+        let client = kube::Client::new(service, "default");
         let registry: Registry<Secret, StdLocks> = Registry::new("secrets");
         let (_ticket, driver) = registry.join(&ObjectKey::new("ns", "a"));
         let ctx = Arc::new(WatchContext::new(
+            client,
             MonitorOptions::default(),
             "secrets".into(),
         ));
-        let task = run(driver.expect("a new entry has a driver"), api, ctx);
+        let task = run(driver.expect("a new entry has a driver"), ctx);
         let size = std::mem::size_of_val(&task);
+        println!("watch task future: {size} bytes");
         assert!(
             size <= 2_200,
             "the watch task's future grew to {size} bytes"
         );
+    }
+
+    #[test]
+    fn watch_timeouts_are_spread_between_the_minimum_and_twice_that() {
+        let options = MonitorOptions {
+            watch_timeout: Some(100),
+            ..MonitorOptions::default()
+        };
+        let timeouts: Vec<u32> = (0..1_000)
+            .map(|_| watch_timeout_seconds(&options))
+            .collect();
+        assert!(timeouts.iter().all(|t| (100..200).contains(t)));
+        // Spread, not all alike: a thousand draws land in most of the hundred values.
+        let distinct: std::collections::BTreeSet<u32> = timeouts.into_iter().collect();
+        assert!(distinct.len() > 50, "{}", distinct.len());
+        let default = watch_timeout_seconds(&MonitorOptions::default());
+        assert!((300..600).contains(&default));
+    }
+
+    #[test]
+    fn retries_wait_for_retry_after_and_spread_past_it() {
+        let mut backoff = Backoff::new(
+            BackoffPolicy::default()
+                .with_bounds(Duration::from_millis(10), Duration::from_millis(20)),
+        );
+        let delays: Vec<Duration> = (0..200)
+            .map(|_| retry_delay(&mut backoff, Some(Duration::from_secs(2))))
+            .collect();
+        assert!(
+            delays
+                .iter()
+                .all(|d| *d >= Duration::from_secs(2) && *d <= Duration::from_secs(3))
+        );
+        let distinct: std::collections::BTreeSet<Duration> = delays.into_iter().collect();
+        assert!(distinct.len() > 100, "retries return in lock-step");
+        assert!(retry_delay(&mut backoff, None) <= Duration::from_millis(20));
     }
 }

@@ -13,10 +13,16 @@ use std::time::Duration;
 use common::*;
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Secret;
-use kube_sim::{FailRule, OutageMode, SimConfig};
+use kube_sim::{FailRule, OutageMode, ServerFeatures, SimConfig};
 use secret_monitor::{
-    EventHandler, InitialList, MonitorErrorKind, MonitorOptions, ObjectEvent, ObjectKey,
+    EventHandler, InitialList, MonitorErrorKind, MonitorObserver, MonitorOptions, ObjectEvent,
+    ObjectKey, SecretMonitor,
 };
+
+/// Latency of the overlap tests: long enough that every registration's request is
+/// issued while the first ones are still in flight even on a loaded machine, so the
+/// peak in flight measures the monitor's concurrency, not the machine's speed.
+const OVERLAP_LATENCY: Duration = Duration::from_secs(1);
 
 fn key(namespace: &str, name: &str) -> ObjectKey {
     ObjectKey::new(namespace, name)
@@ -108,7 +114,7 @@ async fn get_reads_the_cache_without_api_calls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_keys_register_concurrently() {
-    let sim = sim_with_latency(Duration::from_millis(200)).await;
+    let sim = sim_with_latency(OVERLAP_LATENCY).await;
     for i in 0..500 {
         put_secret(&sim, "ns", &format!("s{i}"), "v");
     }
@@ -145,7 +151,7 @@ async fn distinct_keys_register_concurrently() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_keys_register_concurrently_over_http1() {
-    let sim = sim_with_latency(Duration::from_millis(200)).await;
+    let sim = sim_with_latency(OVERLAP_LATENCY).await;
     for i in 0..100 {
         put_secret(&sim, "ns", &format!("s{i}"), "v");
     }
@@ -166,7 +172,7 @@ async fn distinct_keys_register_concurrently_over_http1() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_registrations_overlap_with_one_request_each() {
-    let sim = sim_with_latency(Duration::from_millis(200)).await;
+    let sim = sim_with_latency(OVERLAP_LATENCY).await;
     for i in 0..200 {
         put_secret(&sim, "ns", &format!("s{i}"), "v");
     }
@@ -458,6 +464,216 @@ async fn falls_back_to_list_then_watch_when_streaming_is_refused() {
     let b = requests_for(&sim, "ns", "b");
     assert_eq!((b["list"].len(), b["watch"].len()), (1, 1));
     assert!(!b["watch"][0].send_initial_events);
+}
+
+/// Counts the errors the monitor reports.
+#[derive(Default)]
+struct ErrorCount(AtomicUsize);
+
+impl MonitorObserver for ErrorCount {
+    fn watch_error(&self, _key: &ObjectKey, _error: &secret_monitor::MonitorError) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn a_server_without_watch_progress_turns_streaming_off_for_every_key_at_once() {
+    let api = FakeApi::without_watch_progress("k0");
+    let errors = Arc::new(ErrorCount::default());
+    let monitor = SecretMonitor::with_options(
+        api.client.clone(),
+        MonitorOptions {
+            // A refusal that counted as a failure would fail the sync.
+            first_sync_attempts: 1,
+            // A key that did not switch would wait for its streaming list until then.
+            sync_timeout: Duration::from_secs(20),
+            observer: Some(errors.clone()),
+            ..fast_options()
+        },
+    );
+    // Nineteen keys wait for streaming lists this server never answers...
+    let names: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let waiting: Vec<_> = names[1..]
+        .iter()
+        .map(|name| {
+            let monitor = monitor.clone();
+            let key = key("ns", name);
+            tokio::spawn(async move { monitor.add_handler(key).await })
+        })
+        .collect();
+    eventually("every streaming list is in flight", || {
+        let in_flight = names[1..]
+            .iter()
+            .filter(|name| api.count(name, "streaming") == 1)
+            .count();
+        async move { in_flight == 19 }
+    })
+    .await;
+    // ...until one key is refused: then they all list and watch, at once.
+    monitor.add_handler(key("ns", "k0")).await.unwrap();
+    for registration in waiting {
+        let registration = registration.await.unwrap().unwrap();
+        assert_eq!(value_of(&monitor.get(&registration.handle).unwrap()), "v");
+    }
+    eventually("every key watches", || {
+        let watching = names.iter().filter(|n| api.count(n, "watch") == 1).count();
+        async move { watching == 20 }
+    })
+    .await;
+    for name in &names {
+        let requests = (
+            api.count(name, "streaming"),
+            api.count(name, "list"),
+            api.count(name, "watch"),
+        );
+        assert_eq!(requests, (1, 1, 1), "{name}");
+    }
+    // The refusal was reported once, by the key that got it; the switch of the others
+    // is no error of theirs.
+    assert_eq!(errors.0.load(Ordering::SeqCst), 1);
+
+    // A key registered later lists straight away.
+    monitor.add_handler(key("ns", "late")).await.unwrap();
+    assert_eq!(
+        (api.count("late", "streaming"), api.count("late", "list")),
+        (0, 1)
+    );
+}
+
+/// Against the simulator's two kinds of servers without streaming lists (WatchList off:
+/// 422; storage without watch progress: 200 and one ERROR event), with every key's
+/// streaming list in flight before the first refusal comes back: each key lists and
+/// watches once, none fails (one attempt allowed), and the refusal is one error, not
+/// one per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_streaming_lists_switch_every_key_in_flight_at_once() {
+    let servers = [
+        (
+            "WatchList off",
+            ServerFeatures {
+                watch_list: false,
+                ..ServerFeatures::default()
+            },
+            422,
+        ),
+        (
+            "storage without watch progress",
+            ServerFeatures {
+                watch_progress: false,
+                ..ServerFeatures::default()
+            },
+            200,
+        ),
+    ];
+    for (server, features, refusal_code) in servers {
+        let sim = sim_with(SimConfig {
+            features,
+            latency: kube_sim::LatencyConfig::fixed(Duration::from_millis(300)),
+            ..SimConfig::default()
+        })
+        .await;
+        for i in 0..200 {
+            put_secret(&sim, "ns", &format!("s{i}"), "v");
+        }
+        let errors = Arc::new(ErrorCount::default());
+        let monitor = monitor_with(
+            &sim,
+            MonitorOptions {
+                first_sync_attempts: 1,
+                observer: Some(errors.clone()),
+                ..fast_options()
+            },
+        )
+        .await;
+        let registrations =
+            join_all((0..200).map(|i| monitor.add_handler(key("ns", &format!("s{i}"))))).await;
+        for registration in registrations {
+            let registration = registration.unwrap_or_else(|e| panic!("{server}: {e}"));
+            assert_eq!(value_of(&monitor.get(&registration.handle).unwrap()), "v");
+        }
+        open_watches_become(&sim, 200).await;
+        let log = sim.request_log();
+        let streaming: Vec<_> = log.iter().filter(|r| r.send_initial_events).collect();
+        let lists = log.iter().filter(|r| r.verb == "list").count();
+        let watches = log
+            .iter()
+            .filter(|r| r.verb == "watch" && !r.send_initial_events)
+            .count();
+        // The fault fired: the server refused streaming lists the way it should.
+        assert!(
+            !streaming.is_empty() && streaming.iter().all(|r| r.code == refusal_code),
+            "{server}"
+        );
+        assert!(streaming.len() <= 200, "{server}: {}", streaming.len());
+        assert_eq!((lists, watches), (200, 200), "{server}");
+        assert_eq!(
+            errors.0.load(Ordering::SeqCst),
+            1,
+            "{server}: one refusal reported, not one per key"
+        );
+
+        // A key registered later lists straight away.
+        put_secret(&sim, "ns", "late", "v");
+        monitor.add_handler(key("ns", "late")).await.unwrap();
+        open_watches_become(&sim, 201).await;
+        let late = requests_for(&sim, "ns", "late");
+        assert_eq!(late["list"].len(), 1, "{server}");
+        assert!(
+            late["watch"].iter().all(|r| !r.send_initial_events),
+            "{server}"
+        );
+    }
+}
+
+/// A server with 4 seats and no queue (429 for everything beyond): 40 keys registered
+/// at once all sync, because the adaptive limiter shrinks its window to what the server
+/// takes and re-queues refused first syncs after Retry-After, instead of failing them
+/// after a few attempts. The limiter is the caller's, shared: its counters show it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_syncs_converge_on_a_server_with_four_seats_and_no_queue() {
+    let sim = sim_with(SimConfig {
+        latency: kube_sim::LatencyConfig::fixed(Duration::from_millis(50)),
+        limits: kube_sim::LimitsConfig {
+            max_inflight: Some(4),
+            queue_len: 0,
+            retry_after: Duration::from_secs(1),
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    for i in 0..40 {
+        put_secret(&sim, "ns", &format!("s{i}"), "v");
+    }
+    let limiter = kube_common::adaptive::AdaptiveLimiter::new(None);
+    let monitor = monitor_with(
+        &sim,
+        MonitorOptions {
+            limiter: Some(limiter.clone()),
+            first_sync_attempts: 3,
+            ..fast_options()
+        },
+    )
+    .await;
+    sim.reset_stats();
+    let registrations =
+        join_all((0..40).map(|i| monitor.add_handler(key("ns", &format!("s{i}"))))).await;
+    for registration in registrations {
+        let registration = registration.unwrap();
+        assert_eq!(value_of(&monitor.get(&registration.handle).unwrap()), "v");
+    }
+    let stats = sim.stats();
+    let snapshot = limiter.snapshot();
+    // The server did refuse (the first burst overran its 4 seats)...
+    assert!(stats.rejected_429 > 0, "{stats:?}");
+    assert!(
+        snapshot.refused > 0 && snapshot.decreases > 0,
+        "{snapshot:?}"
+    );
+    // ...and the window came down to what it takes, so refusals stayed a fraction of
+    // the burst rather than repeating round after round.
+    assert_eq!(snapshot.succeeded, 40, "{snapshot:?}");
+    assert!(snapshot.window.is_some_and(|w| w <= 8), "{snapshot:?}");
+    assert!(stats.rejected_429 < 80, "{stats:?}");
 }
 
 // --- Handler semantics --------------------------------------------------------------

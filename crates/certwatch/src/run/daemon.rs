@@ -207,6 +207,8 @@ impl Daemon {
             client.clone(),
             MonitorOptions {
                 observer: Some(observer),
+                // First syncs are paced by the process's one window.
+                limiter: Some(limiter.clone()),
                 max_concurrent_syncs: options.max_concurrent_syncs,
                 sync_timeout: options.sync_timeout,
                 ..MonitorOptions::default()

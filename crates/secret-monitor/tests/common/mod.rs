@@ -2,10 +2,14 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube_sim::{LatencyConfig, RequestRecord, SimConfig, Simulator};
@@ -203,5 +207,94 @@ pub fn matches_store(sim: &Simulator, namespace: &str, name: &str, state: Option
                     == state.metadata.resource_version.as_deref()
         }
         _ => false,
+    }
+}
+
+/// What a [`FakeApi`] is asked, one entry per request: `(name, kind)` with kind
+/// `streaming`, `list` or `watch`.
+pub type FakeLog = Arc<Mutex<Vec<(String, &'static str)>>>;
+
+/// A stand-in for an API server whose storage has no watch progress (etcd 3.4): every
+/// streaming list is answered 200 with one `ERROR` event in the real server's words;
+/// lists and plain watches of any secret name are served (the secret exists, a plain
+/// watch stays open and quiet). Streaming lists of names other than `refused_first`
+/// are never answered at all, so a key can only get past one by switching to a list.
+pub struct FakeApi {
+    pub log: FakeLog,
+    pub client: kube::Client,
+}
+
+/// The real server's words (kube-apiserver v1.36 on etcd 3.4).
+pub const NO_WATCH_PROGRESS: &str = "a watch stream was requested by the client but the \
+     required storage feature RequestWatchProgress is disabled";
+
+impl FakeApi {
+    pub fn without_watch_progress(refused_first: &str) -> Self {
+        let log: FakeLog = Arc::default();
+        let refused_first = refused_first.to_owned();
+        let service_log = log.clone();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let log = service_log.clone();
+            let refused_first = refused_first.clone();
+            async move {
+                let params: HashMap<String, String> =
+                    form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes())
+                        .into_owned()
+                        .collect();
+                let name = params
+                    .get("fieldSelector")
+                    .and_then(|s| s.strip_prefix("metadata.name="))
+                    .unwrap_or_default()
+                    .to_owned();
+                let kind = if params.contains_key("sendInitialEvents") {
+                    "streaming"
+                } else if params.get("watch").is_some_and(|w| w == "true") {
+                    "watch"
+                } else {
+                    "list"
+                };
+                log.lock().unwrap().push((name.clone(), kind));
+                let secret = json!({
+                    "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                    "metadata": {"name": name, "namespace": "ns", "uid": "u1",
+                                 "resourceVersion": "7"},
+                    "data": {"v": "dg=="},
+                });
+                let body: BoxBody<Bytes, Infallible> = match kind {
+                    "streaming" if name == refused_first => {
+                        let event = json!({"type": "ERROR", "object": {
+                            "kind": "Status", "apiVersion": "v1", "metadata": {},
+                            "status": "Failure", "message": NO_WATCH_PROGRESS,
+                            "reason": "InternalError", "code": 500}});
+                        Full::new(Bytes::from(format!("{event}\n"))).boxed()
+                    }
+                    "streaming" => std::future::pending().await,
+                    "watch" => StreamBody::new(futures::stream::pending::<
+                        Result<http_body::Frame<Bytes>, Infallible>,
+                    >())
+                    .boxed(),
+                    _ => {
+                        let list = json!({"apiVersion": "v1", "kind": "SecretList",
+                            "metadata": {"resourceVersion": "7"}, "items": [secret]});
+                        Full::new(Bytes::from(list.to_string())).boxed()
+                    }
+                };
+                Ok::<_, Infallible>(http::Response::new(body))
+            }
+        });
+        Self {
+            log,
+            client: kube::Client::new(service, "ns"),
+        }
+    }
+
+    /// How many requests of `kind` were made for `name`.
+    pub fn count(&self, name: &str, kind: &str) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(n, k)| n == name && *k == kind)
+            .count()
     }
 }

@@ -1,5 +1,6 @@
-//! Request accounting against the simulator: the client counts what the server counted,
-//! by resource, verb and status, 429s included, and nothing is retried underneath it.
+//! The pooled client against the simulator: request accounting (the client counts what
+//! the server counted, by resource, verb and status, 429s included, and nothing is
+//! retried underneath it) and the connection budget.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -8,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::future::join_all;
 use k8s_openapi::api::authorization::v1::{SelfSubjectRulesReview, SelfSubjectRulesReviewSpec};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -15,7 +17,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchPar
 use kube_common::Verb;
 use kube_common::backoff::Retry;
 use kube_h2::{ClientOptions, PooledClient, RequestObserver, ResponseRecord, build_client};
-use kube_sim::{FailRule, SimConfig, Simulator};
+use kube_sim::{FailRule, LatencyConfig, SimConfig, Simulator};
 
 /// What an observer was told, owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,4 +224,61 @@ async fn requests_that_get_no_response_are_counted_too() {
     let stats = pooled.pool().requests();
     assert_eq!(stats.count("secrets", Verb::List, Some(200)), 1);
     assert_eq!(stats.count("secrets", Verb::List, None), 1, "{address}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_requests_share_the_connections_planned_for_watches() {
+    // Long enough that every request below is in flight at once.
+    let sim = Simulator::start(SimConfig {
+        latency: LatencyConfig::fixed(Duration::from_millis(500)),
+        ..SimConfig::default()
+    })
+    .await
+    .unwrap();
+    for i in 0..200 {
+        put_secret(&sim, &format!("s{i}"));
+    }
+    let pooled = admin_client(&sim, ClientOptions::default()).await;
+    let secrets: Api<Secret> = Api::namespaced(pooled.client(), "ns");
+    // One request first, so the pool knows the server's stream limit before the burst.
+    secrets.list(&ListParams::default().limit(1)).await.unwrap();
+    sim.reset_stats();
+
+    // 200 watches and 150 lists at once: 350 streams. The watches need two connections;
+    // the lists get one more and take turns on it, rather than opening a fourth.
+    let watches = join_all((0..200).map(|i| {
+        let secrets = secrets.clone();
+        async move {
+            let params = WatchParams::default().fields(&format!("metadata.name=s{i}"));
+            let mut stream = secrets.watch(&params, "0").await.unwrap().boxed();
+            assert!(matches!(
+                stream.next().await,
+                Some(Ok(WatchEvent::Added(_)))
+            ));
+            stream
+        }
+    }));
+    let lists = join_all((0..150).map(|i| {
+        let secrets = secrets.clone();
+        async move {
+            let params = ListParams::default().fields(&format!("metadata.name=s{i}"));
+            secrets.list(&params).await.unwrap()
+        }
+    }));
+    let (open, listed) = tokio::join!(watches, lists);
+    assert_eq!((open.len(), listed.len()), (200, 150));
+    let stats = sim.stats();
+    assert!(
+        stats.peak_inflight >= 250,
+        "the burst overlapped: {stats:?}"
+    );
+    assert_eq!(pooled.stats().http2_connections_opened, 3);
+    assert_eq!(stats.open_watches, 200);
+    assert_eq!(
+        pooled
+            .pool()
+            .requests()
+            .count("secrets", Verb::List, Some(200)),
+        151
+    );
 }

@@ -1,0 +1,357 @@
+//! The HTTP side of a per-object watch: the requests, sent through `kube::Client::send`
+//! (so they go through the client's auth, base URI and transport), and the reading of
+//! their responses into the machine's inputs.
+//!
+//! Nothing here decides anything: what to send and what a response means for the
+//! protocol is [`machine`](crate::machine)'s business.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header;
+use http_body_util::{BodyExt, Limited};
+use kube::Client;
+use kube::client::Body;
+use kube::core::{ObjectList, Status, WatchEvent};
+use kube::{Resource, ResourceExt};
+use kube_common::Verb;
+use serde::de::DeserializeOwned;
+
+use crate::MonitorErrorKind;
+use crate::decode::{Line, LineDecoder};
+use crate::machine::{self, Failure, Input, Request};
+
+/// The largest error or list response read. A list of one object is one object; an
+/// error is a `Status`.
+const MAX_RESPONSE: usize = 64 * 1024 * 1024;
+
+/// Where one key's requests go.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Target<'a> {
+    /// The collection's URL path, e.g. `/api/v1/namespaces/shop/secrets`.
+    pub(crate) path: &'a str,
+    /// The object's name.
+    pub(crate) name: &'a str,
+}
+
+/// How a request is sent.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Send<'a> {
+    /// The request.
+    pub(crate) request: Request,
+    /// For [`Request::Watch`]: the resourceVersion to watch from.
+    pub(crate) resource_version: &'a str,
+    /// `timeoutSeconds` of a watch.
+    pub(crate) timeout_seconds: u32,
+    /// Whether this repeats a request that failed (counted apart by the transport).
+    pub(crate) retry: bool,
+}
+
+/// The URL (path and query) of a request for `target`.
+pub(crate) fn url(target: Target<'_>, send: &Send<'_>) -> String {
+    let mut query = form_urlencoded::Serializer::new(format!("{}?", target.path));
+    query.append_pair("fieldSelector", &format!("metadata.name={}", target.name));
+    match send.request {
+        Request::List { consistent } => {
+            if !consistent {
+                query.append_pair("resourceVersion", "0");
+            }
+        }
+        Request::StreamingList => {
+            query
+                .append_pair("watch", "true")
+                .append_pair("allowWatchBookmarks", "true")
+                .append_pair("sendInitialEvents", "true")
+                // No resourceVersion: a consistent read, as client-go asks for it.
+                .append_pair("resourceVersionMatch", "NotOlderThan")
+                .append_pair("timeoutSeconds", &send.timeout_seconds.to_string());
+        }
+        Request::Watch => {
+            query
+                .append_pair("watch", "true")
+                .append_pair("allowWatchBookmarks", "true")
+                .append_pair("resourceVersion", send.resource_version)
+                .append_pair("timeoutSeconds", &send.timeout_seconds.to_string());
+        }
+    }
+    query.finish()
+}
+
+/// What the response to a request was.
+pub(crate) enum Answer<K> {
+    /// A watch stream is open.
+    Stream(EventStream),
+    /// Anything else, as the machine's input.
+    Input(Input<K>),
+}
+
+/// Sends the request and reads its response as far as the machine needs: the headers
+/// of a watch, the whole body of a list or an error.
+pub(crate) async fn send<K>(client: &Client, target: Target<'_>, send: Send<'_>) -> Answer<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let verb = send.request.verb();
+    let mut request = match http::Request::get(url(target, &send)).body(Body::empty()) {
+        Ok(request) => request,
+        Err(error) => {
+            return Answer::Input(Input::Failed(transport(verb, error.to_string())));
+        }
+    };
+    // The span name kube's own requests carry.
+    request.extensions_mut().insert(verb.as_str());
+    if send.retry {
+        request.extensions_mut().insert(kube_common::backoff::Retry);
+    }
+    if let Request::List { .. } = send.request {
+        // The watch follows as soon as the list is answered: a transport that plans its
+        // connections for watches plans for this one now, so that a burst of first
+        // syncs is not squeezed onto the one connection short requests share.
+        request
+            .extensions_mut()
+            .insert(kube_common::hint::LongLived);
+    }
+    let response = match client.send(request).await {
+        Ok(response) => response,
+        Err(error) => return Answer::Input(Input::Failed(transport(verb, error.to_string()))),
+    };
+    let (head, body) = response.into_parts();
+    if !head.status.is_success() {
+        let retry_after = retry_after_header(&head.headers);
+        let failure = error_response(verb, head.status, body, retry_after).await;
+        return Answer::Input(Input::Failed(failure));
+    }
+    match send.request {
+        Request::StreamingList | Request::Watch => Answer::Stream(EventStream::new(body)),
+        Request::List { .. } => Answer::Input(list_response(verb, target.name, body).await),
+    }
+}
+
+/// A list's objects, keeping only the one named like the key (the field selector
+/// already did that; this guards against a server that ignores it).
+async fn list_response<K>(verb: Verb, name: &str, body: Body) -> Input<K>
+where
+    K: Resource + Clone + DeserializeOwned,
+{
+    let bytes = match read_all(body).await {
+        Ok(bytes) => bytes,
+        Err(message) => return Input::Failed(transport(verb, message)),
+    };
+    match serde_json::from_slice::<ObjectList<K>>(&bytes) {
+        Ok(list) => Input::Listed {
+            resource_version: list.metadata.resource_version,
+            object: list
+                .items
+                .into_iter()
+                .find(|object| object.name_any() == name),
+        },
+        Err(error) => Input::Failed(transport(verb, decode_message(&error))),
+    }
+}
+
+/// An error response: the `Status` the API server sent, or what can be said without
+/// one.
+async fn error_response(
+    verb: Verb,
+    code: http::StatusCode,
+    body: Body,
+    retry_after: Option<Duration>,
+) -> Failure {
+    let status = read_all(body)
+        .await
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Status>(&bytes).ok())
+        .filter(|status| status.code != 0)
+        .unwrap_or_else(|| Status {
+            code: code.as_u16(),
+            reason: code.canonical_reason().unwrap_or_default().to_owned(),
+            message: format!("the server answered {code} without a Status"),
+            ..Status::default()
+        });
+    Failure {
+        retry_after: retry_after.or_else(|| machine::retry_after(&status)),
+        kind: machine::api_error(&status, verb),
+    }
+}
+
+async fn read_all(body: Body) -> Result<Bytes, String> {
+    Limited::new(body, MAX_RESPONSE)
+        .collect()
+        .await
+        .map(|collected| collected.to_bytes())
+        .map_err(|error| format!("reading the response failed: {error}"))
+}
+
+fn retry_after_header(headers: &http::HeaderMap) -> Option<Duration> {
+    let seconds: u64 = headers
+        .get(header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds))
+}
+
+fn transport(verb: Verb, message: String) -> Failure {
+    Failure {
+        kind: MonitorErrorKind::Transport { verb, message },
+        retry_after: None,
+    }
+}
+
+/// Describes a decoding error by position only: serde's own messages may quote the
+/// offending value, which for a Secret could be its data.
+fn decode_message(error: &serde_json::Error) -> String {
+    format!(
+        "could not decode the response ({:?} error at line {}, column {})",
+        error.classify(),
+        error.line(),
+        error.column()
+    )
+}
+
+/// An open watch response, decoded event by event.
+pub(crate) struct EventStream {
+    body: Body,
+    lines: LineDecoder,
+    /// Set once the body ended; the decoder may still hold a last line.
+    ended: bool,
+}
+
+impl EventStream {
+    fn new(body: Body) -> Self {
+        Self {
+            body,
+            lines: LineDecoder::default(),
+            ended: false,
+        }
+    }
+
+    /// The next input from the stream: an event, its clean end, or its failure.
+    pub(crate) async fn next<K>(&mut self) -> Input<K>
+    where
+        K: DeserializeOwned,
+    {
+        loop {
+            match self.lines.next_line() {
+                Ok(Some(line)) => return decode_event(&line),
+                Ok(None) => {}
+                Err(_too_long) => {
+                    return Input::Failed(transport(
+                        Verb::Watch,
+                        format!(
+                            "a watch event longer than {} bytes arrived",
+                            crate::decode::MAX_LINE
+                        ),
+                    ));
+                }
+            }
+            if self.ended {
+                return match self.lines.finish() {
+                    Some(line) => decode_event(&line),
+                    None => Input::Ended,
+                };
+            }
+            match self.body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.lines.push(data);
+                    }
+                }
+                Some(Err(error)) => {
+                    return Input::Failed(transport(
+                        Verb::Watch,
+                        format!("reading the watch failed: {error}"),
+                    ));
+                }
+                None => self.ended = true,
+            }
+        }
+    }
+}
+
+fn decode_event<K: DeserializeOwned>(line: &Line) -> Input<K> {
+    match serde_json::from_slice::<WatchEvent<K>>(line) {
+        Ok(event) => Input::Event(event),
+        Err(error) => Input::Failed(transport(Verb::Watch, decode_message(&error))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(request: Request) -> Vec<(String, String)> {
+        let target = Target {
+            path: "/api/v1/namespaces/shop/secrets",
+            name: "shop-tls",
+        };
+        let url = url(
+            target,
+            &Send {
+                request,
+                resource_version: "42",
+                timeout_seconds: 300,
+                retry: false,
+            },
+        );
+        let (path, query) = url.split_once('?').unwrap();
+        assert_eq!(path, target.path);
+        form_urlencoded::parse(query.as_bytes())
+            .into_owned()
+            .collect()
+    }
+
+    fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
+        expected
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn a_streaming_list_asks_for_a_consistent_read() {
+        assert_eq!(
+            query(Request::StreamingList),
+            pairs(&[
+                ("fieldSelector", "metadata.name=shop-tls"),
+                ("watch", "true"),
+                ("allowWatchBookmarks", "true"),
+                ("sendInitialEvents", "true"),
+                ("resourceVersionMatch", "NotOlderThan"),
+                ("timeoutSeconds", "300"),
+            ])
+        );
+    }
+
+    #[test]
+    fn lists_read_the_cache_first_and_consistently_after_an_expiry() {
+        assert_eq!(
+            query(Request::List { consistent: false }),
+            pairs(&[
+                ("fieldSelector", "metadata.name=shop-tls"),
+                ("resourceVersion", "0")
+            ])
+        );
+        assert_eq!(
+            query(Request::List { consistent: true }),
+            pairs(&[("fieldSelector", "metadata.name=shop-tls")])
+        );
+    }
+
+    #[test]
+    fn a_watch_resumes_from_its_resource_version() {
+        assert_eq!(
+            query(Request::Watch),
+            pairs(&[
+                ("fieldSelector", "metadata.name=shop-tls"),
+                ("watch", "true"),
+                ("allowWatchBookmarks", "true"),
+                ("resourceVersion", "42"),
+                ("timeoutSeconds", "300"),
+            ])
+        );
+    }
+}

@@ -40,7 +40,7 @@ fn duration_arg(text: &str) -> Result<Duration, String> {
 live in secrets (the seed's scale) and ~1.4 s per API request, run certwatch to ready with a \
 progress bar, compare the time with registering one secret at a time, rotate one certificate and \
 show it reach its file. Everything runs in this process; nothing outside is touched except \
---cert-dir (a temporary directory by default)."
+--cert-dir (a temporary directory by default; CERTWATCH_CERT_DIR, meant for `run`, is ignored)."
 )]
 pub struct DemoArgs {
     /// Routes (each with its own secret).
@@ -60,12 +60,13 @@ pub struct DemoArgs {
     pub jitter: Duration,
 
     /// Where to write the bundles (default: a temporary directory, in /dev/shm when
-    /// there is one, removed at the end).
-    #[arg(long, env = "CERTWATCH_CERT_DIR", value_name = "DIR")]
+    /// there is one, removed at the end). Only this flag moves them: the demo never
+    /// reads `run`'s CERTWATCH_CERT_DIR, so it cannot overwrite a real cert directory.
+    #[arg(long, value_name = "DIR")]
     pub cert_dir: Option<PathBuf>,
 
     /// Also serve /healthz, /readyz and /metrics on this address while the demo runs.
-    #[arg(long, env = "CERTWATCH_LISTEN", value_name = "ADDR")]
+    #[arg(long, env = "CERTWATCH_DEMO_LISTEN", value_name = "ADDR")]
     pub listen: Option<std::net::SocketAddr>,
 
     /// Log format on stderr (level: RUST_LOG, default warn).
@@ -265,9 +266,9 @@ async fn rotate(
         secret: route.secret.clone(),
         message,
     };
-    let bundle = daemon
-        .cert_dir()
-        .join(format!("{}:{}.pem", route.namespace, route.route));
+    let route_key = route_secrets::route::RouteKey::new(&route.namespace, &route.route);
+    let names = files::bundle_names(&route_key).map_err(|error| failed(error.to_string()))?;
+    let bundle = daemon.cert_dir().join(names.bundle);
     let before = file_fingerprint(&bundle);
 
     let key = rcgen::KeyPair::generate().map_err(|error| failed(error.to_string()))?;

@@ -3,7 +3,7 @@
 //! While a progress bar is on screen ([`set_progress_bar`]), every log line is written
 //! with the bar hidden and redrawn after it, so the two never garble each other.
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::sync::{Mutex, PoisonError};
 
 use indicatif::ProgressBar;
@@ -41,8 +41,11 @@ fn current_bar() -> Option<ProgressBar> {
 pub fn init(format: LogFormat, default_filter: &str) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    // Colour codes only for a person at a terminal: a log collector would store them
+    // as text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(io::stderr().is_terminal())
         .with_writer(StderrAroundBar);
     // A second initialisation (tests, or a caller that set one up) is not an error.
     let _ = match format {
@@ -94,5 +97,161 @@ impl Drop for BufferedLine {
             Some(bar) => bar.suspend(write),
             None => write(),
         }
+    }
+}
+
+/// Keeps a repeated log line to a bounded rate: the first occurrence is logged, then at
+/// most one line per interval, carrying how many occurrences it stands for.
+///
+/// A daemon that logs every retry of a lasting condition floods its log collector
+/// (one line per bundle per retry on a full disk); one that logs only the first hides
+/// that the condition lasts. This does both at a bounded cost.
+#[derive(Debug, Clone)]
+pub struct Repeats {
+    interval: std::time::Duration,
+    last_logged: Option<std::time::Instant>,
+    unlogged: u64,
+}
+
+impl Repeats {
+    /// At most one line per `interval` after the first.
+    pub fn new(interval: std::time::Duration) -> Self {
+        Self {
+            interval,
+            last_logged: None,
+            unlogged: 0,
+        }
+    }
+
+    /// Another occurrence at `now`. `Some(n)`: log it now, standing for `n`
+    /// occurrences (this one and the `n - 1` not logged since the last line); `None`:
+    /// stay quiet.
+    pub fn occurred(&mut self, now: std::time::Instant) -> Option<u64> {
+        self.unlogged += 1;
+        let due = self
+            .last_logged
+            .is_none_or(|last| now.saturating_duration_since(last) >= self.interval);
+        if !due {
+            return None;
+        }
+        self.last_logged = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+
+    /// A line about the condition was just logged elsewhere (its first occurrence, in
+    /// its own words): the next summary is due an interval from now, not at once.
+    pub fn logged(&mut self, now: std::time::Instant) {
+        self.last_logged.get_or_insert(now);
+    }
+
+    /// The condition ended: the next occurrence is logged at once. Returns how many
+    /// occurrences were not logged.
+    pub fn reset(&mut self) -> u64 {
+        self.last_logged = None;
+        std::mem::take(&mut self.unlogged)
+    }
+}
+
+/// What [`StateLog::observe`] says about a keyed state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// New, or different from the last one for its key: log it.
+    Changed,
+    /// The same as last time, and a summary of repeats is due: log it as a repeat
+    /// standing for this many occurrences (of any key).
+    RepeatDue(u64),
+    /// The same as last time: stay quiet.
+    Repeat,
+}
+
+/// Logs a state per key (a route's rejection, its warnings) when it changes, and its
+/// repeats (the pipeline re-deciding a route the same way) at a bounded rate over all
+/// keys together.
+#[derive(Debug)]
+pub struct StateLog<K> {
+    states: std::collections::HashMap<K, u64>,
+    repeats: Repeats,
+}
+
+impl<K: std::hash::Hash + Eq> StateLog<K> {
+    /// Repeats summarised at most once per `interval`.
+    pub fn new(interval: std::time::Duration) -> Self {
+        Self {
+            states: std::collections::HashMap::new(),
+            repeats: Repeats::new(interval),
+        }
+    }
+
+    /// `key` is in `state` (any hashable description of it) at `now`.
+    pub fn observe(
+        &mut self,
+        key: K,
+        state: &impl std::hash::Hash,
+        now: std::time::Instant,
+    ) -> Seen {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let fingerprint = BuildHasherDefault::<DefaultHasher>::default().hash_one(state);
+        if self.states.insert(key, fingerprint) == Some(fingerprint) {
+            return match self.repeats.occurred(now) {
+                Some(count) => Seen::RepeatDue(count),
+                None => Seen::Repeat,
+            };
+        }
+        self.repeats.logged(now);
+        Seen::Changed
+    }
+
+    /// `key` is gone (its next state is logged).
+    pub fn forget(&mut self, key: &K) {
+        self.states.remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn repeats_are_logged_at_a_bounded_rate_with_a_count() {
+        let mut repeats = Repeats::new(Duration::from_secs(60));
+        let start = Instant::now();
+        let logged: Vec<Option<u64>> = (0..5)
+            .map(|second| repeats.occurred(start + Duration::from_secs(second * 20)))
+            .collect();
+        // t=0 logged; 20 s and 40 s quiet; 60 s logged for three; 80 s quiet.
+        assert_eq!(logged, [Some(1), None, None, Some(3), None]);
+        assert_eq!(repeats.reset(), 1);
+        assert_eq!(repeats.occurred(start + Duration::from_secs(81)), Some(1));
+    }
+
+    #[test]
+    fn state_changes_are_logged_and_repeats_summarised() {
+        let mut log = StateLog::new(Duration::from_secs(60));
+        let now = Instant::now();
+        let later = now + Duration::from_secs(61);
+        let seen = [
+            log.observe("a", &"denied", now),
+            log.observe("b", &"denied", now),
+            log.observe("a", &"denied", now),
+            log.observe("a", &"denied", now),
+            log.observe("a", &"bad pem", now),
+            log.observe("b", &"denied", later),
+        ];
+        // Repeats are summarised a minute after the first line at the earliest.
+        assert_eq!(
+            seen,
+            [
+                Seen::Changed,
+                Seen::Changed,
+                Seen::Repeat,
+                Seen::Repeat,
+                Seen::Changed,
+                Seen::RepeatDue(3),
+            ]
+        );
+        log.forget(&"b");
+        assert_eq!(log.observe("b", &"denied", later), Seen::Changed);
     }
 }

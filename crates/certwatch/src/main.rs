@@ -40,7 +40,12 @@ fn init_tracing() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match &cli.command {
-        Command::Run(args) => certwatch::logging::init(args.log_format, "info"),
+        // kube-runtime's watcher logs every 403 it retries with a Debug dump of the
+        // error; certwatch reports those failures itself (once per change, counted in
+        // /metrics), so only the watcher's errors are kept. RUST_LOG overrides this.
+        Command::Run(args) => {
+            certwatch::logging::init(args.log_format, "info,kube_runtime::watcher=error");
+        }
         Command::Demo(args) => certwatch::logging::init(args.log_format, "warn"),
         _ => init_tracing(),
     }

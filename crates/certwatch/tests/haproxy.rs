@@ -15,8 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::api::rbac::v1::Role;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use route_secrets::route::Route;
 use rustls::DigitallySignedStruct;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -160,6 +159,66 @@ impl Drop for Haproxy {
     }
 }
 
+/// Writes HAProxy's configuration (a TLS frontend on a free port loading the crt-list
+/// of `cert_dir` and a default certificate, the stats socket at level admin) to
+/// `root/haproxy.cfg`.
+fn haproxy_config(root: &Path, socket: &Path, cert_dir: &Path) -> (PathBuf, u16, Vec<u8>) {
+    let default_pem = root.join("default.pem");
+    std::fs::write(&default_pem, self_signed("default.invalid")).unwrap();
+    let default_leaf = leaf_der(&std::fs::read(&default_pem).unwrap());
+    let port = free_port();
+    let config = root.join("haproxy.cfg");
+    std::fs::write(
+        &config,
+        format!(
+            "global\n  stats socket {socket} level admin\n\
+             defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n\
+             frontend tls\n  bind 127.0.0.1:{port} ssl crt {default} crt-list {list}\n  default_backend nowhere\n\
+             backend nowhere\n  server nowhere 127.0.0.1:9\n",
+            socket = socket.display(),
+            default = default_pem.display(),
+            list = cert_dir.join("crt-list").display(),
+        ),
+    )
+    .unwrap();
+    (config, port, default_leaf)
+}
+
+/// Starts HAProxy on the files certwatch wrote; returns it, its TLS port and the leaf
+/// of its default certificate.
+fn start_haproxy(root: &Path, socket: &Path, cert_dir: &Path) -> (Haproxy, u16, Vec<u8>) {
+    let (config, port, default_leaf) = haproxy_config(root, socket, cert_dir);
+    let log = root.join("haproxy.err");
+    let child = Command::new("haproxy")
+        .args(["-db", "-f"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(root.join("haproxy.log")).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("haproxy must be installed (scripts/test installs it)");
+    (Haproxy { child, log }, port, default_leaf)
+}
+
+/// `haproxy -c` on the configuration: HAProxy's verdict on the files as they are now
+/// (it loads every certificate the crt-list names).
+fn haproxy_check(config: &Path) -> Result<(), String> {
+    let output = Command::new("haproxy")
+        .args(["-c", "-f"])
+        .arg(config)
+        .output()
+        .expect("haproxy must be installed (scripts/test installs it)");
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
 fn self_signed(host: &str) -> String {
     let key = rcgen::KeyPair::generate().unwrap();
     let params = rcgen::CertificateParams::new(vec![host.to_owned()]).unwrap();
@@ -192,36 +251,7 @@ async fn haproxy_follows_through_the_runtime_api() {
 
     // HAProxy loads what certwatch wrote: its crt-list, plus a default certificate for
     // names no route claims.
-    let default_pem = root.join("default.pem");
-    std::fs::write(&default_pem, self_signed("default.invalid")).unwrap();
-    let default_leaf = leaf_der(&std::fs::read(&default_pem).unwrap());
-    let port = free_port();
-    let config = root.join("haproxy.cfg");
-    std::fs::write(
-        &config,
-        format!(
-            "global\n  stats socket {socket} level admin\n\
-             defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n\
-             frontend tls\n  bind 127.0.0.1:{port} ssl crt {default} crt-list {list}\n  default_backend nowhere\n\
-             backend nowhere\n  server nowhere 127.0.0.1:9\n",
-            socket = socket.display(),
-            default = default_pem.display(),
-            list = cert_dir.join("crt-list").display(),
-        ),
-    )
-    .unwrap();
-    let log = root.join("haproxy.log");
-    let haproxy = Haproxy {
-        child: Command::new("haproxy")
-            .args(["-db", "-f"])
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::create(root.join("haproxy.err")).unwrap())
-            .spawn()
-            .expect("haproxy must be installed (apt-get install haproxy)"),
-        log: root.join("haproxy.err"),
-    };
+    let (haproxy, port, default_leaf) = start_haproxy(&root, &socket, &cert_dir);
     let host = |i: usize| format!("route-{i}.app-0.apps.sim.example");
     eventually_async("HAProxy to serve TLS", || {
         presented(port, "default.invalid")
@@ -260,42 +290,12 @@ async fn haproxy_follows_through_the_runtime_api() {
 
     // A new route with a new secret (granted to the router first): new + set + commit
     // + add to the crt-list.
-    let roles = Api::<Role>::namespaced(admin.clone(), "app-0");
-    let mut role = roles.get("certwatch-router-secrets").await.unwrap();
-    role.rules.as_mut().unwrap()[0]
-        .resource_names
-        .as_mut()
-        .unwrap()
-        .push("tls-new".to_owned());
-    roles
-        .replace("certwatch-router-secrets", &PostParams::default(), &role)
-        .await
-        .unwrap();
+    grant_secret(&admin, "app-0", "tls-new").await;
     let new_host = "fresh.app-0.apps.sim.example";
-    let mut secret = Secret {
-        data: Some(new_tls_data(new_host)),
-        type_: Some("kubernetes.io/tls".to_owned()),
-        ..Secret::default()
-    };
-    secret.metadata.name = Some("tls-new".to_owned());
-    let secret = Api::<Secret>::namespaced(admin.clone(), "app-0")
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
+    let secret = create_tls_secret(&admin, "app-0", "tls-new", new_host).await;
     let new_leaf = leaf_der(&tls_of(&secret).0);
     let routes = Api::<Route>::namespaced(admin.clone(), "app-0");
-    let route: Route = serde_json::from_value(serde_json::json!({
-        "apiVersion": "route.openshift.io/v1",
-        "kind": "Route",
-        "metadata": {"name": "fresh", "namespace": "app-0"},
-        "spec": {
-            "host": new_host,
-            "to": {"kind": "Service", "name": "fresh"},
-            "tls": {"termination": "edge", "externalCertificate": {"name": "tls-new"}}
-        }
-    }))
-    .unwrap();
-    routes.create(&PostParams::default(), &route).await.unwrap();
+    create_route(&admin, "app-0", "fresh", Some(new_host), "tls-new").await;
     eventually_async("HAProxy to serve the new route", || async {
         (presented(port, new_host).await == Some(new_leaf.clone())).then_some(())
     })
@@ -384,4 +384,154 @@ async fn haproxy_follows_through_the_runtime_api() {
     assert!(!cert_dir.join("app-0:fresh.pem").exists());
     assert_eq!(info_field(&socket, "Pid"), pid);
     assert_eq!(certwatch.terminate().code(), Some(0));
+}
+
+/// A change made through the API in the step test.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// Nothing: the state after start-up.
+    StartUp,
+    /// A route whose name (253 characters) makes `<namespace>:<route>.pem` too long
+    /// for a file name.
+    AddLongNamedRoute,
+    /// A route without `spec.host`: written, never listed.
+    AddHostlessRoute,
+    /// A certificate rotation.
+    RotateRoute0,
+    /// Deleting routes: the crt-list stops naming them before their files go.
+    DeleteLongNamedRoute,
+    DeleteRoute1,
+}
+
+/// After every step of a table of route changes, the files certwatch wrote are what
+/// they should be, `haproxy -c` accepts them, and the running HAProxy (fed through the
+/// runtime API) serves exactly the listed routes with their certificates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_accepts_the_files_after_every_step() {
+    let temp = tempfile::tempdir().unwrap();
+    let root = temp.path().canonicalize().unwrap();
+    let sim = SimProcess::start(&root, &["--generate", "routes=2,namespaces=1"]);
+    let admin = sim.client("admin").await;
+    let socket = root.join("haproxy.sock");
+    let cert_dir = root.join("certs");
+    let certwatch = Certwatch::start(
+        &sim.kubeconfig,
+        &cert_dir,
+        &root.join("certwatch.log"),
+        &[
+            "--haproxy-socket",
+            socket.to_str().unwrap(),
+            "--access-denied-ttl",
+            "500ms",
+        ],
+    );
+    certwatch.wait_ready().await;
+    let (config, _, _) = haproxy_config(&root, &socket, &cert_dir);
+    let (_haproxy, port, default_leaf) = start_haproxy(&root, &socket, &cert_dir);
+    eventually_async("HAProxy to serve TLS", || {
+        presented(port, "default.invalid")
+    })
+    .await;
+
+    let long_name = "r".repeat(253);
+    let long_route = route_secrets::route::RouteKey::new("app-0", &long_name);
+    let long_link = certwatch::run::files::bundle_names(&long_route)
+        .unwrap()
+        .link;
+    assert!(
+        long_link.len() < 255 && long_link.contains('~'),
+        "{long_link}"
+    );
+    let host = |name: &str| format!("{name}.app-0.apps.sim.example");
+    let route = |name: &str| (format!("app-0_{name}.pem"), host(name));
+    let long = (long_link.clone(), host("long"));
+    let routes = Api::<Route>::namespaced(admin.clone(), "app-0");
+
+    // (step, the crt-list after it, oldest route first)
+    let steps = [
+        (Step::StartUp, vec![route("route-0"), route("route-1")]),
+        (
+            Step::AddLongNamedRoute,
+            vec![route("route-0"), route("route-1"), long.clone()],
+        ),
+        (
+            Step::AddHostlessRoute,
+            vec![route("route-0"), route("route-1"), long.clone()],
+        ),
+        (
+            Step::RotateRoute0,
+            vec![route("route-0"), route("route-1"), long.clone()],
+        ),
+        (
+            Step::DeleteLongNamedRoute,
+            vec![route("route-0"), route("route-1")],
+        ),
+        (Step::DeleteRoute1, vec![route("route-0")]),
+    ];
+    let mut rotated = None;
+    for (step, expected) in steps {
+        match step {
+            Step::StartUp => {}
+            Step::AddLongNamedRoute => {
+                grant_secret(&admin, "app-0", "tls-long").await;
+                create_tls_secret(&admin, "app-0", "tls-long", &host("long")).await;
+                create_route(&admin, "app-0", &long_name, Some(&host("long")), "tls-long").await;
+            }
+            Step::AddHostlessRoute => {
+                grant_secret(&admin, "app-0", "tls-hostless").await;
+                create_tls_secret(&admin, "app-0", "tls-hostless", &host("hostless")).await;
+                create_route(&admin, "app-0", "hostless", None, "tls-hostless").await;
+                // Written (the route is admitted), but never listed.
+                eventually("the host-less route's bundle", || {
+                    cert_dir.join("app-0:hostless.pem").exists().then_some(())
+                })
+                .await;
+            }
+            Step::RotateRoute0 => {
+                let secret = rotate_secret(&admin, "app-0", "tls-0", &host("route-0")).await;
+                rotated = Some(leaf_der(&tls_of(&secret).0));
+            }
+            Step::DeleteLongNamedRoute => {
+                routes
+                    .delete(&long_name, &DeleteParams::default())
+                    .await
+                    .unwrap();
+            }
+            Step::DeleteRoute1 => {
+                routes
+                    .delete("route-1", &DeleteParams::default())
+                    .await
+                    .unwrap();
+            }
+        }
+        eventually(&format!("{step:?}: the crt-list"), || {
+            (crt_list(&cert_dir) == expected).then_some(())
+        })
+        .await;
+        haproxy_check(&config)
+            .unwrap_or_else(|error| panic!("{step:?}: haproxy -c refused:\n{error}"));
+        // The running HAProxy serves each listed route with the certificate of its file.
+        for (link, sni) in &expected {
+            let file = std::fs::read(cert_dir.join("links").join(link)).unwrap();
+            let leaf = leaf_der(&file);
+            if matches!(step, Step::RotateRoute0) && sni == &host("route-0") {
+                assert_eq!(Some(&leaf), rotated.as_ref(), "the file holds the rotation");
+            }
+            eventually_async(&format!("{step:?}: HAProxy to serve {sni}"), || {
+                let leaf = leaf.clone();
+                async move { (presented(port, sni).await == Some(leaf)).then_some(()) }
+            })
+            .await;
+        }
+        for gone in ["hostless", "long", "route-1"] {
+            if !expected.iter().any(|(_, sni)| sni == &host(gone)) {
+                assert_eq!(
+                    presented(port, &host(gone)).await,
+                    Some(default_leaf.clone()),
+                    "{step:?}: {gone} must fall back to the default certificate"
+                );
+            }
+        }
+    }
+    assert_eq!(certwatch.metric("certwatch_haproxy_in_sync"), Some(1.0));
 }

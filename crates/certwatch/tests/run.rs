@@ -21,23 +21,6 @@ fn bundle(dir: &Path, namespace: &str, route: &str) -> std::path::PathBuf {
     dir.join(format!("{namespace}:{route}.pem"))
 }
 
-/// The crt-list as (route file name in links/, SNI) pairs, in order.
-fn crt_list(dir: &Path) -> Vec<(String, String)> {
-    std::fs::read_to_string(dir.join("crt-list"))
-        .unwrap_or_default()
-        .lines()
-        .map(|line| {
-            let (path, sni) = line.split_once(' ').unwrap_or((line, ""));
-            let path = Path::new(path);
-            assert_eq!(path.parent().unwrap(), dir.join("links"), "{line}");
-            (
-                path.file_name().unwrap().to_string_lossy().into_owned(),
-                sni.to_owned(),
-            )
-        })
-        .collect()
-}
-
 fn not_after(pem_bundle: &[u8]) -> i64 {
     let text = String::from_utf8_lossy(pem_bundle);
     let block = pem::parse_many(text.as_bytes())
@@ -153,7 +136,7 @@ async fn files_follow_secrets_and_routes() {
     assert_eq!(
         metric_value(
             &metrics,
-            "certwatch_certificate_expiry_timestamp_seconds{namespace=\"app-0\",route=\"route-0\"}"
+            "certwatch_certificate_expiration_timestamp_seconds{namespace=\"app-0\",route=\"route-0\",secret=\"tls-0\"}"
         ),
         Some(not_after(&first) as f64)
     );
@@ -196,6 +179,12 @@ async fn files_follow_secrets_and_routes() {
         .then_some(())
     })
     .await;
+    // The rejected route still exists: its certificate's expiration stays visible.
+    assert!(
+        certwatch
+            .metric("certwatch_certificate_expiration_timestamp_seconds{namespace=\"app-1\",route=\"route-1\",secret=\"tls-1\"}")
+            .is_some()
+    );
     let mut recreated = Secret {
         data: Some(new_tls_data(&format!("route-1.app-1.{SIM_HOSTS}"))),
         type_: Some("kubernetes.io/tls".to_owned()),
@@ -221,72 +210,104 @@ async fn files_follow_secrets_and_routes() {
     })
     .await;
 
-    // Route edits.
-    let routes_app0 = Api::<Route>::namespaced(admin.clone(), "app-0");
-    let merge = |value: serde_json::Value| value;
-    // Host change: same bundle, new SNI filter.
-    let renamed = format!("renamed.app-0.{SIM_HOSTS}");
-    routes_app0
-        .patch(
-            "route-2",
-            &PatchParams::default(),
-            &Patch::Merge(merge(serde_json::json!({"spec": {"host": renamed}}))),
+    // Route edits, one row each: the change, and the crt-list after it (oldest route
+    // first). A switch of secret also rewrites the bundle.
+    enum Change {
+        Patch(serde_json::Value),
+        Delete,
+    }
+    let line = |namespace: &str, route: &str| {
+        (
+            format!("{namespace}_{route}.pem"),
+            format!("{route}.{namespace}.{SIM_HOSTS}"),
         )
-        .await
-        .unwrap();
-    eventually("the new host in the crt-list", || {
-        crt_list(&cert_dir)
-            .contains(&("app-0_route-2.pem".to_owned(), renamed.clone()))
-            .then_some(())
-    })
-    .await;
-    // Switching to another secret (one the router may read in that namespace).
-    routes_app0
-        .patch(
-            "route-4",
-            &PatchParams::default(),
-            &Patch::Merge(
+    };
+    let renamed = format!("renamed.app-0.{SIM_HOSTS}");
+    let renamed_line = ("app-0_route-2.pem".to_owned(), renamed.clone());
+    let steps = [
+        (
+            "a host change: same bundle, new SNI filter",
+            ("app-0", "route-2"),
+            Change::Patch(serde_json::json!({"spec": {"host": renamed}})),
+            vec![
+                line("app-0", "route-0"),
+                line("app-1", "route-1"),
+                renamed_line.clone(),
+                line("app-1", "route-3"),
+                line("app-0", "route-4"),
+                line("app-1", "route-5"),
+            ],
+            None,
+        ),
+        (
+            "a switch to another secret the router may read",
+            ("app-0", "route-4"),
+            Change::Patch(
                 serde_json::json!({"spec": {"tls": {"externalCertificate": {"name": "tls-0"}}}}),
             ),
-        )
-        .await
-        .unwrap();
-    wait_for_bundle(&cert_dir, "app-0", "route-4", expected_bundle(&rotated)).await;
-    // No external certificate any more.
-    routes_app1
-        .patch(
-            "route-3",
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"tls": {"externalCertificate": null}}})),
-        )
-        .await
-        .unwrap();
-    wait_for_absence(&cert_dir, "app-1", "route-3").await;
-    // Deleted route.
-    routes_app1
-        .delete("route-5", &DeleteParams::default())
-        .await
-        .unwrap();
-    wait_for_absence(&cert_dir, "app-1", "route-5").await;
-
-    assert_eq!(
-        crt_list(&cert_dir),
-        vec![
-            (
-                "app-0_route-0.pem".to_owned(),
-                format!("route-0.app-0.{SIM_HOSTS}")
-            ),
-            (
-                "app-1_route-1.pem".to_owned(),
-                format!("route-1.app-1.{SIM_HOSTS}")
-            ),
-            ("app-0_route-2.pem".to_owned(), renamed.clone()),
-            (
-                "app-0_route-4.pem".to_owned(),
-                format!("route-4.app-0.{SIM_HOSTS}")
-            ),
-        ]
-    );
+            vec![
+                line("app-0", "route-0"),
+                line("app-1", "route-1"),
+                renamed_line.clone(),
+                line("app-1", "route-3"),
+                line("app-0", "route-4"),
+                line("app-1", "route-5"),
+            ],
+            Some(expected_bundle(&rotated)),
+        ),
+        (
+            "no external certificate any more",
+            ("app-1", "route-3"),
+            Change::Patch(serde_json::json!({"spec": {"tls": {"externalCertificate": null}}})),
+            vec![
+                line("app-0", "route-0"),
+                line("app-1", "route-1"),
+                renamed_line.clone(),
+                line("app-0", "route-4"),
+                line("app-1", "route-5"),
+            ],
+            None,
+        ),
+        (
+            "a deleted route",
+            ("app-1", "route-5"),
+            Change::Delete,
+            vec![
+                line("app-0", "route-0"),
+                line("app-1", "route-1"),
+                renamed_line.clone(),
+                line("app-0", "route-4"),
+            ],
+            None,
+        ),
+    ];
+    for (what, (namespace, name), change, expected, bundle_after) in steps {
+        let routes = Api::<Route>::namespaced(admin.clone(), namespace);
+        match change {
+            Change::Patch(patch) => {
+                routes
+                    .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .unwrap();
+            }
+            Change::Delete => {
+                routes.delete(name, &DeleteParams::default()).await.unwrap();
+            }
+        }
+        if let Some(bundle) = bundle_after {
+            wait_for_bundle(&cert_dir, namespace, name, bundle).await;
+        }
+        eventually(&format!("{what}: the crt-list"), || {
+            (crt_list(&cert_dir) == expected).then_some(())
+        })
+        .await;
+        if expected
+            .iter()
+            .all(|(link, _)| *link != format!("{namespace}_{name}.pem"))
+        {
+            wait_for_absence(&cert_dir, namespace, name).await;
+        }
+    }
     let metrics = certwatch.metrics();
     assert_eq!(
         metric_value(&metrics, "certwatch_routes_admitted"),
@@ -304,14 +325,32 @@ async fn files_follow_secrets_and_routes() {
         Some(4.0),
         "{metrics}"
     );
-    assert!(
-        metric_value(
-            &metrics,
-            "certwatch_certificate_expiry_timestamp_seconds{namespace=\"app-1\",route=\"route-5\"}"
-        )
-        .is_none(),
-        "{metrics}"
-    );
+    // The expiration series go with their routes, and follow a change of secret.
+    for (series, present) in [
+        (
+            "namespace=\"app-1\",route=\"route-5\",secret=\"tls-5\"",
+            false,
+        ),
+        (
+            "namespace=\"app-1\",route=\"route-3\",secret=\"tls-3\"",
+            false,
+        ),
+        (
+            "namespace=\"app-0\",route=\"route-4\",secret=\"tls-4\"",
+            false,
+        ),
+        (
+            "namespace=\"app-0\",route=\"route-4\",secret=\"tls-0\"",
+            true,
+        ),
+    ] {
+        let sample = format!("certwatch_certificate_expiration_timestamp_seconds{{{series}}}");
+        assert_eq!(
+            metric_value(&metrics, &sample).is_some(),
+            present,
+            "{sample}\n{metrics}"
+        );
+    }
 
     let status = certwatch.terminate();
     assert_eq!(status.code(), Some(0), "{}", certwatch.log_text());
@@ -521,6 +560,7 @@ async fn injected_errors_at_startup_are_retried_and_counted() {
     for rule in [
         r#"{"verb":"list","resource":"routes","code":500,"count":2}"#,
         r#"{"verb":"watch","resource":"secrets","code":500,"count":1,"name":"tls-1"}"#,
+        r#"{"verb":"watch","resource":"secrets","code":429,"count":1,"name":"tls-2"}"#,
     ] {
         let (status, body) = sim.admin("POST", "/sim/faults/fail", rule);
         assert_eq!(status, 200, "{body}");
@@ -555,6 +595,31 @@ async fn injected_errors_at_startup_are_retried_and_counted() {
         Some(3.0),
         "{metrics}"
     );
+    // Every request by resource, verb and code, the 429 included.
+    for (sample, expected) in [
+        (
+            "certwatch_api_requests_total{resource=\"routes\",verb=\"list\",code=\"500\"}",
+            2.0,
+        ),
+        (
+            "certwatch_api_requests_total{resource=\"secrets\",verb=\"watch\",code=\"500\"}",
+            1.0,
+        ),
+        (
+            "certwatch_api_requests_total{resource=\"secrets\",verb=\"watch\",code=\"429\"}",
+            1.0,
+        ),
+        (
+            "certwatch_api_requests_total{resource=\"secrets\",verb=\"watch\",code=\"200\"}",
+            3.0,
+        ),
+    ] {
+        assert_eq!(
+            metric_value(&metrics, sample),
+            Some(expected),
+            "{sample}\n{metrics}"
+        );
+    }
     assert_eq!(certwatch.terminate().code(), Some(0));
 }
 
@@ -572,11 +637,10 @@ async fn namespace_scope() {
         &temp.path().join("selector.log"),
         &["--namespace-selector", "certwatch.io/shard=0"],
     );
-    let mut by_list = Certwatch::start(
-        &sim.kubeconfig,
-        &listed,
-        &temp.path().join("list.log"),
-        &["--namespace", "app-1", "--log-format", "json"],
+    let mut by_list = Certwatch::launch(
+        Launch::new(&sim.kubeconfig, &listed, &temp.path().join("list.log"))
+            .args(&["--namespace", "app-1"])
+            .json(),
     );
     by_selector.wait_ready().await;
     by_list.wait_ready().await;

@@ -16,6 +16,7 @@ use crate::{
     pool::{Pool, PoolConfig},
     service::{Dispatcher, PoolService},
     stats::{ConnectionInfo, Counters, PoolStats},
+    token_file,
     transport::{Connector, Origin},
 };
 
@@ -154,11 +155,20 @@ pub fn build_client(config: kube::Config, options: ClientOptions) -> Result<Pool
         user_agent,
     };
 
-    let auth = config.auth_layer().map_err(Error::Auth)?;
+    // A token file is read here, trimmed and re-read as client-go does (kube sends it
+    // untrimmed); every other kind of credential goes through kube's auth layer.
+    let (auth, token_file) = match token_file::token_file_of(&config) {
+        Some(path) => (
+            None,
+            Some(token_file::TokenFileLayer::new(std::path::Path::new(path))?),
+        ),
+        None => (config.auth_layer().map_err(Error::Auth)?, None),
+    };
     let extra_headers = config.extra_headers_layer().map_err(Error::Headers)?;
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(auth)
+        .option_layer(token_file)
         .layer(extra_headers)
         .map_err(BoxError::from)
         .service(PoolService::new(dispatcher));

@@ -47,6 +47,14 @@ pub enum Error {
     /// kube could not build the authentication layer (token file, exec plugin, ...).
     #[error("building the authentication layer from the kube config failed: {0}")]
     Auth(#[source] kube::Error),
+    /// The bearer token file cannot be used.
+    #[error("bearer token file {path}: {problem}")]
+    TokenFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it (never the token).
+        problem: String,
+    },
     /// kube could not build the extra-headers layer (impersonation headers, ...).
     #[error("building the extra request headers from the kube config failed: {0}")]
     Headers(#[source] kube::Error),

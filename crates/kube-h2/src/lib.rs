@@ -101,6 +101,7 @@ mod options;
 mod pool;
 mod service;
 mod stats;
+mod token_file;
 mod transport;
 
 pub use accounting::{RequestObserver, RequestStats, ResponseCount, ResponseRecord, RetryCount};

@@ -10,6 +10,8 @@
 //! | GET | `/sim/requests` | `?since=SEQ` | `[RequestRecord]` with `seq > SEQ` |
 //! | GET, PUT | `/sim/latency` | [`crate::LatencyConfig`] | the latency model |
 //! | GET, PUT | `/sim/limits` | [`crate::LimitsConfig`] | the concurrency limit |
+//! | GET, PUT | `/sim/flow-control` | [`crate::FlowControlConfig`] or `null` | API Priority and Fairness (`null`: off) |
+//! | GET, PUT | `/sim/features` | [`crate::ServerFeatures`] | streaming-list support |
 //! | GET | `/sim/faults` | | [`crate::FaultState`] |
 //! | DELETE | `/sim/faults` | | clears every fault |
 //! | POST | `/sim/faults/close-watches` | | `{"closed": n}` |
@@ -28,15 +30,18 @@ use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use kube_common::Verb;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::body::SimBody;
-use crate::config::{LatencyConfig, LimitsConfig, duration_serde};
-use crate::faults::{FailRule, OutageMode};
-use crate::generate::GenerateSpec;
-use crate::server::Shared;
+use crate::config::{
+    FlowControlConfig, LatencyConfig, LimitsConfig, ServerFeatures, duration_serde,
+};
+use crate::control::faults::{FailRule, OutageMode};
+use crate::generator::generate::GenerateSpec;
+use crate::state::Shared;
+use crate::transport::body::SimBody;
 
 /// Largest admin request body (manifests can be large).
 const MAX_ADMIN_BODY: usize = 64 * 1024 * 1024;
@@ -67,6 +72,16 @@ pub const ENDPOINTS: &[(&str, &str, &str)] = &[
         "GET|PUT",
         "/sim/limits",
         "{\"max_inflight\":100,\"queue_len\":50,\"retry_after\":\"1s\"}",
+    ),
+    (
+        "GET|PUT",
+        "/sim/flow-control",
+        "{\"max_requests_inflight\":4,\"max_mutating_requests_inflight\":2} turns API Priority and Fairness on; null turns it off",
+    ),
+    (
+        "GET|PUT",
+        "/sim/features",
+        "{\"watch_list\":false} refuses streaming lists (422); {\"watch_progress\":false} answers them with an ERROR event",
     ),
     ("GET", "/sim/faults", "current faults"),
     ("DELETE", "/sim/faults", "clear every fault"),
@@ -161,6 +176,13 @@ struct OutageRequest {
     mode: OutageMode,
 }
 
+/// Whether a fail rule's verb can match anything: `*`, an API verb, or the
+/// lower-cased HTTP method a non-resource request is logged under.
+fn is_verb_pattern(verb: &str) -> bool {
+    const METHODS: &[&str] = &["head", "options", "post", "put", "connect", "trace"];
+    verb == "*" || verb.parse::<Verb>().is_ok() || METHODS.contains(&verb)
+}
+
 async fn route(
     shared: Arc<Shared>,
     method: Method,
@@ -208,6 +230,21 @@ async fn route(
             shared.limiter.set_config(cfg.clone());
             Ok((200, to_json(&cfg)))
         }
+        (Method::GET, "/sim/flow-control") => Ok((
+            200,
+            to_json(&shared.flow_control().map(|fc| fc.config().clone())),
+        )),
+        (Method::PUT, "/sim/flow-control") => {
+            let config: Option<FlowControlConfig> = json_body(body).await?;
+            shared.set_flow_control(config.clone());
+            Ok((200, to_json(&config)))
+        }
+        (Method::GET, "/sim/features") => Ok((200, to_json(&shared.features()))),
+        (Method::PUT, "/sim/features") => {
+            let features: ServerFeatures = json_body(body).await?;
+            shared.set_features(features);
+            Ok((200, to_json(&features)))
+        }
         (Method::GET, "/sim/faults") => Ok((200, to_json(&faults.state()))),
         (Method::DELETE, "/sim/faults") => {
             faults.clear();
@@ -223,6 +260,12 @@ async fn route(
         }
         (Method::POST, "/sim/faults/fail") => {
             let rule: FailRule = json_body(body).await?;
+            if !is_verb_pattern(&rule.verb) {
+                return Err(AdminError::bad(format!(
+                    "verb {:?} is neither \"*\", an API verb (get, list, watch, create, update, patch, delete, deletecollection) nor a lower-case HTTP method",
+                    rule.verb
+                )));
+            }
             if !(100..=599).contains(&rule.code) {
                 return Err(AdminError::bad(
                     "code must be an HTTP status code (100-599)",
@@ -246,7 +289,7 @@ async fn route(
                 .map_err(|_| AdminError::bad("manifests must be UTF-8 text"))?;
             let store = shared.store.clone();
             let loaded = tokio::task::spawn_blocking(move || {
-                crate::store_handle::load_manifests(&store, &text)
+                crate::storage::handle::load_manifests(&store, &text)
             })
             .await
             .map_err(|e| AdminError {
@@ -259,14 +302,15 @@ async fn route(
         (Method::POST, "/sim/generate") => {
             let spec: GenerateSpec = json_body(body).await?;
             let store = shared.store.clone();
-            let generated =
-                tokio::task::spawn_blocking(move || crate::generate::generate(&store, &spec))
-                    .await
-                    .map_err(|e| AdminError {
-                        code: 500,
-                        message: e.to_string(),
-                    })?
-                    .map_err(|e| AdminError::bad(e.to_string()))?;
+            let generated = tokio::task::spawn_blocking(move || {
+                crate::generator::generate::generate(&store, &spec)
+            })
+            .await
+            .map_err(|e| AdminError {
+                code: 500,
+                message: e.to_string(),
+            })?
+            .map_err(|e| AdminError::bad(e.to_string()))?;
             Ok((200, to_json(&generated)))
         }
         (_, p)

@@ -8,21 +8,42 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::admin::ENDPOINTS;
-use crate::config::{LatencyConfig, LimitsConfig, SimConfig};
+use crate::auth::users::ROUTER_USER;
+use crate::config::{FlowControlConfig, LatencyConfig, LimitsConfig, ServerFeatures, SimConfig};
 use crate::error::SimError;
-use crate::generate::GenerateSpec;
-use crate::{ADMIN_CONTEXT, ROUTER_CONTEXT, ROUTER_USER, Simulator};
+use crate::generator::generate::GenerateSpec;
+use crate::kubeconfig::{ADMIN_CONTEXT, ROUTER_CONTEXT};
+use crate::simulator::Simulator;
+use kube_common::Verb;
 use kube_common::duration::parse as parse_duration;
 
 fn duration_arg(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())
 }
 
-fn verb_latency_arg(s: &str) -> Result<(String, Duration), String> {
+fn verb_latency_arg(s: &str) -> Result<(Verb, Duration), String> {
     let (verb, d) = s
         .split_once('=')
         .ok_or_else(|| format!("expected VERB=DURATION (e.g. list=2s), got {s:?}"))?;
-    Ok((verb.to_string(), duration_arg(d)?))
+    let verb = verb.parse::<Verb>().map_err(|e| e.to_string())?;
+    Ok((verb, duration_arg(d)?))
+}
+
+/// One `--feature-gates` entry, as kube-apiserver spells them (`WatchList=false`).
+/// Only the gates the simulator models are accepted.
+fn feature_gate_arg(s: &str) -> Result<(String, bool), String> {
+    let (gate, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected GATE=true|false (e.g. WatchList=false), got {s:?}"))?;
+    let enabled = value
+        .parse::<bool>()
+        .map_err(|_| format!("invalid value of {gate}: {value:?} (true or false)"))?;
+    match gate {
+        "WatchList" => Ok((gate.to_string(), enabled)),
+        other => Err(format!(
+            "unrecognized feature gate: {other} (the simulator models WatchList)"
+        )),
+    }
 }
 
 fn generate_arg(s: &str) -> Result<GenerateSpec, String> {
@@ -75,9 +96,9 @@ pub struct SimArgs {
 
     /// Latency for one verb, overriding --latency (repeatable), e.g. --verb-latency list=2s.
     #[arg(long = "verb-latency", value_name = "VERB=D", value_parser = verb_latency_arg)]
-    pub verb_latency: Vec<(String, Duration)>,
+    pub verb_latency: Vec<(Verb, Duration)>,
 
-    /// Maximum concurrent in-flight requests (API Priority and Fairness model);
+    /// A simple limit on concurrent in-flight requests (one FIFO queue, then 429);
     /// unlimited when absent. Idle open watches are not in flight.
     #[arg(long, value_name = "N")]
     pub max_inflight: Option<usize>,
@@ -86,9 +107,35 @@ pub struct SimArgs {
     #[arg(long = "queue", value_name = "N", default_value_t = 50)]
     pub queue: usize,
 
-    /// Retry-After sent with 429 responses.
+    /// Turn API Priority and Fairness on, as kube-apiserver runs it: the default flow
+    /// schemas and priority levels (the router's service account lands in
+    /// workload-low), per-flow queues, 429 with Retry-After beyond them. Implied by
+    /// --max-requests-inflight and --max-mutating-requests-inflight.
+    #[arg(long)]
+    pub priority_and_fairness: bool,
+
+    /// kube-apiserver's --max-requests-inflight (default 400): with the next flag, the
+    /// seats API Priority and Fairness divides among priority levels by their shares.
+    #[arg(long, value_name = "N")]
+    pub max_requests_inflight: Option<u32>,
+
+    /// kube-apiserver's --max-mutating-requests-inflight (default 200).
+    #[arg(long, value_name = "N")]
+    pub max_mutating_requests_inflight: Option<u32>,
+
+    /// Retry-After sent with 429 responses of the simple limit (--max-inflight).
     #[arg(long, value_name = "D", value_parser = duration_arg, default_value = "1s")]
     pub retry_after: Duration,
+
+    /// Feature gates, as kube-apiserver takes them: `WatchList=false` refuses streaming
+    /// lists (`sendInitialEvents`) with 422, as older clusters do.
+    #[arg(long = "feature-gates", value_name = "GATE=BOOL", value_delimiter = ',', value_parser = feature_gate_arg)]
+    pub feature_gates: Vec<(String, bool)>,
+
+    /// Model storage without RequestWatchProgress (etcd 3.4): every streaming list is
+    /// answered 200 with one ERROR event (code 500) and ends.
+    #[arg(long)]
+    pub storage_without_watch_progress: bool,
 
     /// SETTINGS_MAX_CONCURRENT_STREAMS advertised on HTTP/2 connections.
     #[arg(long = "max-streams", value_name = "N", default_value_t = 100)]
@@ -127,6 +174,25 @@ pub struct SimArgs {
 }
 
 impl SimArgs {
+    /// API Priority and Fairness as the flags ask for it, or `None` when off.
+    pub fn flow_control(&self) -> Option<FlowControlConfig> {
+        let asked = self.priority_and_fairness
+            || self.max_requests_inflight.is_some()
+            || self.max_mutating_requests_inflight.is_some();
+        asked.then(|| {
+            let defaults = FlowControlConfig::default();
+            FlowControlConfig {
+                max_requests_inflight: self
+                    .max_requests_inflight
+                    .unwrap_or(defaults.max_requests_inflight),
+                max_mutating_requests_inflight: self
+                    .max_mutating_requests_inflight
+                    .unwrap_or(defaults.max_mutating_requests_inflight),
+                ..defaults
+            }
+        })
+    }
+
     /// The simulator configuration these arguments describe.
     pub fn config(&self) -> SimConfig {
         SimConfig {
@@ -143,10 +209,20 @@ impl SimArgs {
                 queue_len: self.queue,
                 retry_after: self.retry_after,
             },
+            flow_control: self.flow_control(),
             history_limit: self.history,
             bookmark_interval: self.bookmark_interval,
             admin_token: self.admin_token.clone(),
             router_token: self.router_token.clone(),
+            features: ServerFeatures {
+                watch_list: self
+                    .feature_gates
+                    .iter()
+                    .rev()
+                    .find(|(gate, _)| gate == "WatchList")
+                    .is_none_or(|(_, enabled)| *enabled),
+                watch_progress: !self.storage_without_watch_progress,
+            },
             ..SimConfig::default()
         }
     }
@@ -216,4 +292,49 @@ pub async fn run(args: SimArgs) -> Result<(), SimError> {
     println!("shutting down");
     sim.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sim: SimArgs,
+    }
+
+    fn config(args: &[&str]) -> Result<SimConfig, clap::Error> {
+        let argv = ["sim", "--write-kubeconfig", "/dev/null"]
+            .iter()
+            .chain(args);
+        Cli::try_parse_from(argv).map(|cli| cli.sim.config())
+    }
+
+    #[test]
+    fn feature_flags_read_as_kube_apiserver_spells_them() {
+        let on = config(&[]).unwrap().features;
+        assert!(on.watch_list && on.watch_progress);
+        let off = config(&[
+            "--feature-gates=WatchList=false",
+            "--storage-without-watch-progress",
+        ])
+        .unwrap()
+        .features;
+        assert!(!off.watch_list && !off.watch_progress);
+        assert!(
+            config(&["--feature-gates=WatchList=true"])
+                .unwrap()
+                .features
+                .watch_list
+        );
+        assert!(config(&["--feature-gates=Nope=false"]).is_err());
+        assert!(config(&["--feature-gates=WatchList=maybe"]).is_err());
+        assert!(
+            config(&["--verb-latency=fetch=1s"]).is_err(),
+            "verbs are typed"
+        );
+    }
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use kube_common::Verb;
 use serde::{Deserialize, Serialize};
 
 use kube_common::duration::{format as format_duration, parse as parse_duration};
@@ -23,8 +24,11 @@ pub struct SimConfig {
     pub latency: LatencyConfig,
     /// `SETTINGS_MAX_CONCURRENT_STREAMS` advertised on every HTTP/2 connection.
     pub max_concurrent_streams: u32,
-    /// Concurrency limit and queue (a model of API Priority and Fairness).
+    /// A simple concurrency limit and queue (429 beyond it).
     pub limits: LimitsConfig,
+    /// API Priority and Fairness (`None`: off, the default, so that only `limits`
+    /// applies). kube-apiserver has it on, with 400 + 200 seats.
+    pub flow_control: Option<FlowControlConfig>,
     /// Number of events kept in the watch history. Older resource versions get 410.
     pub history_limit: usize,
     /// Interval between periodic BOOKMARK events on watches that allow them.
@@ -43,6 +47,8 @@ pub struct SimConfig {
     /// Extra DNS names or IP addresses for the generated server certificate (TLS only);
     /// `localhost`, `127.0.0.1`, `::1` and the listen IP are always included.
     pub tls_subject_alt_names: Vec<String>,
+    /// What the modelled server supports of streaming lists.
+    pub features: ServerFeatures,
 }
 
 impl Default for SimConfig {
@@ -53,6 +59,7 @@ impl Default for SimConfig {
             latency: LatencyConfig::default(),
             max_concurrent_streams: 100,
             limits: LimitsConfig::default(),
+            flow_control: None,
             history_limit: 10_000,
             bookmark_interval: Duration::from_secs(60),
             watch_buffer: 1_000,
@@ -61,6 +68,30 @@ impl Default for SimConfig {
             router_token: None,
             users: Vec::new(),
             tls_subject_alt_names: Vec::new(),
+            features: ServerFeatures::default(),
+        }
+    }
+}
+
+/// Server capabilities that real clusters differ in, and that clients must cope with.
+/// The default is a current server (kube-apiserver 1.32+ on etcd 3.6): everything on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ServerFeatures {
+    /// The `WatchList` feature gate. Off (`--feature-gates=WatchList=false`, as on
+    /// older clusters), a watch with `sendInitialEvents` is refused with 422 Invalid.
+    pub watch_list: bool,
+    /// Whether the storage offers `RequestWatchProgress` (etcd 3.4 does not). Without
+    /// it, a streaming list (`sendInitialEvents=true` with bookmarks) is answered 200
+    /// with a single ERROR event carrying a 500 `Status`, and ends.
+    pub watch_progress: bool,
+}
+
+impl Default for ServerFeatures {
+    fn default() -> Self {
+        ServerFeatures {
+            watch_list: true,
+            watch_progress: true,
         }
     }
 }
@@ -91,9 +122,10 @@ pub struct LatencyConfig {
     /// Maximum random deviation from the base delay, in either direction.
     #[serde(with = "duration_serde")]
     pub jitter: Duration,
-    /// Per-verb delays (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`).
+    /// Per-verb delays (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
+    /// `deletecollection`).
     #[serde(with = "duration_map_serde")]
-    pub per_verb: BTreeMap<String, Duration>,
+    pub per_verb: BTreeMap<Verb, Duration>,
 }
 
 impl LatencyConfig {
@@ -105,9 +137,13 @@ impl LatencyConfig {
         }
     }
 
-    /// The delay to apply to one request of `verb`, with jitter drawn at random.
-    pub fn sample(&self, verb: &str) -> Duration {
-        let base = self.per_verb.get(verb).copied().unwrap_or(self.default);
+    /// The delay to apply to one request of `verb` (`None`: a request no verb names,
+    /// which gets the default), with jitter drawn at random.
+    pub fn sample(&self, verb: impl Into<Option<Verb>>) -> Duration {
+        let base = verb
+            .into()
+            .and_then(|verb| self.per_verb.get(&verb).copied())
+            .unwrap_or(self.default);
         if self.jitter.is_zero() {
             return base;
         }
@@ -140,6 +176,45 @@ impl Default for LimitsConfig {
             queue_len: 50,
             retry_after: Duration::from_secs(1),
         }
+    }
+}
+
+/// The server's concurrency budget and APF's timing, as kube-apiserver's flags set it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FlowControlConfig {
+    /// `--max-requests-inflight` (default 400).
+    pub max_requests_inflight: u32,
+    /// `--max-mutating-requests-inflight` (default 200). With APF on, the two only add
+    /// up to the server's concurrency limit; reads and writes share it.
+    pub max_mutating_requests_inflight: u32,
+    /// How long a request may wait in a queue before it is refused with reason
+    /// `time-out` (kube-apiserver: a quarter of the 60 s request timeout).
+    #[serde(with = "duration_serde")]
+    pub queue_wait_limit: Duration,
+    /// How often the levels' current limits are re-divided by recent demand
+    /// (kube-apiserver: 10 s).
+    #[serde(with = "duration_serde")]
+    pub adjust_interval: Duration,
+}
+
+impl Default for FlowControlConfig {
+    fn default() -> Self {
+        FlowControlConfig {
+            max_requests_inflight: 400,
+            max_mutating_requests_inflight: 200,
+            queue_wait_limit: Duration::from_secs(15),
+            adjust_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+impl FlowControlConfig {
+    /// The server's concurrency limit: the seats all priority levels share.
+    pub fn server_concurrency_limit(&self) -> u32 {
+        self.max_requests_inflight
+            .saturating_add(self.max_mutating_requests_inflight)
+            .max(1)
     }
 }
 
@@ -177,10 +252,7 @@ mod duration_map_serde {
     use super::*;
     use serde::{Deserializer, Serializer, ser::SerializeMap};
 
-    pub fn serialize<S: Serializer>(
-        m: &BTreeMap<String, Duration>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(m: &BTreeMap<Verb, Duration>, s: S) -> Result<S::Ok, S::Error> {
         let mut map = s.serialize_map(Some(m.len()))?;
         for (k, v) in m {
             map.serialize_entry(k, &format_duration(*v))?;
@@ -193,8 +265,8 @@ mod duration_map_serde {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
-    ) -> Result<BTreeMap<String, Duration>, D::Error> {
-        let raw = BTreeMap::<String, Wrapper>::deserialize(d)?;
+    ) -> Result<BTreeMap<Verb, Duration>, D::Error> {
+        let raw = BTreeMap::<Verb, Wrapper>::deserialize(d)?;
         Ok(raw.into_iter().map(|(k, v)| (k, v.0)).collect())
     }
 }
@@ -211,7 +283,7 @@ mod tests {
                 .unwrap();
         assert_eq!(cfg.default, Duration::from_millis(1400));
         assert_eq!(cfg.jitter, Duration::from_millis(100));
-        assert_eq!(cfg.per_verb["list"], Duration::from_secs(2));
+        assert_eq!(cfg.per_verb[&Verb::List], Duration::from_secs(2));
         let back: LatencyConfig =
             serde_json::from_value(serde_json::to_value(&cfg).unwrap()).unwrap();
         assert_eq!(back, cfg);
@@ -225,7 +297,7 @@ mod tests {
             per_verb: BTreeMap::new(),
         };
         for _ in 0..200 {
-            let d = cfg.sample("get");
+            let d = cfg.sample(Verb::Get);
             assert!(d >= Duration::from_millis(50) && d <= Duration::from_millis(150));
         }
     }

@@ -295,11 +295,15 @@ impl ApiError {
 
     /// 403 Forbidden for a non-resource URL.
     pub(crate) fn forbidden_path(user: &str, verb: &str, path: &str) -> Self {
-        ApiError::new(
-            403,
-            "Forbidden",
-            format!("forbidden: User {user:?} cannot {verb} path {path:?}"),
-        )
+        ApiError {
+            // kube-apiserver sends empty details here, not none.
+            details: Some(json!({})),
+            ..ApiError::new(
+                403,
+                "Forbidden",
+                format!("forbidden: User {user:?} cannot {verb} path {path:?}"),
+            )
+        }
     }
 
     /// 404 NotFound for a named object.

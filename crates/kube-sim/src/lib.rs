@@ -18,10 +18,50 @@
 //! kubectl 1.32+ sends protobuf bodies for objects it generates (`kubectl create
 //! secret ...`); those are decoded for Secret, Namespace, RBAC and review kinds, and
 //! every response is JSON.
-//! Latency, a concurrency limit with a queue (429 + `Retry-After` beyond it) and
-//! faults can be set at start and changed while running, in-process or through the
-//! admin API under `/sim/` (see [`admin`]). Every request is counted ([`SimStats`])
-//! and logged ([`RequestRecord`]).
+//! Latency, a simple concurrency limit with a queue, API Priority and Fairness as
+//! kube-apiserver applies it (429 + `Retry-After` beyond them), servers without
+//! streaming lists, and faults can be set at start and changed while running,
+//! in-process or through the admin API under `/sim/` (see [`admin`]). Every request is
+//! counted ([`SimStats`], and `/metrics` in kube-apiserver's names) and logged
+//! ([`RequestRecord`]). `kubectl apply` validates against the simulator as against
+//! kube-apiserver: it serves the same OpenAPI documents and validates fields itself.
+//!
+//! # Map
+//!
+//! The modules stand in layers; each uses only those below it.
+//!
+//! ```text
+//! simulator   Simulator: start, bootstrap, clients, handles, shutdown; cli: `certwatch sim`
+//!   │
+//!   ├─ transport/   accept loop, TLS + ALPN, h2c sniffing, HTTP/1.1 and HTTP/2 serving
+//!   │               (body: response bodies that hold in-flight slots; protobuf: request decoding)
+//!   ├─ api/         the Kubernetes API: request pipeline and verb handlers (mod),
+//!   │               request_info, discovery, openapi (+ openapi_v2: the protobuf v2 document),
+//!   │               table (kubectl printing), watch_stream
+//!   └─ admin        the /sim/ admin API
+//!        │
+//!      state        Shared: what every handler reads
+//!        │
+//!   ├─ auth/        users (bearer tokens), rbac (authorizer), review (access reviews)
+//!   ├─ control/     faults; limits (simple) and flow_control (API Priority and Fairness),
+//!   │               held together per request by admission; stats (counters, request log)
+//!   │               and metrics (kube-apiserver's names)
+//!   ├─ generator/   generate (routes, secrets, RBAC), certs, loadgen (HTTP/2 load)
+//!   └─ storage/     store (objects, resourceVersions, history), watch (watcher index),
+//!        │          handle (direct access)
+//!      objects/     meta, schema (kube-apiserver's OpenAPI schemas), validation, patch, selectors
+//!        │
+//!      error, config, kubeconfig
+//!        │
+//!      resources    the served kinds and what the API knows about each
+//! ```
+//!
+//! A request travels `transport` → `simulator`'s dispatch → `api` (authenticate,
+//! count, API Priority and Fairness, the simple limit, delay, fault, authorize) →
+//! `storage` → back out through `api::watch_stream` or a JSON body.
+//!
+//! How the simulator compares with a real kube-apiserver, and what was changed to make
+//! it agree, is in `docs/SIMULATOR.md`.
 //!
 //! # Example
 //!
@@ -52,474 +92,36 @@
 
 pub mod admin;
 mod api;
-mod body;
-mod certs;
+mod auth;
 pub mod cli;
 mod config;
-mod discovery;
+mod control;
 mod error;
-mod faults;
-mod generate;
+mod generator;
 mod kubeconfig;
-mod limits;
-pub mod loadgen;
-mod patch;
-mod protobuf;
-mod rbac;
-mod request_info;
+mod objects;
 mod resources;
-mod review;
-mod selectors;
-mod server;
-mod stats;
-mod store;
-mod store_handle;
-mod table;
-mod validation;
-mod watch;
-mod watch_stream;
+mod simulator;
+mod state;
+mod storage;
+mod transport;
 
-use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
-
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use serde_json::json;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-
-pub use config::{LatencyConfig, LimitsConfig, SimConfig, SimUser};
-pub use discovery::SERVER_MINOR;
+pub use api::discovery::SERVER_MINOR;
+pub use api::watch_stream::INITIAL_EVENTS_END;
+pub use auth::users::{ADMIN_USER, AUTHENTICATED_GROUP, MASTERS_GROUP, ROUTER_USER};
+pub use config::{
+    FlowControlConfig, LatencyConfig, LimitsConfig, ServerFeatures, SimConfig, SimUser,
+};
+pub use control::faults::{FailRule, FaultControl, FaultState, OutageMode};
+pub use control::flow_control::{FlowControlStats, PriorityLevelStats, RejectedRequests};
+pub use control::stats::{Protocol, ProtocolCounts, RequestRecord, SimStats};
 pub use error::{ApiError, FieldError, FieldErrorKind, SimError};
-pub use faults::{FailRule, FaultControl, FaultState, OutageMode};
-pub use generate::{
+pub use generator::generate::{
     GENERATED_LABEL, GenerateSpec, GeneratedCluster, GeneratedRoute, ROUTER_CLUSTER_ROLE,
     ROUTER_NAMESPACE, ROUTER_SECRETS_ROLE, ROUTER_SERVICE_ACCOUNT, SHARD_LABEL,
 };
+pub use generator::loadgen;
 pub use kubeconfig::{ADMIN_CONTEXT, CLUSTER_NAME, ROUTER_CONTEXT};
-pub use rbac::{AUTHENTICATED_GROUP, MASTERS_GROUP};
-pub use selectors::{FieldSelector, LabelSelector};
-pub use stats::{Protocol, ProtocolCounts, RequestRecord, SimStats};
-pub use store_handle::{NamespaceArg, StoreHandle};
-pub use watch_stream::INITIAL_EVENTS_END;
-
-use crate::rbac::{Authorizer, UserInfo, Users};
-use crate::server::Shared;
-use crate::stats::{RequestLog, Stats};
-use crate::store::{Store, WriteOptions};
-
-/// The router's service-account user name.
-pub const ROUTER_USER: &str = "system:serviceaccount:openshift-ingress:router";
-/// The cluster admin's user name (member of `system:masters`).
-pub const ADMIN_USER: &str = "admin";
-
-/// Stops the server when the last [`Simulator`] clone is dropped.
-struct ServerGuard {
-    shared: Arc<Shared>,
-    /// Guards the accept loop's task handle, taken by `shutdown`.
-    accept_task: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl Drop for ServerGuard {
-    fn drop(&mut self) {
-        self.shared.shutdown.cancel();
-    }
-}
-
-/// A running simulator. Cheap to clone; the server stops on [`Simulator::shutdown`]
-/// or when the last clone is dropped.
-#[derive(Clone)]
-pub struct Simulator {
-    shared: Arc<Shared>,
-    guard: Arc<ServerGuard>,
-}
-
-impl std::fmt::Debug for Simulator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Simulator")
-            .field("url", &self.shared.url)
-            .finish()
-    }
-}
-
-fn random_token(prefix: &str) -> String {
-    let bytes: [u8; 16] = rand::random();
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{prefix}-{hex}")
-}
-
-/// Objects every cluster has: system namespaces, the superuser, discovery and
-/// self-review grants for all authenticated users, and the router's cluster-wide
-/// role.
-fn bootstrap(store: &Store) -> Result<(), SimError> {
-    let opts = WriteOptions {
-        auto_namespace: true,
-        ..WriteOptions::default()
-    };
-    for ns in [
-        "default",
-        "kube-system",
-        "kube-public",
-        "kube-node-lease",
-        ROUTER_NAMESPACE,
-    ] {
-        store.create(
-            resources::NAMESPACES,
-            json!({ "metadata": { "name": ns } }),
-            opts,
-        )?;
-    }
-    let cluster_role = |name: &str, rules: serde_json::Value| json!({ "metadata": { "name": name }, "rules": rules });
-    let binding = |name: &str, role: &str, group: &str| {
-        json!({
-            "metadata": { "name": name },
-            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role },
-            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group }],
-        })
-    };
-    let objects = [
-        (
-            resources::CLUSTER_ROLES,
-            cluster_role(
-                "cluster-admin",
-                json!([
-                    { "apiGroups": ["*"], "resources": ["*"], "verbs": ["*"] },
-                    { "nonResourceURLs": ["*"], "verbs": ["*"] },
-                ]),
-            ),
-        ),
-        (
-            resources::CLUSTER_ROLE_BINDINGS,
-            binding("cluster-admin", "cluster-admin", MASTERS_GROUP),
-        ),
-        (
-            resources::CLUSTER_ROLES,
-            cluster_role(
-                "system:discovery",
-                json!([{
-                    "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez",
-                        "/readyz", "/openapi", "/openapi/*", "/version", "/version/"],
-                    "verbs": ["get"],
-                }]),
-            ),
-        ),
-        (
-            resources::CLUSTER_ROLE_BINDINGS,
-            binding("system:discovery", "system:discovery", AUTHENTICATED_GROUP),
-        ),
-        (
-            resources::CLUSTER_ROLES,
-            cluster_role(
-                "system:basic-user",
-                json!([{
-                    "apiGroups": ["authorization.k8s.io"],
-                    "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
-                    "verbs": ["create"],
-                }]),
-            ),
-        ),
-        (
-            resources::CLUSTER_ROLE_BINDINGS,
-            binding(
-                "system:basic-user",
-                "system:basic-user",
-                AUTHENTICATED_GROUP,
-            ),
-        ),
-        (resources::CLUSTER_ROLES, generate::router_cluster_role()),
-        (
-            resources::CLUSTER_ROLE_BINDINGS,
-            generate::router_cluster_binding(),
-        ),
-    ];
-    for (id, obj) in objects {
-        store.create(id, obj, opts)?;
-    }
-    Ok(())
-}
-
-fn tls_names(listen: SocketAddr, extra: &[String]) -> Vec<String> {
-    let mut names = vec![
-        "localhost".to_string(),
-        "127.0.0.1".to_string(),
-        "::1".to_string(),
-    ];
-    if !listen.ip().is_unspecified() {
-        names.push(listen.ip().to_string());
-    }
-    names.extend(extra.iter().cloned());
-    names.sort();
-    names.dedup();
-    names
-}
-
-fn url_for(addr: SocketAddr, tls: bool) -> String {
-    let scheme = if tls { "https" } else { "http" };
-    let ip = match addr.ip() {
-        ip if ip.is_unspecified() && ip.is_ipv4() => IpAddr::from([127, 0, 0, 1]),
-        ip if ip.is_unspecified() => IpAddr::from([0, 0, 0, 0, 0, 0, 0, 1]),
-        ip => ip,
-    };
-    match ip {
-        IpAddr::V4(v4) => format!("{scheme}://{v4}:{}", addr.port()),
-        IpAddr::V6(v6) => format!("{scheme}://[{v6}]:{}", addr.port()),
-    }
-}
-
-impl Simulator {
-    /// The router's service-account user name.
-    pub const ROUTER_USER: &'static str = ROUTER_USER;
-    /// The cluster admin's user name.
-    pub const ADMIN_USER: &'static str = ADMIN_USER;
-
-    /// Binds the listen address and starts serving.
-    pub async fn start(config: SimConfig) -> Result<Simulator, SimError> {
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| SimError::Bind {
-                addr: config.listen,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| SimError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-        let tls = if config.tls {
-            Some(certs::server_tls(&tls_names(
-                addr,
-                &config.tls_subject_alt_names,
-            ))?)
-        } else {
-            None
-        };
-        let admin_token = config
-            .admin_token
-            .clone()
-            .unwrap_or_else(|| random_token("admin"));
-        let router_token = config
-            .router_token
-            .clone()
-            .unwrap_or_else(|| random_token("router"));
-        let mut users = vec![
-            (
-                admin_token.clone(),
-                UserInfo {
-                    name: ADMIN_USER.to_string(),
-                    groups: vec![MASTERS_GROUP.to_string()],
-                },
-            ),
-            (
-                router_token.clone(),
-                UserInfo {
-                    name: ROUTER_USER.to_string(),
-                    groups: vec![
-                        "system:serviceaccounts".to_string(),
-                        format!("system:serviceaccounts:{ROUTER_NAMESPACE}"),
-                    ],
-                },
-            ),
-        ];
-        users.extend(config.users.iter().map(|u| {
-            (
-                u.token.clone(),
-                UserInfo {
-                    name: u.name.clone(),
-                    groups: u.groups.clone(),
-                },
-            )
-        }));
-        let store = Store::new(config.history_limit, config.watch_buffer);
-        bootstrap(&store)?;
-        let shared = Arc::new(Shared {
-            authorizer: Authorizer::new(store.clone()),
-            store,
-            users: Users::new(users),
-            stats: Arc::new(Stats::default()),
-            log: RequestLog::new(config.request_log_limit),
-            limiter: limits::Limiter::new(config.limits.clone()),
-            latency: RwLock::new(config.latency.clone()),
-            faults: faults::Faults::new(),
-            bookmark_interval: config.bookmark_interval,
-            max_concurrent_streams: config.max_concurrent_streams.max(1),
-            addr,
-            url: url_for(addr, config.tls),
-            ca_pem: tls.as_ref().map(|t| t.ca_pem.clone()),
-            admin_token,
-            router_token,
-            runtime: tokio::runtime::Handle::current(),
-            shutdown: CancellationToken::new(),
-        });
-        let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.config));
-        let task = tokio::spawn(server::accept_loop(shared.clone(), listener, acceptor));
-        tracing::info!(url = %shared.url, "kube-sim listening");
-        Ok(Simulator {
-            guard: Arc::new(ServerGuard {
-                shared: shared.clone(),
-                accept_task: Mutex::new(Some(task)),
-            }),
-            shared,
-        })
-    }
-
-    /// The address the server listens on.
-    pub fn addr(&self) -> SocketAddr {
-        self.shared.addr
-    }
-
-    /// `http://127.0.0.1:PORT` or `https://...`.
-    pub fn url(&self) -> String {
-        self.shared.url.clone()
-    }
-
-    /// The serving CA's PEM, when started with TLS.
-    pub fn ca_pem(&self) -> Option<String> {
-        self.shared.ca_pem.clone()
-    }
-
-    /// The bearer token of a context's user (`"router"` or `"admin"`).
-    pub fn token(&self, context: &str) -> Result<String, SimError> {
-        match context {
-            ROUTER_CONTEXT => Ok(self.shared.router_token.clone()),
-            ADMIN_CONTEXT => Ok(self.shared.admin_token.clone()),
-            other => Err(SimError::UnknownContext(other.to_string())),
-        }
-    }
-
-    /// A kubeconfig with contexts `router` (current) and `admin`.
-    pub fn kubeconfig(&self) -> Kubeconfig {
-        match kubeconfig::build(
-            &self.shared.url,
-            self.shared.ca_pem.as_deref(),
-            &self.shared.router_token,
-            &self.shared.admin_token,
-        ) {
-            Ok(k) => k,
-            Err(e) => {
-                // The document is built from fixed keys and strings; this cannot
-                // fail unless kube changes its schema.
-                tracing::error!(error = %e, "building the kubeconfig failed");
-                Kubeconfig::default()
-            }
-        }
-    }
-
-    /// Writes [`Simulator::kubeconfig`] as YAML (mode 0600).
-    pub fn write_kubeconfig(&self, path: &Path) -> Result<(), SimError> {
-        let kc = kubeconfig::build(
-            &self.shared.url,
-            self.shared.ca_pem.as_deref(),
-            &self.shared.router_token,
-            &self.shared.admin_token,
-        )?;
-        kubeconfig::write(&kc, path)
-    }
-
-    /// A kube client configuration for `"router"` or `"admin"`.
-    pub async fn client_config(&self, context: &str) -> Result<kube::Config, SimError> {
-        if context != ROUTER_CONTEXT && context != ADMIN_CONTEXT {
-            return Err(SimError::UnknownContext(context.to_string()));
-        }
-        let kc = kubeconfig::build(
-            &self.shared.url,
-            self.shared.ca_pem.as_deref(),
-            &self.shared.router_token,
-            &self.shared.admin_token,
-        )?;
-        kube::Config::from_custom_kubeconfig(
-            kc,
-            &KubeConfigOptions {
-                context: Some(context.to_string()),
-                ..KubeConfigOptions::default()
-            },
-        )
-        .await
-        .map_err(|e| SimError::Kubeconfig(e.to_string()))
-    }
-
-    /// kube's default client for `"router"` or `"admin"`.
-    pub async fn client(&self, context: &str) -> Result<kube::Client, SimError> {
-        Ok(kube::Client::try_from(self.client_config(context).await?)?)
-    }
-
-    /// Direct store access (see [`StoreHandle`]).
-    pub fn store(&self) -> StoreHandle {
-        StoreHandle {
-            store: self.shared.store.clone(),
-        }
-    }
-
-    /// Loads multi-document YAML/JSON manifests; returns the number of objects.
-    pub fn load_manifests(&self, yaml_or_json: &str) -> Result<usize, SimError> {
-        store_handle::load_manifests(&self.shared.store, yaml_or_json)
-    }
-
-    /// Generates routes, secrets, namespaces and router RBAC (see [`GenerateSpec`]).
-    pub fn generate(&self, spec: &GenerateSpec) -> Result<GeneratedCluster, SimError> {
-        generate::generate(&self.shared.store, spec)
-    }
-
-    /// Lets the router identity get/list/watch the named secrets in `namespace`
-    /// (adds them to the `certwatch-router-secrets` Role there, creating it and its
-    /// RoleBinding if needed).
-    pub fn grant_router_secrets(&self, namespace: &str, names: &[&str]) -> Result<(), SimError> {
-        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
-        generate::grant_router_secrets(&self.shared.store, namespace, &names)
-    }
-
-    /// A snapshot of the counters (the same JSON as `GET /sim/stats`).
-    pub fn stats(&self) -> SimStats {
-        self.shared.stats_snapshot()
-    }
-
-    /// Zeroes counters and peaks; open watches and connections stay as they are.
-    pub fn reset_stats(&self) {
-        self.shared.reset_stats();
-    }
-
-    /// Watches terminated because they could not keep up with their events (their
-    /// buffer of `SimConfig::watch_buffer` events was full), since start.
-    pub fn slow_watchers_terminated(&self) -> u64 {
-        self.shared.store.slow_watchers_terminated()
-    }
-
-    /// Recent requests, oldest first (bounded by `SimConfig::request_log_limit`).
-    pub fn request_log(&self) -> Vec<RequestRecord> {
-        self.shared.log.since(0)
-    }
-
-    /// Requests with a sequence number above `seq`.
-    pub fn requests_since(&self, seq: u64) -> Vec<RequestRecord> {
-        self.shared.log.since(seq)
-    }
-
-    /// Replaces the latency model.
-    pub fn set_latency(&self, latency: LatencyConfig) {
-        self.shared.set_latency(latency);
-    }
-
-    /// Replaces the concurrency limit.
-    pub fn set_limits(&self, limits: LimitsConfig) {
-        self.shared.limiter.set_config(limits);
-    }
-
-    /// Fault injection.
-    pub fn faults(&self) -> FaultControl {
-        self.shared.faults_handle()
-    }
-
-    /// Stops accepting, closes every connection and watch, and waits for the accept
-    /// loop to end.
-    pub async fn shutdown(self) {
-        self.shared.shutdown.cancel();
-        self.faults().close_all_watches();
-        let task = self
-            .guard
-            .accept_task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(task) = task {
-            let _ = task.await;
-        }
-    }
-}
+pub use objects::selectors::{FieldSelector, LabelSelector};
+pub use simulator::Simulator;
+pub use storage::handle::{NamespaceArg, StoreHandle};

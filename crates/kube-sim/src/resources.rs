@@ -1,6 +1,8 @@
 //! The fixed set of resources the simulator serves, with what discovery and the
 //! handlers need to know about each.
 
+use kube_common::Verb;
+
 /// How the API treats a resource's objects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResourceKind {
@@ -28,7 +30,7 @@ pub struct ResourceDef {
     /// Whether objects live in namespaces.
     pub namespaced: bool,
     /// Verbs listed in discovery.
-    pub verbs: &'static [&'static str],
+    pub verbs: &'static [Verb],
     /// kubectl short names.
     pub short_names: &'static [&'static str],
     /// Whether a `status` subresource exists.
@@ -52,15 +54,16 @@ impl ResourceId {
     }
 }
 
-const STORED_VERBS: &[&str] = &[
-    "create",
-    "delete",
-    "deletecollection",
-    "get",
-    "list",
-    "patch",
-    "update",
-    "watch",
+/// The verbs of stored resources, in the order discovery lists them.
+const STORED_VERBS: &[Verb] = &[
+    Verb::Create,
+    Verb::Delete,
+    Verb::DeleteCollection,
+    Verb::Get,
+    Verb::List,
+    Verb::Patch,
+    Verb::Update,
+    Verb::Watch,
 ];
 
 /// Index of `namespaces` in [`RESOURCES`].
@@ -89,7 +92,13 @@ pub static RESOURCES: &[ResourceDef] = &[
         version: "v1",
         namespaced: false,
         verbs: &[
-            "create", "delete", "get", "list", "patch", "update", "watch",
+            Verb::Create,
+            Verb::Delete,
+            Verb::Get,
+            Verb::List,
+            Verb::Patch,
+            Verb::Update,
+            Verb::Watch,
         ],
         short_names: &["ns"],
         status_subresource: true,
@@ -195,7 +204,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         group: "authorization.k8s.io",
         version: "v1",
         namespaced: false,
-        verbs: &["create"],
+        verbs: &[Verb::Create],
         short_names: &[],
         status_subresource: false,
         storage: ResourceKind::AccessReview,
@@ -210,7 +219,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         group: "authorization.k8s.io",
         version: "v1",
         namespaced: false,
-        verbs: &["create"],
+        verbs: &[Verb::Create],
         short_names: &[],
         status_subresource: false,
         storage: ResourceKind::AccessReview,
@@ -225,7 +234,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         group: "authorization.k8s.io",
         version: "v1",
         namespaced: false,
-        verbs: &["create"],
+        verbs: &[Verb::Create],
         short_names: &[],
         status_subresource: false,
         storage: ResourceKind::AccessReview,
@@ -240,7 +249,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         group: "authorization.k8s.io",
         version: "v1",
         namespaced: true,
-        verbs: &["create"],
+        verbs: &[Verb::Create],
         short_names: &[],
         status_subresource: false,
         storage: ResourceKind::AccessReview,

@@ -99,36 +99,34 @@ async fn secret_crud_and_conflicts() {
         updated.metadata.resource_version
     );
 
-    // Merge patch, strategic merge patch, JSON patch.
-    let p = secrets
-        .patch(
-            "s1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
-        )
-        .await
-        .unwrap();
-    assert_eq!(p.metadata.labels.unwrap()["x"], "1");
-    let p = secrets
-        .patch(
-            "s1",
-            &PatchParams::default(),
-            &Patch::Strategic(json!({"data": {"c": b64("3")}})),
-        )
-        .await
-        .unwrap();
-    assert_eq!(p.data.unwrap().len(), 3);
-    let p = secrets
-        .patch(
-            "s1",
-            &PatchParams::default(),
-            &Patch::<Value>::Json(
+    // Every patch type, each changing the data the way its type defines.
+    let patches: [(&str, Patch<Value>, usize); 3] = [
+        (
+            "merge",
+            Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
+            2,
+        ),
+        (
+            "strategic merge",
+            Patch::Strategic(json!({"data": {"c": b64("3")}})),
+            3,
+        ),
+        (
+            "JSON",
+            Patch::Json(
                 serde_json::from_value(json!([{"op": "remove", "path": "/data/c"}])).unwrap(),
             ),
-        )
-        .await
-        .unwrap();
-    assert_eq!(p.data.unwrap().len(), 2);
+            2,
+        ),
+    ];
+    for (kind, patch, keys) in patches {
+        let p = secrets
+            .patch("s1", &PatchParams::default(), &patch)
+            .await
+            .unwrap_or_else(|e| panic!("{kind} patch: {e}"));
+        assert_eq!(p.data.unwrap().len(), keys, "{kind} patch");
+        assert_eq!(p.metadata.labels.unwrap()["x"], "1", "{kind} patch");
+    }
     // Server-side apply creates and updates.
     let applied = secrets
         .patch(
@@ -179,69 +177,85 @@ async fn secret_crud_and_conflicts() {
     sim.shutdown().await;
 }
 
+/// A body refused on create: the code, and a part of the message it must carry.
+struct Refusal {
+    what: &'static str,
+    body: Value,
+    code: u16,
+    message: &'static str,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_objects_get_422_without_leaking_data() {
     let sim = start().await;
     let client = sim.client("admin").await.unwrap();
-    let post = |body: Value| {
-        let client = client.clone();
-        async move {
-            raw(
-                &client,
-                Method::POST,
-                "/api/v1/namespaces/default/secrets",
-                Some(body),
-                "application/json",
-            )
-            .await
-        }
-    };
-    // kubernetes.io/tls without tls.key.
-    let (code, _, st) = post(
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "t"},
-        "type": "kubernetes.io/tls", "data": {"tls.crt": b64("c")}}),
-    )
-    .await;
-    assert_eq!(code, 422);
-    assert_eq!(st["reason"], "Invalid");
-    assert_eq!(
-        st["message"],
-        "Secret \"t\" is invalid: data[tls.key]: Required value"
-    );
-    assert_eq!(st["details"]["causes"][0]["field"], "data[tls.key]");
-    // Data that is not base64; the value must not appear in the answer.
-    let (code, _, st) = post(
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "u"},
-        "data": {"k": "%%%SECRET-BYTES%%%"}}),
-    )
-    .await;
-    assert_eq!(code, 422);
-    assert!(!st.to_string().contains("SECRET-BYTES"));
-    // Over 1 MiB.
     let big = "x".repeat(1024 * 1024 + 1);
-    let (code, _, st) = post(opaque_secret("default", "big", &[("big", &big)])).await;
-    assert_eq!(code, 422);
-    assert!(
-        st["message"].as_str().unwrap().contains("data: Too long"),
-        "{st}"
-    );
-    // Invalid name.
-    let (code, _, st) = post(opaque_secret("default", "Not_Valid", &[])).await;
-    assert_eq!(code, 422);
-    assert!(
-        st["message"]
-            .as_str()
-            .unwrap()
-            .contains("metadata.name: Invalid value: \"Not_Valid\"")
-    );
-    // Namespace in body differs from the URL.
-    let (code, _, _) = post(opaque_secret("other", "n", &[])).await;
-    assert_eq!(code, 400);
-    // Wrong kind for the endpoint.
-    let (code, _, _) =
-        post(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}})).await;
-    assert_eq!(code, 400);
-    // Type is immutable.
+    let refusals = [
+        Refusal {
+            what: "kubernetes.io/tls without tls.key",
+            body: json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "t"},
+                "type": "kubernetes.io/tls", "data": {"tls.crt": b64("c")}}),
+            code: 422,
+            message: "Secret \"t\" is invalid: data[tls.key]: Required value",
+        },
+        Refusal {
+            what: "data that is not base64",
+            body: json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "u"},
+                "data": {"k": "%%%SECRET-BYTES%%%"}}),
+            code: 422,
+            message: "",
+        },
+        Refusal {
+            what: "over 1 MiB",
+            body: opaque_secret("default", "big", &[("big", &big)]),
+            code: 422,
+            message: "data: Too long",
+        },
+        Refusal {
+            what: "an invalid name",
+            body: opaque_secret("default", "Not_Valid", &[]),
+            code: 422,
+            message: "metadata.name: Invalid value: \"Not_Valid\"",
+        },
+        Refusal {
+            what: "a namespace in the body that differs from the URL's",
+            body: opaque_secret("other", "n", &[]),
+            code: 400,
+            message: "does not match the namespace",
+        },
+        Refusal {
+            what: "the wrong kind for the endpoint",
+            body: json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}),
+            code: 400,
+            message: "ConfigMap",
+        },
+    ];
+    for r in refusals {
+        let (code, _, status) = raw(
+            &client,
+            Method::POST,
+            "/api/v1/namespaces/default/secrets",
+            Some(r.body),
+            "application/json",
+        )
+        .await;
+        let message = status["message"].as_str().unwrap_or_default();
+        assert!(
+            code == r.code && message.contains(r.message),
+            "{}: {code} {status}",
+            r.what
+        );
+        assert!(
+            !status.to_string().contains("SECRET-BYTES"),
+            "{}: data echoed",
+            r.what
+        );
+        assert_eq!(status["kind"], "Status", "{}", r.what);
+    }
+    let tls = sim.store().list("secrets", "default");
+    assert!(tls.is_empty(), "nothing refused was stored: {tls:?}");
+
+    // The type of a secret is immutable.
     sim.store()
         .create("secrets", opaque_secret("default", "typed", &[("a", "b")]))
         .unwrap();
@@ -263,8 +277,6 @@ async fn invalid_objects_get_422_without_leaking_data() {
             .unwrap()
             .contains("type: Invalid value")
     );
-    // Nothing invalid was stored.
-    assert!(sim.store().get("secrets", "default", "t").is_none());
     // ...but insert_unchecked models objects a real server would refuse.
     sim.store()
         .insert_unchecked(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "t", "namespace": "default"},
@@ -475,123 +487,289 @@ async fn pagination_is_consistent_and_expires() {
     .await;
     assert_eq!((code, st["reason"].as_str()), (410, Some("Expired")));
     // Parameter validation as in kube-apiserver.
-    let (code, st) = get(
-        &client,
-        "/api/v1/namespaces/default/secrets?resourceVersionMatch=Exact",
-    )
-    .await;
-    assert_eq!((code, st["reason"].as_str()), (422, Some("Invalid")));
-    let (code, _) = get(
-        &client,
-        "/api/v1/namespaces/default/secrets?continue=garbage",
-    )
-    .await;
-    assert_eq!(code, 400);
-    let (code, _) = get(
-        &client,
-        "/api/v1/namespaces/default/secrets?fieldSelector=spec.nope%3Dx",
-    )
-    .await;
-    assert_eq!(code, 400);
+    let refused = [
+        ("resourceVersionMatch=Exact", 422, "Invalid"),
+        (
+            "resourceVersion=0&resourceVersionMatch=Exact",
+            422,
+            "Invalid",
+        ),
+        (
+            "resourceVersionMatch=Newest&resourceVersion=1",
+            422,
+            "Invalid",
+        ),
+        ("sendInitialEvents=true", 422, "Invalid"),
+        ("continue=garbage", 400, "BadRequest"),
+        ("fieldSelector=spec.nope%3Dx", 400, "BadRequest"),
+        ("labelSelector=a%20in", 400, "BadRequest"),
+        ("limit=x", 400, "BadRequest"),
+        (
+            "watch=true&resourceVersionMatch=NotOlderThan",
+            422,
+            "Invalid",
+        ),
+        ("watch=true&sendInitialEvents=true", 422, "Invalid"),
+    ];
+    for (query, want, reason) in refused {
+        let (code, st) = get(
+            &client,
+            &format!("/api/v1/namespaces/default/secrets?{query}"),
+        )
+        .await;
+        assert_eq!(
+            (code, st["reason"].as_str()),
+            (want, Some(reason)),
+            "{query}: {st}"
+        );
+    }
     sim.shutdown().await;
 }
 
+/// A 403 `Status` exactly as kube-apiserver writes it.
+fn forbidden(message: String, details: Value) -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": "Forbidden", "details": details, "code": 403,
+    })
+}
+
+/// One request by the router and the answer it must get: a code, and for a 403 the
+/// whole `Status`.
+struct Access {
+    what: &'static str,
+    method: Method,
+    path: String,
+    body: Option<Value>,
+    code: u16,
+    status: Option<Value>,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rbac_by_resource_names_and_401() {
+async fn rbac_by_resource_names_and_403_messages_as_kube_apiserver_writes_them() {
     let sim = start().await;
     let cluster = sim.generate(&GenerateSpec::new(6, 2)).unwrap();
     let mine = &cluster.routes[0];
+    let (ns, secret, route_name) = (&mine.namespace, &mine.secret, &mine.route);
+    sim.store()
+        .create("secrets", opaque_secret(ns, "other", &[]))
+        .unwrap();
+    let route_object = sim.store().get("routes", ns.as_str(), route_name).unwrap();
     let router = sim.client("router").await.unwrap();
-    let secrets: Api<Secret> = Api::namespaced(router.clone(), &mine.namespace);
-
-    // get by name: allowed for its own secret.
-    secrets.get(&mine.secret).await.unwrap();
-    // list/watch without the field selector: 403, in kube-apiserver's words.
-    let st = api_err(secrets.list(&ListParams::default()).await.unwrap_err());
-    assert_eq!((st.code, st.reason.as_str()), (403, "Forbidden"));
-    assert_eq!(
-        st.message,
+    let user = ROUTER_USER;
+    let cannot = |verb: &str, resource: &str, group: &str| {
         format!(
-            "secrets is forbidden: User \"{ROUTER_USER}\" cannot list resource \"secrets\" in API group \"\" in the namespace \"{}\"",
-            mine.namespace
+            "User \"{user}\" cannot {verb} resource \"{resource}\" in API group \"{group}\" in the namespace \"{ns}\""
         )
-    );
-    // ...with metadata.name=<its secret>: allowed.
-    let one = secrets
-        .list(&ListParams::default().fields(&format!("metadata.name={}", mine.secret)))
-        .await
-        .unwrap();
-    assert_eq!(one.items.len(), 1);
-    let (code, _) = get(&router, &format!("/api/v1/namespaces/{}/secrets?watch=true&timeoutSeconds=1&fieldSelector=metadata.name%3D{}", mine.namespace, mine.secret)).await;
-    assert_eq!(code, 200);
-    // A secret it was not granted: 403 with the name in the message.
-    sim.store()
-        .create("secrets", opaque_secret(&mine.namespace, "other", &[]))
-        .unwrap();
-    let st = api_err(secrets.get("other").await.unwrap_err());
-    assert_eq!(
-        st.message,
-        format!(
-            "secrets \"other\" is forbidden: User \"{ROUTER_USER}\" cannot get resource \"secrets\" in API group \"\" in the namespace \"{}\"",
-            mine.namespace
-        )
-    );
-    assert_eq!(st.details.as_ref().unwrap().name, "other");
-    let st = api_err(
-        secrets
-            .list(&ListParams::default().fields("metadata.name=other"))
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(st.code, 403);
-    // Router may list routes everywhere and update their status, but not write specs.
-    let all_routes = kube::Api::<DynamicObject>::all_with(router.clone(), &route_resource());
-    assert_eq!(
-        all_routes
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .len(),
-        6
-    );
-    let ns_routes = routes(router.clone(), &mine.namespace);
-    let r = sim
-        .store()
-        .get("routes", mine.namespace.as_str(), &mine.route)
-        .unwrap();
-    let as_obj: DynamicObject = serde_json::from_value(r.clone()).unwrap();
-    ns_routes
-        .replace_status(&mine.route, &PostParams::default(), &as_obj)
-        .await
-        .unwrap();
-    let st = api_err(
-        ns_routes
-            .replace(
-                &mine.route,
-                &PostParams::default(),
-                &serde_json::from_value(r).unwrap(),
+    };
+    let secrets = format!("/api/v1/namespaces/{ns}/secrets");
+    let allowed = |what, method, path: String, body| Access {
+        what,
+        method,
+        path,
+        body,
+        code: 200,
+        status: None,
+    };
+    let denied = |what, method, path: String, status| Access {
+        what,
+        method,
+        path,
+        body: None,
+        code: 403,
+        status: Some(status),
+    };
+    let cases = [
+        allowed(
+            "get its own secret",
+            Method::GET,
+            format!("{secrets}/{secret}"),
+            None,
+        ),
+        allowed(
+            "list its own secret by name",
+            Method::GET,
+            format!("{secrets}?fieldSelector=metadata.name%3D{secret}"),
+            None,
+        ),
+        allowed(
+            "watch its own secret by name",
+            Method::GET,
+            format!("{secrets}?watch=true&timeoutSeconds=1&fieldSelector=metadata.name%3D{secret}"),
+            None,
+        ),
+        denied(
+            "list without a name",
+            Method::GET,
+            secrets.clone(),
+            forbidden(
+                format!("secrets is forbidden: {}", cannot("list", "secrets", "")),
+                json!({"kind": "secrets"}),
+            ),
+        ),
+        denied(
+            "get a secret it was not granted",
+            Method::GET,
+            format!("{secrets}/other"),
+            forbidden(
+                format!(
+                    "secrets \"other\" is forbidden: {}",
+                    cannot("get", "secrets", "")
+                ),
+                json!({"name": "other", "kind": "secrets"}),
+            ),
+        ),
+        denied(
+            "list it by name: the selector names the object",
+            Method::GET,
+            format!("{secrets}?fieldSelector=metadata.name%3Dother"),
+            forbidden(
+                format!(
+                    "secrets \"other\" is forbidden: {}",
+                    cannot("list", "secrets", "")
+                ),
+                json!({"name": "other", "kind": "secrets"}),
+            ),
+        ),
+        denied(
+            "watch it by name, with another term",
+            Method::GET,
+            format!("{secrets}?watch=true&fieldSelector=metadata.name%3D%3Dother,type%3DOpaque"),
+            forbidden(
+                format!(
+                    "secrets \"other\" is forbidden: {}",
+                    cannot("watch", "secrets", "")
+                ),
+                json!({"name": "other", "kind": "secrets"}),
+            ),
+        ),
+        denied(
+            "a != selector names nothing",
+            Method::GET,
+            format!("{secrets}?fieldSelector=metadata.name!%3Dother"),
+            forbidden(
+                format!("secrets is forbidden: {}", cannot("list", "secrets", "")),
+                json!({"kind": "secrets"}),
+            ),
+        ),
+        denied(
+            "deletecollection by name: the selector does not name it",
+            Method::DELETE,
+            format!("{secrets}?fieldSelector=metadata.name%3D{secret}"),
+            forbidden(
+                format!(
+                    "secrets is forbidden: {}",
+                    cannot("deletecollection", "secrets", "")
+                ),
+                json!({"kind": "secrets"}),
+            ),
+        ),
+        denied(
+            "list in every namespace",
+            Method::GET,
+            "/api/v1/secrets".to_string(),
+            forbidden(
+                format!(
+                    "secrets is forbidden: User \"{user}\" cannot list resource \"secrets\" in API group \"\" at the cluster scope"
+                ),
+                json!({"kind": "secrets"}),
+            ),
+        ),
+        denied(
+            "delete a namespace: a request in that namespace",
+            Method::DELETE,
+            format!("/api/v1/namespaces/{ns}"),
+            forbidden(
+                format!(
+                    "namespaces \"{ns}\" is forbidden: {}",
+                    cannot("delete", "namespaces", "")
+                ),
+                json!({"name": ns, "kind": "namespaces"}),
+            ),
+        ),
+        allowed(
+            "list routes everywhere",
+            Method::GET,
+            "/apis/route.openshift.io/v1/routes".to_string(),
+            None,
+        ),
+        allowed(
+            "update a route's status",
+            Method::PUT,
+            format!("/apis/route.openshift.io/v1/namespaces/{ns}/routes/{route_name}/status"),
+            Some(route_object.clone()),
+        ),
+        Access {
+            body: Some(route_object.clone()),
+            ..denied(
+                "update a route's spec",
+                Method::PUT,
+                format!("/apis/route.openshift.io/v1/namespaces/{ns}/routes/{route_name}"),
+                forbidden(
+                    format!(
+                        "routes.route.openshift.io \"{route_name}\" is forbidden: {}",
+                        cannot("update", "routes", "route.openshift.io")
+                    ),
+                    json!({"name": route_name, "group": "route.openshift.io", "kind": "routes"}),
+                ),
             )
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(st.code, 403);
-    // RBAC edits take effect at once: granting "other" allows it.
-    sim.grant_router_secrets(&mine.namespace, &["other"])
-        .unwrap();
-    secrets.get("other").await.unwrap();
-    // Deleting the binding takes the grants away.
-    sim.store()
-        .delete(
-            "rolebindings",
-            mine.namespace.as_str(),
-            kube_sim::ROUTER_SECRETS_ROLE,
+        },
+        Access {
+            body: Some(
+                json!({"apiVersion": "authorization.k8s.io/v1", "kind": "LocalSubjectAccessReview",
+                "spec": {"user": "x", "resourceAttributes": {"verb": "get", "resource": "secrets"}}}),
+            ),
+            ..denied(
+                "review another identity in a namespace",
+                Method::POST,
+                format!("/apis/authorization.k8s.io/v1/namespaces/{ns}/localsubjectaccessreviews"),
+                forbidden(
+                    format!(
+                        "localsubjectaccessreviews.authorization.k8s.io is forbidden: {}",
+                        cannot(
+                            "create",
+                            "localsubjectaccessreviews",
+                            "authorization.k8s.io"
+                        )
+                    ),
+                    json!({"group": "authorization.k8s.io", "kind": "localsubjectaccessreviews"}),
+                ),
+            )
+        },
+        denied(
+            "read a non-resource path it was not granted",
+            Method::GET,
+            "/metrics".to_string(),
+            forbidden(
+                format!("forbidden: User \"{user}\" cannot get path \"/metrics\""),
+                json!({}),
+            ),
+        ),
+    ];
+    for case in cases {
+        let (code, _, status) = raw(
+            &router,
+            case.method.clone(),
+            &case.path,
+            case.body.clone(),
+            "application/json",
         )
+        .await;
+        assert_eq!(code, case.code, "{}: {status}", case.what);
+        if let Some(want) = &case.status {
+            assert_eq!(&status, want, "{}", case.what);
+        }
+    }
+
+    // RBAC edits take effect at once: granting "other" allows it...
+    let other = format!("{secrets}/other");
+    sim.grant_router_secrets(ns, &["other"]).unwrap();
+    assert_eq!(get(&router, &other).await.0, 200);
+    // ...and deleting the binding takes every grant away.
+    sim.store()
+        .delete("rolebindings", ns.as_str(), kube_sim::ROUTER_SECRETS_ROLE)
         .unwrap();
-    assert_eq!(
-        api_err(secrets.get(&mine.secret).await.unwrap_err()).code,
-        403
-    );
+    assert_eq!(get(&router, &format!("{secrets}/{secret}")).await.0, 403);
 
     // Unknown or missing tokens: 401 Status.
     let mut config = sim.client_config("router").await.unwrap();
@@ -637,13 +815,28 @@ async fn access_reviews_answer_from_rbac() {
             .create(&PostParams::default(), &sar(verb, &mine.secret))
             .await
             .unwrap();
-        assert!(r.status.unwrap().allowed, "{verb}");
+        let status = r.status.unwrap();
+        assert!(status.allowed, "{verb}");
+        // The reason names binding, role and subject as kube-apiserver's RBAC does.
+        assert_eq!(
+            status.reason.as_deref(),
+            Some(
+                format!(
+                    "RBAC: allowed by RoleBinding \"certwatch-router-secrets/{}\" of Role \"certwatch-router-secrets\" to ServiceAccount \"router/openshift-ingress\"",
+                    mine.namespace
+                )
+                .as_str()
+            ),
+            "{verb}"
+        );
     }
     let r = sars
         .create(&PostParams::default(), &sar("get", "not-mine"))
         .await
         .unwrap();
-    assert!(!r.status.unwrap().allowed);
+    let status = r.status.unwrap();
+    assert!(!status.allowed);
+    assert_eq!(status.reason, None, "a denial carries no reason");
     let r = sars
         .create(&PostParams::default(), &sar("list", ""))
         .await
@@ -781,5 +974,167 @@ async fn discovery_and_stats_accounting() {
         ("get", "secrets", Some("nope"), 403)
     );
     assert_eq!(rec.protocol, "h1");
+    sim.shutdown().await;
+}
+
+/// The number a metric line carries, for one exact label set.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_requests_as_kube_apiserver_does() {
+    let sim = start().await;
+    let cluster = sim.generate(&GenerateSpec::new(1, 1)).unwrap();
+    let mine = &cluster.routes[0];
+    let router = sim.client("router").await.unwrap();
+    let admin = sim.client("admin").await.unwrap();
+    let secret = format!(
+        "/api/v1/namespaces/{}/secrets/{}",
+        mine.namespace, mine.secret
+    );
+    assert_eq!(get(&router, &secret).await.0, 200);
+    assert_eq!(
+        get(
+            &router,
+            &format!("/api/v1/namespaces/{}/secrets/nope", mine.namespace)
+        )
+        .await
+        .0,
+        403
+    );
+    let selector = format!(
+        "/api/v1/namespaces/{}/secrets?watch=true&timeoutSeconds=1&fieldSelector=metadata.name%3D{}",
+        mine.namespace, mine.secret
+    );
+    assert_eq!(get(&router, &selector).await.0, 200);
+    let (code, _, body) = raw(&admin, Method::GET, "/metrics", None, "application/json").await;
+    assert_eq!(code, 200);
+    // raw() parses JSON; read the text again as text.
+    assert_eq!(body, Value::Null);
+    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = admin.request_text(req).await.unwrap();
+    let series = |verb: &str, scope: &str, code: u16| {
+        format!(
+            "apiserver_request_total{{code=\"{code}\",component=\"apiserver\",dry_run=\"\",group=\"\",resource=\"secrets\",scope=\"{scope}\",subresource=\"\",system_client=\"\",verb=\"{verb}\",version=\"v1\"}}"
+        )
+    };
+    assert_eq!(
+        metric(&text, &series("GET", "resource", 200)),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, &series("GET", "resource", 403)),
+        None,
+        "403s are not counted"
+    );
+    // The watch named its secret by selector (scope resource) and has ended.
+    assert_eq!(
+        metric(&text, &series("WATCH", "resource", 200)),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "apiserver_longrunning_requests{component=\"apiserver\",group=\"\",resource=\"secrets\",scope=\"resource\",subresource=\"\",verb=\"WATCH\",version=\"v1\"}"
+        ),
+        Some(0.0)
+    );
+    sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_and_duplicate_fields_follow_field_validation() {
+    let sim = start().await;
+    let admin = sim.client("admin").await.unwrap();
+    let secrets = "/api/v1/namespaces/default/secrets";
+    let strict = "Secret in version \"v1\" cannot be handled as a Secret: strict decoding error:";
+    // (query, body, code, message start, warnings)
+    let cases: [(&str, &str, u16, &str, &[&str]); 5] = [
+        (
+            "?fieldValidation=Strict",
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"a"},"bogus":1}"#,
+            400,
+            strict,
+            &[],
+        ),
+        (
+            "?fieldValidation=Strict",
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"b"},"type":"Opaque","type":"Opaque"}"#,
+            400,
+            strict,
+            &[],
+        ),
+        (
+            "",
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"c"},"bogus":1}"#,
+            201,
+            "",
+            &["299 - \"unknown field \\\"bogus\\\"\""],
+        ),
+        (
+            "?fieldValidation=Ignore",
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"d"},"bogus":1}"#,
+            201,
+            "",
+            &[],
+        ),
+        (
+            "?fieldValidation=Maybe",
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"e"}}"#,
+            400,
+            "fieldValidation",
+            &[],
+        ),
+    ];
+    for (query, body, code, message, warnings) in cases {
+        let req = http::Request::post(format!("{secrets}{query}"))
+            .header("content-type", "application/json")
+            .body(kube::client::Body::from(body.as_bytes().to_vec()))
+            .unwrap();
+        let resp = admin.send(req).await.unwrap();
+        assert_eq!(resp.status().as_u16(), code, "{query} {body}");
+        let got: Vec<&str> = resp
+            .headers()
+            .get_all("warning")
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(got, warnings, "{query} {body}");
+        let bytes = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let status: Value = serde_json::from_slice(&bytes).unwrap();
+        if !message.is_empty() {
+            assert!(
+                status["message"].as_str().unwrap().starts_with(message),
+                "{status}"
+            );
+        }
+    }
+    // A patch that adds an unknown field is an invalid patch (422), naming the field.
+    let (code, _, status) = raw(
+        &admin,
+        Method::PATCH,
+        &format!("{secrets}/c?fieldValidation=Strict"),
+        Some(json!({"bogus2": 1})),
+        "application/merge-patch+json",
+    )
+    .await;
+    assert_eq!((code, status["reason"].as_str()), (422, Some("Invalid")));
+    let message = status["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(" \"\" is invalid: patch: Invalid value: \""),
+        "{message}"
+    );
+    assert!(
+        message.ends_with("strict decoding error: unknown field \"bogus2\""),
+        "{message}"
+    );
+    assert_eq!(status["details"]["causes"][0]["field"], "patch");
     sim.shutdown().await;
 }

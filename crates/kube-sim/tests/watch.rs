@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use common::*;
 use futures::{StreamExt, TryStreamExt};
+use http::Method;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::runtime::watcher::watch_object;
 use kube::runtime::watcher::{self, Event};
 use kube_sim::loadgen::H2Connection;
-use kube_sim::{INITIAL_EVENTS_END, SimConfig};
+use kube_sim::{INITIAL_EVENTS_END, ServerFeatures, SimConfig};
 use serde_json::{Value, json};
 
 fn name_of(s: &Secret) -> String {
@@ -384,11 +385,31 @@ async fn streaming_list_protocol() {
         (Some("ADDED"), Some("s3"))
     );
 
+    // Without allowWatchBookmarks the stream is accepted but the end of the initial
+    // events is not announced: the next line after them is the next change.
+    let mut quiet = conn
+        .watch("/api/v1/namespaces/default/secrets?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan")
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        assert_eq!(quiet.next_event().await.unwrap()["type"], "ADDED");
+    }
+    sim.store()
+        .create("secrets", opaque_secret("default", "s4", &[]))
+        .unwrap();
+    let next = quiet.next_event().await.unwrap();
+    assert_eq!(
+        (
+            next["type"].as_str(),
+            next["object"]["metadata"]["name"].as_str()
+        ),
+        (Some("ADDED"), Some("s4"))
+    );
+
     // Invalid combinations: 422 Invalid, as kube-apiserver answers.
     let admin = sim.client("admin").await.unwrap();
     for bad in [
         "/api/v1/namespaces/default/secrets?watch=true&sendInitialEvents=true&allowWatchBookmarks=true",
-        "/api/v1/namespaces/default/secrets?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan",
         "/api/v1/namespaces/default/secrets?watch=true&resourceVersionMatch=NotOlderThan&resourceVersion=0",
         "/api/v1/namespaces/default/secrets?sendInitialEvents=true",
     ] {
@@ -454,17 +475,10 @@ async fn label_selector_transitions_and_timeout() {
         .unwrap();
     while short.next_event().await.is_some() {}
     drop(w);
-    for _ in 0..1000 {
-        if sim.stats().open_watches == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(
-        sim.stats().open_watches,
-        0,
-        "closed watches leave the count"
-    );
+    stats_reach(&sim, "closed watches to leave the count", |s| {
+        s.open_watches == 0
+    })
+    .await;
     sim.shutdown().await;
 }
 
@@ -522,5 +536,73 @@ async fn a_watcher_that_cannot_keep_up_is_terminated() {
         events > 0 && events < 200,
         "got {events} of 200 events before the end"
     );
+    sim.shutdown().await;
+}
+
+/// A server without streaming lists, in the two ways real ones lack them, set at
+/// start or through the admin API; the answers are kube-apiserver's, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_without_streaming_lists_refuse_as_kube_apiserver_does() {
+    let sim = start_with(SimConfig {
+        features: ServerFeatures {
+            watch_list: false,
+            ..ServerFeatures::default()
+        },
+        ..SimConfig::default()
+    })
+    .await;
+    let client = client_without_retries(&sim, "admin").await;
+    let streaming = "/api/v1/namespaces/default/secrets?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true";
+    let refused = "{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"metadata\":{},\"status\":\"Failure\",\"message\":\"ListOptions.meta.k8s.io \\\"\\\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled\",\"reason\":\"Invalid\",\"details\":{\"group\":\"meta.k8s.io\",\"kind\":\"ListOptions\",\"causes\":[{\"reason\":\"FieldValueForbidden\",\"message\":\"Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled\",\"field\":\"sendInitialEvents\"}]},\"code\":422}";
+    let (code, _, status) = raw(&client, Method::GET, streaming, None, "application/json").await;
+    assert_eq!(code, 422);
+    assert_eq!(status, serde_json::from_str::<Value>(refused).unwrap());
+    // List-then-watch still works.
+    let (code, _) = get(
+        &client,
+        "/api/v1/namespaces/default/secrets?watch=true&timeoutSeconds=1",
+    )
+    .await;
+    assert_eq!(code, 200);
+
+    // Storage without watch progress: 200, one ERROR event, end of stream.
+    let (code, features) = admin(
+        &sim,
+        Method::PUT,
+        "/sim/features",
+        Some(json!({"watch_list": true, "watch_progress": false})),
+    )
+    .await;
+    assert_eq!(
+        (code, features["watch_progress"].as_bool()),
+        (200, Some(false))
+    );
+    assert_eq!(
+        sim.features(),
+        ServerFeatures {
+            watch_list: true,
+            watch_progress: false
+        }
+    );
+    let token = sim.token("admin").unwrap();
+    let conn = H2Connection::connect(sim.addr(), &token).await.unwrap();
+    let mut w = conn.watch(streaming).await.unwrap();
+    let error = w.next_event().await.unwrap();
+    let want: Value = serde_json::from_str("{\"type\":\"ERROR\",\"object\":{\"kind\":\"Status\",\"apiVersion\":\"v1\",\"metadata\":{},\"status\":\"Failure\",\"message\":\"a watch stream was requested by the client but the required storage feature RequestWatchProgress is disabled\",\"reason\":\"InternalError\",\"code\":500}}").unwrap();
+    assert_eq!(error, want);
+    assert!(
+        w.next_event().await.is_none(),
+        "the stream ends after the error"
+    );
+    let last = sim.request_log().pop().unwrap();
+    assert_eq!(
+        (last.verb.as_str(), last.code, last.send_initial_events),
+        ("watch", 200, true)
+    );
+
+    // Back to a current server.
+    sim.set_features(ServerFeatures::default());
+    let mut w = conn.watch(streaming).await.unwrap();
+    assert_eq!(w.next_event().await.unwrap()["type"], "BOOKMARK");
     sim.shutdown().await;
 }

@@ -6,11 +6,13 @@
 //!   write and recognise this router's `status.ingress[]` entry.
 //! - [`reason`]: why a route was rejected or re-admitted, with OpenShift's reason names
 //!   (`ExternalCertificateValidationFailed`, ...) and messages a person can act on.
-//! - [`tls`]: validation of the certificate and key of a `kubernetes.io/tls` secret:
-//!   chain order, key format, key/certificate match, validity, host coverage.
-//! - `testing` (feature `test-support`): rcgen-built certificate and key fixtures.
+//! - [`tls`]: validation of the certificate and key of a `kubernetes.io/tls` secret with
+//!   the OpenShift router's rules, plus what HAProxy refuses: PEM, key kinds, weak keys
+//!   and signatures, key/certificate match; warnings for validity, host coverage, order.
+//! - `testing` (feature `test-support`): certificate and key fixtures, and a `haproxy -c`
+//!   check of bundles.
 //!
-//! Nothing in this crate performs I/O.
+//! Nothing in this crate performs I/O, except the test support's HAProxy check.
 //!
 //! # Example
 //!

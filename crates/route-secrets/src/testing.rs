@@ -4,7 +4,9 @@
 //! issues [`Leaf`] certificates for any [`KeyKind`], valid or not, in any chain order.
 //! ECDSA and Ed25519 keys are generated fresh; RSA keys come from a fixed set under
 //! `src/testing/keys/` because ring, the project's only crypto back-end, cannot generate
-//! RSA keys. PKCS#1 and SEC1 encodings are derived from PKCS#8 here.
+//! RSA keys. PKCS#1 and SEC1 encodings are derived from PKCS#8 here. What rcgen cannot
+//! make (weak signatures, other key types and sizes) was made once with OpenSSL:
+//! [`openssl`]. [`haproxy`] asks a real HAProxy whether it loads a bundle.
 //!
 //! Functions panic when a fixture cannot be built: that is a bug in the test, never a
 //! property of the input under test.
@@ -28,6 +30,9 @@ use rcgen::{
 use x509_parser::asn1_rs::Tag;
 use x509_parser::time::ASN1Time;
 
+pub mod haproxy;
+pub mod openssl;
+
 use crate::route::{
     ExternalCertificateReference, Route, RouteSpec, RouteTargetReference, TlsConfig, TlsTermination,
 };
@@ -39,9 +44,9 @@ pub const SECRET_SIZE_LIMIT: usize = 1024 * 1024;
 
 const RSA_2048_A: &str = include_str!("testing/keys/rsa-2048-a.pkcs8.pem");
 const RSA_2048_B: &str = include_str!("testing/keys/rsa-2048-b.pkcs8.pem");
-/// An RSA key of 1024 bits, PKCS#8 (too small to be served).
+/// An RSA key of 1024 bits, PKCS#8 (too small for HAProxy).
 pub const RSA_1024_KEY_PEM: &str = include_str!("testing/keys/rsa-1024.pkcs8.pem");
-/// An ECDSA P-521 key, PKCS#8 (a curve that is not served).
+/// An ECDSA P-521 key, PKCS#8 (the key of [`openssl::LEAF_EC_P521`]).
 pub const EC_P521_KEY_PEM: &str = include_str!("testing/keys/ec-p521.pkcs8.pem");
 /// An Ed448 key, PKCS#8 (an algorithm that is not served).
 pub const ED448_KEY_PEM: &str = include_str!("testing/keys/ed448.pkcs8.pem");
@@ -61,9 +66,6 @@ const DER_SEQUENCE: u8 = 0x30;
 const DER_CONTEXT_0: u8 = 0xa0;
 const DER_CONTEXT_1: u8 = 0xa1;
 const DER_OID: u8 = 0x06;
-/// Contents of the curve object identifiers 1.2.840.10045.3.1.7 and 1.3.132.0.34.
-const OID_P256: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
-const OID_P384: &[u8] = &[0x2b, 0x81, 0x04, 0x00, 0x22];
 
 /// A key algorithm in a specific encoding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -80,20 +82,19 @@ pub enum KeyKind {
     EcdsaP384Pkcs8,
     /// ECDSA P-384, `EC PRIVATE KEY`.
     EcdsaP384Sec1,
-    /// Ed25519, `PRIVATE KEY`.
+    /// Ed25519, `PRIVATE KEY`: not served (the router serves only RSA and ECDSA keys).
     Ed25519Pkcs8,
 }
 
 impl KeyKind {
-    /// Every supported kind.
-    pub const ALL: [Self; 7] = [
+    /// Every kind that is served (all but [`KeyKind::Ed25519Pkcs8`]).
+    pub const ALL: [Self; 6] = [
         Self::RsaPkcs8,
         Self::RsaPkcs1,
         Self::EcdsaP256Pkcs8,
         Self::EcdsaP256Sec1,
         Self::EcdsaP384Pkcs8,
         Self::EcdsaP384Sec1,
-        Self::Ed25519Pkcs8,
     ];
 
     fn signature_algorithm(self) -> &'static SignatureAlgorithm {
@@ -105,13 +106,13 @@ impl KeyKind {
         }
     }
 
-    /// The algorithm validation reports for this kind.
-    pub fn algorithm(self) -> KeyAlgorithm {
+    /// The algorithm validation reports for this kind (`None`: not served).
+    pub fn algorithm(self) -> Option<KeyAlgorithm> {
         match self {
-            Self::RsaPkcs8 | Self::RsaPkcs1 => KeyAlgorithm::Rsa { bits: 2048 },
-            Self::EcdsaP256Pkcs8 | Self::EcdsaP256Sec1 => KeyAlgorithm::EcdsaP256,
-            Self::EcdsaP384Pkcs8 | Self::EcdsaP384Sec1 => KeyAlgorithm::EcdsaP384,
-            Self::Ed25519Pkcs8 => KeyAlgorithm::Ed25519,
+            Self::RsaPkcs8 | Self::RsaPkcs1 => Some(KeyAlgorithm::Rsa { bits: 2048 }),
+            Self::EcdsaP256Pkcs8 | Self::EcdsaP256Sec1 => Some(KeyAlgorithm::EcdsaP256),
+            Self::EcdsaP384Pkcs8 | Self::EcdsaP384Sec1 => Some(KeyAlgorithm::EcdsaP384),
+            Self::Ed25519Pkcs8 => None,
         }
     }
 
@@ -128,12 +129,11 @@ impl KeyKind {
         matches!(self, Self::RsaPkcs8 | Self::RsaPkcs1)
     }
 
-    fn curve_oid(self) -> Option<&'static [u8]> {
-        match self {
-            Self::EcdsaP256Pkcs8 | Self::EcdsaP256Sec1 => Some(OID_P256),
-            Self::EcdsaP384Pkcs8 | Self::EcdsaP384Sec1 => Some(OID_P384),
-            _ => None,
-        }
+    fn is_ecdsa(self) -> bool {
+        matches!(
+            self,
+            Self::EcdsaP256Pkcs8 | Self::EcdsaP256Sec1 | Self::EcdsaP384Pkcs8 | Self::EcdsaP384Sec1
+        )
     }
 }
 
@@ -204,11 +204,7 @@ impl TestKey {
 
     /// The key as PEM in its kind's encoding.
     pub fn pem(&self) -> String {
-        match self.kind.encoding() {
-            KeyEncoding::Pkcs8 => self.pkcs8_pem(),
-            KeyEncoding::Pkcs1 => pem_block("RSA PRIVATE KEY", &self.pkcs8_inner().2),
-            KeyEncoding::Sec1 => pem_block("EC PRIVATE KEY", &self.sec1_der(true)),
-        }
+        pkcs8_key_as(&self.pkcs8_pem(), self.kind.encoding())
     }
 
     /// The base64 lines of the key's PEM, to search output for leaks.
@@ -222,25 +218,8 @@ impl TestKey {
     /// For ECDSA kinds: the key in its encoding, but without the embedded public key, so
     /// that the public key must be derived. Panics for other kinds.
     pub fn pem_without_public_key(&self) -> String {
-        assert!(self.kind.curve_oid().is_some(), "an ECDSA key kind");
-        match self.kind.encoding() {
-            KeyEncoding::Sec1 => pem_block("EC PRIVATE KEY", &self.sec1_der(false)),
-            _ => {
-                let (_, algorithm, _) = self.pkcs8_inner();
-                let inner = der_sequence(&[
-                    tlv(DER_INTEGER, &[1]),
-                    tlv(DER_OCTET_STRING, &self.ec_scalar()),
-                ]);
-                pem_block(
-                    "PRIVATE KEY",
-                    &der_sequence(&[
-                        tlv(DER_INTEGER, &[0]),
-                        algorithm,
-                        tlv(DER_OCTET_STRING, &inner),
-                    ]),
-                )
-            }
-        }
+        assert!(self.kind.is_ecdsa(), "an ECDSA key kind");
+        ec_key_without_public_key(&self.pkcs8_pem(), self.kind.encoding())
     }
 
     /// For P-256 SEC1 keys: the PEM preceded by an `EC PARAMETERS` block, as
@@ -253,57 +232,121 @@ impl TestKey {
         );
         format!("{EC_PARAMETERS_P256_PEM}{}", self.pem())
     }
+}
 
-    /// (version, AlgorithmIdentifier as DER, privateKey contents) of the PKCS#8 form.
-    fn pkcs8_inner(&self) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
-        let pkcs8 = self.pair.serialize_der();
-        let mut fields = Elements::new(der::whole_sequence(&pkcs8).expect("PKCS#8 sequence"));
-        let version = fields.next_unsigned().expect("version").to_vec();
+/// The parts of a PKCS#8 `PrivateKeyInfo`.
+struct Pkcs8Parts {
+    /// The AlgorithmIdentifier, as DER.
+    algorithm: Vec<u8>,
+    /// For EC keys: the contents of the curve's object identifier.
+    curve: Option<Vec<u8>>,
+    /// The contents of the privateKey OCTET STRING (PKCS#1 or SEC1 DER).
+    private_key: Vec<u8>,
+}
+
+impl Pkcs8Parts {
+    fn of(pkcs8: &[u8]) -> Self {
+        let mut fields = Elements::new(der::whole_sequence(pkcs8).expect("PKCS#8 sequence"));
+        fields.next_unsigned().expect("version");
         let algorithm = fields.next_universal(Tag::Sequence).expect("algorithm");
+        let mut algorithm_fields = Elements::new(algorithm);
+        algorithm_fields
+            .next_universal(Tag::Oid)
+            .expect("algorithm OID");
+        let curve = algorithm_fields
+            .next_any()
+            .filter(|parameters| parameters.tag() == Tag::Oid)
+            .map(|parameters| parameters.data.to_vec());
         let private_key = fields
             .next_universal(Tag::OctetString)
             .expect("private key");
-        (version, tlv(DER_SEQUENCE, algorithm), private_key.to_vec())
+        Self {
+            algorithm: tlv(DER_SEQUENCE, algorithm),
+            curve,
+            private_key: private_key.to_vec(),
+        }
     }
 
-    fn ec_scalar(&self) -> Vec<u8> {
-        let (_, _, ec_private_key) = self.pkcs8_inner();
-        let mut fields = Elements::new(der::whole_sequence(&ec_private_key).expect("ECPrivateKey"));
+    /// The ECPrivateKey's fields: the scalar and, if present, the public key's contents.
+    fn ec_fields(&self) -> (Vec<u8>, Option<Vec<u8>>) {
+        let mut fields =
+            Elements::new(der::whole_sequence(&self.private_key).expect("ECPrivateKey"));
         fields.next_unsigned().expect("version");
-        fields
-            .next_universal(Tag::OctetString)
-            .expect("scalar")
-            .to_vec()
-    }
-
-    fn ec_point(&self) -> Vec<u8> {
-        let (_, _, ec_private_key) = self.pkcs8_inner();
-        let mut fields = Elements::new(der::whole_sequence(&ec_private_key).expect("ECPrivateKey"));
-        fields.next_unsigned().expect("version");
-        fields.next_universal(Tag::OctetString).expect("scalar");
-        let (_, public) = fields
+        let scalar = fields.next_universal(Tag::OctetString).expect("scalar");
+        let point = fields
             .context_tagged()
             .expect("tagged fields")
             .into_iter()
             .find(|(tag, _)| *tag == 1)
-            .expect("ring writes the public key");
-        public.to_vec()
+            .map(|(_, public)| public.to_vec());
+        (scalar.to_vec(), point)
     }
 
-    /// A standalone SEC1 ECPrivateKey with the curve in `[0]` and, optionally, the
-    /// public key in `[1]`.
-    fn sec1_der(&self, with_public_key: bool) -> Vec<u8> {
-        let curve = self.kind.curve_oid().expect("an ECDSA key kind");
+    fn ec_scalar(&self) -> Vec<u8> {
+        self.ec_fields().0
+    }
+
+    /// A standalone SEC1 ECPrivateKey with the curve in `[0]` and, optionally (and when
+    /// the PKCS#8 form has one), the public key in `[1]`.
+    fn sec1(&self, with_public_key: bool) -> Vec<u8> {
+        let curve = self.curve.as_deref().expect("an EC key names its curve");
+        let (scalar, point) = self.ec_fields();
         let mut fields = vec![
             tlv(DER_INTEGER, &[1]),
-            tlv(DER_OCTET_STRING, &self.ec_scalar()),
+            tlv(DER_OCTET_STRING, &scalar),
             tlv(DER_CONTEXT_0, &tlv(DER_OID, curve)),
         ];
-        if with_public_key {
-            fields.push(tlv(DER_CONTEXT_1, &self.ec_point()));
+        if let Some(point) = point.filter(|_| with_public_key) {
+            fields.push(tlv(DER_CONTEXT_1, &point));
         }
         der_sequence(&fields)
     }
+}
+
+/// Re-encodes a PKCS#8 `PRIVATE KEY` PEM: as it is, as PKCS#1 `RSA PRIVATE KEY` (RSA
+/// keys) or as SEC1 `EC PRIVATE KEY` (EC keys, curve named, public key kept).
+pub fn pkcs8_key_as(pkcs8_pem: &str, encoding: KeyEncoding) -> String {
+    let der = pem_der(pkcs8_pem);
+    match encoding {
+        KeyEncoding::Pkcs8 => pem_block("PRIVATE KEY", &der),
+        KeyEncoding::Pkcs1 => pem_block("RSA PRIVATE KEY", &Pkcs8Parts::of(&der).private_key),
+        KeyEncoding::Sec1 => pem_block("EC PRIVATE KEY", &Pkcs8Parts::of(&der).sec1(true)),
+    }
+}
+
+/// An EC key given as PKCS#8 PEM, in `encoding` (PKCS#8 or SEC1) but without its public
+/// key, so that a reader must derive the public key from the private scalar.
+pub fn ec_key_without_public_key(pkcs8_pem: &str, encoding: KeyEncoding) -> String {
+    let parts = Pkcs8Parts::of(&pem_der(pkcs8_pem));
+    match encoding {
+        KeyEncoding::Sec1 => pem_block("EC PRIVATE KEY", &parts.sec1(false)),
+        KeyEncoding::Pkcs8 => {
+            let inner = der_sequence(&[
+                tlv(DER_INTEGER, &[1]),
+                tlv(DER_OCTET_STRING, &parts.ec_scalar()),
+            ]);
+            pem_block(
+                "PRIVATE KEY",
+                &der_sequence(&[
+                    tlv(DER_INTEGER, &[0]),
+                    parts.algorithm,
+                    tlv(DER_OCTET_STRING, &inner),
+                ]),
+            )
+        }
+        KeyEncoding::Pkcs1 => panic!("PKCS#1 holds RSA keys only"),
+    }
+}
+
+/// The DER of the first PEM block in `pem`.
+pub fn pem_der(pem: &str) -> Vec<u8> {
+    let body: String = pem
+        .lines()
+        .skip_while(|line| !line.starts_with("-----BEGIN"))
+        .skip(1)
+        .take_while(|line| !line.starts_with("-----END"))
+        .collect();
+    STANDARD.decode(body).expect("valid PEM")
 }
 
 /// One DER element.
@@ -587,12 +630,7 @@ impl Leaf {
 
     /// The leaf certificate as DER (binary, not PEM).
     pub fn leaf_der(&self) -> Vec<u8> {
-        let body: String = self
-            .leaf_pem
-            .lines()
-            .filter(|line| !line.starts_with("-----"))
-            .collect();
-        STANDARD.decode(body).expect("rcgen writes valid PEM")
+        pem_der(&self.leaf_pem)
     }
 
     /// The key as PEM in its kind's encoding.

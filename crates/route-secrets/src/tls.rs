@@ -1,28 +1,40 @@
-//! Validation of the TLS material in a `kubernetes.io/tls` secret.
+//! Validation of the TLS material in a `kubernetes.io/tls` secret, with the OpenShift
+//! router's rules plus what HAProxy refuses.
 //!
-//! [`TlsValidator::validate`] runs every check a router needs before it serves a
-//! certificate, in a fixed order, and reports the first failure as a [`TlsRejection`]:
+//! [`TlsValidator::validate`] admits what the router admits (openshift/router:
+//! `routeapihelpers.ExtendedValidateRoute` after the secret's `tls.crt` and `tls.key` were
+//! copied into the route) and, on top of that, rejects what would make HAProxy refuse the
+//! whole crt-list, so that one tenant's secret cannot break TLS for every other one. The
+//! checks run in this order and the first failure is reported as a [`TlsRejection`]:
 //!
 //! 1. the secret type is `kubernetes.io/tls`;
-//! 2. `tls.crt` is present and non-empty;
-//! 3. `tls.key` is present and non-empty;
-//! 4. `tls.crt` is UTF-8 text;
-//! 5. it is well-formed PEM with at least one `CERTIFICATE` block;
-//! 6. every certificate parses as X.509;
-//! 7. the chain is in order: each certificate is issued by the next one (names, and
-//!    signatures where ring can verify them);
-//! 8. the key is PEM and of a supported kind: unencrypted PKCS#8 RSA / ECDSA P-256 /
-//!    P-384 / Ed25519, PKCS#1 `RSA PRIVATE KEY` or SEC1 `EC PRIVATE KEY`, RSA of 2048
-//!    bits or more;
-//! 9. the key belongs to the server (first) certificate;
-//! 10. the server certificate is within its validity period.
+//! 2. `tls.crt` is present and not empty;
+//! 3. every PEM block of `tls.crt` is of a kind the router knows (certificates, private
+//!    keys, which are moved to the key side as the router does, and `EC PARAMETERS`,
+//!    which are dropped); public keys do not belong there;
+//! 4. it holds at least one `CERTIFICATE` block, and each parses as X.509;
+//! 5. each certificate's public key is one the router can read (no elliptic curve other
+//!    than P-224, P-256, P-384, P-521);
+//! 6. no certificate that is not self-signed is signed with MD2, MD4, MD5 or SHA-1 (the
+//!    router refuses MD2, MD5, SHA-1; HAProxy refuses all four);
+//! 7. no certificate has an RSA or DSA key under 2048 bits (HAProxy refuses them, the
+//!    router does not check);
+//! 8. every PEM block of `tls.key` is a private key (or `EC PARAMETERS`);
+//! 9. every private key block (of `tls.crt`, then `tls.key`) is an unencrypted RSA or
+//!    ECDSA key in PKCS#8, PKCS#1 or SEC1, whatever its label says, and there is one;
+//! 10. the first private key belongs to the first certificate.
 //!
-//! Valid material can still carry [`TlsWarning`]s: it expires within the warning window
-//! (30 days by default), its names do not cover the route's host (RFC 6125 wildcards),
-//! or some PEM blocks were ignored.
+//! As in the router, validity dates are not checked and the order of the chain is not
+//! enforced. Admitted material carries [`TlsWarning`]s instead: expired, not yet valid,
+//! expiring within the warning window (30 days by default), names that do not cover the
+//! route's host (RFC 6125 wildcards), a chain served reordered (the server certificate,
+//! then its issuers in issuing order, then any unrelated certificate), broken PEM blocks
+//! that were skipped as Go's PEM decoder skips them, blocks left out.
 //!
-//! Nothing here puts key bytes into an error, a warning or `Debug` output; the key is
-//! only reachable through [`SecretPem::expose_secret`].
+//! The served material is re-encoded from DER: the chain as `CERTIFICATE` blocks, leaf
+//! first, and the key with the label of the encoding it really has. Nothing here puts key
+//! bytes into an error, a warning or `Debug` output; the key is only reachable through
+//! [`SecretPem::expose_secret`].
 
 mod chain;
 pub(crate) mod der;
@@ -41,7 +53,9 @@ use k8s_openapi::api::core::v1::Secret;
 use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::GeneralName;
 
-pub use error::{TlsRejection, TlsWarning};
+pub use error::{
+    ROUTER_REASON_CERTIFICATE, ROUTER_REASON_SECRET, TlsCause, TlsRejection, TlsWarning,
+};
 pub use host::{dns_name_covers, names_cover};
 pub use key::{KeyAlgorithm, KeyEncoding};
 pub use pem::PemProblem;
@@ -263,9 +277,17 @@ impl ValidatedTls {
         host_warning(&self.dns_names, &self.ip_addresses, host)
     }
 
-    /// What a person should know although the material is valid.
+    /// What a person should know although the material is valid, as of the validation.
     pub fn warnings(&self) -> &[TlsWarning] {
         &self.warnings
+    }
+
+    /// The warning about the server certificate's validity at `now`, with `window` as the
+    /// expiry warning window: [`TlsWarning::Expired`], [`TlsWarning::NotYetValid`],
+    /// [`TlsWarning::ExpiresSoon`], or `None`. Time moves on after a validation (which is
+    /// kept as long as the secret does not change): this tells what holds now.
+    pub fn validity_warning(&self, now: Timestamp, window: SignedDuration) -> Option<TlsWarning> {
+        validity_warning(self.not_before, self.not_after, now, window)
     }
 }
 
@@ -343,52 +365,63 @@ impl TlsValidator {
             Some([]) => return Err(TlsRejection::CertificateEmpty),
             Some(bytes) => bytes,
         };
-        let key_bytes = match material.key {
-            None => return Err(TlsRejection::KeyMissing),
-            Some([]) => return Err(TlsRejection::KeyEmpty),
-            Some(bytes) => bytes,
-        };
-
         let mut warnings = Vec::new();
-        let blocks = certificate_blocks(certificate_bytes, &mut warnings)?;
-        let ders: Vec<&[u8]> = blocks.iter().map(|block| block.der.as_slice()).collect();
-        let certificates = chain::parse(&ders)?;
-        chain::check_order(&certificates)?;
-        let Some(leaf) = certificates.first() else {
-            return Err(TlsRejection::NoCertificate {
-                found_labels: Vec::new(),
+
+        let crt = read_entry(certificate_bytes, TLS_CERT_ENTRY)?;
+        if crt.certificates.is_empty() {
+            return Err(no_certificate(certificate_bytes, &crt));
+        }
+        if !crt.skipped.is_empty() {
+            warnings.push(TlsWarning::SkippedPemBlocks {
+                entry: TLS_CERT_ENTRY,
+                problems: crt.skipped.clone(),
             });
+        }
+        let ders: Vec<&[u8]> = crt
+            .certificates
+            .iter()
+            .map(|block| block.der.as_slice())
+            .collect();
+        let certificates = chain::parse(&ders)?;
+        chain::check_each(&certificates)?;
+        let Some(leaf) = certificates.first() else {
+            return Err(no_certificate(certificate_bytes, &crt));
         };
 
-        let (private_key, key_warnings) = key::parse_key_file(key_bytes)?;
-        warnings.extend(key_warnings);
-        key::check_matches(&private_key, leaf)?;
+        let private_key = private_key(&crt, material.key, &mut warnings)?;
+        if !key::matches(&private_key, leaf) {
+            return Err(TlsRejection::KeyMismatch {
+                key: private_key.algorithm.to_string(),
+                certificate: key::CertificateKey::of(leaf.public_key()).to_string(),
+                subject: shorten(leaf.subject().to_string()),
+                matching_position: certificates
+                    .iter()
+                    .position(|certificate| key::matches(&private_key, certificate))
+                    .map(|index| index + 1),
+            });
+        }
+
+        let (order, unrelated) = chain::serving_order(&certificates);
+        if order.windows(2).any(|pair| pair[0] > pair[1]) {
+            warnings.push(TlsWarning::ChainReordered {
+                order: order.iter().map(|index| index + 1).collect(),
+            });
+        }
+        if !unrelated.is_empty() {
+            warnings.push(TlsWarning::UnrelatedCertificates {
+                positions: unrelated.iter().map(|index| index + 1).collect(),
+            });
+        }
 
         let subject = shorten(leaf.subject().to_string());
         let not_before = timestamp(leaf.validity().not_before.timestamp())?;
         let not_after = timestamp(leaf.validity().not_after.timestamp())?;
-        if now < not_before {
-            return Err(TlsRejection::CertificateNotYetValid {
-                subject,
-                not_before,
-                now,
-            });
-        }
-        if now > not_after {
-            return Err(TlsRejection::CertificateExpired {
-                subject,
-                not_after,
-                now,
-            });
-        }
-
-        let remaining = now.duration_until(not_after);
-        if remaining <= self.expiry_warning {
-            warnings.push(TlsWarning::ExpiresSoon {
-                not_after,
-                days_left: remaining.as_secs() / SECONDS_PER_DAY,
-            });
-        }
+        warnings.extend(validity_warning(
+            not_before,
+            not_after,
+            now,
+            self.expiry_warning,
+        ));
         let (dns_names, ip_addresses) = identities(leaf);
         if let Some(warning) =
             route_host.and_then(|host| host_warning(&dns_names, &ip_addresses, host))
@@ -396,9 +429,9 @@ impl TlsValidator {
             warnings.push(warning);
         }
 
-        let chain_pem = ders
+        let chain_pem = order
             .iter()
-            .map(|der| pem::encode(PEM_LABEL_CERTIFICATE, der))
+            .map(|&index| pem::encode(PEM_LABEL_CERTIFICATE, ders[index]))
             .collect();
         Ok(ValidatedTls {
             chain_pem,
@@ -417,6 +450,60 @@ impl TlsValidator {
     }
 }
 
+/// Reads every private key block, those `tls.crt` holds first (the router moves them to
+/// the key), and returns the first; every one must be of a served kind.
+fn private_key(
+    crt: &EntryBlocks,
+    key_bytes: Option<&[u8]>,
+    warnings: &mut Vec<TlsWarning>,
+) -> Result<key::PrivateKey, TlsRejection> {
+    let key_file = match key_bytes {
+        Some(bytes) if !bytes.is_empty() => Some(read_entry(bytes, TLS_KEY_ENTRY)?),
+        _ => None,
+    };
+    let key_file_blocks = key_file.iter().flat_map(|entry| &entry.keys);
+    let mut keys = crt
+        .keys
+        .iter()
+        .chain(key_file_blocks)
+        .map(key::parse_key_block)
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter();
+    let Some(first) = keys.next() else {
+        return Err(match (key_bytes, &key_file) {
+            (None, _) => TlsRejection::KeyMissing,
+            (Some(bytes), Some(entry)) => no_private_key(bytes, entry),
+            (Some(_), None) => TlsRejection::KeyEmpty,
+        });
+    };
+    if !crt.keys.is_empty() {
+        warnings.push(TlsWarning::KeyFromCertificateEntry);
+    }
+    if let Some(entry) = &key_file {
+        if !entry.skipped.is_empty() {
+            warnings.push(TlsWarning::SkippedPemBlocks {
+                entry: TLS_KEY_ENTRY,
+                problems: entry.skipped.clone(),
+            });
+        }
+        // Key blocks after the one used, wherever they were.
+        let unused: Vec<String> = crt
+            .keys
+            .iter()
+            .chain(&entry.keys)
+            .skip(1)
+            .map(pem::PemBlock::display_label)
+            .collect();
+        if !unused.is_empty() {
+            warnings.push(TlsWarning::IgnoredPemBlocks {
+                entry: TLS_KEY_ENTRY,
+                labels: unused,
+            });
+        }
+    }
+    Ok(first)
+}
+
 /// Validates with the default [`TlsValidator`] (30-day expiry warning).
 pub fn validate(
     secret_type: Option<&str>,
@@ -427,35 +514,128 @@ pub fn validate(
     TlsValidator::default().validate(TlsMaterial::from_data(secret_type, data), route_host, now)
 }
 
-/// Checks that `tls.crt` is PEM text and returns its CERTIFICATE blocks (warning about
-/// any others, which are left out of the served chain as Go's `tls.X509KeyPair` does).
-fn certificate_blocks(
-    bytes: &[u8],
-    warnings: &mut Vec<TlsWarning>,
-) -> Result<Vec<pem::PemBlock>, TlsRejection> {
-    let text = std::str::from_utf8(bytes).map_err(|err| TlsRejection::CertificateNotText {
-        offset: err.valid_up_to(),
-        // A DER SEQUENCE with a long-form length: someone stored the binary certificate.
-        looks_like_der: bytes.first() == Some(&0x30) && bytes.get(1).is_some_and(|b| b & 0x80 != 0),
-    })?;
-    let blocks =
-        pem::parse(text).map_err(|problem| TlsRejection::CertificatePemMalformed { problem })?;
-    let (certificates, others): (Vec<_>, Vec<_>) = blocks
-        .into_iter()
-        .partition(|block| block.label == PEM_LABEL_CERTIFICATE);
-    let other_labels: Vec<String> = others.iter().map(pem::PemBlock::display_label).collect();
-    if certificates.is_empty() {
-        return Err(TlsRejection::NoCertificate {
-            found_labels: other_labels,
-        });
+/// The PEM blocks of one entry, sorted by kind.
+struct EntryBlocks {
+    certificates: Vec<pem::PemBlock>,
+    keys: Vec<pem::PemBlock>,
+    /// The labels of every block, in order (for messages).
+    labels: Vec<String>,
+    /// Broken blocks that were skipped.
+    skipped: Vec<PemProblem>,
+}
+
+/// PEM labels of public keys the router recognizes, and refuses where they are.
+const PUBLIC_KEY_LABELS: [&str; 4] = [
+    "PUBLIC KEY",
+    "RSA PUBLIC KEY",
+    "DSA PUBLIC KEY",
+    "ECDSA PUBLIC KEY",
+];
+/// Curve parameters that OpenSSL writes before SEC1 keys; the router drops them.
+const PEM_LABEL_EC_PARAMETERS: &str = "EC PARAMETERS";
+
+/// Scans one entry (`tls.crt` or `tls.key`) as the router's PEM sanitizer does: text
+/// outside blocks is dropped (bytes that are not UTF-8 too), broken blocks are skipped,
+/// and a block of an unknown kind, or of a kind that does not belong in this entry, is a
+/// rejection.
+fn read_entry(bytes: &[u8], entry: &'static str) -> Result<EntryBlocks, TlsRejection> {
+    let scan = pem::scan(&String::from_utf8_lossy(bytes));
+    let is_crt = entry == TLS_CERT_ENTRY;
+    let mut blocks = EntryBlocks {
+        certificates: Vec::new(),
+        keys: Vec::new(),
+        labels: scan
+            .blocks
+            .iter()
+            .map(pem::PemBlock::display_label)
+            .collect(),
+        skipped: scan.skipped,
+    };
+    for block in scan.blocks {
+        let label = block.label.as_str();
+        if key::is_private_key_label(label) {
+            blocks.keys.push(block);
+        } else if label == PEM_LABEL_CERTIFICATE && is_crt {
+            blocks.certificates.push(block);
+        } else if label == PEM_LABEL_CERTIFICATE || PUBLIC_KEY_LABELS.contains(&label) {
+            return Err(TlsRejection::UnexpectedPemBlock {
+                entry,
+                label: block.display_label(),
+                expected: if is_crt { "CERTIFICATE" } else { "PRIVATE KEY" },
+            });
+        } else if label != PEM_LABEL_EC_PARAMETERS {
+            return Err(TlsRejection::UnrecognizedPemBlock {
+                entry,
+                label: block.display_label(),
+            });
+        }
     }
-    if !other_labels.is_empty() {
-        warnings.push(TlsWarning::IgnoredPemBlocks {
-            entry: TLS_CERT_ENTRY,
-            labels: other_labels,
-        });
+    Ok(blocks)
+}
+
+/// Why an entry yielded nothing usable, most telling first.
+enum NothingUsable {
+    /// The bytes are not text: the first invalid byte.
+    NotText { offset: usize },
+    /// A block was broken: the first one's problem.
+    Broken(PemProblem),
+    /// Only other blocks, or none: their labels.
+    OtherBlocks(Vec<String>),
+}
+
+fn nothing_usable(bytes: &[u8], blocks: &EntryBlocks) -> NothingUsable {
+    if let Err(err) = std::str::from_utf8(bytes) {
+        NothingUsable::NotText {
+            offset: err.valid_up_to(),
+        }
+    } else if let Some(problem) = blocks.skipped.first() {
+        NothingUsable::Broken(problem.clone())
+    } else {
+        NothingUsable::OtherBlocks(blocks.labels.clone())
     }
-    Ok(certificates)
+}
+
+/// Why `tls.crt` (`bytes`, scanned into `blocks`) yielded no certificate.
+fn no_certificate(bytes: &[u8], blocks: &EntryBlocks) -> TlsRejection {
+    match nothing_usable(bytes, blocks) {
+        NothingUsable::NotText { offset } => TlsRejection::CertificateNotText {
+            offset,
+            // A DER SEQUENCE with a long-form length: someone stored the binary certificate.
+            looks_like_der: bytes.first() == Some(&0x30)
+                && bytes.get(1).is_some_and(|b| b & 0x80 != 0),
+        },
+        NothingUsable::Broken(problem) => TlsRejection::CertificatePemMalformed { problem },
+        NothingUsable::OtherBlocks(found_labels) => TlsRejection::NoCertificate { found_labels },
+    }
+}
+
+/// Why `tls.key` (`bytes`, scanned into `blocks`) yielded no private key.
+fn no_private_key(bytes: &[u8], blocks: &EntryBlocks) -> TlsRejection {
+    match nothing_usable(bytes, blocks) {
+        NothingUsable::NotText { offset } => TlsRejection::KeyNotText { offset },
+        NothingUsable::Broken(problem) => TlsRejection::KeyPemMalformed { problem },
+        NothingUsable::OtherBlocks(found_labels) => TlsRejection::NoPrivateKey { found_labels },
+    }
+}
+
+/// The warning about a validity period at `now`, if any.
+fn validity_warning(
+    not_before: Timestamp,
+    not_after: Timestamp,
+    now: Timestamp,
+    window: SignedDuration,
+) -> Option<TlsWarning> {
+    if now < not_before {
+        return Some(TlsWarning::NotYetValid { not_before });
+    }
+    if now > not_after {
+        return Some(TlsWarning::Expired { not_after });
+    }
+    let remaining = now.duration_until(not_after);
+    (remaining <= window).then(|| TlsWarning::ExpiresSoon {
+        not_after,
+        days_left: remaining.as_secs() / SECONDS_PER_DAY,
+    })
 }
 
 fn timestamp(seconds: i64) -> Result<Timestamp, TlsRejection> {

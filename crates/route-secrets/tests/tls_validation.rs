@@ -1,17 +1,16 @@
 //! Every check of `tls::TlsValidator`, with material built by `route_secrets::testing`.
+//! (What HAProxy makes of the results is in `tls_router_matrix.rs`.)
 
 // Helpers outside #[test] functions fail the test on bad fixtures, which is intended.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD;
 use jiff::{SignedDuration, Timestamp};
 use route_secrets::reason::{Reason, ValidationProblem};
 use route_secrets::route::RouteKey;
-use route_secrets::testing::{self, KeyKind, LeafSpec, Pki, TestKey};
+use route_secrets::testing::{self, KeyKind, LeafSpec, Pki, TestKey, openssl};
 use route_secrets::tls::{
-    self, KeyAlgorithm, KeyEncoding, PemProblem, SECRET_TYPE_TLS, TlsMaterial, TlsRejection,
-    TlsValidator, TlsWarning, ValidatedTls,
+    self, KeyAlgorithm, KeyEncoding, PemProblem, SECRET_TYPE_TLS, TlsCause, TlsMaterial,
+    TlsRejection, TlsValidator, TlsWarning, ValidatedTls,
 };
 
 const HOST: &str = "shop.example.com";
@@ -50,11 +49,12 @@ fn leaf(pki: &Pki, kind: KeyKind) -> testing::Leaf {
 }
 
 fn pem_der(pem: &str) -> Vec<u8> {
-    let body: String = pem
-        .lines()
-        .filter(|line| !line.starts_with("-----"))
-        .collect();
-    STANDARD.decode(body).unwrap()
+    testing::pem_der(pem)
+}
+
+/// The codes of a validation's warnings.
+fn warning_codes(validated: &ValidatedTls) -> Vec<&'static str> {
+    validated.warnings().iter().map(TlsWarning::code).collect()
 }
 
 /// Asserts that no 24-character window of `secret` appears in `output`.
@@ -76,7 +76,11 @@ fn valid_material_passes_in_every_key_format() {
         let leaf = leaf(&pki, kind);
         let validated = check(leaf.chain_pem().as_bytes(), leaf.key_pem().as_bytes())
             .unwrap_or_else(|err| panic!("{kind:?}: {err}"));
-        assert_eq!(validated.key_algorithm(), kind.algorithm(), "{kind:?}");
+        assert_eq!(
+            Some(validated.key_algorithm()),
+            kind.algorithm(),
+            "{kind:?}"
+        );
         assert_eq!(validated.key_encoding(), kind.encoding(), "{kind:?}");
         assert_eq!(validated.chain_len(), 2);
         assert_eq!(validated.warnings(), &[], "{kind:?}");
@@ -105,6 +109,246 @@ fn valid_material_passes_in_every_key_format() {
         assert_eq!(validated.not_before(), now() - days(1));
         assert_eq!(validated.not_after(), now() + days(90));
     }
+}
+
+/// The OpenSSL-made leaves' "now": inside their validity (2020..2120).
+fn fixture_now() -> Timestamp {
+    Timestamp::from_second(1_767_225_600).unwrap()
+}
+
+fn check_fixture(certificate: &str, key: &str) -> Result<ValidatedTls, TlsRejection> {
+    TlsValidator::default().validate(
+        TlsMaterial {
+            secret_type: Some(SECRET_TYPE_TLS),
+            certificate: Some(certificate.as_bytes()),
+            key: Some(key.as_bytes()),
+        },
+        Some(openssl::HOST),
+        fixture_now(),
+    )
+}
+
+#[test]
+fn every_rsa_size_and_every_curve_go_knows_is_served() {
+    let cases = [
+        (openssl::LEAF_RSA_2048, KeyAlgorithm::Rsa { bits: 2048 }),
+        (openssl::LEAF_RSA_2048_E3, KeyAlgorithm::Rsa { bits: 2048 }),
+        (openssl::LEAF_RSA_3072, KeyAlgorithm::Rsa { bits: 3072 }),
+        (openssl::LEAF_RSA_4096, KeyAlgorithm::Rsa { bits: 4096 }),
+        (openssl::LEAF_EC_P224, KeyAlgorithm::EcdsaP224),
+        (openssl::LEAF_EC_P521, KeyAlgorithm::EcdsaP521),
+        (openssl::SELF_SIGNED_EC_P521, KeyAlgorithm::EcdsaP521),
+    ];
+    for (fixture, algorithm) in cases {
+        let is_ec = !matches!(algorithm, KeyAlgorithm::Rsa { .. });
+        let other = if is_ec {
+            KeyEncoding::Sec1
+        } else {
+            KeyEncoding::Pkcs1
+        };
+        for key in [fixture.key.to_owned(), fixture.key_as(other)] {
+            let validated = check_fixture(&fixture.chain_pem(), &key)
+                .unwrap_or_else(|err| panic!("{}: {err}", fixture.name));
+            assert_eq!(validated.key_algorithm(), algorithm, "{}", fixture.name);
+            assert_eq!(validated.warnings(), &[], "{}", fixture.name);
+        }
+        if is_ec {
+            // Without the public key in the key file, the point is derived.
+            for encoding in [KeyEncoding::Pkcs8, KeyEncoding::Sec1] {
+                let bare = testing::ec_key_without_public_key(fixture.key, encoding);
+                check_fixture(&fixture.chain_pem(), &bare)
+                    .unwrap_or_else(|err| panic!("{} {encoding:?}: {err}", fixture.name));
+            }
+            // Another key of the same curve does not match.
+            let wrong = match algorithm {
+                KeyAlgorithm::EcdsaP224 => openssl::LEAF_EC_P521.key,
+                _ => openssl::LEAF_EC_P224.key,
+            };
+            let err = check_fixture(&fixture.chain_pem(), wrong).unwrap_err();
+            assert!(matches!(err, TlsRejection::KeyMismatch { .. }), "{err}");
+        }
+    }
+    // P-521 keys of two different certificates.
+    let err = check_fixture(
+        &openssl::SELF_SIGNED_EC_P521.chain_pem(),
+        &testing::ec_key_without_public_key(openssl::LEAF_EC_P224.key, KeyEncoding::Sec1),
+    )
+    .unwrap_err();
+    assert!(matches!(err, TlsRejection::KeyMismatch { .. }), "{err}");
+}
+
+#[test]
+fn keys_the_router_cannot_serve_are_unsupported() {
+    let cases = [
+        (openssl::LEAF_ED25519, "Ed25519 keys cannot be served"),
+        (openssl::LEAF_ED448, "Ed448 keys cannot be served"),
+        (openssl::LEAF_DSA, "DSA keys cannot be served"),
+        (
+            openssl::LEAF_RSA_PSS,
+            "RSASSA-PSS-only RSA keys cannot be served",
+        ),
+    ];
+    for (fixture, detail) in cases {
+        let err = check_fixture(&fixture.chain_pem(), fixture.key).unwrap_err();
+        let (label, found) = unsupported(&err);
+        assert_eq!(label, "PRIVATE KEY", "{}", fixture.name);
+        assert!(found.starts_with(detail), "{}: {found}", fixture.name);
+        assert_eq!(err.cause(), TlsCause::UnsupportedKey);
+    }
+    // The certificate is refused before its key where the router cannot read it.
+    for (fixture, curve) in [
+        (openssl::LEAF_EC_SECP256K1, "ECDSA on secp256k1"),
+        (openssl::LEAF_EC_BRAINPOOL, "ECDSA on a brainpool curve"),
+    ] {
+        let err = check_fixture(&fixture.chain_pem(), fixture.key).unwrap_err();
+        match &err {
+            TlsRejection::UnsupportedCertificateKey {
+                position,
+                algorithm,
+                ..
+            } => {
+                assert_eq!((*position, algorithm.as_str()), (1, curve));
+            }
+            other => panic!("{}: unexpected {other}", fixture.name),
+        }
+        assert_eq!(err.cause(), TlsCause::UnsupportedKey);
+    }
+    // An Ed25519 key made by ring, with its rcgen certificate.
+    let ed = Pki::self_signed(&LeafSpec::new(HOST, now()).key(KeyKind::Ed25519Pkcs8));
+    let err = check(ed.leaf_pem().as_bytes(), ed.key_pem().as_bytes()).unwrap_err();
+    assert!(unsupported(&err).1.starts_with("Ed25519"), "{err}");
+}
+
+#[test]
+fn weak_signatures_are_refused_unless_self_signed() {
+    let cases: [(String, &str, usize, &str); 6] = [
+        (
+            openssl::LEAF_SHA1.chain_pem(),
+            openssl::LEAF_SHA1.key,
+            1,
+            "SHA-1",
+        ),
+        (
+            openssl::LEAF_MD5.chain_pem(),
+            openssl::LEAF_MD5.key,
+            1,
+            "MD5",
+        ),
+        (
+            openssl::LEAF_ECDSA_SHA1.chain_pem(),
+            openssl::LEAF_ECDSA_SHA1.key,
+            1,
+            "SHA-1",
+        ),
+        (
+            openssl::LEAF_DSA_SHA1.chain_pem(),
+            openssl::LEAF_DSA_SHA1.key,
+            1,
+            "SHA-1",
+        ),
+        (
+            format!(
+                "{}{}{}",
+                openssl::LEAF_RSA_2048.certificate,
+                openssl::INTERMEDIATE_SHA1,
+                openssl::ROOT
+            ),
+            openssl::LEAF_RSA_2048.key,
+            2,
+            "SHA-1",
+        ),
+        (
+            format!(
+                "{}{}",
+                openssl::LEAF_RSA_2048.certificate,
+                openssl::INTERMEDIATE_MD5
+            ),
+            openssl::LEAF_RSA_2048.key,
+            2,
+            "MD5",
+        ),
+    ];
+    for (crt, key, expected_position, expected_digest) in cases {
+        let err = check_fixture(&crt, key).unwrap_err();
+        match &err {
+            TlsRejection::WeakSignature {
+                position, digest, ..
+            } => assert_eq!((*position, *digest), (expected_position, expected_digest)),
+            other => panic!("unexpected {other}"),
+        }
+        assert_eq!(err.cause(), TlsCause::WeakSignature);
+        assert_eq!(err.router_reason(), "ExtendedValidationFailed");
+        assert!(err.to_string().contains("CA-signed using"), "{err}");
+    }
+    // Self-signed certificates may use anything: nobody verifies their signature.
+    for fixture in [openssl::SELF_SIGNED_SHA1, openssl::SELF_SIGNED_MD5] {
+        check_fixture(fixture.certificate, fixture.key)
+            .unwrap_or_else(|err| panic!("{}: {err}", fixture.name));
+    }
+    let with_sha1_root = format!(
+        "{}{}{}",
+        openssl::LEAF_RSA_2048.certificate,
+        openssl::INTERMEDIATE,
+        openssl::ROOT_SHA1
+    );
+    let validated = check_fixture(&with_sha1_root, openssl::LEAF_RSA_2048.key).unwrap();
+    assert_eq!(validated.chain_len(), 3);
+    assert_eq!(validated.warnings(), &[]);
+}
+
+#[test]
+fn small_rsa_keys_are_refused_anywhere_in_the_chain() {
+    let cases: [(String, &str, usize); 4] = [
+        (
+            openssl::LEAF_RSA_1024.chain_pem(),
+            openssl::LEAF_RSA_1024.key,
+            1,
+        ),
+        (
+            openssl::SELF_SIGNED_RSA_1024.chain_pem(),
+            openssl::SELF_SIGNED_RSA_1024.key,
+            1,
+        ),
+        (
+            openssl::LEAF_UNDER_RSA_1024.chain_pem(),
+            openssl::LEAF_UNDER_RSA_1024.key,
+            2,
+        ),
+        // A self-signed root with a small key: still refused by HAProxy.
+        (
+            format!(
+                "{}{}{}",
+                openssl::LEAF_RSA_2048.certificate,
+                openssl::INTERMEDIATE_UNDER_RSA_1024_ROOT,
+                openssl::ROOT_RSA_1024
+            ),
+            openssl::LEAF_RSA_2048.key,
+            3,
+        ),
+    ];
+    for (crt, key, expected_position) in cases {
+        let err = check_fixture(&crt, key).unwrap_err();
+        match &err {
+            TlsRejection::WeakKey {
+                position,
+                algorithm,
+                ..
+            } => assert_eq!(
+                (*position, algorithm.as_str()),
+                (expected_position, "RSA 1024-bit")
+            ),
+            other => panic!("unexpected {other}"),
+        }
+        assert_eq!(err.cause(), TlsCause::WeakKey);
+        assert!(err.to_string().contains("HAProxy refuses"), "{err}");
+    }
+    // DSA 2048 in the chain is strong enough.
+    let validated = check_fixture(
+        &openssl::LEAF_UNDER_DSA_ROOT.chain_pem(),
+        openssl::LEAF_UNDER_DSA_ROOT.key,
+    )
+    .unwrap();
+    assert_eq!(validated.chain_len(), 2);
 }
 
 #[test]
@@ -144,6 +388,60 @@ fn sec1_key_after_ec_parameters_passes_without_warning() {
             .expose_secret()
             .contains("EC PARAMETERS")
     );
+    // EC PARAMETERS in tls.crt are dropped as well.
+    let crt = format!(
+        "{}{}",
+        key.split("-----BEGIN EC PRIVATE KEY").next().unwrap(),
+        leaf.chain_pem()
+    );
+    let validated = check(crt.as_bytes(), leaf.key_pem().as_bytes()).unwrap();
+    assert_eq!(validated.warnings(), &[]);
+    assert_eq!(validated.chain_pem(), leaf.chain_pem());
+}
+
+#[test]
+fn keys_are_read_whatever_their_label_and_written_with_the_right_one() {
+    let pki = Pki::new(now());
+    let rsa = leaf(&pki, KeyKind::RsaPkcs8);
+    // PKCS#8 bytes under the PKCS#1 label, as the router tolerates.
+    let mislabelled = rsa
+        .key_pem()
+        .replace("BEGIN PRIVATE KEY", "BEGIN RSA PRIVATE KEY")
+        .replace("END PRIVATE KEY", "END RSA PRIVATE KEY");
+    let validated = check(rsa.chain_pem().as_bytes(), mislabelled.as_bytes()).unwrap();
+    assert_eq!(validated.key_encoding(), KeyEncoding::Pkcs8);
+    assert_eq!(validated.key_pem().expose_secret(), rsa.key_pem());
+
+    // "ECDSA PRIVATE KEY", another label the router knows.
+    let ec = leaf(&pki, KeyKind::EcdsaP256Sec1);
+    let ecdsa_label = ec.key_pem().replace("EC PRIVATE KEY", "ECDSA PRIVATE KEY");
+    let validated = check(ec.chain_pem().as_bytes(), ecdsa_label.as_bytes()).unwrap();
+    assert_eq!(validated.key_encoding(), KeyEncoding::Sec1);
+    assert_eq!(validated.key_pem().expose_secret(), ec.key_pem());
+}
+
+#[test]
+fn a_private_key_in_tls_crt_is_used_as_the_router_uses_it() {
+    let pki = Pki::new(now());
+    let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
+    let crt = format!("{}{}", leaf.chain_pem(), leaf.key_pem());
+    for key in [b"".as_slice(), b"no key here\n", leaf.key_pem().as_bytes()] {
+        let validated = check(crt.as_bytes(), key).unwrap();
+        assert_eq!(validated.chain_pem(), leaf.chain_pem());
+        assert_eq!(validated.key_pem().expose_secret(), leaf.key_pem());
+        assert_eq!(validated.warnings()[0], TlsWarning::KeyFromCertificateEntry);
+    }
+    // The key in tls.crt comes first, as in the router: a different one in tls.key is
+    // left out.
+    let other = leaf.key.another().pem();
+    let validated = check(crt.as_bytes(), other.as_bytes()).unwrap();
+    assert_eq!(
+        warning_codes(&validated),
+        ["key_from_certificate_entry", "ignored_pem_blocks"]
+    );
+    // But every key must be servable.
+    let err = check(crt.as_bytes(), testing::ED448_KEY_PEM.as_bytes()).unwrap_err();
+    assert!(unsupported(&err).1.contains("Ed448"), "{err}");
 }
 
 #[test]
@@ -152,8 +450,9 @@ fn full_chain_and_self_signed_pass() {
     let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
     let validated = check(leaf.full_chain_pem().as_bytes(), leaf.key_pem().as_bytes()).unwrap();
     assert_eq!(validated.chain_len(), 3);
+    assert_eq!(validated.warnings(), &[]);
 
-    let single = Pki::self_signed(&LeafSpec::new(HOST, now()).key(KeyKind::Ed25519Pkcs8));
+    let single = Pki::self_signed(&LeafSpec::new(HOST, now()).key(KeyKind::EcdsaP384Pkcs8));
     let validated = check(single.leaf_pem().as_bytes(), single.key_pem().as_bytes()).unwrap();
     assert_eq!(validated.chain_len(), 1);
 }
@@ -163,12 +462,15 @@ fn secret_type_must_be_tls() {
     let pki = Pki::new(now());
     let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
     let data = leaf.data();
+    let err = tls::validate(Some("Opaque"), &data, Some(HOST), now()).unwrap_err();
     assert_eq!(
-        tls::validate(Some("Opaque"), &data, Some(HOST), now()).unwrap_err(),
+        err,
         TlsRejection::WrongSecretType {
             found: Some("Opaque".into())
         }
     );
+    assert_eq!(err.cause(), TlsCause::WrongType);
+    assert_eq!(err.router_reason(), "ExternalCertificateValidationFailed");
     assert_eq!(
         tls::validate(None, &data, Some(HOST), now()).unwrap_err(),
         TlsRejection::WrongSecretType { found: None }
@@ -183,26 +485,36 @@ fn secret_type_must_be_tls() {
 
 #[test]
 fn missing_and_empty_entries_are_told_apart() {
+    let pki = Pki::new(now());
+    let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
+    let chain = leaf.chain_pem();
     let validator = TlsValidator::default();
-    let material = |certificate: Option<&'static [u8]>, key: Option<&'static [u8]>| TlsMaterial {
-        secret_type: Some(SECRET_TYPE_TLS),
-        certificate,
-        key,
-    };
+    fn material<'a>(certificate: Option<&'a [u8]>, key: Option<&'a [u8]>) -> TlsMaterial<'a> {
+        TlsMaterial {
+            secret_type: Some(SECRET_TYPE_TLS),
+            certificate,
+            key,
+        }
+    }
     let cases = [
         (material(None, None), TlsRejection::CertificateMissing),
         (
             material(Some(b""), Some(b"k")),
             TlsRejection::CertificateEmpty,
         ),
-        (material(Some(b"c"), None), TlsRejection::KeyMissing),
-        (material(Some(b"c"), Some(b"")), TlsRejection::KeyEmpty),
+        (
+            material(Some(chain.as_bytes()), None),
+            TlsRejection::KeyMissing,
+        ),
+        (
+            material(Some(chain.as_bytes()), Some(b"")),
+            TlsRejection::KeyEmpty,
+        ),
     ];
     for (input, expected) in cases {
-        assert_eq!(
-            validator.validate(input, None, now()).unwrap_err(),
-            expected
-        );
+        let err = validator.validate(input, None, now()).unwrap_err();
+        assert_eq!(err.cause(), TlsCause::MissingData);
+        assert_eq!(err, expected);
     }
     let secret = testing::tls_secret("ns", "s", Some(SECRET_TYPE_TLS), Default::default());
     assert_eq!(
@@ -212,21 +524,29 @@ fn missing_and_empty_entries_are_told_apart() {
 }
 
 #[test]
-fn certificate_must_be_text() {
+fn text_around_the_blocks_is_ignored_even_when_binary() {
     let pki = Pki::new(now());
     let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
     let key = leaf.key_pem();
 
+    // Trailing bytes that are not UTF-8, as the router's Go PEM decoder ignores them.
     let bytes = testing::non_utf8_certificate(&leaf);
-    let err = check(&bytes, key.as_bytes()).unwrap_err();
-    assert_eq!(
-        err,
-        TlsRejection::CertificateNotText {
-            offset: leaf.chain_pem().len(),
-            looks_like_der: false
-        }
-    );
+    let validated = check(&bytes, key.as_bytes()).unwrap();
+    assert_eq!(validated.chain_pem(), leaf.chain_pem());
+    assert_eq!(validated.warnings(), &[]);
 
+    // Comments, CRLF line ends and garbage after the key.
+    let crt = format!(
+        "subject=CN = {HOST}\r\n{}",
+        leaf.chain_pem().replace('\n', "\r\n")
+    );
+    let key_with_garbage = format!("{key}\ngarbage after the key \u{1F600}\n");
+    let validated = check(crt.as_bytes(), key_with_garbage.as_bytes()).unwrap();
+    assert_eq!(validated.chain_pem(), leaf.chain_pem());
+    assert_eq!(validated.key_pem().expose_secret(), key);
+    assert_eq!(validated.warnings(), &[]);
+
+    // Binary DER is not PEM at all.
     let err = check(&leaf.leaf_der(), key.as_bytes()).unwrap_err();
     assert!(
         matches!(
@@ -239,10 +559,11 @@ fn certificate_must_be_text() {
         "{err}"
     );
     assert!(err.to_string().contains("openssl x509 -inform der"));
+    assert_eq!(err.cause(), TlsCause::BadPem);
 }
 
 #[test]
-fn malformed_certificate_pem_is_specific() {
+fn broken_blocks_are_skipped_and_reported_when_nothing_else_is_there() {
     let pki = Pki::new(now());
     let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
     let key = leaf.key_pem();
@@ -258,16 +579,22 @@ fn malformed_certificate_pem_is_specific() {
         }
     );
 
+    // The intermediate cut short: the router skips it and serves the leaf alone.
     let truncated = testing::truncated_pem(&leaf.chain_pem());
-    let err = check(truncated.as_bytes(), key.as_bytes()).unwrap_err();
+    let validated = check(truncated.as_bytes(), key.as_bytes()).unwrap();
+    assert_eq!(validated.chain_len(), 1);
+    assert_eq!(validated.chain_pem(), leaf.leaf_pem());
+    match validated.warnings() {
+        [TlsWarning::SkippedPemBlocks { entry, problems }] => {
+            assert_eq!(*entry, "tls.crt");
+            assert!(matches!(problems[..], [PemProblem::Unterminated { .. }]));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
     assert!(
-        matches!(
-            err,
-            TlsRejection::CertificatePemMalformed {
-                problem: PemProblem::Unterminated { .. }
-            }
-        ),
-        "{err}"
+        validated.warnings()[0]
+            .to_string()
+            .contains("has no END line")
     );
 
     let err = check(testing::NOT_PEM_TEXT.as_bytes(), key.as_bytes()).unwrap_err();
@@ -318,53 +645,85 @@ fn unparseable_certificate_names_its_position() {
         ),
         "{err}"
     );
+    // An empty CERTIFICATE block is an unparseable certificate, as for the router.
+    let empty = format!(
+        "{}-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n",
+        leaf.leaf_pem()
+    );
+    let err = check(empty.as_bytes(), key.as_bytes()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TlsRejection::CertificateUnparseable { position: 2, .. }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
-fn chain_order_is_checked() {
+fn chain_order_is_not_enforced_but_served_in_issuing_order() {
     let pki = Pki::new(now());
     let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
     let key = leaf.key_pem();
+    let in_order = leaf.full_chain_pem();
 
-    let err = check(leaf.reversed_chain_pem().as_bytes(), key.as_bytes()).unwrap_err();
-    match &err {
-        TlsRejection::ChainOutOfOrder {
-            position,
-            subject,
-            next_subject,
-            ..
-        } => {
-            assert_eq!(*position, 1);
-            assert!(subject.contains("intermediate"), "{subject}");
-            assert!(next_subject.contains(HOST), "{next_subject}");
-        }
-        other => panic!("unexpected {other}"),
-    }
-    assert!(err.to_string().contains("server certificate first"));
-
-    let err = check(
+    // Leaf, root, intermediate: served leaf, intermediate, root.
+    let validated = check(
         leaf.root_before_intermediate_pem().as_bytes(),
         key.as_bytes(),
     )
-    .unwrap_err();
-    assert!(
-        matches!(err, TlsRejection::ChainOutOfOrder { position: 1, .. }),
-        "{err}"
+    .unwrap();
+    assert_eq!(validated.chain_pem(), in_order);
+    assert_eq!(
+        validated.warnings(),
+        &[TlsWarning::ChainReordered {
+            order: vec![1, 3, 2]
+        }]
     );
-    let leaf_again = format!("{}{}", leaf.chain_pem(), leaf.leaf_pem());
-    let err = check(leaf_again.as_bytes(), key.as_bytes()).unwrap_err();
-    assert!(
-        matches!(err, TlsRejection::ChainOutOfOrder { position: 2, .. }),
-        "{err}"
-    );
+    assert!(validated.warnings()[0].to_string().contains("#1, #3, #2"));
 
+    // The leaf again at the end, and an intermediate that did not issue the leaf (same
+    // name, other key): unrelated, served after the path, as given.
+    let leaf_again = format!("{}{}", leaf.chain_pem(), leaf.leaf_pem());
+    let validated = check(leaf_again.as_bytes(), key.as_bytes()).unwrap();
+    assert_eq!(
+        validated.warnings(),
+        &[TlsWarning::UnrelatedCertificates { positions: vec![3] }]
+    );
+    assert_eq!(validated.chain_pem(), leaf_again);
     let impostor = Pki::new(now());
     let chain = leaf.with_impostor_intermediate(&impostor);
-    let err = check(chain.as_bytes(), key.as_bytes()).unwrap_err();
+    let validated = check(chain.as_bytes(), key.as_bytes()).unwrap();
+    assert_eq!(warning_codes(&validated), ["unrelated_certificates"]);
+
+    // The key must belong to the first certificate: the router's one rule on order.
+    let err = check(leaf.reversed_chain_pem().as_bytes(), key.as_bytes()).unwrap_err();
+    match &err {
+        TlsRejection::KeyMismatch {
+            subject,
+            matching_position,
+            ..
+        } => {
+            assert!(subject.contains("intermediate"), "{subject}");
+            assert_eq!(*matching_position, Some(2));
+        }
+        other => panic!("unexpected {other}"),
+    }
     assert!(
-        matches!(err, TlsRejection::ChainSignatureInvalid { position: 1, .. }),
+        err.to_string().contains("list that certificate first"),
         "{err}"
     );
+    assert_eq!(err.cause(), TlsCause::KeyMismatch);
+
+    // OpenSSL-made chains reorder the same way.
+    let shuffled = format!(
+        "{}{}{}",
+        openssl::LEAF_RSA_3072.certificate,
+        openssl::ROOT,
+        openssl::INTERMEDIATE
+    );
+    let validated = check_fixture(&shuffled, openssl::LEAF_RSA_3072.key).unwrap();
+    assert_eq!(validated.chain_pem(), openssl::LEAF_RSA_3072.chain_pem());
 }
 
 #[test]
@@ -391,18 +750,57 @@ fn key_must_be_pem_text() {
         "{err}"
     );
 
-    let err = check(chain.as_bytes(), leaf.leaf_pem().as_bytes()).unwrap_err();
-    assert_eq!(
-        err,
-        TlsRejection::NoPrivateKey {
-            found_labels: vec!["CERTIFICATE".into()]
-        }
-    );
     let err = check(chain.as_bytes(), b"just words").unwrap_err();
     assert_eq!(
         err,
         TlsRejection::NoPrivateKey {
             found_labels: vec![]
+        }
+    );
+}
+
+#[test]
+fn blocks_the_router_does_not_know_or_place_are_rejected() {
+    let pki = Pki::new(now());
+    let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
+    let (chain, key) = (leaf.chain_pem(), leaf.key_pem());
+    let crl = testing::pem_block("X509 CRL", b"crl");
+    let public_key = testing::pem_block("PUBLIC KEY", b"spki");
+
+    let crt = format!("{chain}{crl}");
+    assert_eq!(
+        check(crt.as_bytes(), key.as_bytes()).unwrap_err(),
+        TlsRejection::UnrecognizedPemBlock {
+            entry: "tls.crt",
+            label: "X509 CRL".into()
+        }
+    );
+    let crt = format!("{chain}{public_key}");
+    assert_eq!(
+        check(crt.as_bytes(), key.as_bytes()).unwrap_err(),
+        TlsRejection::UnexpectedPemBlock {
+            entry: "tls.crt",
+            label: "PUBLIC KEY".into(),
+            expected: "CERTIFICATE"
+        }
+    );
+    let with_cert = format!("{key}{}", leaf.leaf_pem());
+    let err = check(chain.as_bytes(), with_cert.as_bytes()).unwrap_err();
+    assert_eq!(
+        err,
+        TlsRejection::UnexpectedPemBlock {
+            entry: "tls.key",
+            label: "CERTIFICATE".into(),
+            expected: "PRIVATE KEY"
+        }
+    );
+    assert_eq!(err.cause(), TlsCause::BadPem);
+    let with_crl = format!("{key}{crl}");
+    assert_eq!(
+        check(chain.as_bytes(), with_crl.as_bytes()).unwrap_err(),
+        TlsRejection::UnrecognizedPemBlock {
+            entry: "tls.key",
+            label: "X509 CRL".into()
         }
     );
 }
@@ -429,15 +827,6 @@ fn unsupported_keys_name_their_label() {
     assert_eq!(unsupported(&err).0, "EC PRIVATE KEY");
     assert!(unsupported(&err).1.contains("encrypted"));
 
-    let err = run(testing::RSA_1024_KEY_PEM);
-    assert!(
-        unsupported(&err).1.contains("1024 bits is too small"),
-        "{err}"
-    );
-
-    let err = run(testing::EC_P521_KEY_PEM);
-    assert!(unsupported(&err).1.contains("P-521"), "{err}");
-
     let err = run(testing::ED448_KEY_PEM);
     assert!(unsupported(&err).1.contains("Ed448"), "{err}");
 
@@ -445,6 +834,11 @@ fn unsupported_keys_name_their_label() {
     let err = run(&openssh);
     assert_eq!(unsupported(&err).0, "OPENSSH PRIVATE KEY");
     assert!(err.to_string().contains("supported are unencrypted"));
+
+    // Served kinds that are not this certificate's: a mismatch, not unsupported.
+    for key in [testing::RSA_1024_KEY_PEM, testing::EC_P521_KEY_PEM] {
+        assert!(matches!(run(key), TlsRejection::KeyMismatch { .. }));
+    }
 }
 
 /// Flips the last byte of the DER inside a PEM block.
@@ -473,6 +867,14 @@ fn corrupt_keys_are_invalid_not_mismatched() {
         }
         other => panic!("unexpected {other}"),
     }
+    // The same for P-521, whose point is derived by RustCrypto, not ring.
+    let p521 = openssl::LEAF_EC_P521.key_as(KeyEncoding::Sec1);
+    let corrupt = flip_last_der_byte(&p521, "EC PRIVATE KEY");
+    let err = check_fixture(&openssl::LEAF_EC_P521.chain_pem(), &corrupt).unwrap_err();
+    assert!(
+        matches!(&err, TlsRejection::KeyInvalid { detail, .. } if detail.contains("do not belong together")),
+        "{err}"
+    );
 
     // PKCS#1 ends with the CRT coefficient: ring notices the inconsistency.
     let leaf_rsa = leaf(&pki, KeyKind::RsaPkcs1);
@@ -491,15 +893,18 @@ fn mismatched_keys_are_rejected_for_every_kind() {
         let leaf = leaf(&pki, kind);
         let other = leaf.key.another();
         let err = check(leaf.chain_pem().as_bytes(), other.pem().as_bytes()).unwrap_err();
+        let algorithm = kind.algorithm().unwrap().to_string();
         match &err {
             TlsRejection::KeyMismatch {
                 key,
                 certificate,
                 subject,
+                matching_position,
             } => {
-                assert_eq!(key, &kind.algorithm().to_string());
-                assert_eq!(certificate, &kind.algorithm().to_string());
+                assert_eq!(key, &algorithm);
+                assert_eq!(certificate, &algorithm);
                 assert!(subject.contains(HOST));
+                assert_eq!(*matching_position, None);
             }
             other => panic!("{kind:?}: unexpected {other}"),
         }
@@ -519,48 +924,67 @@ fn keys_of_another_algorithm_are_mismatched() {
             key: "ECDSA P-384".into(),
             certificate: "RSA 2048-bit".into(),
             subject: format!("O=certwatch tests, CN={HOST}"),
+            matching_position: None,
         }
     );
     let p256 = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
     let p384 = TestKey::generate(KeyKind::EcdsaP384Pkcs8);
     let err = check(p256.chain_pem().as_bytes(), p384.pem().as_bytes()).unwrap_err();
     assert!(matches!(err, TlsRejection::KeyMismatch { .. }), "{err}");
-    let ed = TestKey::generate(KeyKind::Ed25519Pkcs8);
-    let err = check(p256.chain_pem().as_bytes(), ed.pem().as_bytes()).unwrap_err();
-    assert!(matches!(err, TlsRejection::KeyMismatch { .. }), "{err}");
 }
 
 #[test]
-fn validity_period_is_enforced_with_dates() {
+fn validity_dates_are_warnings_not_rejections() {
     let pki = Pki::new(now());
     let expired = pki.issue(&LeafSpec::new(HOST, now()).expired(now()));
-    let err = check(expired.chain_pem().as_bytes(), expired.key_pem().as_bytes()).unwrap_err();
+    let validated = check(expired.chain_pem().as_bytes(), expired.key_pem().as_bytes()).unwrap();
     assert_eq!(
-        err,
-        TlsRejection::CertificateExpired {
-            subject: format!("O=certwatch tests, CN={HOST}"),
-            not_after: now() - days(1),
-            now: now(),
-        }
+        validated.warnings(),
+        &[TlsWarning::Expired {
+            not_after: now() - days(1)
+        }]
     );
+    let message = validated.warnings()[0].to_string();
     assert!(
-        err.to_string().contains("expired at 2025-12-31T00:00:00Z"),
-        "{err}"
+        message.contains("expired at 2025-12-31T00:00:00Z"),
+        "{message}"
     );
+    assert!(message.contains("served anyway"), "{message}");
+    assert_eq!(validated.not_after(), now() - days(1));
 
     let future = pki.issue(&LeafSpec::new(HOST, now()).not_yet_valid(now()));
-    let err = check(future.chain_pem().as_bytes(), future.key_pem().as_bytes()).unwrap_err();
+    let validated = check(future.chain_pem().as_bytes(), future.key_pem().as_bytes()).unwrap();
     assert_eq!(
-        err,
-        TlsRejection::CertificateNotYetValid {
-            subject: format!("O=certwatch tests, CN={HOST}"),
-            not_before: now() + days(1),
-            now: now(),
-        }
+        validated.warnings(),
+        &[TlsWarning::NotYetValid {
+            not_before: now() + days(1)
+        }]
     );
     assert!(
-        err.to_string()
+        validated.warnings()[0]
+            .to_string()
             .contains("not valid before 2026-01-02T00:00:00Z")
+    );
+
+    // What holds later: the validation is kept while the secret does not change.
+    let window = days(30);
+    assert_eq!(
+        validated.validity_warning(now() + days(2), window),
+        None,
+        "valid, 88 days left"
+    );
+    assert_eq!(
+        validated.validity_warning(now() + days(80), window),
+        Some(TlsWarning::ExpiresSoon {
+            not_after: now() + days(90),
+            days_left: 10
+        })
+    );
+    assert_eq!(
+        validated.validity_warning(now() + days(91), window),
+        Some(TlsWarning::Expired {
+            not_after: now() + days(90)
+        })
     );
 }
 
@@ -569,12 +993,33 @@ fn checks_run_in_the_documented_order() {
     let pki = Pki::new(now());
     let expired = pki.issue(&LeafSpec::new(HOST, now()).expired(now()));
     let other = expired.key.another().pem();
-    // Key mismatch is reported before expiry.
+    // Key mismatch is reported whatever the dates.
     let err = check(expired.chain_pem().as_bytes(), other.as_bytes()).unwrap_err();
     assert!(matches!(err, TlsRejection::KeyMismatch { .. }), "{err}");
-    // Chain order before any key problem.
-    let err = check(expired.reversed_chain_pem().as_bytes(), b"garbage").unwrap_err();
-    assert!(matches!(err, TlsRejection::ChainOutOfOrder { .. }), "{err}");
+    // Certificates before any key problem: a weak signature, then a weak key.
+    let err = check_fixture(&openssl::LEAF_SHA1.chain_pem(), "garbage").unwrap_err();
+    assert!(matches!(err, TlsRejection::WeakSignature { .. }), "{err}");
+    let sha1_and_small = format!(
+        "{}{}",
+        openssl::LEAF_RSA_1024.certificate,
+        openssl::INTERMEDIATE_SHA1
+    );
+    let err = check_fixture(&sha1_and_small, "garbage").unwrap_err();
+    assert!(
+        matches!(err, TlsRejection::WeakSignature { position: 2, .. }),
+        "{err}"
+    );
+    // Unknown blocks before the certificates are parsed.
+    let crt = format!(
+        "{}{}",
+        testing::not_a_certificate_pem(),
+        testing::pem_block("X509 CRL", b"crl")
+    );
+    let err = check(crt.as_bytes(), b"garbage").unwrap_err();
+    assert!(
+        matches!(err, TlsRejection::UnrecognizedPemBlock { .. }),
+        "{err}"
+    );
     // Secret type before everything.
     let err = TlsValidator::default()
         .validate(TlsMaterial::default(), None, now())
@@ -607,7 +1052,6 @@ fn expiry_warning_window_is_configurable() {
         .unwrap();
     assert_eq!(validated.warnings(), &[]);
 }
-
 #[test]
 fn host_coverage_is_a_warning() {
     let pki = Pki::new(now());
@@ -674,34 +1118,6 @@ fn common_name_counts_only_without_sans() {
 }
 
 #[test]
-fn extra_blocks_are_left_out_with_a_warning() {
-    let pki = Pki::new(now());
-    let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
-    let crt = format!(
-        "subject=CN = {HOST}\n{}{}",
-        leaf.chain_pem(),
-        testing::pem_block("X509 CRL", b"crl")
-    );
-    let key = format!("{}{}", leaf.key_pem(), leaf.leaf_pem());
-    let validated = check(crt.as_bytes(), key.as_bytes()).unwrap();
-    assert_eq!(
-        validated.warnings(),
-        &[
-            TlsWarning::IgnoredPemBlocks {
-                entry: "tls.crt",
-                labels: vec!["X509 CRL".into()]
-            },
-            TlsWarning::IgnoredPemBlocks {
-                entry: "tls.key",
-                labels: vec!["CERTIFICATE".into()]
-            },
-        ]
-    );
-    assert_eq!(validated.chain_pem(), leaf.chain_pem().replace('\r', ""));
-    assert!(!validated.key_pem().expose_secret().contains("CERTIFICATE"));
-}
-
-#[test]
 fn near_limit_certificates_validate() {
     let pki = Pki::new(now());
     let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
@@ -763,13 +1179,25 @@ fn key_material_never_appears_in_errors_or_debug() {
             (leaf.chain_pem(), leaf.key.another().pem().into_bytes()),
         ];
         for (crt, key_bytes) in cases {
-            let err = check(crt.as_bytes(), &key_bytes).unwrap_err();
-            let reason = Reason::ExternalCertificateValidationFailed {
-                route: RouteKey::new("ns", "r"),
-                secret: "s".into(),
-                problem: ValidationProblem::Tls(err.clone()),
+            let output = match check(crt.as_bytes(), &key_bytes) {
+                Err(err) => {
+                    let reason = Reason::ExternalCertificateValidationFailed {
+                        route: RouteKey::new("ns", "r"),
+                        secret: "s".into(),
+                        problem: ValidationProblem::Tls(err.clone()),
+                    };
+                    format!("{err} {err:?} {reason} {reason:?} {:?}", reason.admission())
+                }
+                // The key in tls.crt is admitted, as by the router.
+                Ok(validated) => format!(
+                    "{validated:?} {}",
+                    validated
+                        .warnings()
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<String>()
+                ),
             };
-            let output = format!("{err} {err:?} {reason} {reason:?} {:?}", reason.admission());
             assert_no_leak(&output, &body);
         }
 
@@ -792,7 +1220,7 @@ fn key_material_never_appears_in_errors_or_debug() {
 }
 
 #[test]
-fn rejection_codes_are_distinct() {
+fn rejection_codes_are_distinct_and_causes_stable() {
     let samples = [
         TlsRejection::CertificateMissing,
         TlsRejection::CertificateEmpty,
@@ -803,6 +1231,59 @@ fn rejection_codes_are_distinct() {
     ];
     let codes: std::collections::BTreeSet<_> = samples.iter().map(TlsRejection::code).collect();
     assert_eq!(codes.len(), samples.len());
+    let labels: Vec<&str> = TlsCause::ALL.iter().map(|cause| cause.as_str()).collect();
+    assert_eq!(
+        labels,
+        [
+            "wrong_type",
+            "missing_data",
+            "bad_pem",
+            "key_mismatch",
+            "unsupported_key",
+            "weak_key",
+            "weak_signature"
+        ]
+    );
     assert_eq!(KeyAlgorithm::Rsa { bits: 3072 }.to_string(), "RSA 3072-bit");
     assert_eq!(KeyEncoding::Sec1.pem_label(), "EC PRIVATE KEY");
+}
+
+#[test]
+fn a_long_chain_given_backwards_is_served_in_issuing_order() {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    // root -> CA 1 -> ... -> CA 39 -> leaf, each CA named differently.
+    let mut pems = Vec::new();
+    let ca = |name: &str| {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+    };
+    let mut issuer_params = ca("chain CA 0");
+    let mut issuer_key = KeyPair::generate().unwrap();
+    pems.push(issuer_params.self_signed(&issuer_key).unwrap().pem());
+    for depth in 1..40 {
+        let params = ca(&format!("chain CA {depth}"));
+        let key = KeyPair::generate().unwrap();
+        let issuer = Issuer::from_params(&issuer_params, &issuer_key);
+        pems.push(params.signed_by(&key, &issuer).unwrap().pem());
+        (issuer_params, issuer_key) = (params, key);
+    }
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec![HOST.to_owned()])
+        .unwrap()
+        .signed_by(&leaf_key, &Issuer::from_params(&issuer_params, &issuer_key))
+        .unwrap()
+        .pem();
+    // Given: the leaf, then the root first; served: the leaf, then CA 39 down to the root.
+    let given = format!("{leaf}{}", pems.concat());
+    let validated = check(given.as_bytes(), leaf_key.serialize_pem().as_bytes()).unwrap();
+    let expected = format!("{leaf}{}", pems.iter().rev().cloned().collect::<String>());
+    assert_eq!(validated.chain_pem(), expected);
+    assert_eq!(validated.chain_len(), 41);
+    let order: Vec<usize> = std::iter::once(1).chain((2..=41).rev()).collect();
+    assert_eq!(
+        validated.warnings(),
+        &[TlsWarning::ChainReordered { order }]
+    );
 }

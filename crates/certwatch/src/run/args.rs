@@ -13,10 +13,42 @@ use super::haproxy::HaproxyOptions;
 use super::progress::ProgressMode;
 use super::reload::ReloadOptions;
 use super::scope::RouteScope;
+use super::selector;
 use crate::logging::LogFormat;
 
 fn duration_arg(text: &str) -> Result<Duration, String> {
     kube_common::duration::parse(text).map_err(|error| error.to_string())
+}
+
+fn selector_arg(text: &str) -> Result<String, String> {
+    selector::check(text).map_err(|error| error.to_string())?;
+    Ok(text.to_owned())
+}
+
+fn namespace_arg(text: &str) -> Result<String, String> {
+    kube_common::name::label(text).map_err(|error| error.to_string())?;
+    Ok(text.to_owned())
+}
+
+/// An address to listen on: `HOST:PORT` with an IP or a name (`localhost:9090`), or
+/// `:PORT` for every interface, as Go programs (and so Kubernetes components) accept.
+fn listen_arg(text: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let spelled = match text.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => text.to_owned(),
+    };
+    let mut addresses = spelled.to_socket_addrs().map_err(|error| {
+        format!("expected HOST:PORT or :PORT (e.g. :9090, localhost:9090, 0.0.0.0:9090): {error}")
+    })?;
+    addresses
+        .next()
+        .ok_or_else(|| format!("{text} resolves to no address"))
+}
+
+/// Boolean flags also read `1`/`0`, `yes`/`no`, `on`/`off` from their variable.
+fn boolish() -> clap::builder::BoolishValueParser {
+    clap::builder::BoolishValueParser::new()
 }
 
 fn generate_arg(text: &str) -> Result<GenerateSpec, String> {
@@ -74,7 +106,7 @@ certwatch run --namespace-selector router=public --route-selector shard=a --cert
 pub struct RunArgs {
     /// Start a simulated Kubernetes API server (kube-sim) in-process with a generated
     /// cluster, and connect to it as the router identity (with real RBAC).
-    #[arg(long, env = "CERTWATCH_EMBEDDED", help_heading = "Cluster")]
+    #[arg(long, env = "CERTWATCH_EMBEDDED", value_parser = boolish(), help_heading = "Cluster")]
     pub embedded: bool,
 
     /// With --embedded: what to generate: routes=N,namespaces=K[,secrets=S]
@@ -139,6 +171,7 @@ pub struct RunArgs {
         env = "CERTWATCH_NAMESPACE",
         value_name = "NS",
         value_delimiter = ',',
+        value_parser = namespace_arg,
         help_heading = "Routes"
     )]
     pub namespace: Vec<String>,
@@ -149,6 +182,7 @@ pub struct RunArgs {
         long,
         env = "CERTWATCH_NAMESPACE_SELECTOR",
         value_name = "SELECTOR",
+        value_parser = selector_arg,
         help_heading = "Routes"
     )]
     pub namespace_selector: Option<String>,
@@ -159,6 +193,7 @@ pub struct RunArgs {
         long,
         env = "CERTWATCH_ROUTE_SELECTOR",
         value_name = "SELECTOR",
+        value_parser = selector_arg,
         help_heading = "Routes"
     )]
     pub route_selector: Option<String>,
@@ -207,11 +242,13 @@ pub struct RunArgs {
     )]
     pub haproxy_socket: Option<PathBuf>,
 
-    /// Address of the HTTP endpoint (/healthz, /readyz, /metrics).
+    /// Address of the HTTP endpoint (/healthz, /readyz, /metrics): HOST:PORT, or
+    /// :PORT for every interface.
     #[arg(
         long,
         env = "CERTWATCH_LISTEN",
         value_name = "ADDR",
+        value_parser = listen_arg,
         default_value = "0.0.0.0:9090",
         help_heading = "Output"
     )]
@@ -229,7 +266,7 @@ pub struct RunArgs {
 
     /// Record each route's admission or rejection (with its reason) in its status;
     /// needs update on routes/status.
-    #[arg(long, env = "CERTWATCH_WRITE_STATUS", help_heading = "Router")]
+    #[arg(long, env = "CERTWATCH_WRITE_STATUS", value_parser = boolish(), help_heading = "Router")]
     pub write_status: bool,
 
     /// How the router identity's access (get, list, watch) to each secret is checked.
@@ -278,9 +315,10 @@ pub struct RunArgs {
         long,
         env = "CERTWATCH_MAX_CONCURRENT_SYNCS",
         value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..),
         help_heading = "Router"
     )]
-    pub max_concurrent_syncs: Option<usize>,
+    pub max_concurrent_syncs: Option<u32>,
 
     /// Deadline of a secret's first sync; the route is then rejected and retried.
     #[arg(long, env = "CERTWATCH_SYNC_TIMEOUT", value_name = "D", value_parser = duration_arg, default_value = "2m", help_heading = "Router")]
@@ -347,10 +385,10 @@ impl RunArgs {
             route_selector: self.route_selector.clone(),
         };
         options.reload = self.reload_command.clone().map(|command| ReloadOptions {
-            command,
             debounce: self.reload_debounce,
             max_delay: self.reload_max_delay.max(self.reload_debounce),
             timeout: self.reload_timeout,
+            ..ReloadOptions::new(command)
         });
         options.haproxy = self.haproxy_socket.clone().map(HaproxyOptions::new);
         options.listen = Some(self.listen);
@@ -360,7 +398,9 @@ impl RunArgs {
         options.access_ttl = self.access_cache_ttl;
         options.access_denied_ttl = self.access_denied_ttl;
         options.identity = identity;
-        options.max_concurrent_syncs = self.max_concurrent_syncs;
+        options.max_concurrent_syncs = self
+            .max_concurrent_syncs
+            .map(|limit| usize::try_from(limit).unwrap_or(usize::MAX));
         options.sync_timeout = self.sync_timeout;
         options.client = kube_h2::ClientOptions::default().protocol(protocol);
         options.progress = self.progress;

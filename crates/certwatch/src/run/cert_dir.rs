@@ -1,13 +1,26 @@
 //! What the cert directory should hold, and bringing it there.
 //!
 //! [`CertDir`] keeps the desired bundle of every admitted route and what is on disk
-//! (by content digest). [`CertDir::flush`] writes the bundles that changed (several at
-//! once, off the async threads), removes those of routes no longer served, and rewrites
-//! the crt-list when its content changed.
+//! (by file name and content digest). [`CertDir::flush`] brings the directory there in
+//! an order that keeps the crt-list truthful at every instant:
+//!
+//! 1. new and changed bundles are written (several at once, off the async threads,
+//!    one `syncfs`, then renamed into place) and linked;
+//! 2. the crt-list is computed once, from the bundles really on disk, and rewritten if
+//!    it changed: a route whose write failed is not named (or keeps naming its older
+//!    file, which is still there), and a route without an SNI gets no line;
+//! 3. only once that crt-list is on disk are the bundles of routes no longer served
+//!    removed (link first, then bundle). A proxy that reloads at any moment between
+//!    these steps finds every file its crt-list names.
 //!
 //! Until [`CertDir::mark_complete`] (every route present at start-up decided) the
 //! crt-list is left as it was and no old bundle is removed: a proxy that reloads during
-//! start-up keeps serving what it served before, instead of a half-built list.
+//! start-up keeps serving what it served before, instead of a half-built list. A
+//! crt-list found at start that names missing files is repaired at once (the files
+//! may have been removed by hand, or a previous version may have left it so).
+//!
+//! Failed writes and removals are counted in the [`FlushReport`] and retried by the
+//! next flush; [`CertDir::is_current`] says whether everything desired is on disk.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
@@ -18,18 +31,20 @@ use std::sync::Arc;
 use futures::StreamExt;
 use jiff::Timestamp;
 use route_secrets::route::RouteKey;
-use route_secrets::tls::{SecretPem, ValidatedTls};
-use tracing::{debug, warn};
+use route_secrets::tls::ValidatedTls;
+use tracing::debug;
 
-use super::files::{self, CRT_LIST_FILE, LINKS_DIR};
+use super::files::{self, BundleNames, CRT_LIST_FILE, LINKS_DIR};
 
 /// A route to serve, with its certificate.
 #[derive(Clone, Debug)]
 pub struct ServedCert {
     /// The route.
     pub route: RouteKey,
-    /// Its `spec.host`: the crt-list's SNI filter.
-    pub host: Option<String>,
+    /// The crt-list's SNI filter for it: its host, or `*.<domain>` for an admitted
+    /// wildcard route. `None`: the bundle is written but gets no crt-list line (a line
+    /// without a filter would capture every other route's hosts).
+    pub sni: Option<String>,
     /// When the route was created: older routes come first in the crt-list, so they
     /// win a host conflict, as in a router.
     pub created: Option<Timestamp>,
@@ -44,23 +59,30 @@ pub struct CrtEntry {
     pub route: RouteKey,
     /// The certificate's name in HAProxy: the absolute path of the bundle's link.
     pub name: String,
-    /// The SNI filter, when the route has a usable host.
-    pub sni: Option<String>,
-    /// The material.
+    /// The SNI filter.
+    pub sni: String,
+    /// The material in the file.
     pub tls: Arc<ValidatedTls>,
 }
 
 /// What a [`CertDir::flush`] did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct FlushReport {
     /// Bundles written.
     pub written: usize,
     /// Bundles removed.
     pub removed: usize,
-    /// Writes or removals that failed (retried by the next flush).
+    /// Writes, removals or crt-list writes that failed (retried by the next flush).
     pub failed: usize,
     /// Whether the crt-list was rewritten.
     pub crt_list_written: bool,
+    /// The kind of the first failure, if any (for readiness and logs).
+    pub error: Option<io::ErrorKind>,
+    /// A description of the first failure, naming the file (never its content).
+    pub error_text: Option<String>,
+    /// The crt-list's entries as on disk after the flush (once start-up is
+    /// complete): what HAProxy should hold. Computed once per flush.
+    pub entries: Option<Arc<Vec<CrtEntry>>>,
 }
 
 impl FlushReport {
@@ -68,33 +90,31 @@ impl FlushReport {
     pub fn changed(&self) -> bool {
         self.written > 0 || self.removed > 0 || self.crt_list_written
     }
-}
 
-/// What a flush will do; see [`CertDir::plan`].
-#[derive(Debug)]
-pub struct FlushPlan {
-    jobs: Vec<Job>,
-    crt_list_changes: bool,
-}
-
-impl FlushPlan {
-    /// Whether carrying it out is expected to change anything on disk (if every
-    /// write succeeds; with the crt-list as the entries would render now).
-    pub fn changes(&self) -> bool {
-        !self.jobs.is_empty() || self.crt_list_changes
+    fn failure(&mut self, kind: io::ErrorKind, text: impl FnOnce() -> String) {
+        self.failed += 1;
+        if self.error.is_none() {
+            self.error = Some(kind);
+            self.error_text = Some(text());
+        }
     }
 }
 
+/// A route to serve, with what its files are called and what they must hold.
 #[derive(Debug)]
-enum Job {
-    Write {
-        route: RouteKey,
-        digest: [u8; 32],
-        bundle: SecretPem,
-    },
-    Remove {
-        route: RouteKey,
-    },
+struct Desired {
+    cert: ServedCert,
+    names: BundleNames,
+    digest: [u8; 32],
+}
+
+/// A bundle on disk, with its link.
+#[derive(Debug)]
+struct OnDisk {
+    digest: [u8; 32],
+    /// The material written, when certwatch wrote it in this process (files found at
+    /// start are known by digest only).
+    tls: Option<Arc<ValidatedTls>>,
 }
 
 /// The cert directory's desired and actual content.
@@ -102,15 +122,27 @@ enum Job {
 pub struct CertDir {
     dir: PathBuf,
     links: PathBuf,
-    desired: HashMap<RouteKey, ServedCert>,
-    /// Digest of each bundle known to be on disk.
-    on_disk: HashMap<RouteKey, [u8; 32]>,
+    /// Whether certwatch owns the directory (see [`files::prepare_dir`]).
+    owned: bool,
+    /// The directory's mode.
+    mode: u32,
+    desired: HashMap<RouteKey, Desired>,
+    /// Bundles known to be on disk with their link, by file name.
+    on_disk: HashMap<String, OnDisk>,
+    /// Bundle files on disk that no desired route names: removed once the crt-list on
+    /// disk no longer names them.
+    unwanted: BTreeSet<String>,
+    /// Links found at start whose bundle is missing or elsewhere: removed with the
+    /// first removals.
+    stray_links: BTreeSet<String>,
     /// Routes changed since the last flush.
     dirty: BTreeSet<RouteKey>,
-    /// Routes whose last write or removal failed.
+    /// Routes whose last write failed.
     failed: BTreeSet<RouteKey>,
     /// The crt-list's content as last written (or found).
     crt_list: Option<String>,
+    /// Whether the last crt-list write failed (the file on disk is behind).
+    crt_list_failed: bool,
     complete: bool,
     concurrency: usize,
 }
@@ -122,21 +154,109 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
     out
 }
 
-/// Whether `host` can be written as a crt-list SNI filter as it is.
-fn usable_sni(host: &str) -> bool {
-    !host.is_empty()
-        && !host.starts_with('!')
-        && host
+/// Whether `sni` can be written as a crt-list SNI filter as it is.
+fn usable_sni(sni: &str) -> bool {
+    !sni.is_empty()
+        && !sni.starts_with('!')
+        && sni
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'*')
 }
 
+/// Runs `work` on the blocking pool. A panic or cancellation of the blocking task is an
+/// error like any other, never an empty result.
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> io::Result<T> + Send + 'static,
 ) -> io::Result<T> {
     tokio::task::spawn_blocking(work)
         .await
-        .unwrap_or_else(|join| Err(io::Error::other(join)))
+        .unwrap_or_else(|join| Err(io::Error::other(format!("the write task failed: {join}"))))
+}
+
+/// What was found in the cert directory at start.
+struct Found {
+    prepared: files::PreparedDir,
+    on_disk: HashMap<String, OnDisk>,
+    unlinked: BTreeSet<String>,
+    stray_links: BTreeSet<String>,
+    crt_list: Option<String>,
+}
+
+/// Reads the bundles and links in `dir`, repairing a crt-list that names missing files.
+fn scan(dir: &Path) -> io::Result<Found> {
+    let prepared = files::prepare_dir(dir)?;
+    let dir = &prepared.path;
+    let links = dir.join(LINKS_DIR);
+    let mut bundles = HashMap::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !files::is_bundle_file_name(&name) {
+            continue;
+        }
+        if let Ok(content) = std::fs::read(entry.path()) {
+            bundles.insert(name, digest(&content));
+        }
+    }
+    let mut on_disk = HashMap::new();
+    let mut stray_links = BTreeSet::new();
+    for entry in std::fs::read_dir(&links)? {
+        let entry = entry?;
+        let link = entry.file_name().to_string_lossy().into_owned();
+        if !files::is_link_file_name(&link) {
+            continue;
+        }
+        let bundle = files::bundle_name_of_link(&link);
+        let points_right = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target == Path::new("..").join(&bundle));
+        match bundles.remove(&bundle) {
+            Some(digest) if points_right => {
+                on_disk.insert(bundle, OnDisk { digest, tls: None });
+            }
+            other => {
+                if let Some(digest) = other {
+                    bundles.insert(bundle, digest);
+                }
+                stray_links.insert(link);
+            }
+        }
+    }
+    let unlinked = bundles.into_keys().collect();
+    let crt_list = match std::fs::read_to_string(dir.join(CRT_LIST_FILE)) {
+        Ok(text) => Some(repair_crt_list(dir, text)?),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => None,
+        Err(error) => return Err(error),
+    };
+    Ok(Found {
+        prepared,
+        on_disk,
+        unlinked,
+        stray_links,
+        crt_list,
+    })
+}
+
+/// Drops the lines of a crt-list found at start that name files that are not there,
+/// and writes it back if any was dropped.
+fn repair_crt_list(dir: &Path, text: String) -> io::Result<String> {
+    let kept: String = text
+        .lines()
+        .filter(|line| {
+            let path = line.split_whitespace().next().unwrap_or("");
+            path.is_empty() || std::fs::metadata(path).is_ok()
+        })
+        .map(|line| format!("{line}\n"))
+        .collect();
+    if kept.lines().count() == text.lines().count() {
+        return Ok(text);
+    }
+    tracing::warn!(
+        dropped = text.lines().count() - kept.lines().count(),
+        "the crt-list found at start named missing files; rewrote it without them"
+    );
+    files::write_atomic(dir, CRT_LIST_FILE, kept.as_bytes())?;
+    files::sync_dir(dir)?;
+    Ok(kept)
 }
 
 impl CertDir {
@@ -145,32 +265,22 @@ impl CertDir {
     /// the writes in flight.
     pub async fn open(dir: &Path, concurrency: usize) -> io::Result<Self> {
         let dir = dir.to_owned();
-        let (dir, on_disk, crt_list) = blocking(move || {
-            let dir = files::prepare_dir(&dir)?;
-            let mut on_disk = HashMap::new();
-            for entry in std::fs::read_dir(&dir)? {
-                let entry = entry?;
-                let Some(route) =
-                    files::parse_bundle_file_name(&entry.file_name().to_string_lossy())
-                else {
-                    continue;
-                };
-                if let Ok(content) = std::fs::read(entry.path()) {
-                    on_disk.insert(route, digest(&content));
-                }
-            }
-            let crt_list = std::fs::read_to_string(dir.join(CRT_LIST_FILE)).ok();
-            Ok((dir, on_disk, crt_list))
-        })
-        .await?;
+        let found = blocking(move || scan(&dir)).await?;
+        let mut unwanted: BTreeSet<String> = found.on_disk.keys().cloned().collect();
+        unwanted.extend(found.unlinked);
         Ok(Self {
-            links: dir.join(LINKS_DIR),
-            dir,
+            links: found.prepared.path.join(LINKS_DIR),
+            dir: found.prepared.path,
+            owned: found.prepared.owned,
+            mode: found.prepared.mode,
             desired: HashMap::new(),
+            on_disk: found.on_disk,
+            unwanted,
+            stray_links: found.stray_links,
             dirty: BTreeSet::new(),
-            on_disk,
             failed: BTreeSet::new(),
-            crt_list,
+            crt_list: found.crt_list,
+            crt_list_failed: false,
             complete: false,
             concurrency: concurrency.max(1),
         })
@@ -181,21 +291,47 @@ impl CertDir {
         &self.dir
     }
 
+    /// Whether certwatch owns the directory, and its mode (a directory owned by
+    /// someone else keeps its mode).
+    pub fn ownership(&self) -> (bool, u32) {
+        (self.owned, self.mode)
+    }
+
     /// The crt-list's path.
     pub fn crt_list_path(&self) -> PathBuf {
         self.dir.join(CRT_LIST_FILE)
     }
 
-    /// Serve `cert` for its route (replacing earlier material).
-    pub fn set(&mut self, cert: ServedCert) {
+    /// Serve `cert` for its route (replacing earlier material). A route whose name
+    /// cannot be a file name is refused (never the case for names an API server
+    /// accepts).
+    pub fn set(&mut self, cert: ServedCert) -> Result<(), files::UnsafeName> {
+        let names = files::bundle_names(&cert.route)?;
+        let digest = digest(cert.tls.pem_bundle().expose_secret().as_bytes());
+        self.unwanted.remove(&names.bundle);
         self.dirty.insert(cert.route.clone());
-        self.desired.insert(cert.route.clone(), cert);
+        let route = cert.route.clone();
+        if let Some(old) = self.desired.insert(
+            route,
+            Desired {
+                cert,
+                names: names.clone(),
+                digest,
+            },
+        ) && old.names.bundle != names.bundle
+        {
+            self.unwanted.insert(old.names.bundle);
+        }
+        Ok(())
     }
 
     /// Stop serving `route`.
     pub fn remove(&mut self, route: &RouteKey) {
-        if self.desired.remove(route).is_some() || self.on_disk.contains_key(route) {
-            self.dirty.insert(route.clone());
+        if let Some(old) = self.desired.remove(route) {
+            self.failed.remove(route);
+            if self.on_disk.contains_key(&old.names.bundle) {
+                self.unwanted.insert(old.names.bundle);
+            }
         }
     }
 
@@ -204,298 +340,358 @@ impl CertDir {
         self.desired.len()
     }
 
-    /// Whether some write or removal is waiting for a retry.
-    pub fn has_failures(&self) -> bool {
+    /// Bundles on disk (with their link).
+    pub fn bundles_on_disk(&self) -> usize {
+        self.on_disk.len()
+    }
+
+    /// Served routes whose bundle on disk holds their current material.
+    pub fn served_on_disk(&self) -> usize {
+        self.desired
+            .values()
+            .filter(|desired| {
+                self.on_disk
+                    .get(&desired.names.bundle)
+                    .is_some_and(|disk| disk.digest == desired.digest)
+            })
+            .count()
+    }
+
+    /// Whether some write, removal or crt-list write is waiting for a retry.
+    pub fn has_pending_work(&self) -> bool {
         !self.failed.is_empty()
+            || (self.complete
+                && (self.crt_list_failed
+                    || !self.unwanted.is_empty()
+                    || !self.stray_links.is_empty()))
+    }
+
+    /// Whether the directory holds everything desired: start-up is complete, every
+    /// served route's bundle is on disk with its current material, and the crt-list
+    /// naming them is written. (Leftovers waiting for removal do not count: the
+    /// crt-list no longer names them.)
+    pub fn is_current(&self) -> bool {
+        self.complete && self.failed.is_empty() && !self.crt_list_failed && self.crt_list.is_some()
+    }
+
+    /// Whether the crt-list on disk is the one the served bundles call for.
+    pub fn crt_list_current(&self) -> bool {
+        self.complete && !self.crt_list_failed && self.crt_list.is_some()
     }
 
     /// Every route present at start-up has been decided: from now on the crt-list is
     /// written, and bundles of routes not served are removed.
     pub fn mark_complete(&mut self) {
         self.complete = true;
-        let stale: Vec<RouteKey> = self
-            .on_disk
-            .keys()
-            .filter(|route| !self.desired.contains_key(*route))
-            .cloned()
-            .collect();
-        self.dirty.extend(stale);
     }
 
-    /// Brings the directory to the desired state; failures are logged, counted and
-    /// retried by the next flush.
+    /// Brings the directory to the desired state (see the [module
+    /// documentation](self)); failures are counted in the report and retried by the
+    /// next flush.
     pub async fn flush(&mut self) -> FlushReport {
-        let plan = self.plan();
-        self.execute(plan).await
+        let mut report = FlushReport::default();
+        self.write_bundles(&mut report).await;
+        if !self.complete {
+            return report;
+        }
+        let entries = self.entries();
+        let content = render_crt_list(&entries);
+        if self.crt_list.as_deref() != Some(content.as_str()) {
+            let dir = self.dir.clone();
+            let bytes = content.clone();
+            match blocking(move || {
+                files::write_atomic(&dir, CRT_LIST_FILE, bytes.as_bytes())?;
+                files::sync_dir(&dir)
+            })
+            .await
+            {
+                Ok(()) => {
+                    debug!(lines = entries.len(), "crt-list written");
+                    self.crt_list = Some(content);
+                    self.crt_list_failed = false;
+                    report.crt_list_written = true;
+                }
+                Err(error) => {
+                    self.crt_list_failed = true;
+                    report.failure(error.kind(), || {
+                        format!("cannot write {}: {error}", self.crt_list_path().display())
+                    });
+                }
+            }
+        }
+        if !self.crt_list_failed {
+            self.remove_unwanted(&mut report).await;
+        }
+        report.entries = Some(Arc::new(entries));
+        report
     }
 
-    /// Decides what a flush has to do (taking the changed routes).
-    pub fn plan(&mut self) -> FlushPlan {
+    /// Phase 1: every new or changed bundle into a temporary file (in parallel), one
+    /// flush to disk, then the renames and links.
+    async fn write_bundles(&mut self, report: &mut FlushReport) {
         let mut routes = std::mem::take(&mut self.dirty);
         routes.append(&mut self.failed);
-        let mut jobs = Vec::new();
-        for route in routes {
-            match self.desired.get(&route) {
-                Some(cert) => {
-                    let bundle = cert.tls.pem_bundle();
-                    let digest = digest(bundle.expose_secret().as_bytes());
-                    if self.on_disk.get(&route) != Some(&digest) {
-                        jobs.push(Job::Write {
-                            route,
-                            digest,
-                            bundle,
-                        });
-                    }
-                }
-                None if self.on_disk.contains_key(&route) && self.complete => {
-                    jobs.push(Job::Remove { route });
-                }
-                None => {}
-            }
-        }
-        let crt_list_changes =
-            self.complete && self.crt_list.as_deref() != Some(self.render_crt_list().as_str());
-        FlushPlan {
-            jobs,
-            crt_list_changes,
-        }
-    }
-
-    /// Carries out `plan`.
-    pub async fn execute(&mut self, plan: FlushPlan) -> FlushReport {
-        let mut report = FlushReport::default();
-        let jobs = plan.jobs;
-
-        // Phase 1, in parallel: every new bundle into a temporary file.
         let mut writes = Vec::new();
-        let mut removals = Vec::new();
-        for job in jobs {
-            match job {
-                Job::Write {
-                    route,
-                    digest,
-                    bundle,
-                } => writes.push((route, digest, bundle)),
-                Job::Remove { route } => removals.push(route),
+        for route in routes {
+            let Some(desired) = self.desired.get(&route) else {
+                continue;
+            };
+            if self
+                .on_disk
+                .get(&desired.names.bundle)
+                .is_some_and(|disk| disk.digest == desired.digest)
+            {
+                continue;
             }
+            writes.push((route, desired.names.clone(), desired.cert.tls.pem_bundle()));
+        }
+        if writes.is_empty() {
+            return;
         }
         let started = std::time::Instant::now();
-        let dir = self.dir.clone();
         let mut pending = Vec::with_capacity(writes.len());
         let mut staged = futures::stream::iter(writes)
-            .map(|(route, digest, bundle)| {
-                let dir = dir.clone();
+            .map(|(route, names, bundle)| {
+                let dir = self.dir.clone();
                 async move {
-                    let staged = stage_bundle(dir, route.clone(), bundle).await;
-                    (route, digest, staged)
+                    let name = names.bundle.clone();
+                    let staged = blocking(move || {
+                        files::write_pending(&dir, &name, bundle.expose_secret().as_bytes())
+                    })
+                    .await;
+                    (route, names, staged)
                 }
             })
             .buffer_unordered(self.concurrency);
-        while let Some((route, digest, staged)) = staged.next().await {
+        let mut staging_failures = Vec::new();
+        while let Some((route, names, staged)) = staged.next().await {
             match staged {
-                Ok(file) => pending.push((route, digest, file)),
-                Err(error) => self.write_failed(&mut report, route, "write", error),
+                Ok(file) => pending.push((route, names, file)),
+                Err(error) => staging_failures.push((route, names, error)),
             }
         }
         drop(staged);
+        for (route, names, error) in staging_failures {
+            self.write_failed(report, route, &names, &error);
+        }
         let staged_after = started.elapsed();
-
-        // Phase 2, on one thread: one flush to disk, then the renames, links and
-        // removals, then the directory entries.
-        if !pending.is_empty() || !removals.is_empty() {
-            let (dir, links) = (self.dir.clone(), self.links.clone());
-            let results = blocking(move || Ok(commit_batch(&dir, &links, pending, removals)))
-                .await
-                .unwrap_or_default();
-            debug!(
-                files = results.len(),
-                staged = ?staged_after,
-                committed = ?started.elapsed().saturating_sub(staged_after),
-                "cert dir batch written"
-            );
-            for (route, digest, result) in results {
-                match (result, digest) {
-                    (Ok(()), Some(digest)) => {
-                        self.on_disk.insert(route, digest);
-                        report.written += 1;
-                    }
-                    (Ok(()), None) => {
-                        self.on_disk.remove(&route);
-                        report.removed += 1;
-                    }
-                    (Err(error), digest) => {
-                        let action = if digest.is_some() { "write" } else { "remove" };
-                        self.write_failed(&mut report, route, action, error);
-                    }
-                }
-            }
+        if pending.is_empty() {
+            return;
         }
-
-        if self.complete {
-            let content = self.render_crt_list();
-            if self.crt_list.as_deref() != Some(content.as_str()) {
-                let dir = self.dir.clone();
-                let bytes = content.clone();
-                match blocking(move || {
-                    files::write_atomic(&dir, CRT_LIST_FILE, bytes.as_bytes())?;
-                    files::sync_dir(&dir)
+        let (dir, links) = (self.dir.clone(), self.links.clone());
+        let routes: Vec<(RouteKey, BundleNames)> = pending
+            .iter()
+            .map(|(route, names, _)| (route.clone(), names.clone()))
+            .collect();
+        let committed = blocking(move || Ok(commit_batch(&dir, &links, pending))).await;
+        debug!(
+            files = routes.len(),
+            staged = ?staged_after,
+            committed = ?started.elapsed().saturating_sub(staged_after),
+            "cert dir batch written"
+        );
+        let results = match committed {
+            Ok(results) => results,
+            // The batch's task failed as a whole: every write in it counts as failed.
+            Err(error) => routes
+                .into_iter()
+                .map(|(route, names)| {
+                    (
+                        route,
+                        names,
+                        Err(io::Error::new(error.kind(), error.to_string())),
+                    )
                 })
-                .await
-                {
-                    Ok(()) => {
-                        debug!(lines = content.lines().count(), "crt-list written");
-                        self.crt_list = Some(content);
-                        report.crt_list_written = true;
+                .collect(),
+        };
+        for (route, names, result) in results {
+            match result {
+                Ok(()) => {
+                    if let Some(desired) = self.desired.get(&route) {
+                        self.on_disk.insert(
+                            names.bundle,
+                            OnDisk {
+                                digest: desired.digest,
+                                tls: Some(Arc::clone(&desired.cert.tls)),
+                            },
+                        );
                     }
-                    Err(error) => {
-                        warn!(path = %self.crt_list_path().display(), %error, "cannot write the crt-list; will retry");
-                        report.failed += 1;
-                    }
+                    report.written += 1;
                 }
+                Err(error) => self.write_failed(report, route, &names, &error),
             }
         }
-        report
     }
 
     fn write_failed(
         &mut self,
         report: &mut FlushReport,
         route: RouteKey,
-        action: &str,
-        error: WriteError,
+        names: &BundleNames,
+        error: &io::Error,
     ) {
-        report.failed += 1;
-        match error {
-            // Permanent: the name never changes, so no retry.
-            WriteError::Name(error) => warn!(%error, "bundle not written"),
-            WriteError::Io(error) => {
-                warn!(route = %route, %error, "cannot {action} the bundle; will retry");
-                self.failed.insert(route);
+        report.failure(error.kind(), || {
+            format!(
+                "cannot write {}: {error}",
+                self.dir.join(&names.bundle).display()
+            )
+        });
+        self.failed.insert(route);
+    }
+
+    /// Phase 3: removes the bundles (and links) no desired route names, once the
+    /// crt-list on disk no longer names them.
+    async fn remove_unwanted(&mut self, report: &mut FlushReport) {
+        if self.unwanted.is_empty() && self.stray_links.is_empty() {
+            return;
+        }
+        let bundles: Vec<String> = self.unwanted.iter().cloned().collect();
+        let stray_links: Vec<String> = self.stray_links.iter().cloned().collect();
+        let (dir, links) = (self.dir.clone(), self.links.clone());
+        let result = blocking(move || {
+            let mut outcomes = Vec::with_capacity(bundles.len());
+            for bundle in bundles {
+                let link = files::link_name_of_bundle(&bundle);
+                let removed = files::remove_if_present(&links.join(&link))
+                    .and_then(|_| files::remove_if_present(&dir.join(&bundle)));
+                outcomes.push((bundle, removed));
             }
+            let mut link_outcomes = Vec::with_capacity(stray_links.len());
+            for link in stray_links {
+                let removed = files::remove_if_present(&links.join(&link));
+                link_outcomes.push((link, removed));
+            }
+            for directory in [&dir, &links] {
+                files::sync_dir(directory)?;
+            }
+            Ok((outcomes, link_outcomes))
+        })
+        .await;
+        match result {
+            Ok((outcomes, link_outcomes)) => {
+                for (bundle, removed) in outcomes {
+                    match removed {
+                        Ok(existed) => {
+                            self.unwanted.remove(&bundle);
+                            if self.on_disk.remove(&bundle).is_some() || existed {
+                                report.removed += 1;
+                            }
+                        }
+                        Err(error) => report.failure(error.kind(), || {
+                            format!(
+                                "cannot remove {}: {error}",
+                                self.dir.join(&bundle).display()
+                            )
+                        }),
+                    }
+                }
+                for (link, removed) in link_outcomes {
+                    match removed {
+                        Ok(_) => {
+                            self.stray_links.remove(&link);
+                        }
+                        Err(error) => report.failure(error.kind(), || {
+                            format!(
+                                "cannot remove {}: {error}",
+                                self.links.join(&link).display()
+                            )
+                        }),
+                    }
+                }
+            }
+            Err(error) => report.failure(error.kind(), || {
+                format!("cannot remove files in {}: {error}", self.dir.display())
+            }),
         }
     }
 
-    /// Whether the crt-list on disk is behind (its last write failed).
-    pub fn crt_list_stale(&self) -> bool {
-        self.complete && self.crt_list.as_deref() != Some(self.render_crt_list().as_str())
-    }
-
-    /// The crt-list's entries, oldest route first: served routes whose bundle is on
-    /// disk.
+    /// The crt-list's entries, oldest route first: served routes with an SNI whose
+    /// bundle is on disk. A route whose newest write failed keeps its older bundle
+    /// (and is served with that material).
     pub fn entries(&self) -> Vec<CrtEntry> {
-        let mut served: Vec<&ServedCert> = self
+        let mut served: Vec<(&Desired, &OnDisk)> = self
             .desired
             .values()
-            .filter(|cert| self.on_disk.contains_key(&cert.route))
+            .filter_map(|desired| Some((desired, self.on_disk.get(&desired.names.bundle)?)))
             .collect();
         // Routes without a creation time (not from an API server) go last.
-        served.sort_by(|a, b| {
-            (a.created.is_none(), a.created, &a.route).cmp(&(
-                b.created.is_none(),
-                b.created,
-                &b.route,
-            ))
+        served.sort_by(|(a, _), (b, _)| {
+            let key = |d: &Desired| {
+                (
+                    d.cert.created.is_none(),
+                    d.cert.created,
+                    d.cert.route.clone(),
+                )
+            };
+            key(a).cmp(&key(b))
         });
         served
             .into_iter()
-            .filter_map(|cert| {
-                let link = files::link_file_name(&cert.route).ok()?;
+            .filter_map(|(desired, disk)| {
+                let sni = desired.cert.sni.clone().filter(|sni| usable_sni(sni))?;
+                let tls = if disk.digest == desired.digest {
+                    Arc::clone(&desired.cert.tls)
+                } else {
+                    disk.tls
+                        .clone()
+                        .unwrap_or_else(|| Arc::clone(&desired.cert.tls))
+                };
                 Some(CrtEntry {
-                    route: cert.route.clone(),
-                    name: self.links.join(link).to_string_lossy().into_owned(),
-                    sni: cert.host.clone().filter(|host| usable_sni(host)),
-                    tls: Arc::clone(&cert.tls),
+                    route: desired.cert.route.clone(),
+                    name: self
+                        .links
+                        .join(&desired.names.link)
+                        .to_string_lossy()
+                        .into_owned(),
+                    sni,
+                    tls,
                 })
             })
             .collect()
     }
+}
 
-    fn render_crt_list(&self) -> String {
-        let mut out = String::new();
-        for entry in self.entries() {
-            match &entry.sni {
-                Some(sni) => {
-                    let _ = writeln!(out, "{} {sni}", entry.name);
-                }
-                None => {
-                    let _ = writeln!(out, "{}", entry.name);
-                }
-            }
-        }
-        out
+fn render_crt_list(entries: &[CrtEntry]) -> String {
+    let mut out = String::new();
+    for entry in entries {
+        let _ = writeln!(out, "{} {}", entry.name, entry.sni);
     }
+    out
 }
 
-#[derive(Debug, thiserror::Error)]
-enum WriteError {
-    #[error(transparent)]
-    Name(#[from] files::UnsafeName),
-    #[error(transparent)]
-    Io(#[from] io::Error),
-}
+/// A route's result in a committed batch.
+type Committed = (RouteKey, BundleNames, io::Result<()>);
 
-/// A route's result in a committed batch: its new digest (`None` for a removal).
-type Committed = (RouteKey, Option<[u8; 32]>, Result<(), WriteError>);
-
-async fn stage_bundle(
-    dir: PathBuf,
-    route: RouteKey,
-    bundle: SecretPem,
-) -> Result<files::PendingFile, WriteError> {
-    let name = files::bundle_file_name(&route)?;
-    Ok(
-        blocking(move || files::write_pending(&dir, &name, bundle.expose_secret().as_bytes()))
-            .await?,
-    )
-}
-
-/// Makes the staged files durable and puts them in place, removes the bundles of
-/// `removals`, and flushes the directory entries.
+/// Makes the staged files durable and puts them in place with their links, then
+/// flushes the directory entries.
 fn commit_batch(
     dir: &Path,
     links: &Path,
-    pending: Vec<(RouteKey, [u8; 32], files::PendingFile)>,
-    removals: Vec<RouteKey>,
+    pending: Vec<(RouteKey, BundleNames, files::PendingFile)>,
 ) -> Vec<Committed> {
-    let mut results = Vec::with_capacity(pending.len() + removals.len());
+    let mut results = Vec::with_capacity(pending.len());
     let started = std::time::Instant::now();
-    let synced = if pending.is_empty() {
-        Ok(())
-    } else {
-        files::sync_filesystem(dir)
-    };
+    let synced = files::sync_filesystem(dir);
     debug!(files = pending.len(), elapsed = ?started.elapsed(), "flushed the staged bundles to disk");
     if let Err(error) = synced {
         // Without a flush the renames could expose empty files after a crash.
-        for (route, digest, file) in pending {
+        for (route, names, file) in pending {
             file.discard();
             let error = io::Error::new(error.kind(), format!("flushing to disk: {error}"));
-            results.push((route, Some(digest), Err(WriteError::Io(error))));
+            results.push((route, names, Err(error)));
         }
         return results;
     }
-    for (route, digest, file) in pending {
-        let result = file.commit().map_err(WriteError::from).and_then(|()| {
-            let name = files::bundle_file_name(&route)?;
-            let link = files::link_file_name(&route)?;
-            files::ensure_link(links, &link, &name)?;
-            Ok(())
-        });
-        results.push((route, Some(digest), result));
-    }
-    for route in removals {
-        let result = (|| {
-            let name = files::bundle_file_name(&route)?;
-            let link = files::link_file_name(&route)?;
-            files::remove_if_present(&links.join(link))?;
-            files::remove_if_present(&dir.join(name))?;
-            Ok(())
-        })();
-        results.push((route, None, result));
+    for (route, names, file) in pending {
+        let result = file
+            .commit()
+            .and_then(|()| files::ensure_link(links, &names.link, &names.bundle));
+        results.push((route, names, result));
     }
     for directory in [dir, links] {
         if let Err(error) = files::sync_dir(directory) {
-            warn!(dir = %directory.display(), %error, "cannot flush the directory's entries");
+            // The renames happened; only their durability across a crash is in doubt.
+            tracing::warn!(dir = %directory.display(), %error, "cannot flush the directory's entries");
         }
     }
     results
@@ -512,17 +708,42 @@ mod tests {
 
     fn served(pki: &Pki, namespace: &str, name: &str, created: i64) -> ServedCert {
         let now = Timestamp::now();
-        let host = format!("{name}.example.com");
+        let host = format!("{}.example.com", &name[..name.len().min(50)]);
         let secret = pki.issue(&LeafSpec::new(&host, now)).secret(namespace, "s");
         let tls = TlsValidator::default()
             .validate_secret(&secret, Some(&host), now)
             .unwrap();
         ServedCert {
             route: RouteKey::new(namespace, name),
-            host: Some(host),
+            sni: Some(host),
             created: Some(Timestamp::from_second(created).unwrap()),
             tls: Arc::new(tls),
         }
+    }
+
+    /// The crt-list as (link file name, SNI) pairs; every path it names must exist.
+    fn listed(root: &Path) -> Vec<(String, String)> {
+        let text = std::fs::read_to_string(root.join(CRT_LIST_FILE)).unwrap();
+        text.lines()
+            .map(|line| {
+                let (path, sni) = line.split_once(' ').unwrap();
+                assert!(
+                    std::fs::metadata(path).is_ok(),
+                    "{path} is listed but missing"
+                );
+                let name = Path::new(path).file_name().unwrap().to_string_lossy();
+                (name.into_owned(), sni.to_owned())
+            })
+            .collect()
+    }
+
+    fn counts(report: &FlushReport) -> (usize, usize, usize, bool) {
+        (
+            report.written,
+            report.removed,
+            report.failed,
+            report.crt_list_written,
+        )
     }
 
     #[tokio::test]
@@ -538,31 +759,30 @@ mod tests {
         );
 
         let mut dir = CertDir::open(&root, 4).await.unwrap();
-        dir.set(a.clone());
-        dir.set(b.clone());
+        dir.set(a.clone()).unwrap();
+        dir.set(b.clone()).unwrap();
         let report = dir.flush().await;
-        assert_eq!((report.written, report.crt_list_written), (2, false));
+        assert_eq!(counts(&report), (2, 0, 0, false));
         // Until start-up is complete, nothing is removed and no crt-list is written.
         assert!(root.join("old:gone.pem").exists());
         assert!(!root.join(CRT_LIST_FILE).exists());
+        assert!(!dir.is_current());
 
         dir.mark_complete();
         let report = dir.flush().await;
-        assert_eq!((report.written, report.removed), (0, 1));
-        assert!(report.crt_list_written);
+        assert_eq!(counts(&report), (0, 1, 0, true));
+        assert!(dir.is_current());
         assert!(!root.join("old:gone.pem").exists());
         let root = root.canonicalize().unwrap();
-        let list = std::fs::read_to_string(root.join(CRT_LIST_FILE)).unwrap();
-        let links = root.join(LINKS_DIR);
         assert_eq!(
-            list,
-            format!(
-                "{}/ns_b.pem b.example.com\n{}/ns_a.pem a.example.com\n",
-                links.display(),
-                links.display()
-            ),
+            listed(&root),
+            [
+                ("ns_b.pem".to_owned(), "b.example.com".to_owned()),
+                ("ns_a.pem".to_owned(), "a.example.com".to_owned())
+            ],
             "the older route first"
         );
+        assert_eq!(report.entries.as_ref().unwrap().len(), 2);
         let bundle = root.join("ns:a.pem");
         assert_eq!(
             std::fs::read(&bundle).unwrap(),
@@ -572,21 +792,159 @@ mod tests {
             std::fs::metadata(&bundle).unwrap().permissions().mode() & 0o777,
             0o600
         );
-        assert_eq!(dir.flush().await, FlushReport::default());
+        assert_eq!(counts(&dir.flush().await), (0, 0, 0, false));
 
         // After a restart, identical bundles are not rewritten.
         let mut dir = CertDir::open(&root, 4).await.unwrap();
-        dir.set(a);
-        dir.set(b.clone());
+        dir.set(a).unwrap();
+        dir.set(b.clone()).unwrap();
         dir.mark_complete();
-        assert_eq!(dir.flush().await, FlushReport::default());
+        assert_eq!(counts(&dir.flush().await), (0, 0, 0, false));
+        assert_eq!(dir.bundles_on_disk(), 2);
 
         // A removed route loses its bundle, link and line.
         dir.remove(&b.route);
         let report = dir.flush().await;
-        assert_eq!((report.removed, report.crt_list_written), (1, true));
+        assert_eq!(counts(&report), (0, 1, 0, true));
         assert!(!root.join("ns:b.pem").exists());
-        assert!(!links.join("ns_b.pem").exists());
-        assert_eq!(dir.entries().len(), 1);
+        assert!(!root.join(LINKS_DIR).join("ns_b.pem").exists());
+        assert_eq!(listed(&root).len(), 1);
+        assert_eq!(dir.bundles_on_disk(), 1);
+    }
+
+    /// A bundle that cannot be written is counted, not listed, retried, and blocks
+    /// [`CertDir::is_current`] until it is on disk.
+    #[tokio::test]
+    async fn failed_writes_are_counted_and_never_listed() {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path().canonicalize().unwrap();
+        let pki = Pki::new(Timestamp::now());
+        let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
+        let mut dir = CertDir::open(&root, 4).await.unwrap();
+        // A directory where b's bundle goes: the rename onto it fails.
+        std::fs::create_dir(root.join("ns:b.pem")).unwrap();
+        std::fs::write(root.join("ns:b.pem").join("x"), b"").unwrap();
+        dir.set(a).unwrap();
+        dir.set(b).unwrap();
+        dir.mark_complete();
+        let report = dir.flush().await;
+        assert_eq!(counts(&report), (1, 0, 1, true));
+        assert!(report.error.is_some());
+        assert!(report.error_text.as_deref().unwrap().contains("ns:b.pem"));
+        assert_eq!(
+            listed(&root),
+            [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
+        );
+        assert!(!dir.is_current());
+        assert!(dir.has_pending_work());
+        assert_eq!(dir.bundles_on_disk(), 1);
+
+        std::fs::remove_dir_all(root.join("ns:b.pem")).unwrap();
+        let report = dir.flush().await;
+        assert_eq!(counts(&report), (1, 0, 0, true));
+        assert!(dir.is_current());
+        assert_eq!(listed(&root).len(), 2);
+    }
+
+    /// The crt-list stops naming a bundle before the bundle goes: while the new list
+    /// cannot be written, the old one's files stay.
+    #[tokio::test]
+    async fn bundles_outlive_the_list_that_names_them() {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path().canonicalize().unwrap();
+        let pki = Pki::new(Timestamp::now());
+        let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
+        let mut dir = CertDir::open(&root, 4).await.unwrap();
+        dir.set(a).unwrap();
+        dir.set(b.clone()).unwrap();
+        dir.mark_complete();
+        dir.flush().await;
+        assert_eq!(listed(&root).len(), 2);
+
+        // The next crt-list write fails: a directory stands where it goes.
+        let list = root.join(CRT_LIST_FILE);
+        std::fs::remove_file(&list).unwrap();
+        std::fs::create_dir(&list).unwrap();
+        std::fs::write(list.join("x"), b"").unwrap();
+        dir.remove(&b.route);
+        let report = dir.flush().await;
+        assert_eq!(counts(&report), (0, 0, 1, false));
+        assert!(!dir.is_current());
+        // b stays until a list without it is on disk.
+        assert!(root.join("ns:b.pem").exists());
+        assert!(root.join(LINKS_DIR).join("ns_b.pem").exists());
+
+        std::fs::remove_dir_all(&list).unwrap();
+        let report = dir.flush().await;
+        assert_eq!(counts(&report), (0, 1, 0, true));
+        assert!(dir.is_current());
+        assert_eq!(
+            listed(&root),
+            [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
+        );
+        assert!(!root.join("ns:b.pem").exists());
+    }
+
+    /// Routes without an SNI are written but never listed; names too long for a file
+    /// are shortened, listed, and found again after a restart.
+    #[tokio::test]
+    async fn hostless_and_long_named_routes() {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path().canonicalize().unwrap();
+        let pki = Pki::new(Timestamp::now());
+        let mut hostless = served(&pki, "ns", "hostless", 1);
+        hostless.sni = None;
+        let long = served(&pki, &"n".repeat(63), &"r".repeat(253), 2);
+        let long_names = files::bundle_names(&long.route).unwrap();
+        let mut dir = CertDir::open(&root, 4).await.unwrap();
+        dir.set(hostless).unwrap();
+        dir.set(long.clone()).unwrap();
+        dir.mark_complete();
+        let report = dir.flush().await;
+        assert_eq!(counts(&report), (2, 0, 0, true));
+        assert!(root.join("ns:hostless.pem").exists());
+        assert!(root.join(&long_names.bundle).exists());
+        assert_eq!(
+            listed(&root),
+            [(long_names.link.clone(), long.sni.clone().unwrap())]
+        );
+        assert!(dir.is_current());
+
+        let mut dir = CertDir::open(&root, 4).await.unwrap();
+        dir.set(long.clone()).unwrap();
+        dir.mark_complete();
+        // The long bundle is recognised; the host-less one is gone with its route.
+        assert_eq!(counts(&dir.flush().await), (0, 1, 0, false));
+        assert!(root.join(&long_names.bundle).exists());
+    }
+
+    /// A crt-list left naming a missing file is repaired when the directory is opened.
+    #[tokio::test]
+    async fn a_list_naming_missing_files_is_repaired_at_start() {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path().canonicalize().unwrap();
+        let pki = Pki::new(Timestamp::now());
+        let mut dir = CertDir::open(&root, 4).await.unwrap();
+        dir.set(served(&pki, "ns", "a", 1)).unwrap();
+        dir.set(served(&pki, "ns", "b", 2)).unwrap();
+        dir.mark_complete();
+        dir.flush().await;
+        std::fs::remove_file(root.join("ns:b.pem")).unwrap();
+        CertDir::open(&root, 4).await.unwrap();
+        assert_eq!(
+            listed(&root),
+            [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
+        );
+        // The dangling link goes with the next removals.
+        let mut dir = CertDir::open(&root, 4).await.unwrap();
+        dir.mark_complete();
+        dir.flush().await;
+        assert!(
+            std::fs::read_dir(root.join(LINKS_DIR))
+                .unwrap()
+                .next()
+                .is_none()
+        );
+        assert!(listed(&root).is_empty());
     }
 }

@@ -134,6 +134,8 @@ pub enum DaemonError {
 /// A running daemon. Stop it with [`Daemon::shutdown`].
 pub struct Daemon {
     status: watch::Receiver<DaemonStatus>,
+    /// Counts re-synchronisation requests (SIGHUP) for the outputs task.
+    resync: watch::Sender<u64>,
     metrics: Arc<Metrics>,
     pool: PoolHandle,
     manager: SecretManager,
@@ -165,6 +167,9 @@ impl Daemon {
     pub async fn start(config: kube::Config, options: DaemonOptions) -> Result<Self, DaemonError> {
         let started = Instant::now();
         let metrics = Arc::new(Metrics::new());
+        if options.haproxy.is_some() {
+            metrics.register_haproxy();
+        }
         let cert_dir = CertDir::open(&options.cert_dir, options.write_concurrency)
             .await
             .map_err(|source| DaemonError::CertDir {
@@ -179,7 +184,9 @@ impl Daemon {
             "starting"
         );
 
-        let pooled = kube_h2::build_client(config, options.client.clone())?;
+        let request_observer: Arc<dyn kube_h2::RequestObserver> = metrics.clone();
+        let pooled =
+            kube_h2::build_client(config, options.client.clone().observer(request_observer))?;
         let pool = pooled.pool().clone();
         let client = pooled.client();
         let observer: Arc<dyn MonitorObserver> = metrics.clone();
@@ -243,6 +250,7 @@ impl Daemon {
             )
         });
         let (status_sender, status) = watch::channel(DaemonStatus::default());
+        let (resync, resync_requests) = watch::channel(0);
         let outputs = tokio::spawn(
             Outputs {
                 cert_dir,
@@ -251,6 +259,7 @@ impl Daemon {
                 haproxy,
                 status: status_sender,
                 started,
+                resync: resync_requests,
             }
             .run(pipeline_outputs.outcomes, pipeline_outputs.readiness),
         );
@@ -282,6 +291,7 @@ impl Daemon {
 
         Ok(Self {
             status,
+            resync,
             metrics,
             pool,
             manager,
@@ -317,6 +327,13 @@ impl Daemon {
             .await
             .map_err(|_| DaemonError::Stopped)?;
         Ok(*ready)
+    }
+
+    /// Brings the proxy up to date again (what SIGHUP does): HAProxy's state is read
+    /// afresh and synchronised, and the reload command runs once. Before start-up is
+    /// decided there is nothing to re-synchronise and the request is dropped.
+    pub fn resync(&self) {
+        self.resync.send_modify(|count| *count += 1);
     }
 
     /// Where the HTTP endpoint listens.
@@ -406,5 +423,6 @@ fn refresher(metrics: &Arc<Metrics>, manager: &SecretManager, pool: &PoolHandle)
         metrics.set_registered_routes(manager.route_count());
         let stats = pool.stats();
         metrics.set_api_connections(stats.http2_connections_open, stats.http1_connections_open);
+        metrics.refresh_process();
     })
 }

@@ -8,9 +8,21 @@
 //!   The crt-list therefore names each bundle through this colon-free link. `_` cannot
 //!   appear in a namespace or route name, so the link name is unambiguous.
 //!
-//! The directory is mode 0700. Every file is replaced atomically: written to a
-//! temporary file in the same directory, flushed to disk, then renamed over the old
-//! one, so a reader sees the old content or the new, never a mix.
+//! **Long names.** A namespace may have 63 characters and a route 253, so
+//! `<namespace>:<route>.pem` can exceed the 255-byte file-name limit of Linux file
+//! systems. Names are kept as above whenever they fit with room for their temporary
+//! sibling ([`MAX_FILE_NAME`]); a longer one is cut and made unique with a hash of the
+//! whole route key: `<namespace>:<start of route>~<16 hex digits>.pem` (and the same
+//! with `_` for its link). `~` never occurs in a Kubernetes name, so a shortened name
+//! cannot collide with a name kept whole. Names are only ever computed from the route,
+//! never parsed back: the cert directory is compared by file name.
+//!
+//! The directory is mode 0700 when certwatch owns it. A directory owned by someone
+//! else (the root of a Kubernetes `emptyDir`, an operator's volume) keeps its mode:
+//! changing it would fail (EPERM) under a random UID, and the bundles are 0600 anyway.
+//! Every file is replaced atomically: written to a temporary file in the same
+//! directory, flushed to disk, then renamed over the old one, so a reader sees the old
+//! content or the new, never a mix.
 //!
 //! A batch of bundles is flushed with one `syncfs` instead of one `fsync` per file:
 //! ext4 serialises fsyncs on its journal (about 1 ms each here, whatever the
@@ -19,7 +31,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use route_secrets::route::RouteKey;
@@ -28,13 +40,22 @@ use route_secrets::route::RouteKey;
 pub const CRT_LIST_FILE: &str = "crt-list";
 /// Sub-directory holding the colon-free links the crt-list names.
 pub const LINKS_DIR: &str = "links";
-/// Mode of the cert directory and its sub-directory.
+/// Mode of the cert directory (when certwatch owns it) and its sub-directory.
 pub const DIR_MODE: u32 = 0o700;
 /// Mode of every file written (bundles hold private keys).
 pub const FILE_MODE: u32 = 0o600;
 
 const BUNDLE_SUFFIX: &str = ".pem";
 const TEMP_MARKER: &str = ".tmp-";
+/// What a temporary name adds to a file name: `.`, [`TEMP_MARKER`], 16 hex digits.
+const TEMP_OVERHEAD: usize = 1 + TEMP_MARKER.len() + 16;
+/// Longest file name certwatch gives a bundle or link: the file-name limit of Linux
+/// file systems (255 bytes) less what its temporary sibling adds.
+pub const MAX_FILE_NAME: usize = 255 - TEMP_OVERHEAD;
+/// Marks a shortened name (never part of a Kubernetes name).
+const HASH_MARKER: char = '~';
+/// Hex digits of the route key's SHA-256 in a shortened name (64 bits).
+const HASH_DIGITS: usize = 16;
 
 /// A route whose namespace or name cannot be used in a file name.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -48,7 +69,7 @@ pub struct UnsafeName {
 }
 
 /// Whether `part` is safe in a file name and cannot collide with the separators used
-/// here (`:` and `_`): what Kubernetes allows in namespace and route names.
+/// here (`:`, `_` and `~`): what Kubernetes allows in namespace and route names.
 fn is_dns_name(part: &str) -> bool {
     !part.is_empty()
         && part.len() <= 253
@@ -69,44 +90,103 @@ fn check(route: &RouteKey) -> Result<(), UnsafeName> {
     }
 }
 
-/// `<namespace>:<route>.pem`.
-pub fn bundle_file_name(route: &RouteKey) -> Result<String, UnsafeName> {
+/// The file names of a route's bundle and of its link.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BundleNames {
+    /// The bundle, in the cert directory: `<namespace>:<route>.pem` where it fits.
+    pub bundle: String,
+    /// Its link, in [`LINKS_DIR`]: `<namespace>_<route>.pem` where it fits.
+    pub link: String,
+}
+
+/// The names of `route`'s bundle and link; see the [module documentation](self) for
+/// names too long to keep whole.
+pub fn bundle_names(route: &RouteKey) -> Result<BundleNames, UnsafeName> {
     check(route)?;
-    Ok(format!("{}:{}{BUNDLE_SUFFIX}", route.namespace, route.name))
+    let (namespace, name) = (route.namespace.as_str(), route.name.as_str());
+    let whole = namespace.len() + 1 + name.len() + BUNDLE_SUFFIX.len();
+    if whole <= MAX_FILE_NAME {
+        return Ok(BundleNames {
+            bundle: format!("{namespace}:{name}{BUNDLE_SUFFIX}"),
+            link: format!("{namespace}_{name}{BUNDLE_SUFFIX}"),
+        });
+    }
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{namespace}/{name}").as_bytes(),
+    );
+    let hash: String = digest
+        .as_ref()
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect::<String>()[..HASH_DIGITS]
+        .to_owned();
+    // Namespaces are DNS labels (at most 63 characters): kept whole in practice.
+    let fixed = 1 + 1 + HASH_DIGITS + BUNDLE_SUFFIX.len();
+    let namespace = &namespace[..namespace.len().min(63)];
+    let keep = MAX_FILE_NAME - fixed - namespace.len();
+    // Kubernetes names are ASCII (checked above): any byte index is a boundary.
+    let name = &name[..name.len().min(keep)];
+    Ok(BundleNames {
+        bundle: format!("{namespace}:{name}{HASH_MARKER}{hash}{BUNDLE_SUFFIX}"),
+        link: format!("{namespace}_{name}{HASH_MARKER}{hash}{BUNDLE_SUFFIX}"),
+    })
 }
 
-/// `<namespace>_<route>.pem`, the link's name in [`LINKS_DIR`].
-pub fn link_file_name(route: &RouteKey) -> Result<String, UnsafeName> {
-    check(route)?;
-    Ok(format!("{}_{}{BUNDLE_SUFFIX}", route.namespace, route.name))
+/// Whether `file_name`, in the cert directory, is a bundle certwatch wrote.
+pub fn is_bundle_file_name(file_name: &str) -> bool {
+    !file_name.starts_with('.') && file_name.ends_with(BUNDLE_SUFFIX) && file_name.contains(':')
 }
 
-/// The route a bundle file name belongs to, if it is one.
-pub fn parse_bundle_file_name(file_name: &str) -> Option<RouteKey> {
-    let stem = file_name.strip_suffix(BUNDLE_SUFFIX)?;
-    let (namespace, name) = stem.split_once(':')?;
-    let route = RouteKey::new(namespace, name);
-    check(&route).ok().map(|()| route)
+/// Whether `file_name`, in [`LINKS_DIR`], is a link certwatch made.
+pub fn is_link_file_name(file_name: &str) -> bool {
+    !file_name.starts_with('.') && file_name.ends_with(BUNDLE_SUFFIX) && !file_name.contains(':')
 }
 
-/// The route a link file name belongs to, if it is one.
-pub fn parse_link_file_name(file_name: &str) -> Option<RouteKey> {
-    let stem = file_name.strip_suffix(BUNDLE_SUFFIX)?;
-    let (namespace, name) = stem.split_once('_')?;
-    let route = RouteKey::new(namespace, name);
-    check(&route).ok().map(|()| route)
+/// The bundle a link in [`LINKS_DIR`] stands for (the first `_` back to `:`).
+pub fn bundle_name_of_link(link: &str) -> String {
+    link.replacen('_', ":", 1)
 }
 
-/// Creates `dir` (and [`LINKS_DIR`] in it) if needed, restricts both to mode 0700,
-/// removes temporary files a crash left behind, and returns the directory's absolute
-/// path (as the crt-list must name files).
-pub fn prepare_dir(dir: &Path) -> io::Result<PathBuf> {
+/// The link in [`LINKS_DIR`] of a bundle (the first `:` to `_`).
+pub fn link_name_of_bundle(bundle: &str) -> String {
+    bundle.replacen(':', "_", 1)
+}
+
+/// A prepared cert directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreparedDir {
+    /// Its absolute path (as the crt-list must name files).
+    pub path: PathBuf,
+    /// Whether certwatch owns it (and so restricted it to [`DIR_MODE`]); when not, its
+    /// mode is left as it was.
+    pub owned: bool,
+    /// Its permission bits now.
+    pub mode: u32,
+}
+
+/// Restricts `dir` to [`DIR_MODE`] if this process owns it; returns whether it does and
+/// the mode the directory has afterwards.
+fn restrict_if_owned(dir: &Path) -> io::Result<(bool, u32)> {
+    let metadata = fs::metadata(dir)?;
+    let owned = metadata.uid() == rustix::process::geteuid().as_raw();
+    if owned && metadata.mode() & 0o7777 != DIR_MODE {
+        fs::set_permissions(dir, fs::Permissions::from_mode(DIR_MODE))?;
+        return Ok((true, DIR_MODE));
+    }
+    Ok((owned, metadata.mode() & 0o7777))
+}
+
+/// Creates `dir` (and [`LINKS_DIR`] in it) if needed, restricts both to mode 0700 where
+/// certwatch owns them, removes temporary files a crash left behind, and returns the
+/// directory's absolute path.
+pub fn prepare_dir(dir: &Path) -> io::Result<PreparedDir> {
     fs::create_dir_all(dir)?;
-    fs::set_permissions(dir, fs::Permissions::from_mode(DIR_MODE))?;
+    let (owned, mode) = restrict_if_owned(dir)?;
     let dir = fs::canonicalize(dir)?;
     let links = dir.join(LINKS_DIR);
     fs::create_dir_all(&links)?;
-    fs::set_permissions(&links, fs::Permissions::from_mode(DIR_MODE))?;
+    restrict_if_owned(&links)?;
     for parent in [&dir, &links] {
         for entry in fs::read_dir(parent)? {
             let entry = entry?;
@@ -115,7 +195,11 @@ pub fn prepare_dir(dir: &Path) -> io::Result<PathBuf> {
             }
         }
     }
-    Ok(dir)
+    Ok(PreparedDir {
+        path: dir,
+        owned,
+        mode,
+    })
 }
 
 /// A temporary file written next to its final name, not yet durable nor in place.
@@ -256,17 +340,61 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_round_trip() {
-        let route = RouteKey::new("team-a", "shop.v2");
-        assert_eq!(bundle_file_name(&route).unwrap(), "team-a:shop.v2.pem");
-        assert_eq!(link_file_name(&route).unwrap(), "team-a_shop.v2.pem");
-        assert_eq!(
-            parse_bundle_file_name("team-a:shop.v2.pem"),
-            Some(route.clone())
-        );
-        assert_eq!(parse_link_file_name("team-a_shop.v2.pem"), Some(route));
-        assert_eq!(parse_bundle_file_name("crt-list"), None);
-        assert_eq!(parse_bundle_file_name(".team-a:x.pem.tmp-1"), None);
+    fn names_of_ordinary_routes_are_kept_whole() {
+        let names = bundle_names(&RouteKey::new("team-a", "shop.v2")).unwrap();
+        assert_eq!(names.bundle, "team-a:shop.v2.pem");
+        assert_eq!(names.link, "team-a_shop.v2.pem");
+        assert!(is_bundle_file_name(&names.bundle));
+        assert!(is_link_file_name(&names.link));
+        assert!(!is_bundle_file_name("crt-list"));
+        assert!(!is_bundle_file_name(".team-a:x.pem.tmp-1"));
+    }
+
+    /// (namespace length, route length): the longest valid names, and the edges of
+    /// the limit.
+    #[test]
+    fn long_names_fit_and_stay_distinct() {
+        let whole_limit = MAX_FILE_NAME - 1 - BUNDLE_SUFFIX.len();
+        let cases = [
+            (63, 253),
+            (63, whole_limit - 63),
+            (63, whole_limit - 63 + 1),
+            (1, 253),
+            (63, 200),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for (namespace_len, name_len) in cases {
+            let route = RouteKey::new("n".repeat(namespace_len), "r".repeat(name_len));
+            let names = bundle_names(&route).unwrap();
+            let temp = format!(".{}{TEMP_MARKER}{:016x}", names.bundle, u64::MAX);
+            assert!(
+                temp.len() <= 255,
+                "{namespace_len}+{name_len}: {}",
+                temp.len()
+            );
+            assert_eq!(names.bundle.len(), names.link.len());
+            let whole = namespace_len + 1 + name_len + BUNDLE_SUFFIX.len() <= MAX_FILE_NAME;
+            assert_eq!(
+                !names.bundle.contains(HASH_MARKER),
+                whole,
+                "{}",
+                names.bundle
+            );
+            assert!(is_bundle_file_name(&names.bundle));
+            assert_eq!(bundle_name_of_link(&names.link), names.bundle);
+            assert_eq!(link_name_of_bundle(&names.bundle), names.link);
+            assert!(seen.insert(names.bundle));
+        }
+        // Two long routes that share their first 200 characters get different names.
+        let prefix = "x".repeat(200);
+        let a = bundle_names(&RouteKey::new("ns", format!("{prefix}-a"))).unwrap();
+        let b = bundle_names(&RouteKey::new("ns", format!("{prefix}-b"))).unwrap();
+        assert_ne!(a, b);
+        // The 255-byte limit, on a real directory: the name and its temporary sibling.
+        let dir = tempfile::tempdir().unwrap();
+        let route = RouteKey::new("n".repeat(63), "r".repeat(253));
+        let names = bundle_names(&route).unwrap();
+        write_atomic(dir.path(), &names.bundle, b"x").unwrap();
     }
 
     #[test]
@@ -277,15 +405,16 @@ mod tests {
             ("", "c"),
             ("a", "B"),
             ("a_b", "c"),
+            ("a", "b~c"),
         ] {
-            assert!(bundle_file_name(&RouteKey::new(namespace, name)).is_err());
+            assert!(bundle_names(&RouteKey::new(namespace, name)).is_err());
         }
     }
 
     #[test]
     fn atomic_write_sets_mode_and_replaces() {
         let dir = tempfile::tempdir().unwrap();
-        let root = prepare_dir(&dir.path().join("certs")).unwrap();
+        let root = prepare_dir(&dir.path().join("certs")).unwrap().path;
         assert_eq!(
             fs::metadata(&root).unwrap().permissions().mode() & 0o777,
             DIR_MODE

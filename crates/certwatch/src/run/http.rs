@@ -71,6 +71,24 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
                 status.admitted, status.rejected
             ),
         )
+    } else if let Some(files) = status.waiting_for_files {
+        let cause = files
+            .error
+            .map(|kind| format!(": writes fail ({kind})"))
+            .unwrap_or_default();
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: every route present at start-up is decided, but {} of {} bundles are written {}{cause}; retrying\n",
+                files.written,
+                files.served,
+                if files.crt_list_written {
+                    "(the crt-list names only those)"
+                } else {
+                    "and the crt-list is not written"
+                },
+            ),
+        )
     } else if !progress.listed {
         (
             StatusCode::SERVICE_UNAVAILABLE,

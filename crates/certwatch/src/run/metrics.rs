@@ -12,19 +12,28 @@
 //! | `certwatch_routes_admitted` | gauge | | routes served now |
 //! | `certwatch_routes_rejected` | gauge | `reason` | routes rejected now, by reason |
 //! | `certwatch_route_outcomes_total` | counter | `outcome`, `reason` | every decision (`admitted`, `rejected`, `removed`) |
-//! | `certwatch_certificate_expiry_timestamp_seconds` | gauge | `namespace`, `route` | `notAfter` of each served certificate |
-//! | `certwatch_bundles` | gauge | | bundles in the cert directory |
+//! | `certwatch_certificate_expiration_timestamp_seconds` | gauge | `namespace`, `route`, `secret` | `notAfter` of the certificate last served for each route; stays while the route exists, also while it is rejected |
+//! | `certwatch_bundles` | gauge | | bundles on disk in the cert directory (files really written) |
 //! | `certwatch_bundle_writes_total` | counter | | bundles written or removed |
 //! | `certwatch_bundle_write_failures_total` | counter | | failed writes or removals (retried) |
 //! | `certwatch_reloads_total` | counter | | runs of the reload command |
 //! | `certwatch_reload_failures_total` | counter | | runs that failed (exit status, timeout, spawn error) |
+//! | `certwatch_reload_duration_seconds` | histogram | | time each run of the reload command took |
 //! | `certwatch_reload_pending` | gauge | | 1 while a change waits for a reload |
 //! | `certwatch_reload_running` | gauge | | 1 while the reload command runs |
-//! | `certwatch_haproxy_commands_total` | counter | `command`, `result` | runtime API commands sent |
-//! | `certwatch_haproxy_sync_failures_total` | counter | | synchronisations that failed (retried) |
-//! | `certwatch_haproxy_in_sync` | gauge | | 1 when HAProxy holds exactly the crt-list's certificates |
+//! | `certwatch_haproxy_commands_total` | counter | `command`, `result` | runtime API commands sent (only with `--haproxy-socket`) |
+//! | `certwatch_haproxy_sync_failures_total` | counter | | synchronisations that failed, retried (only with `--haproxy-socket`) |
+//! | `certwatch_haproxy_in_sync` | gauge | | 1 when HAProxy holds exactly the crt-list's certificates (only with `--haproxy-socket`) |
 //! | `certwatch_api_errors_total` | counter | `source`, `code` | failed API requests: HTTP code, or `transport`/`timeout` |
 //! | `certwatch_api_connections` | gauge | `protocol` | open connections to the API server |
+//! | `certwatch_api_requests_total` | counter | `resource`, `verb`, `code` | every API request by resource (with subresource), verb (as kube-apiserver names it) and HTTP code (`none`: no response), 429s included |
+//! | `certwatch_api_retries_total` | counter | `resource`, `verb` | of those, requests that were retries |
+//! | `certwatch_build_info` | gauge | `version` | always 1 |
+//! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`, `process_start_time_seconds` | | | the standard process metrics |
+//!
+//! Every counter and gauge without labels is exported from the start, at 0, and the
+//! labelled ones whose label values are known in advance (reasons, outcomes) are too:
+//! an alert's `rate()` or `> 0` works before the first event.
 //!
 //! No label ever carries secret material: routes are named by namespace and name only.
 
@@ -41,6 +50,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
+
+use super::process::{ProcessSample, start_time_seconds};
+use route_secrets::reason::Reason;
 use route_secrets::route::RouteKey;
 use secret_monitor::{MonitorError, MonitorErrorKind, MonitorObserver, ObjectKey};
 
@@ -59,9 +71,15 @@ struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RouteLabels {
+struct CertificateLabels {
     namespace: String,
     route: String,
+    secret: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -74,6 +92,19 @@ struct CommandLabels {
 struct ApiErrorLabels {
     source: &'static str,
     code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    resource: String,
+    verb: &'static str,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RetryLabels {
+    resource: String,
+    verb: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -105,12 +136,17 @@ pub struct Metrics {
     routes_admitted: Gauge,
     routes_rejected: Family<ReasonLabels, Gauge>,
     route_outcomes: Family<OutcomeLabels, Counter>,
-    expiry: Family<RouteLabels, Gauge>,
+    expiration: Family<CertificateLabels, Gauge>,
+    /// Guards the secret whose certificate each route's expiration series is labelled
+    /// with (to replace the series when the route moves to another secret, and drop it
+    /// when the route goes). Held only to read or update the map.
+    expiration_secrets: Mutex<HashMap<RouteKey, String>>,
     bundles: Gauge,
     bundle_writes: Counter,
     bundle_write_failures: Counter,
     reloads: Counter,
     reload_failures: Counter,
+    reload_duration: Histogram,
     reload_pending: Gauge,
     reload_running: Gauge,
     haproxy_commands: Family<CommandLabels, Counter>,
@@ -118,6 +154,16 @@ pub struct Metrics {
     haproxy_in_sync: Gauge,
     api_errors: Family<ApiErrorLabels, Counter>,
     api_connections: Family<ProtocolLabels, Gauge>,
+    api_requests: Family<RequestLabels, Counter>,
+    api_retries: Family<RetryLabels, Counter>,
+    process_cpu: Counter<f64, AtomicU64>,
+    /// Guards nothing but the order of CPU-counter updates: concurrent scrapes must
+    /// add each CPU second once.
+    process_cpu_update: Mutex<()>,
+    process_resident: Gauge,
+    process_virtual: Gauge,
+    process_open_fds: Gauge,
+    process_max_fds: Gauge,
 }
 
 impl fmt::Debug for Metrics {
@@ -148,12 +194,15 @@ impl Metrics {
             routes_admitted: Gauge::default(),
             routes_rejected: Family::default(),
             route_outcomes: Family::default(),
-            expiry: Family::default(),
+            expiration: Family::default(),
+            expiration_secrets: Mutex::new(HashMap::new()),
             bundles: Gauge::default(),
             bundle_writes: Counter::default(),
             bundle_write_failures: Counter::default(),
             reloads: Counter::default(),
             reload_failures: Counter::default(),
+            // 10 ms to about 160 s.
+            reload_duration: Histogram::new(exponential_buckets(0.01, 2.0, 15)),
             reload_pending: Gauge::default(),
             reload_running: Gauge::default(),
             haproxy_commands: Family::default(),
@@ -161,7 +210,16 @@ impl Metrics {
             haproxy_in_sync: Gauge::default(),
             api_errors: Family::default(),
             api_connections: Family::default(),
+            api_requests: Family::default(),
+            api_retries: Family::default(),
+            process_cpu: Counter::default(),
+            process_cpu_update: Mutex::new(()),
+            process_resident: Gauge::default(),
+            process_virtual: Gauge::default(),
+            process_open_fds: Gauge::default(),
+            process_max_fds: Gauge::default(),
         };
+        metrics.precreate();
         {
             let mut registry = metrics
                 .registry
@@ -221,9 +279,9 @@ impl Metrics {
                 metrics.route_outcomes.clone(),
             );
             r.register(
-                "certificate_expiry_timestamp_seconds",
-                "notAfter of each served route's certificate, as a Unix time",
-                metrics.expiry.clone(),
+                "certificate_expiration_timestamp_seconds",
+                "notAfter of the certificate last served for each route, as a Unix time; kept while the route exists, also while it is rejected",
+                metrics.expiration.clone(),
             );
             r.register(
                 "bundles",
@@ -250,6 +308,12 @@ impl Metrics {
                 "Runs of the reload command that failed",
                 metrics.reload_failures.clone(),
             );
+            r.register_with_unit(
+                "reload_duration",
+                "Time each run of the reload command took",
+                Unit::Seconds,
+                metrics.reload_duration.clone(),
+            );
             r.register(
                 "reload_pending",
                 "1 while a change waits for the reload command",
@@ -261,21 +325,6 @@ impl Metrics {
                 metrics.reload_running.clone(),
             );
             r.register(
-                "haproxy_commands",
-                "HAProxy runtime API commands sent, by command and result",
-                metrics.haproxy_commands.clone(),
-            );
-            r.register(
-                "haproxy_sync_failures",
-                "Synchronisations with HAProxy that failed (retried)",
-                metrics.haproxy_sync_failures.clone(),
-            );
-            r.register(
-                "haproxy_in_sync",
-                "1 when HAProxy holds exactly the crt-list's certificates",
-                metrics.haproxy_in_sync.clone(),
-            );
-            r.register(
                 "api_errors",
                 "Failed Kubernetes API requests by source and HTTP code (or transport/timeout)",
                 metrics.api_errors.clone(),
@@ -285,8 +334,90 @@ impl Metrics {
                 "Open connections to the Kubernetes API server by protocol",
                 metrics.api_connections.clone(),
             );
+            r.register(
+                "api_requests",
+                "Kubernetes API requests by resource, verb and HTTP code (none: no response)",
+                metrics.api_requests.clone(),
+            );
+            r.register(
+                "api_retries",
+                "Kubernetes API requests that were retries, by resource and verb",
+                metrics.api_retries.clone(),
+            );
+            let build_info = Family::<BuildLabels, Gauge>::default();
+            build_info
+                .get_or_create(&BuildLabels {
+                    version: env!("CARGO_PKG_VERSION"),
+                })
+                .set(1);
+            r.register("build_info", "certwatch's version; always 1", build_info);
+            register_process_metrics(&mut registry, &metrics);
         }
         metrics
+    }
+
+    /// Adds the HAProxy metrics to the registry: only a daemon that talks to HAProxy
+    /// has them, so that an alert on HAProxy's sync state never fires (or stays
+    /// silent) for a deployment without HAProxy.
+    pub fn register_haproxy(&self) {
+        let mut registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        let r = registry.sub_registry_with_prefix("certwatch");
+        r.register(
+            "haproxy_commands",
+            "HAProxy runtime API commands sent, by command and result",
+            self.haproxy_commands.clone(),
+        );
+        r.register(
+            "haproxy_sync_failures",
+            "Synchronisations with HAProxy that failed (retried)",
+            self.haproxy_sync_failures.clone(),
+        );
+        r.register(
+            "haproxy_in_sync",
+            "1 when HAProxy holds exactly the crt-list's certificates",
+            self.haproxy_in_sync.clone(),
+        );
+    }
+
+    /// Label sets known in advance, at 0 from the start.
+    fn precreate(&self) {
+        for reason in Reason::NAMES {
+            drop(self.routes_rejected.get_or_create(&ReasonLabels { reason }));
+            drop(self.route_outcomes.get_or_create(&OutcomeLabels {
+                outcome: "rejected",
+                reason,
+            }));
+        }
+        for (outcome, reason) in [
+            ("admitted", ""),
+            ("admitted", "ExternalCertificateSecretRecreated"),
+            ("removed", ""),
+        ] {
+            drop(
+                self.route_outcomes
+                    .get_or_create(&OutcomeLabels { outcome, reason }),
+            );
+        }
+    }
+
+    /// Reads this process's CPU, memory and file descriptors into the `process_*`
+    /// metrics (before a scrape).
+    pub fn refresh_process(&self) {
+        let sample = ProcessSample::now();
+        {
+            let _order = self
+                .process_cpu_update
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let delta = sample.cpu_seconds - self.process_cpu.get();
+            if delta > 0.0 {
+                self.process_cpu.inc_by(delta);
+            }
+        }
+        self.process_resident.set(clamp(sample.resident_bytes));
+        self.process_virtual.set(clamp(sample.virtual_bytes));
+        self.process_open_fds.set(clamp(sample.open_fds));
+        self.process_max_fds.set(clamp(sample.max_fds));
     }
 
     /// The metrics in Prometheus text format.
@@ -352,19 +483,41 @@ impl Metrics {
             .inc();
     }
 
-    /// Records the `notAfter` of the certificate served for `route`, or forgets it.
-    pub fn set_expiry(&self, route: &RouteKey, not_after: Option<Timestamp>) {
-        let labels = RouteLabels {
+    /// Records the `notAfter` of the certificate now served for `route`, from
+    /// `secret` (replacing the series of an earlier secret).
+    pub fn certificate_served(&self, route: &RouteKey, secret: &str, not_after: Timestamp) {
+        let labels = |secret: String| CertificateLabels {
             namespace: route.namespace.clone(),
             route: route.name.clone(),
+            secret,
         };
-        match not_after {
-            Some(at) => {
-                self.expiry.get_or_create(&labels).set(at.as_second());
-            }
-            None => {
-                self.expiry.remove(&labels);
-            }
+        let previous = self
+            .expiration_secrets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(route.clone(), secret.to_owned());
+        if let Some(previous) = previous.filter(|previous| previous != secret) {
+            self.expiration.remove(&labels(previous));
+        }
+        self.expiration
+            .get_or_create(&labels(secret.to_owned()))
+            .set(not_after.as_second());
+    }
+
+    /// `route` no longer exists (or no longer has an external certificate): its
+    /// expiration series goes.
+    pub fn route_removed(&self, route: &RouteKey) {
+        let previous = self
+            .expiration_secrets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(route);
+        if let Some(secret) = previous {
+            self.expiration.remove(&CertificateLabels {
+                namespace: route.namespace.clone(),
+                route: route.name.clone(),
+                secret,
+            });
         }
     }
 
@@ -388,7 +541,8 @@ impl Metrics {
     /// The reload command ended, successfully or not. Counted here, after the fact,
     /// so that a scrape showing `reloads_total = n` and `reload_running = 0` has seen
     /// `n` complete runs.
-    pub fn reload_finished(&self, ok: bool) {
+    pub fn reload_finished(&self, ok: bool, took: Duration) {
+        self.reload_duration.observe(took.as_secs_f64());
         self.reloads.inc();
         if !ok {
             self.reload_failures.inc();
@@ -466,6 +620,75 @@ fn to_i64(value: usize) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
+fn clamp(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// The `process_*` metrics, unprefixed as every Prometheus client library names them.
+fn register_process_metrics(registry: &mut Registry, metrics: &Metrics) {
+    registry.register_with_unit(
+        "process_cpu",
+        "Total user and system CPU time spent",
+        Unit::Seconds,
+        metrics.process_cpu.clone(),
+    );
+    registry.register_with_unit(
+        "process_resident_memory",
+        "Resident memory size",
+        Unit::Bytes,
+        metrics.process_resident.clone(),
+    );
+    registry.register_with_unit(
+        "process_virtual_memory",
+        "Virtual memory size",
+        Unit::Bytes,
+        metrics.process_virtual.clone(),
+    );
+    registry.register(
+        "process_open_fds",
+        "Number of open file descriptors",
+        metrics.process_open_fds.clone(),
+    );
+    registry.register(
+        "process_max_fds",
+        "Maximum number of open file descriptors",
+        metrics.process_max_fds.clone(),
+    );
+    let start = Gauge::<f64, AtomicU64>::default();
+    if let Some(started) = start_time_seconds() {
+        start.set(started);
+    }
+    registry.register_with_unit(
+        "process_start_time",
+        "Start time of the process since the Unix epoch",
+        Unit::Seconds,
+        start,
+    );
+}
+
+impl kube_h2::RequestObserver for Metrics {
+    fn response(&self, record: &kube_h2::ResponseRecord<'_>) {
+        let verb = record.verb.as_str();
+        self.api_requests
+            .get_or_create(&RequestLabels {
+                resource: record.resource.to_owned(),
+                verb,
+                code: record
+                    .code
+                    .map_or_else(|| "none".to_owned(), |code| code.to_string()),
+            })
+            .inc();
+        if record.retry {
+            self.api_retries
+                .get_or_create(&RetryLabels {
+                    resource: record.resource.to_owned(),
+                    verb,
+                })
+                .inc();
+        }
+    }
+}
+
 impl MonitorObserver for Metrics {
     fn first_sync(&self, _key: &ObjectKey, elapsed: Duration, outcome: Result<(), &MonitorError>) {
         self.first_sync.observe(elapsed.as_secs_f64());
@@ -539,11 +762,83 @@ mod tests {
         assert_eq!(states.counts(), (0, 1));
     }
 
+    /// Counters and known label sets exist from the start at 0; HAProxy's metrics
+    /// only when HAProxy is configured; build and process information is there.
+    #[test]
+    fn what_exists_from_the_start() {
+        let metrics = Metrics::new();
+        metrics.refresh_process();
+        let text = metrics.encode();
+        for sample in [
+            "certwatch_bundle_write_failures_total 0\n",
+            "certwatch_reload_failures_total 0\n",
+            "certwatch_routes_rejected{reason=\"ExternalCertificateValidationFailed\"} 0\n",
+            "certwatch_route_outcomes_total{outcome=\"removed\",reason=\"\"} 0\n",
+            "certwatch_ready 0\n",
+            "certwatch_reload_duration_seconds_count 0\n",
+            &format!(
+                "certwatch_build_info{{version=\"{}\"}} 1\n",
+                env!("CARGO_PKG_VERSION")
+            ),
+        ] {
+            assert!(text.contains(sample), "{sample}in\n{text}");
+        }
+        for name in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_open_fds ",
+            "process_max_fds ",
+            "process_start_time_seconds ",
+        ] {
+            assert!(
+                text.lines().any(|line| line.starts_with(name)),
+                "{name}in\n{text}"
+            );
+        }
+        assert!(!text.contains("haproxy"), "{text}");
+        metrics.register_haproxy();
+        let text = metrics.encode();
+        assert!(text.contains("certwatch_haproxy_in_sync 0\n"), "{text}");
+        assert!(
+            text.contains("certwatch_haproxy_sync_failures_total 0\n"),
+            "{text}"
+        );
+    }
+
+    /// The expiration series follows the route's secret and stays while the route
+    /// is rejected; it goes with the route.
+    #[test]
+    fn expiration_stays_while_the_route_exists() {
+        let metrics = Metrics::new();
+        let route = RouteKey::new("ns", "shop");
+        let at = Timestamp::from_second(2_000_000_000).unwrap();
+        let series = |secret: &str| {
+            format!(
+                "certwatch_certificate_expiration_timestamp_seconds{{namespace=\"ns\",route=\"shop\",secret=\"{secret}\"}} 2000000000\n"
+            )
+        };
+        metrics.certificate_served(&route, "old", at);
+        assert!(metrics.encode().contains(&series("old")));
+        metrics.certificate_served(&route, "new", at);
+        let text = metrics.encode();
+        assert!(text.contains(&series("new")), "{text}");
+        assert!(!text.contains(&series("old")), "{text}");
+        let mut states = RouteStates::default();
+        states.set(
+            &metrics,
+            &route,
+            Some(RouteState::Rejected("ExternalCertificateSecretDeleted")),
+        );
+        assert!(metrics.encode().contains(&series("new")));
+        metrics.route_removed(&route);
+        assert!(!metrics.encode().contains("expiration_timestamp_seconds{"));
+    }
+
     #[test]
     fn counters_carry_the_total_suffix() {
         let metrics = Metrics::new();
         metrics.reload_started();
-        metrics.reload_finished(false);
+        metrics.reload_finished(false, Duration::from_millis(10));
         metrics.api_error("routes", "503".to_owned());
         let text = metrics.encode();
         assert!(text.contains("certwatch_reloads_total 1\n"), "{text}");

@@ -3,11 +3,13 @@
 //! - [`args`]: the command line ([`RunArgs`]).
 //! - [`daemon`]: [`Daemon`], the wiring, usable as a library (the demo and the
 //!   benchmark run it in-process).
-//! - [`scope`]: namespace list, namespace selector and route selector.
+//! - [`scope`]: namespace list, namespace selector and route selector;
+//!   [`selector`]: their syntax, checked at start-up.
 //! - [`cert_dir`] and [`files`]: bundles, links and the crt-list on disk.
 //! - [`reload`]: the debounced, single-flight reload command.
 //! - [`haproxy`]: HAProxy's runtime API client and the synchronisation over it.
-//! - [`metrics`]: the Prometheus metrics; `http`: `/healthz`, `/readyz`, `/metrics`.
+//! - [`metrics`] and [`process`]: the Prometheus metrics; `http`: `/healthz`,
+//!   `/readyz`, `/metrics`.
 //! - [`progress`]: the start-up progress bar or log lines.
 
 pub mod args;
@@ -19,14 +21,18 @@ pub mod haproxy;
 mod http;
 pub mod metrics;
 pub mod outputs;
+pub mod process;
 pub mod progress;
 pub mod reload;
 pub mod scope;
+pub mod selector;
 pub mod signals;
 
 use std::io::Write as _;
 
 use kube_sim::{SimConfig, Simulator};
+
+use crate::logging::LogFormat;
 use tracing::info;
 
 pub use args::RunArgs;
@@ -48,10 +54,15 @@ pub enum RunError {
     /// The daemon could not start.
     #[error(transparent)]
     Daemon(#[from] DaemonError),
+    /// The signal handlers could not be installed.
+    #[error("cannot install the signal handlers: {0}")]
+    Signals(std::io::Error),
 }
 
-/// Runs the daemon until SIGTERM or SIGINT, then stops it cleanly.
+/// Runs the daemon until SIGTERM or SIGINT, then stops it cleanly; SIGHUP
+/// re-synchronises the outputs (see [`signals`]).
 pub async fn main(args: RunArgs) -> Result<(), RunError> {
+    let mut hangups = signals::hangups().map_err(RunError::Signals)?;
     let options = args.daemon_options()?;
     let (config, simulator) = if args.embedded {
         let simulator = Simulator::start(SimConfig {
@@ -79,15 +90,31 @@ pub async fn main(args: RunArgs) -> Result<(), RunError> {
 
     let daemon = Daemon::start(config, options).await?;
     if let Some(addr) = daemon.http_addr() {
-        // On stdout, for people and scripts (tests read the port from it).
-        let mut stdout = std::io::stdout().lock();
-        let _ = writeln!(
-            stdout,
-            "certwatch: serving /healthz, /readyz and /metrics on http://{addr}"
-        );
-        let _ = stdout.flush();
+        match args.log_format {
+            // On stdout, for people and scripts (tests read the port from it).
+            LogFormat::Text => {
+                let mut stdout = std::io::stdout().lock();
+                let _ = writeln!(
+                    stdout,
+                    "certwatch: serving /healthz, /readyz and /metrics on http://{addr}"
+                );
+                let _ = stdout.flush();
+            }
+            // A log collector reads JSON only: the address is a field of a log event.
+            LogFormat::Json => info!(address = %addr, "serving /healthz, /readyz and /metrics"),
+        }
     }
-    signals::terminate().await;
+    let terminate = signals::terminate();
+    tokio::pin!(terminate);
+    loop {
+        tokio::select! {
+            () = &mut terminate => break,
+            _ = hangups.recv() => {
+                info!("SIGHUP: re-reading HAProxy's state and running the reload command (configuration is not re-read)");
+                daemon.resync();
+            }
+        }
+    }
     info!("stopping: closing watches and finishing writes");
     daemon.shutdown().await;
     if let Some(simulator) = simulator {

@@ -3,30 +3,52 @@
 //! decides when the daemon is ready.
 //!
 //! Outcomes are taken in batches (everything queued at the moment), so that a burst,
-//! like start-up, costs one crt-list write and one reload, not one per route.
+//! like start-up, costs one crt-list write and one reload, not one per route. Each
+//! batch is one [`CertDir::flush`]: the crt-list is computed once, and the same
+//! entries go to HAProxy.
 //!
-//! Ready means: the pipeline has decided every route present at start-up, and every
-//! outcome it emitted up to then is on disk. Only then is the crt-list written for the
-//! first time, are bundles of routes that no longer exist removed, is HAProxy
+//! Ready means: the pipeline has decided every route present at start-up, every
+//! admitted route's bundle is on disk with its current material, and the crt-list
+//! naming them is written. Only once start-up is decided is the crt-list written for
+//! the first time, are bundles of routes that no longer exist removed, is HAProxy
 //! synchronised and does the reload command run: until then the proxy keeps what it
-//! had. Once ready, the daemon stays ready (the files keep being served if the API
-//! server goes away later).
+//! had. While writes fail (a full or read-only cert dir) the daemon stays not ready,
+//! says why in `/readyz`, and retries with [`kube_common::backoff`]. Once ready, the
+//! daemon stays ready (the files keep being served if the API server goes away later;
+//! later write failures are counted and logged).
 
+use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube_common::backoff::{Backoff, BackoffPolicy};
 use route_secrets::pipeline::{Readiness, RouteOutcome};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::cert_dir::{CertDir, ServedCert};
+use super::cert_dir::{CertDir, FlushReport, ServedCert};
 use super::haproxy::HaproxySync;
 use super::metrics::{Metrics, RouteState, RouteStates};
 use super::reload::Reloader;
+use crate::logging::{Repeats, Seen, StateLog};
 
-/// How long a failed write waits before it is tried again.
-const RETRY_DELAY: Duration = Duration::from_secs(5);
+/// How often a lasting condition (failing writes, a route rejected the same way again)
+/// is logged again, with a count.
+const REPEAT_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Why a decided daemon is not ready yet: its files are not all on disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteProblem {
+    /// Served routes whose current bundle is on disk.
+    pub written: usize,
+    /// Served routes.
+    pub served: usize,
+    /// Whether the crt-list is on disk as it should be.
+    pub crt_list_written: bool,
+    /// The last failure's kind (e.g. `StorageFull`), if a write failed.
+    pub error: Option<io::ErrorKind>,
+}
 
 /// The daemon's state, for `/readyz`, progress and callers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,6 +63,10 @@ pub struct DaemonStatus {
     pub admitted: usize,
     /// Routes rejected now.
     pub rejected: usize,
+    /// Bundles on disk now.
+    pub bundles: usize,
+    /// Set while every route is decided but the files are not all written.
+    pub waiting_for_files: Option<WriteProblem>,
 }
 
 /// The consumer of the pipeline's outputs.
@@ -51,6 +77,26 @@ pub(crate) struct Outputs {
     pub(crate) haproxy: Option<HaproxySync>,
     pub(crate) status: watch::Sender<DaemonStatus>,
     pub(crate) started: Instant,
+    /// Re-synchronisation requests ([`super::Daemon::resync`]).
+    pub(crate) resync: watch::Receiver<u64>,
+}
+
+/// The outputs task's own state besides its parts.
+struct Progress {
+    states: RouteStates,
+    /// Start-up is decided (the cert dir is complete).
+    decided: bool,
+    /// Ready (see the module documentation); never goes back.
+    ready: bool,
+    retry_at: Option<Instant>,
+    backoff: Backoff,
+    /// Write failures: the first logged at once, repeats once a minute with a count.
+    write_failures: Repeats,
+    failing: bool,
+    /// The kind of the last write failure while writes fail.
+    last_error: Option<io::ErrorKind>,
+    /// Each route's last rejection or warnings, to log only changes.
+    route_log: StateLog<route_secrets::route::RouteKey>,
 }
 
 impl Outputs {
@@ -61,71 +107,62 @@ impl Outputs {
         mut outcomes: mpsc::UnboundedReceiver<RouteOutcome>,
         mut readiness: watch::Receiver<Readiness>,
     ) {
-        let mut states = RouteStates::default();
-        let mut ready = false;
+        let mut progress = Progress {
+            states: RouteStates::default(),
+            decided: false,
+            ready: false,
+            retry_at: None,
+            backoff: Backoff::new(BackoffPolicy::default()),
+            write_failures: Repeats::new(REPEAT_LOG_INTERVAL),
+            failing: false,
+            last_error: None,
+            route_log: StateLog::new(REPEAT_LOG_INTERVAL),
+        };
         let mut readiness_open = true;
-        let mut retry_at: Option<Instant> = None;
+        let mut resync_open = true;
         loop {
             tokio::select! {
                 biased;
                 outcome = outcomes.recv() => {
                     let Some(outcome) = outcome else { break };
-                    self.absorb(&mut states, outcome);
+                    self.absorb(&mut progress, outcome);
                     while let Ok(outcome) = outcomes.try_recv() {
-                        self.absorb(&mut states, outcome);
+                        self.absorb(&mut progress, outcome);
                     }
-                    self.flush(ready, &mut retry_at).await;
+                    self.flush(&mut progress).await;
                 }
-                changed = readiness.changed(), if readiness_open && !ready => {
+                changed = readiness.changed(), if readiness_open && !progress.decided => {
                     readiness_open = changed.is_ok();
                 }
-                () = sleep_until(retry_at), if retry_at.is_some() => {
-                    retry_at = None;
-                    self.flush(ready, &mut retry_at).await;
+                changed = self.resync.changed(), if resync_open => {
+                    resync_open = changed.is_ok();
+                    if resync_open && progress.decided {
+                        if let Some(reloader) = &self.reloader {
+                            reloader.trigger();
+                        }
+                        if let Some(haproxy) = &self.haproxy {
+                            haproxy.resync();
+                        }
+                    }
+                }
+                () = sleep_until(progress.retry_at), if progress.retry_at.is_some() => {
+                    progress.retry_at = None;
+                    self.flush(&mut progress).await;
                 }
             }
-            let progress = *readiness.borrow();
-            if !ready && progress.is_ready() {
+            let pipeline = *readiness.borrow();
+            if !progress.decided && pipeline.is_ready() {
                 // The pipeline sends a route's outcome before it counts the route as
                 // done, so every start-up outcome is queued now: take them all before
-                // declaring ready.
+                // writing the first crt-list.
                 while let Ok(outcome) = outcomes.try_recv() {
-                    self.absorb(&mut states, outcome);
+                    self.absorb(&mut progress, outcome);
                 }
                 self.cert_dir.mark_complete();
-                ready = true;
-                self.flush(true, &mut retry_at).await;
-                let elapsed = self.started.elapsed();
-                self.metrics.set_ready(elapsed);
-                let (admitted, rejected) = states.counts();
-                info!(
-                    routes = progress.initial_routes,
-                    admitted,
-                    rejected,
-                    elapsed = ?elapsed,
-                    cert_dir = %self.cert_dir.path().display(),
-                    "ready: every route present at start-up is decided and written"
-                );
-                self.status.send_modify(|status| {
-                    status.readiness = progress;
-                    status.admitted = admitted;
-                    status.rejected = rejected;
-                    status.ready = true;
-                    status.ready_after = Some(elapsed);
-                });
+                progress.decided = true;
+                self.flush(&mut progress).await;
             }
-            let (admitted, rejected) = states.counts();
-            self.status.send_if_modified(|status| {
-                let new = DaemonStatus {
-                    readiness: progress,
-                    admitted,
-                    rejected,
-                    ..*status
-                };
-                let changed = new != *status;
-                *status = new;
-                changed
-            });
+            self.publish_status(&mut progress, pipeline);
         }
         if let Some(reloader) = self.reloader.take() {
             reloader.close().await;
@@ -135,32 +172,124 @@ impl Outputs {
         }
     }
 
-    fn absorb(&mut self, states: &mut RouteStates, outcome: RouteOutcome) {
+    /// Declares ready when it is time, and sends the status if it changed.
+    fn publish_status(&mut self, progress: &mut Progress, pipeline: Readiness) {
+        let (admitted, rejected) = progress.states.counts();
+        let mut ready_after = None;
+        if progress.decided && !progress.ready && self.cert_dir.is_current() {
+            progress.ready = true;
+            let elapsed = self.started.elapsed();
+            ready_after = Some(elapsed);
+            self.metrics.set_ready(elapsed);
+            info!(
+                routes = pipeline.initial_routes,
+                admitted,
+                rejected,
+                bundles = self.cert_dir.bundles_on_disk(),
+                elapsed = ?elapsed,
+                cert_dir = %self.cert_dir.path().display(),
+                "ready: every route present at start-up is decided, and its bundle and the crt-list are on disk"
+            );
+        }
+        let waiting_for_files = (progress.decided && !progress.ready).then(|| WriteProblem {
+            written: self.cert_dir.served_on_disk(),
+            served: self.cert_dir.served(),
+            crt_list_written: self.cert_dir.crt_list_current(),
+            error: progress.last_error,
+        });
+        let bundles = self.cert_dir.bundles_on_disk();
+        // One update with everything, so that a waiter that sees `ready` also sees
+        // the counts it was reached with.
+        self.status.send_if_modified(|status| {
+            let new = DaemonStatus {
+                readiness: pipeline,
+                ready: progress.ready,
+                ready_after: ready_after.or(status.ready_after),
+                admitted,
+                rejected,
+                bundles,
+                waiting_for_files,
+            };
+            let changed = new != *status;
+            *status = new;
+            changed
+        });
+    }
+
+    fn absorb(&mut self, progress: &mut Progress, outcome: RouteOutcome) {
+        let now = std::time::Instant::now();
         match outcome {
             RouteOutcome::Admitted(admitted) => {
                 self.metrics.route_outcome(
                     "admitted",
                     admitted.reason.as_ref().map_or("", |reason| reason.name()),
                 );
-                for warning in &admitted.warnings {
-                    warn!(route = %admitted.route, secret = %admitted.secret, "{warning}");
+                let warnings: Vec<String> =
+                    admitted.warnings.iter().map(ToString::to_string).collect();
+                match progress.route_log.observe(
+                    admitted.route.clone(),
+                    &("admitted", &warnings),
+                    now,
+                ) {
+                    Seen::Changed => {
+                        for warning in &warnings {
+                            warn!(route = %admitted.route, secret = %admitted.secret, "{warning}");
+                        }
+                    }
+                    Seen::RepeatDue(count) if !warnings.is_empty() => {
+                        warn!(
+                            route = %admitted.route,
+                            secret = %admitted.secret,
+                            repeats = count,
+                            "{} (and {count} unchanged decisions, of all routes, not logged since the last such line)",
+                            warnings.join("; ")
+                        );
+                    }
+                    Seen::RepeatDue(_) | Seen::Repeat => {}
                 }
-                self.metrics
-                    .set_expiry(&admitted.route, Some(admitted.tls.not_after()));
-                states.set(&self.metrics, &admitted.route, Some(RouteState::Admitted));
-                self.cert_dir.set(ServedCert {
+                self.metrics.certificate_served(
+                    &admitted.route,
+                    &admitted.secret,
+                    admitted.tls.not_after(),
+                );
+                progress
+                    .states
+                    .set(&self.metrics, &admitted.route, Some(RouteState::Admitted));
+                let served = ServedCert {
                     route: admitted.route,
-                    host: admitted.host,
+                    sni: admitted.host,
                     created: admitted.created,
                     tls: admitted.tls,
-                });
+                };
+                if let Err(error) = self.cert_dir.set(served) {
+                    warn!(%error, "bundle not written");
+                }
             }
             RouteOutcome::Rejected(rejected) => {
                 let reason = rejected.reason.name();
                 self.metrics.route_outcome("rejected", reason);
-                warn!(route = %rejected.route, reason, "route rejected: {}", rejected.reason);
-                self.metrics.set_expiry(&rejected.route, None);
-                states.set(
+                let message = rejected.reason.to_string();
+                match progress.route_log.observe(
+                    rejected.route.clone(),
+                    &("rejected", &message),
+                    now,
+                ) {
+                    Seen::Changed => {
+                        warn!(route = %rejected.route, reason, "route rejected: {message}");
+                    }
+                    Seen::RepeatDue(count) => {
+                        warn!(
+                            route = %rejected.route,
+                            reason,
+                            repeats = count,
+                            "route still rejected: {message} (and {count} unchanged decisions, of all routes, not logged since the last such line)"
+                        );
+                    }
+                    Seen::Repeat => {}
+                }
+                // The expiry series stays: the route still exists, and an alert on its
+                // certificate must not clear because the route went dark.
+                progress.states.set(
                     &self.metrics,
                     &rejected.route,
                     Some(RouteState::Rejected(reason)),
@@ -170,36 +299,70 @@ impl Outputs {
             RouteOutcome::Removed(route) => {
                 self.metrics.route_outcome("removed", "");
                 info!(route = %route, "route no longer served");
-                self.metrics.set_expiry(&route, None);
-                states.set(&self.metrics, &route, None);
+                progress.route_log.forget(&route);
+                self.metrics.route_removed(&route);
+                progress.states.set(&self.metrics, &route, None);
                 self.cert_dir.remove(&route);
             }
         }
     }
 
-    async fn flush(&mut self, ready: bool, retry_at: &mut Option<Instant>) {
-        let plan = self.cert_dir.plan();
-        // Announced before the files change, so that the reload covering them is
-        // scheduled by the time anyone can see them (and waits for the write).
+    async fn flush(&mut self, progress: &mut Progress) {
+        // Announced before the files change, so that a reload covering them is
+        // scheduled by the time anyone can see them (and waits for the write); a flush
+        // that changed nothing withdraws it.
         let change = match &self.reloader {
-            Some(reloader) if ready && plan.changes() => Some(reloader.begin_change()),
+            Some(reloader) if progress.decided => Some(reloader.begin_change()),
             _ => None,
         };
-        let report = self.cert_dir.execute(plan).await;
-        drop(change);
+        let report = self.cert_dir.flush().await;
+        if let Some(change) = change {
+            change.finish(report.changed());
+        }
         self.metrics.bundles_flushed(
-            self.cert_dir.served(),
+            self.cert_dir.bundles_on_disk(),
             report.written + report.removed,
             report.failed,
         );
-        if self.cert_dir.has_failures() || self.cert_dir.crt_list_stale() {
-            retry_at.get_or_insert_with(|| Instant::now() + RETRY_DELAY);
+        self.log_failures(progress, &report);
+        if self.cert_dir.has_pending_work() {
+            let delay = progress.backoff.next_delay();
+            progress
+                .retry_at
+                .get_or_insert_with(|| Instant::now() + delay);
         }
-        if !ready {
-            return;
+        if let (Some(haproxy), Some(entries)) = (&self.haproxy, report.entries) {
+            // Only once start-up is decided: a half-built set must not remove anything
+            // from a running HAProxy.
+            haproxy.publish(entries);
         }
-        if let Some(haproxy) = &self.haproxy {
-            haproxy.publish(self.cert_dir.entries());
+    }
+
+    fn log_failures(&mut self, progress: &mut Progress, report: &FlushReport) {
+        progress.last_error = report.error.or(progress.last_error);
+        match (&report.error_text, progress.failing) {
+            (Some(text), _) => {
+                progress.failing = true;
+                if let Some(count) = progress.write_failures.occurred(std::time::Instant::now()) {
+                    warn!(
+                        failed = report.failed,
+                        flushes = count,
+                        cert_dir = %self.cert_dir.path().display(),
+                        "{text}; will retry (failing flushes since the last such line: {count})"
+                    );
+                }
+            }
+            (None, true) if !self.cert_dir.has_pending_work() => {
+                progress.failing = false;
+                progress.last_error = None;
+                let unlogged = progress.write_failures.reset();
+                info!(
+                    cert_dir = %self.cert_dir.path().display(),
+                    unlogged,
+                    "cert dir writes succeed again"
+                );
+            }
+            _ => {}
         }
     }
 }

@@ -12,10 +12,16 @@
 //! is already scheduled: the number of runs follows from the order of events, not
 //! from timing.
 //!
+//! A writer that ends up changing nothing withdraws its announcement
+//! ([`ChangeGuard::finish`]), so a flush that found everything already in place costs
+//! no reload.
+//!
 //! The command runs with `sh -c`, with `CERTWATCH_CERT_DIR` and `CERTWATCH_CRT_LIST`
 //! in its environment. A non-zero exit, a spawn failure or a run longer than
 //! [`ReloadOptions::timeout`] (the command is then killed) is logged and counted in
-//! `certwatch_reload_failures_total`; the next change tries again.
+//! `certwatch_reload_failures_total`, and retried with [`ReloadOptions::retry`]
+//! (client-go's backoff: 0.8 s doubling to 30 s), whether or not anything changes
+//! meanwhile: the proxy must not stay on old files because the last run failed.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -23,6 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use kube_common::backoff::{Backoff, BackoffPolicy};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -42,6 +49,22 @@ pub struct ReloadOptions {
     pub max_delay: Duration,
     /// Longest run; the command is killed after it.
     pub timeout: Duration,
+    /// Delays between retries of a failed run.
+    pub retry: BackoffPolicy,
+}
+
+impl ReloadOptions {
+    /// `command` with the defaults of `certwatch run`: 1 s debounce, 30 s longest
+    /// delay, 60 s timeout, client-go's backoff for retries.
+    pub fn new(command: impl Into<String>) -> Self {
+        Self {
+            command: command.into(),
+            debounce: Duration::from_secs(1),
+            max_delay: Duration::from_secs(30),
+            timeout: Duration::from_secs(60),
+            retry: BackoffPolicy::default(),
+        }
+    }
 }
 
 /// State shared by the [`Reloader`], its [`ChangeGuard`]s and its worker.
@@ -64,21 +87,39 @@ pub struct Reloader {
     task: JoinHandle<()>,
 }
 
-/// A change being written; dropping it marks the write finished.
+/// A change being written. [`ChangeGuard::finish`] says whether it changed anything;
+/// dropping it unfinished counts as a change.
 #[derive(Debug)]
 pub struct ChangeGuard {
     changes: mpsc::Sender<()>,
     shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
+    changed: bool,
+}
+
+impl ChangeGuard {
+    /// The write is done; `changed`: whether it changed any file (if not, no reload
+    /// is due for it).
+    pub fn finish(mut self, changed: bool) {
+        self.changed = changed;
+    }
 }
 
 impl Drop for ChangeGuard {
     fn drop(&mut self) {
+        if self.changed {
+            // Before the write counts as done: a run waiting for it then sees it.
+            self.shared.pending.store(true, Ordering::SeqCst);
+            self.metrics.set_reload_pending(true);
+        }
         if self.shared.writing.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.shared.written.notify_waiters();
         }
-        // The quiet period counts from the end of the write. Full: a wake-up is
-        // already queued; closed: the worker is gone.
-        let _ = self.changes.try_send(());
+        if self.changed {
+            // The quiet period counts from the end of the write. Full: a wake-up is
+            // already queued; closed: the worker is gone.
+            let _ = self.changes.try_send(());
+        }
     }
 }
 
@@ -116,12 +157,11 @@ impl Reloader {
     /// guard is dropped (the write is done).
     pub fn begin_change(&self) -> ChangeGuard {
         self.shared.writing.fetch_add(1, Ordering::SeqCst);
-        self.shared.pending.store(true, Ordering::SeqCst);
-        self.metrics.set_reload_pending(true);
-        let _ = self.changes.try_send(());
         ChangeGuard {
             changes: self.changes.clone(),
             shared: Arc::clone(&self.shared),
+            metrics: Arc::clone(&self.metrics),
+            changed: true,
         }
     }
 
@@ -150,13 +190,16 @@ struct Worker {
 impl Worker {
     async fn run(self, mut changes: mpsc::Receiver<()>) {
         let mut closed = false;
+        let mut retry_at: Option<Instant> = None;
+        let mut backoff = Backoff::new(self.options.retry);
         while !closed {
-            if changes.recv().await.is_none() {
-                break;
+            tokio::select! {
+                change = changes.recv() => closed = change.is_none(),
+                () = sleep_until(retry_at), if retry_at.is_some() => retry_at = None,
             }
             let first = Instant::now();
             let mut last = first;
-            loop {
+            while !closed {
                 let deadline = (last + self.options.debounce).min(first + self.options.max_delay);
                 tokio::select! {
                     biased;
@@ -179,7 +222,16 @@ impl Worker {
                 .set_reload_pending(self.shared.pending.load(Ordering::SeqCst));
             // Changes during the run set `pending` again and queue a wake-up, which
             // the next round picks up.
-            self.run_once().await;
+            if self.run_once().await {
+                retry_at = None;
+            } else if !closed {
+                // Retried even if nothing changes: the proxy must get the files.
+                self.shared.pending.store(true, Ordering::SeqCst);
+                self.metrics.set_reload_pending(true);
+                let delay = backoff.next_delay();
+                warn!(retry_in = ?delay, "the reload command will be retried");
+                retry_at = Some(Instant::now() + delay);
+            }
         }
     }
 
@@ -197,8 +249,10 @@ impl Worker {
         }
     }
 
-    async fn run_once(&self) {
+    /// Runs the command once; returns whether it succeeded.
+    async fn run_once(&self) -> bool {
         self.metrics.reload_started();
+        let started = Instant::now();
         let mut command = tokio::process::Command::new("/bin/sh");
         command
             .arg("-c")
@@ -240,7 +294,15 @@ impl Worker {
                 }
             }
         };
-        self.metrics.reload_finished(ok);
+        self.metrics.reload_finished(ok, started.elapsed());
+        ok
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -285,10 +347,11 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let reloader = Reloader::spawn(
             ReloadOptions {
-                command,
                 debounce,
                 max_delay: Duration::from_secs(60),
-                timeout: Duration::from_secs(60),
+                retry: BackoffPolicy::default()
+                    .with_bounds(Duration::from_millis(20), Duration::from_millis(100)),
+                ..ReloadOptions::new(command)
             },
             dir.to_owned(),
             dir.join("crt-list"),
@@ -374,6 +437,50 @@ mod tests {
         })
         .await;
         reloader.close().await;
+    }
+
+    /// A failed run is retried with backoff without any new change, until it
+    /// succeeds; then nothing more runs.
+    #[tokio::test]
+    async fn a_failed_run_is_retried_until_it_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("runs");
+        // Fails twice, then succeeds.
+        let command = format!(
+            "echo run >> '{log}'; [ $(wc -l < '{log}') -ge 3 ]",
+            log = log.display()
+        );
+        let (reloader, metrics) = reloader(dir.path(), command, Duration::from_millis(1));
+        reloader.trigger();
+        wait_for(|| {
+            metrics.encode().contains("certwatch_reloads_total 3\n")
+                && metrics.encode().contains("certwatch_reload_pending 0\n")
+        })
+        .await;
+        reloader.close().await;
+        assert_eq!(runs(&log), 3);
+        let text = metrics.encode();
+        assert!(
+            text.contains("certwatch_reload_failures_total 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("certwatch_reload_duration_seconds_count 3\n"),
+            "{text}"
+        );
+    }
+
+    /// A write that changed nothing causes no run.
+    #[tokio::test]
+    async fn a_write_that_changed_nothing_costs_no_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("runs");
+        let command = format!("echo run >> '{}'", log.display());
+        let (reloader, _metrics) = reloader(dir.path(), command, Duration::from_millis(1));
+        reloader.begin_change().finish(false);
+        reloader.begin_change().finish(true);
+        reloader.close().await;
+        assert_eq!(runs(&log), 1);
     }
 
     #[tokio::test]

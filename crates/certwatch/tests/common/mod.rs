@@ -134,6 +134,68 @@ impl Drop for SimProcess {
     }
 }
 
+/// How to start `certwatch run` ([`Certwatch::launch`]).
+pub struct Launch {
+    kubeconfig: PathBuf,
+    cert_dir: PathBuf,
+    log: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    listen: String,
+    user: Option<(u32, u32)>,
+    json: bool,
+}
+
+impl Launch {
+    /// `certwatch run --kubeconfig K --cert-dir D --listen 127.0.0.1:0 --progress log`,
+    /// logging to `log`.
+    pub fn new(kubeconfig: &Path, cert_dir: &Path, log: &Path) -> Self {
+        Self {
+            kubeconfig: kubeconfig.to_owned(),
+            cert_dir: cert_dir.to_owned(),
+            log: log.to_owned(),
+            args: Vec::new(),
+            env: Vec::new(),
+            listen: "127.0.0.1:0".to_owned(),
+            user: None,
+            json: false,
+        }
+    }
+
+    /// More arguments.
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|arg| (*arg).to_owned()));
+        self
+    }
+
+    /// An environment variable.
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// `--listen` (any port: the test finds it).
+    pub fn listen(mut self, listen: &str) -> Self {
+        self.listen = listen.to_owned();
+        self
+    }
+
+    /// Run as this user and group (the test must run as root).
+    pub fn user(mut self, uid: u32, gid: u32) -> Self {
+        self.user = Some((uid, gid));
+        self
+    }
+
+    /// `--log-format json`: the address is read from the log; stdout goes to
+    /// `<log>.stdout`.
+    pub fn json(mut self) -> Self {
+        self.json = true;
+        self.args
+            .extend(["--log-format".to_owned(), "json".to_owned()]);
+        self
+    }
+}
+
 /// `certwatch run` as a child process.
 pub struct Certwatch {
     child: Child,
@@ -145,30 +207,68 @@ impl Certwatch {
     /// Starts `certwatch run --kubeconfig K --cert-dir D --listen 127.0.0.1:0` with
     /// `args`; its log goes to `log`.
     pub fn start(kubeconfig: &Path, cert_dir: &Path, log: &Path, args: &[&str]) -> Self {
-        let mut child = Command::new(certwatch_binary())
+        Self::launch(Launch::new(kubeconfig, cert_dir, log).args(args))
+    }
+
+    /// Starts `certwatch run` as `launch` says, and waits until it serves HTTP.
+    pub fn launch(launch: Launch) -> Self {
+        use std::os::unix::process::CommandExt;
+        let mut command = Command::new(certwatch_binary());
+        command
             .arg("run")
             .arg("--kubeconfig")
-            .arg(kubeconfig)
+            .arg(&launch.kubeconfig)
             .arg("--cert-dir")
-            .arg(cert_dir)
-            .args(["--listen", "127.0.0.1:0", "--progress", "log"])
-            .args(args)
+            .arg(&launch.cert_dir)
+            .args(["--listen", &launch.listen, "--progress", "log"])
+            .args(&launch.args)
             .env("RUST_LOG", "info,certwatch=debug")
+            .envs(launch.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(log).unwrap())
-            .spawn()
-            .expect("start certwatch run");
-        let rest = read_until(
-            &mut child,
-            "certwatch: serving /healthz, /readyz and /metrics on http://",
-            "certwatch run",
-        );
+            .stderr(std::fs::File::create(&launch.log).unwrap());
+        if let Some((uid, gid)) = launch.user {
+            command.uid(uid).gid(gid);
+        }
+        if launch.json {
+            command.stdout(std::fs::File::create(launch.log.with_extension("stdout")).unwrap());
+        } else {
+            command.stdout(Stdio::piped());
+        }
+        let mut child = command.spawn().expect("start certwatch run");
+        let addr = if launch.json {
+            address_from_json_log(&mut child, &launch.log)
+        } else {
+            read_until(
+                &mut child,
+                "certwatch: serving /healthz, /readyz and /metrics on http://",
+                "certwatch run",
+            )
+        };
         Self {
             child,
-            addr: rest.trim().parse().unwrap(),
-            log: log.to_owned(),
+            addr: addr.trim().parse().unwrap(),
+            log: launch.log,
         }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (e.g. `HUP`) to the process.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Whether the process has exited, with its status.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().unwrap()
     }
 
     pub fn get(&self, path: &str) -> (u16, String) {
@@ -197,12 +297,7 @@ impl Certwatch {
 
     /// Sends SIGTERM and waits for the exit.
     pub fn terminate(&mut self) -> ExitStatus {
-        let status = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
+        self.signal("TERM");
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -229,6 +324,53 @@ impl Drop for Certwatch {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Waits for the JSON log event that carries the HTTP address; returns the address.
+fn address_from_json_log(child: &mut Child, log: &Path) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        for line in text.lines() {
+            let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if let Some(address) = event["address"].as_str() {
+                return address.to_owned();
+            }
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("certwatch run exited ({status}) before serving:\n{text}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no address in the JSON log:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `certwatch` with `args` and `env` to its exit; returns the output.
+pub fn run_to_exit(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut command = Command::new(certwatch_binary());
+    command.args(args).stdin(Stdio::null());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("certwatch {args:?} did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
 }
 
 /// `sample value` lines of a Prometheus text exposition.
@@ -362,6 +504,95 @@ pub async fn rotate_secret(
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap()
+}
+
+/// Lets the router identity read `secret` in `namespace` (adds it to the Role the
+/// simulator's generator made there).
+pub async fn grant_secret(admin: &kube::Client, namespace: &str, secret: &str) {
+    use k8s_openapi::api::rbac::v1::Role;
+    let roles = Api::<Role>::namespaced(admin.clone(), namespace);
+    let mut role = roles.get("certwatch-router-secrets").await.unwrap();
+    role.rules.as_mut().unwrap()[0]
+        .resource_names
+        .as_mut()
+        .unwrap()
+        .push(secret.to_owned());
+    roles
+        .replace(
+            "certwatch-router-secrets",
+            &kube::api::PostParams::default(),
+            &role,
+        )
+        .await
+        .unwrap();
+}
+
+/// Creates a `kubernetes.io/tls` secret with a fresh certificate for `host`.
+pub async fn create_tls_secret(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    host: &str,
+) -> Secret {
+    let mut secret = Secret {
+        data: Some(new_tls_data(host)),
+        type_: Some("kubernetes.io/tls".to_owned()),
+        ..Secret::default()
+    };
+    secret.metadata.name = Some(name.to_owned());
+    Api::<Secret>::namespaced(admin.clone(), namespace)
+        .create(&kube::api::PostParams::default(), &secret)
+        .await
+        .unwrap()
+}
+
+/// Creates an edge route whose certificate is in `secret`; `host: None` leaves
+/// `spec.host` out.
+pub async fn create_route(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    host: Option<&str>,
+    secret: &str,
+) {
+    let mut spec = serde_json::json!({
+        "to": {"kind": "Service", "name": "backend"},
+        "tls": {"termination": "edge", "externalCertificate": {"name": secret}}
+    });
+    if let Some(host) = host {
+        spec["host"] = host.into();
+    }
+    let route: route_secrets::route::Route = serde_json::from_value(serde_json::json!({
+        "apiVersion": "route.openshift.io/v1",
+        "kind": "Route",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }))
+    .unwrap();
+    Api::<route_secrets::route::Route>::namespaced(admin.clone(), namespace)
+        .create(&kube::api::PostParams::default(), &route)
+        .await
+        .unwrap();
+}
+
+/// The crt-list in `cert_dir` as (link file name, SNI) pairs, in order; empty when
+/// there is none. Every line must name an existing file in `cert_dir/links`, with an
+/// SNI filter.
+pub fn crt_list(cert_dir: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(cert_dir.join("crt-list")).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            let (path, sni) = line.split_once(' ').expect("every line has an SNI filter");
+            let path = Path::new(path);
+            assert_eq!(path.parent().unwrap(), cert_dir.join("links"), "{line}");
+            assert!(
+                std::fs::metadata(path).is_ok(),
+                "{line}: listed but missing"
+            );
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, sni.to_owned())
+        })
+        .collect()
 }
 
 /// The file's bytes, or empty when it is absent.

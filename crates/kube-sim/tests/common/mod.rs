@@ -1,12 +1,18 @@
-//! Helpers shared by the integration tests.
+//! The one support module of kube-sim's integration tests: starting simulators,
+//! waiting for a condition (one patience for every test), checking from the request
+//! log that an injected fault fired, raw requests, fixtures, and finding kubectl.
 #![allow(dead_code)]
+
+pub mod kubectl;
+
+use std::time::Duration;
 
 use base64::Engine as _;
 use http::{HeaderMap, Method, Request};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 use kube_sim::loadgen::H2Connection;
-use kube_sim::{SimConfig, Simulator};
+use kube_sim::{RequestRecord, SimConfig, SimStats, Simulator};
 use serde_json::{Value, json};
 
 pub fn b64(s: &str) -> String {
@@ -135,4 +141,59 @@ pub async fn client_without_retries(sim: &Simulator, context: &str) -> Client {
     let mut config = sim.client_config(context).await.unwrap();
     config.default_retry = false;
     Client::try_from(config).unwrap()
+}
+
+/// How long any test waits for something that should happen. Generous, because the
+/// machine is shared: a test fails on a condition that never holds, not on speed.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Polls `condition` until it holds; panics naming `what` after [`PATIENCE`].
+pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits until the simulator's counters satisfy `condition`.
+pub async fn stats_reach(sim: &Simulator, what: &str, condition: impl Fn(&SimStats) -> bool) {
+    let mut last = sim.stats();
+    eventually(what, || {
+        last = sim.stats();
+        condition(&last)
+    })
+    .await;
+}
+
+/// The sequence number of the newest request in the log (0 when empty): requests
+/// made after this call have a larger one.
+pub fn log_mark(sim: &Simulator) -> u64 {
+    sim.request_log().last().map_or(0, |r| r.seq)
+}
+
+/// Asserts that an injected fault fired: after `mark`, `times` requests of `verb` on
+/// `resource` were answered with `code`. Returns those requests.
+pub fn assert_fault_fired(
+    sim: &Simulator,
+    mark: u64,
+    verb: &str,
+    resource: &str,
+    code: u16,
+    times: usize,
+) -> Vec<RequestRecord> {
+    let fired: Vec<RequestRecord> = sim
+        .requests_since(mark)
+        .into_iter()
+        .filter(|r| r.verb == verb && r.resource == resource && r.code == code)
+        .collect();
+    assert_eq!(
+        fired.len(),
+        times,
+        "expected the fault ({verb} {resource} -> {code}) to fire {times} time(s): {fired:?}"
+    );
+    fired
 }

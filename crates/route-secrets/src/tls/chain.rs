@@ -1,12 +1,23 @@
-//! Certificates from `tls.crt`: parsing, and the order of the chain.
+//! Certificates from `tls.crt`: parsing, the checks each certificate must pass, and the
+//! order in which the chain is served.
+//!
+//! The router parses every certificate of `tls.crt` (Go's `crypto/x509`), refuses
+//! CA-signed ones with MD2, MD5 or SHA-1 signatures, and otherwise only requires the first
+//! certificate to match the key: it neither orders nor verifies the rest. HAProxy (OpenSSL
+//! at security level 2) additionally refuses the whole crt-list when any certificate of a
+//! bundle has an RSA or DSA key under 2048 bits, or a CA signature with a digest weaker
+//! than 112 bits, self-signed certificates excepted for the digest only.
 
 use x509_parser::certificate::X509Certificate;
 use x509_parser::error::X509Error;
-use x509_parser::public_key::PublicKey;
+use x509_parser::extensions::ParsedExtension;
 use x509_parser::x509::X509Name;
 
-use super::der;
 use super::error::{TlsRejection, shorten};
+use super::key::CertificateKey;
+
+/// Smallest RSA or DSA key HAProxy's OpenSSL accepts (security level 2: 112 bits).
+pub(crate) const MIN_RSA_DSA_BITS: usize = 2048;
 
 /// Parses each DER certificate; positions in errors are 1-based.
 pub(crate) fn parse<'a>(ders: &[&'a [u8]]) -> Result<Vec<X509Certificate<'a>>, TlsRejection> {
@@ -29,47 +40,281 @@ pub(crate) fn parse<'a>(ders: &[&'a [u8]]) -> Result<Vec<X509Certificate<'a>>, T
         .collect()
 }
 
-/// Distinguished names are compared as encoded first; equal text with a different string
-/// encoding (PrintableString vs UTF8String) also counts as the same name.
-fn same_name(a: &X509Name<'_>, b: &X509Name<'_>) -> bool {
-    a.as_raw() == b.as_raw() || a.to_string() == b.to_string()
+/// The family of public key a signature algorithm belongs to (Go's
+/// `x509.PublicKeyAlgorithm`, as the router's self-signed test uses it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KeyFamily {
+    Rsa,
+    Dsa,
+    Ecdsa,
+    Ed25519,
+    Unknown,
 }
 
-/// ring verifies RSA signatures only from keys of 2048 bits or more; for smaller issuer
-/// keys a failed verification says nothing about the chain.
-fn ring_can_verify_with(issuer: &X509Certificate<'_>) -> bool {
-    match issuer.public_key().parsed() {
-        Ok(PublicKey::RSA(rsa)) => der::bit_length(der::trim_leading_zeros(rsa.modulus)) >= 2048,
+/// What a signature algorithm is: its key family, and the name of its digest when that
+/// digest is too weak to be served.
+struct SignatureKind {
+    family: KeyFamily,
+    weak_digest: Option<&'static str>,
+}
+
+/// PKCS#1 signature algorithms, 1.2.840.113549.1.1.x: the last arc.
+const PKCS1_ARC: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01];
+/// ECDSA signature algorithms, 1.2.840.10045.4.x.
+const ECDSA_ARC: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04];
+/// DSA signature algorithms: dsa-with-sha1 (1.2.840.10040.4.3) and the NIST ones
+/// (2.16.840.1.101.3.4.3.1..2).
+const DSA_WITH_SHA1: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x38, 0x04, 0x03];
+const NIST_DSA_ARC: &[u8] = &[0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x03];
+/// sha1WithRSASignature from OIW (1.3.14.3.2.29), which Go also reads as SHA-1 with RSA.
+const OIW_SHA1_WITH_RSA: &[u8] = &[0x2b, 0x0e, 0x03, 0x02, 0x1d];
+/// Ed25519 (1.3.101.112).
+const ED25519: &[u8] = &[0x2b, 0x65, 0x70];
+/// SHA-1 (1.3.14.3.2.26), the default hash of RSASSA-PSS parameters.
+const SHA1: &[u8] = &[0x2b, 0x0e, 0x03, 0x02, 0x1a];
+/// MD5 (1.2.840.113549.2.5), a possible (if absurd) RSASSA-PSS hash.
+const MD5: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x02, 0x05];
+
+fn signature_kind(certificate: &X509Certificate<'_>) -> SignatureKind {
+    let algorithm = &certificate.signature_algorithm;
+    let oid = algorithm.algorithm.as_bytes();
+    let kind = |family, weak_digest| SignatureKind {
+        family,
+        weak_digest,
+    };
+    if oid == OIW_SHA1_WITH_RSA {
+        return kind(KeyFamily::Rsa, Some("SHA-1"));
+    }
+    if oid == DSA_WITH_SHA1 {
+        return kind(KeyFamily::Dsa, Some("SHA-1"));
+    }
+    if oid == ED25519 {
+        return kind(KeyFamily::Ed25519, None);
+    }
+    if let Some(&[arc]) = oid.strip_prefix(PKCS1_ARC) {
+        return match arc {
+            2 => kind(KeyFamily::Rsa, Some("MD2")),
+            3 => kind(KeyFamily::Rsa, Some("MD4")),
+            4 => kind(KeyFamily::Rsa, Some("MD5")),
+            5 => kind(KeyFamily::Rsa, Some("SHA-1")),
+            // RSASSA-PSS: the digest is in the parameters, SHA-1 when they name none.
+            10 => kind(KeyFamily::Rsa, pss_weak_digest(algorithm)),
+            _ => kind(KeyFamily::Rsa, None),
+        };
+    }
+    if let Some(rest) = oid.strip_prefix(ECDSA_ARC) {
+        // ecdsa-with-SHA1 is 4.1; the SHA-2 family is 4.3.x.
+        return kind(KeyFamily::Ecdsa, (rest == [0x01]).then_some("SHA-1"));
+    }
+    if oid.starts_with(NIST_DSA_ARC) && oid.len() == NIST_DSA_ARC.len() + 1 {
+        return kind(KeyFamily::Dsa, None);
+    }
+    kind(KeyFamily::Unknown, None)
+}
+
+fn pss_weak_digest(algorithm: &x509_parser::x509::AlgorithmIdentifier<'_>) -> Option<&'static str> {
+    use x509_parser::signature_algorithm::SignatureAlgorithm;
+    let hash = match SignatureAlgorithm::try_from(algorithm) {
+        Ok(SignatureAlgorithm::RSASSA_PSS(params)) => {
+            params.hash_algorithm_oid().as_bytes().to_vec()
+        }
+        // Unreadable parameters: OpenSSL cannot use the signature either; call it SHA-1,
+        // the default, rather than let it through.
+        _ => SHA1.to_vec(),
+    };
+    if hash == SHA1 {
+        Some("SHA-1")
+    } else if hash == MD5 {
+        Some("MD5")
+    } else {
+        None
+    }
+}
+
+fn key_family(key: &CertificateKey) -> KeyFamily {
+    match key {
+        // Go reads only rsaEncryption keys as RSA.
+        CertificateKey::Rsa { pss: false, .. } => KeyFamily::Rsa,
+        CertificateKey::Ec(_) => KeyFamily::Ecdsa,
+        CertificateKey::Dsa { .. } => KeyFamily::Dsa,
+        CertificateKey::Ed25519 => KeyFamily::Ed25519,
+        CertificateKey::Rsa { pss: true, .. }
+        | CertificateKey::UnsupportedEc(_)
+        | CertificateKey::Ed448
+        | CertificateKey::Other(_) => KeyFamily::Unknown,
+    }
+}
+
+/// The authority and subject key identifiers of a certificate, when present.
+fn key_identifiers<'a>(
+    certificate: &'a X509Certificate<'_>,
+) -> (Option<&'a [u8]>, Option<&'a [u8]>) {
+    let mut authority = None;
+    let mut subject = None;
+    for extension in certificate.iter_extensions() {
+        match extension.parsed_extension() {
+            ParsedExtension::AuthorityKeyIdentifier(aki) => {
+                authority = aki.key_identifier.as_ref().map(|id| id.0);
+            }
+            ParsedExtension::SubjectKeyIdentifier(id) => subject = Some(id.0),
+            _ => {}
+        }
+    }
+    (authority, subject)
+}
+
+/// Whether a certificate is self-signed as the router and OpenSSL decide it (OpenSSL's
+/// `EXFLAG_SS`): issuer and subject are the same, the authority key identifier is absent
+/// or names the certificate's own key, and the signature algorithm is one for the
+/// certificate's own kind of key. The signature itself is not verified.
+pub(crate) fn is_self_signed(certificate: &X509Certificate<'_>) -> bool {
+    let (authority, subject) = key_identifiers(certificate);
+    certificate.issuer().as_raw() == certificate.subject().as_raw()
+        && authority.is_none_or(|authority| Some(authority) == subject)
+        && signature_kind(certificate).family
+            == key_family(&CertificateKey::of(certificate.public_key()))
+}
+
+/// Runs the per-certificate checks, in this order over the whole chain: every public key
+/// is one the router can parse; no CA-signed certificate uses a weak digest; no key is
+/// too small for HAProxy.
+pub(crate) fn check_each(certificates: &[X509Certificate<'_>]) -> Result<(), TlsRejection> {
+    let keys: Vec<CertificateKey> = certificates
+        .iter()
+        .map(|certificate| CertificateKey::of(certificate.public_key()))
+        .collect();
+    let subject = |index: usize| shorten(certificates[index].subject().to_string());
+
+    for (index, key) in keys.iter().enumerate() {
+        if let CertificateKey::UnsupportedEc(curve) = key {
+            return Err(TlsRejection::UnsupportedCertificateKey {
+                position: index + 1,
+                subject: subject(index),
+                algorithm: format!("ECDSA on {curve}"),
+            });
+        }
+    }
+    for (index, certificate) in certificates.iter().enumerate() {
+        if let Some(digest) = signature_kind(certificate).weak_digest
+            && !is_self_signed(certificate)
+        {
+            return Err(TlsRejection::WeakSignature {
+                position: index + 1,
+                subject: subject(index),
+                digest,
+            });
+        }
+    }
+    for (index, key) in keys.iter().enumerate() {
+        let bits = match key {
+            CertificateKey::Rsa { bits, .. } | CertificateKey::Dsa { bits } => *bits,
+            _ => continue,
+        };
+        if bits < MIN_RSA_DSA_BITS {
+            return Err(TlsRejection::WeakKey {
+                position: index + 1,
+                subject: subject(index),
+                algorithm: key.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What ordering needs of a certificate, read once: its names (as encoded and as text,
+/// so that equal names in different string encodings still match) and key identifiers.
+struct Identity {
+    subject: (Vec<u8>, String),
+    issuer: (Vec<u8>, String),
+    authority_key_id: Option<Vec<u8>>,
+    subject_key_id: Option<Vec<u8>>,
+}
+
+impl Identity {
+    fn of(certificate: &X509Certificate<'_>) -> Self {
+        let name = |name: &X509Name<'_>| (name.as_raw().to_vec(), name.to_string());
+        let (authority, subject) = key_identifiers(certificate);
+        Self {
+            subject: name(certificate.subject()),
+            issuer: name(certificate.issuer()),
+            authority_key_id: authority.map(<[u8]>::to_vec),
+            subject_key_id: subject.map(<[u8]>::to_vec),
+        }
+    }
+
+    fn is_self_issued(&self) -> bool {
+        same_name(&self.issuer, &self.subject)
+    }
+
+    /// Whether `issuer`'s name and key identifier fit this certificate's issuer.
+    fn may_be_issued_by(&self, issuer: &Self) -> bool {
+        same_name(&self.issuer, &issuer.subject)
+            && match (&self.authority_key_id, &issuer.subject_key_id) {
+                (Some(authority), Some(subject)) => authority == subject,
+                _ => true,
+            }
+    }
+}
+
+/// Names are compared as encoded first; equal text with a different string encoding
+/// (PrintableString vs UTF8String) also counts as the same name.
+fn same_name(a: &(Vec<u8>, String), b: &(Vec<u8>, String)) -> bool {
+    a.0 == b.0 || a.1 == b.1
+}
+
+/// Whether `issuer` plausibly issued `certificate`: names and key identifiers fit, and
+/// the signature verifies where ring can check it.
+fn issued_by(
+    certificate: &X509Certificate<'_>,
+    identity: &Identity,
+    issuer: &X509Certificate<'_>,
+    issuer_identity: &Identity,
+) -> bool {
+    // Verified, or an algorithm or key size ring cannot check: names and identifiers
+    // decide. A signature that ring checks and finds wrong rules the issuer out.
+    identity.may_be_issued_by(issuer_identity)
+        && !matches!(
+            certificate.verify_signature(Some(issuer.public_key())),
+            Err(X509Error::SignatureVerificationError) if ring_verifies_with(issuer)
+        )
+}
+
+/// ring verifies RSA signatures only from keys of 2048 bits or more; for smaller keys a
+/// failed verification says nothing.
+fn ring_verifies_with(issuer: &X509Certificate<'_>) -> bool {
+    match CertificateKey::of(issuer.public_key()) {
+        CertificateKey::Rsa { bits, .. } => bits >= MIN_RSA_DSA_BITS,
         _ => true,
     }
 }
 
-/// Checks that every certificate is issued by the one after it: names first, then the
-/// signature where ring supports the algorithm.
-pub(crate) fn check_order(certificates: &[X509Certificate<'_>]) -> Result<(), TlsRejection> {
-    for (index, pair) in certificates.windows(2).enumerate() {
-        let [certificate, issuer] = pair else {
-            continue;
+/// The order to serve the chain in, as indices into `certificates`: the first (the
+/// certificate the key belongs to), then its issuer, that one's issuer and so on, as far
+/// as `tls.crt` holds them; then every other certificate in the order given.
+///
+/// Also returns the indices that are not part of the leaf's issuer path. Names are read
+/// once, and a signature is only checked where names fit, so that even a secret full of
+/// certificates in reverse order costs one verification per link.
+pub(crate) fn serving_order(certificates: &[X509Certificate<'_>]) -> (Vec<usize>, Vec<usize>) {
+    let identities: Vec<Identity> = certificates.iter().map(Identity::of).collect();
+    let mut order = vec![0];
+    let mut rest: Vec<usize> = (1..certificates.len()).collect();
+    while let Some(&last) = order.last() {
+        if identities[last].is_self_issued() {
+            break;
+        }
+        let Some(found) = rest.iter().position(|&candidate| {
+            issued_by(
+                &certificates[last],
+                &identities[last],
+                &certificates[candidate],
+                &identities[candidate],
+            )
+        }) else {
+            break;
         };
-        if !same_name(certificate.issuer(), issuer.subject()) {
-            return Err(TlsRejection::ChainOutOfOrder {
-                position: index + 1,
-                subject: shorten(certificate.subject().to_string()),
-                issuer: shorten(certificate.issuer().to_string()),
-                next_subject: shorten(issuer.subject().to_string()),
-            });
-        }
-        match certificate.verify_signature(Some(issuer.public_key())) {
-            Err(X509Error::SignatureVerificationError) if ring_can_verify_with(issuer) => {
-                return Err(TlsRejection::ChainSignatureInvalid {
-                    position: index + 1,
-                    subject: shorten(certificate.subject().to_string()),
-                    issuer: shorten(certificate.issuer().to_string()),
-                });
-            }
-            // Verified, or an algorithm ring cannot check: the names decide.
-            _ => {}
-        }
+        order.push(rest.remove(found));
     }
-    Ok(())
+    order.extend(rest.iter().copied());
+    (order, rest)
 }

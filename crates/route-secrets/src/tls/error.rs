@@ -72,10 +72,11 @@ fn swapped_hint(found_labels: &[String]) -> &'static str {
     }
 }
 
-/// Why the TLS material of a secret cannot be served. The checks run in the order of the
-/// variants; the first failure is reported.
+/// Why the TLS material of a secret cannot be served. The first failure is reported, in
+/// the order of the checks listed in the [module documentation](super).
 ///
-/// Certificate positions (`position`) are 1-based: 1 is the server certificate.
+/// Certificate positions (`position`) are 1-based, in the order of `tls.crt`: 1 is the
+/// server certificate.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TlsRejection {
@@ -101,7 +102,32 @@ pub enum TlsRejection {
     /// `tls.key` is empty.
     #[error("tls.key is empty; put the unencrypted PEM private key of the certificate in it")]
     KeyEmpty,
-    /// `tls.crt` is not text.
+    /// `tls.crt` holds a PEM block of a kind the router does not know.
+    #[error(
+        "{entry} contains a {label} block, which the router does not accept; keep only \
+         CERTIFICATE blocks in tls.crt and the PRIVATE KEY block in tls.key"
+    )]
+    UnrecognizedPemBlock {
+        /// `tls.crt` or `tls.key`.
+        entry: &'static str,
+        /// The block's label.
+        label: String,
+    },
+    /// A PEM block of a known kind in the wrong entry: a public key in `tls.crt`, a
+    /// certificate or public key in `tls.key`.
+    #[error(
+        "{entry} contains a {label} block where only {expected} blocks belong; move or \
+         remove it"
+    )]
+    UnexpectedPemBlock {
+        /// `tls.crt` or `tls.key`.
+        entry: &'static str,
+        /// The block's label.
+        label: String,
+        /// What belongs there.
+        expected: &'static str,
+    },
+    /// `tls.crt` holds no certificate and is not text.
     #[error(
         "tls.crt is not PEM text: byte {offset} is not valid UTF-8{hint}",
         hint = der_hint(looks_like_der)
@@ -112,10 +138,10 @@ pub enum TlsRejection {
         /// Whether the content starts like a DER SEQUENCE.
         looks_like_der: bool,
     },
-    /// `tls.crt` has a malformed PEM block.
+    /// `tls.crt` holds no certificate, and a block that might have been one is broken.
     #[error("tls.crt is not valid PEM: {problem}; re-export the certificate chain as PEM")]
     CertificatePemMalformed {
-        /// What is wrong, and where.
+        /// What is wrong with the first broken block, and where.
         problem: PemProblem,
     },
     /// `tls.crt` holds no `CERTIFICATE` block.
@@ -139,40 +165,53 @@ pub enum TlsRejection {
         /// The parser's complaint.
         detail: String,
     },
-    /// A certificate is not issued by the certificate that follows it.
+    /// A certificate's public key is of a kind the router cannot parse (an elliptic curve
+    /// other than P-224, P-256, P-384 and P-521).
     #[error(
-        "tls.crt is out of order: certificate #{position} ({subject}) was issued by \
-         \"{issuer}\", but certificate #{next} is \"{next_subject}\"; list the server \
-         certificate first, then each issuer in turn",
-        next = position + 1
+        "certificate #{position} in tls.crt ({subject}) has an {algorithm} public key, which \
+         the router cannot read (it knows RSA, DSA, Ed25519 and ECDSA on P-224, P-256, \
+         P-384 and P-521); re-issue it with a supported key"
     )]
-    ChainOutOfOrder {
-        /// Position of the certificate whose issuer does not follow it.
+    UnsupportedCertificateKey {
+        /// Position in tls.crt.
         position: usize,
         /// Its subject.
         subject: String,
-        /// Its issuer.
-        issuer: String,
-        /// The subject of the certificate that follows it.
-        next_subject: String,
+        /// Its public key algorithm.
+        algorithm: String,
     },
-    /// A certificate names the next one as issuer, but its signature does not verify with
-    /// that certificate's key.
+    /// A certificate that is not self-signed carries a signature with a digest HAProxy
+    /// refuses (MD2, MD4, MD5 or SHA-1). The router refuses MD2, MD5 and SHA-1 ("router
+    /// does not support CA-signed certs using SHA1").
     #[error(
-        "tls.crt has a broken chain: certificate #{position} ({subject}) names \"{issuer}\" \
-         as issuer but its signature does not verify with the key of certificate #{next}; \
-         use the intermediate certificate that actually issued it",
-        next = position + 1
+        "certificate #{position} in tls.crt ({subject}) is CA-signed using {digest}, which \
+         the router does not support and HAProxy refuses to load; re-issue it with SHA-256 \
+         or better"
     )]
-    ChainSignatureInvalid {
-        /// Position of the certificate whose signature fails.
+    WeakSignature {
+        /// Position in tls.crt.
         position: usize,
         /// Its subject.
         subject: String,
-        /// Its issuer.
-        issuer: String,
+        /// The digest: `MD2`, `MD4`, `MD5` or `SHA-1`.
+        digest: &'static str,
     },
-    /// `tls.key` is not text.
+    /// A certificate's RSA or DSA key is under 2048 bits, which HAProxy's OpenSSL
+    /// (security level 2) refuses for the server certificate and for every chain
+    /// certificate, self-signed or not. The router itself would admit it.
+    #[error(
+        "certificate #{position} in tls.crt ({subject}) has an {algorithm} key, which \
+         HAProxy refuses to load (2048 bits at least); re-issue it with a larger key"
+    )]
+    WeakKey {
+        /// Position in tls.crt.
+        position: usize,
+        /// Its subject.
+        subject: String,
+        /// The key, e.g. `RSA 1024-bit`.
+        algorithm: String,
+    },
+    /// `tls.key` holds no private key and is not text.
     #[error(
         "tls.key is not PEM text: byte {offset} is not valid UTF-8; provide the key \
          PEM-encoded (`openssl pkey -outform pem`)"
@@ -181,27 +220,26 @@ pub enum TlsRejection {
         /// Offset of the first invalid byte.
         offset: usize,
     },
-    /// `tls.key` has a malformed PEM block.
+    /// `tls.key` holds no private key, and a block that might have been one is broken.
     #[error("tls.key is not valid PEM: {problem}; re-export the private key as PEM")]
     KeyPemMalformed {
-        /// What is wrong, and where.
+        /// What is wrong with the first broken block, and where.
         problem: PemProblem,
     },
-    /// `tls.key` holds no private key block.
+    /// Neither `tls.key` nor `tls.crt` holds a private key block.
     #[error(
         "tls.key contains no private key ({labels}); put the unencrypted PEM private key \
          (PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY) in it",
         labels = Labels(found_labels)
     )]
     NoPrivateKey {
-        /// Labels of the blocks that were found.
+        /// Labels of the blocks that were found in tls.key.
         found_labels: Vec<String>,
     },
-    /// The key is encrypted, or of an algorithm or format the router cannot serve.
+    /// A private key is encrypted, or of an algorithm or format the router cannot serve.
     #[error(
         "tls.key holds an unsupported key ({label}: {detail}); supported are unencrypted \
-         RSA (2048 bits or more), ECDSA P-256/P-384 and Ed25519 keys in PKCS#8, PKCS#1 or \
-         SEC1 PEM"
+         RSA and ECDSA (P-224, P-256, P-384, P-521) keys in PKCS#8, PKCS#1 or SEC1 PEM"
     )]
     UnsupportedKey {
         /// The PEM label of the key block.
@@ -209,7 +247,7 @@ pub enum TlsRejection {
         /// What makes it unsupported.
         detail: String,
     },
-    /// The key block does not decode as the structure its label announces.
+    /// A private key block does not decode as any private key structure.
     #[error("tls.key is corrupt ({label}: {detail}); re-export the private key")]
     KeyInvalid {
         /// The PEM label of the key block.
@@ -217,11 +255,11 @@ pub enum TlsRejection {
         /// What is wrong with it.
         detail: String,
     },
-    /// The key does not belong to the server certificate.
+    /// The key does not belong to the server (first) certificate.
     #[error(
-        "tls.key ({key} key) is not the private key of the certificate in tls.crt \
-         ({subject}, {certificate} public key); put the key the certificate was issued for \
-         in tls.key"
+        "tls.key ({key} key) is not the private key of the first certificate in tls.crt \
+         ({subject}, {certificate} public key){hint}",
+        hint = mismatch_hint(*matching_position)
     )]
     KeyMismatch {
         /// The key's algorithm.
@@ -230,34 +268,81 @@ pub enum TlsRejection {
         certificate: String,
         /// Subject of the server certificate.
         subject: String,
-    },
-    /// The server certificate has expired.
-    #[error("the certificate in tls.crt ({subject}) expired at {not_after} (now {now}); renew it")]
-    CertificateExpired {
-        /// Subject of the server certificate.
-        subject: String,
-        /// End of its validity.
-        not_after: Timestamp,
-        /// The time of the check.
-        now: Timestamp,
-    },
-    /// The server certificate is not valid yet.
-    #[error(
-        "the certificate in tls.crt ({subject}) is not valid before {not_before} (now {now}); \
-         check the issuer's and this machine's clocks"
-    )]
-    CertificateNotYetValid {
-        /// Subject of the server certificate.
-        subject: String,
-        /// Start of its validity.
-        not_before: Timestamp,
-        /// The time of the check.
-        now: Timestamp,
+        /// The position of another certificate in tls.crt that the key does belong to.
+        matching_position: Option<usize>,
     },
 }
 
+fn mismatch_hint(matching_position: Option<usize>) -> String {
+    match matching_position {
+        Some(position) => format!(
+            "; the key belongs to certificate #{position}: list that certificate first in \
+             tls.crt"
+        ),
+        None => "; put the key the certificate was issued for in tls.key".to_owned(),
+    }
+}
+
+/// The class of a [`TlsRejection`]: few and stable, for metric labels and alerts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum TlsCause {
+    /// The secret is not of type `kubernetes.io/tls`.
+    WrongType,
+    /// `tls.crt` or `tls.key` is missing or empty.
+    MissingData,
+    /// The entries are not usable PEM: broken or foreign blocks, unparseable
+    /// certificates, corrupt keys, nothing where a certificate or key should be.
+    BadPem,
+    /// The key is not the server certificate's.
+    KeyMismatch,
+    /// A key of a kind that is not served (encrypted, Ed25519, DSA, another curve...).
+    UnsupportedKey,
+    /// An RSA or DSA key under 2048 bits somewhere in the chain (HAProxy refuses it).
+    WeakKey,
+    /// A CA signature with MD2, MD4, MD5 or SHA-1 (the router and HAProxy refuse it).
+    WeakSignature,
+}
+
+impl TlsCause {
+    /// Every class, for metric label sets.
+    pub const ALL: [Self; 7] = [
+        Self::WrongType,
+        Self::MissingData,
+        Self::BadPem,
+        Self::KeyMismatch,
+        Self::UnsupportedKey,
+        Self::WeakKey,
+        Self::WeakSignature,
+    ];
+
+    /// The class as a lowercase label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::WrongType => "wrong_type",
+            Self::MissingData => "missing_data",
+            Self::BadPem => "bad_pem",
+            Self::KeyMismatch => "key_mismatch",
+            Self::UnsupportedKey => "unsupported_key",
+            Self::WeakKey => "weak_key",
+            Self::WeakSignature => "weak_signature",
+        }
+    }
+}
+
+impl fmt::Display for TlsCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The reason the OpenShift router records when the secret's type is wrong.
+pub const ROUTER_REASON_SECRET: &str = "ExternalCertificateValidationFailed";
+/// The reason the OpenShift router records for certificate and key problems.
+pub const ROUTER_REASON_CERTIFICATE: &str = "ExtendedValidationFailed";
+
 impl TlsRejection {
-    /// A short, stable identifier of the variant, for metric labels and logs.
+    /// A short, stable identifier of the variant, for logs.
     pub fn code(&self) -> &'static str {
         match self {
             Self::WrongSecretType { .. } => "wrong_secret_type",
@@ -265,28 +350,79 @@ impl TlsRejection {
             Self::CertificateEmpty => "certificate_empty",
             Self::KeyMissing => "key_missing",
             Self::KeyEmpty => "key_empty",
+            Self::UnrecognizedPemBlock { .. } => "unrecognized_pem_block",
+            Self::UnexpectedPemBlock { .. } => "unexpected_pem_block",
             Self::CertificateNotText { .. } => "certificate_not_text",
             Self::CertificatePemMalformed { .. } => "certificate_pem_malformed",
             Self::NoCertificate { .. } => "no_certificate",
             Self::CertificateUnparseable { .. } => "certificate_unparseable",
-            Self::ChainOutOfOrder { .. } => "chain_out_of_order",
-            Self::ChainSignatureInvalid { .. } => "chain_signature_invalid",
+            Self::UnsupportedCertificateKey { .. } => "unsupported_certificate_key",
+            Self::WeakSignature { .. } => "weak_signature",
+            Self::WeakKey { .. } => "weak_key",
             Self::KeyNotText { .. } => "key_not_text",
             Self::KeyPemMalformed { .. } => "key_pem_malformed",
             Self::NoPrivateKey { .. } => "no_private_key",
             Self::UnsupportedKey { .. } => "unsupported_key",
             Self::KeyInvalid { .. } => "key_invalid",
             Self::KeyMismatch { .. } => "key_mismatch",
-            Self::CertificateExpired { .. } => "certificate_expired",
-            Self::CertificateNotYetValid { .. } => "certificate_not_yet_valid",
+        }
+    }
+
+    /// The class of the cause, for metric labels.
+    pub fn cause(&self) -> TlsCause {
+        match self {
+            Self::WrongSecretType { .. } => TlsCause::WrongType,
+            Self::CertificateMissing
+            | Self::CertificateEmpty
+            | Self::KeyMissing
+            | Self::KeyEmpty => TlsCause::MissingData,
+            Self::UnrecognizedPemBlock { .. }
+            | Self::UnexpectedPemBlock { .. }
+            | Self::CertificateNotText { .. }
+            | Self::CertificatePemMalformed { .. }
+            | Self::NoCertificate { .. }
+            | Self::CertificateUnparseable { .. }
+            | Self::KeyNotText { .. }
+            | Self::KeyPemMalformed { .. }
+            | Self::NoPrivateKey { .. }
+            | Self::KeyInvalid { .. } => TlsCause::BadPem,
+            Self::UnsupportedCertificateKey { .. } | Self::UnsupportedKey { .. } => {
+                TlsCause::UnsupportedKey
+            }
+            Self::WeakSignature { .. } => TlsCause::WeakSignature,
+            Self::WeakKey { .. } => TlsCause::WeakKey,
+            Self::KeyMismatch { .. } => TlsCause::KeyMismatch,
+        }
+    }
+
+    /// The reason the OpenShift router records for this problem:
+    /// [`ROUTER_REASON_SECRET`] for a secret of the wrong type (checked with the access
+    /// rights), [`ROUTER_REASON_CERTIFICATE`] for everything about the certificate and key.
+    pub fn router_reason(&self) -> &'static str {
+        match self {
+            Self::WrongSecretType { .. } => ROUTER_REASON_SECRET,
+            _ => ROUTER_REASON_CERTIFICATE,
         }
     }
 }
 
-/// Something about valid TLS material that a person should know.
+/// Something about valid TLS material that a person should know. The material is served
+/// all the same, as the router would serve it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TlsWarning {
+    /// The server certificate has expired. The router serves expired certificates on
+    /// purpose (a route keeps its own certificate rather than falling back to the default
+    /// one); clients that check dates will refuse it.
+    Expired {
+        /// End of its validity.
+        not_after: Timestamp,
+    },
+    /// The server certificate is not valid yet; served all the same, as by the router.
+    NotYetValid {
+        /// Start of its validity.
+        not_before: Timestamp,
+    },
     /// The server certificate expires within the warning window.
     ExpiresSoon {
         /// End of its validity.
@@ -301,6 +437,27 @@ pub enum TlsWarning {
         /// The certificate's DNS names (SANs, or the CN when there are none).
         names: Vec<String>,
     },
+    /// The chain in `tls.crt` was not in issuing order; it is served reordered.
+    ChainReordered {
+        /// The served order, as positions in tls.crt (1-based).
+        order: Vec<usize>,
+    },
+    /// Certificates in `tls.crt` that do not belong to the server certificate's issuer
+    /// path; served after it, as given.
+    UnrelatedCertificates {
+        /// Their positions in tls.crt (1-based).
+        positions: Vec<usize>,
+    },
+    /// The private key was taken from `tls.crt` (the router moves private key blocks found
+    /// there to the key).
+    KeyFromCertificateEntry,
+    /// Broken PEM blocks that were skipped, as the router's PEM decoder skips them.
+    SkippedPemBlocks {
+        /// `tls.crt` or `tls.key`.
+        entry: &'static str,
+        /// Why each was skipped.
+        problems: Vec<PemProblem>,
+    },
     /// PEM blocks that were not used and were left out of the served material.
     IgnoredPemBlocks {
         /// `tls.crt` or `tls.key`.
@@ -310,9 +467,32 @@ pub enum TlsWarning {
     },
 }
 
+/// Positions as `#1, #3`.
+struct Positions<'a>(&'a [usize]);
+
+impl fmt::Display for Positions<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, position) in self.0.iter().enumerate() {
+            write!(f, "{}#{position}", if i == 0 { "" } else { ", " })?;
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for TlsWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::Expired { not_after } => write!(
+                f,
+                "the certificate in tls.crt expired at {not_after}; it is served anyway (as \
+                 by the OpenShift router) but clients will refuse it: renew it"
+            ),
+            Self::NotYetValid { not_before } => write!(
+                f,
+                "the certificate in tls.crt is not valid before {not_before}; it is served \
+                 anyway (as by the OpenShift router) but clients will refuse it until then: \
+                 check the issuer's clock"
+            ),
             Self::ExpiresSoon {
                 not_after,
                 days_left,
@@ -336,6 +516,31 @@ impl fmt::Display for TlsWarning {
                 }
                 f.write_str("); clients will reject it unless they skip host name checks")
             }
+            Self::ChainReordered { order } => write!(
+                f,
+                "the certificates in tls.crt are not in issuing order; they are served as {}: \
+                 list each issuer after the certificate it issued",
+                Positions(order)
+            ),
+            Self::UnrelatedCertificates { positions } => write!(
+                f,
+                "certificates {} in tls.crt did not issue the server certificate nor its \
+                 issuers; remove them, or add the intermediate that links them",
+                Positions(positions)
+            ),
+            Self::KeyFromCertificateEntry => {
+                f.write_str("the private key was taken from tls.crt; keep it in tls.key only")
+            }
+            Self::SkippedPemBlocks { entry, problems } => {
+                write!(f, "{entry} has broken PEM blocks that were skipped (")?;
+                for (i, problem) in problems.iter().take(3).enumerate() {
+                    write!(f, "{}{problem}", if i == 0 { "" } else { "; " })?;
+                }
+                if problems.len() > 3 {
+                    write!(f, "; and {} more", problems.len() - 3)?;
+                }
+                f.write_str("); fix or remove them")
+            }
             Self::IgnoredPemBlocks { entry, labels } => write!(
                 f,
                 "{entry} has blocks that were ignored ({}); remove them",
@@ -349,8 +554,14 @@ impl TlsWarning {
     /// A short, stable identifier of the variant, for metric labels and logs.
     pub fn code(&self) -> &'static str {
         match self {
+            Self::Expired { .. } => "expired",
+            Self::NotYetValid { .. } => "not_yet_valid",
             Self::ExpiresSoon { .. } => "expires_soon",
             Self::HostNotCovered { .. } => "host_not_covered",
+            Self::ChainReordered { .. } => "chain_reordered",
+            Self::UnrelatedCertificates { .. } => "unrelated_certificates",
+            Self::KeyFromCertificateEntry => "key_from_certificate_entry",
+            Self::SkippedPemBlocks { .. } => "skipped_pem_blocks",
             Self::IgnoredPemBlocks { .. } => "ignored_pem_blocks",
         }
     }

@@ -1,9 +1,11 @@
-//! A strict scanner for PEM text (RFC 7468), with errors that say where and what.
+//! A scanner for PEM text (RFC 7468) that reads what Go's `encoding/pem` reads.
 //!
-//! Text outside encapsulation boundaries is explanatory text and is ignored, as RFC 7468
-//! section 5.2 asks of parsers (OpenSSL writes `Bag Attributes` and `subject=` lines
-//! there). Inside a block everything must be well formed: a matching END line, optional
-//! RFC 1421 headers (`Proc-Type`, `DEK-Info`), and base64 that decodes.
+//! The router decodes `tls.crt` and `tls.key` with Go's `pem.Decode`, which treats text
+//! outside encapsulation boundaries as explanatory text and silently skips a block it
+//! cannot decode (a broken boundary, a missing or mismatched END line, a nested BEGIN,
+//! bad base64), carrying on after that block's BEGIN line. [`scan`] does the same, but
+//! reports each skipped block as a [`PemProblem`], so that a caller can tell a person
+//! why a certificate was not found, or warn that a block was left out.
 //!
 //! Errors never carry block contents: only labels (sanitized) and line numbers.
 
@@ -53,7 +55,7 @@ impl PemBlock {
     }
 }
 
-/// What is wrong with PEM text. Line numbers are 1-based.
+/// Why a PEM block was skipped. Line numbers are 1-based.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PemProblem {
@@ -81,14 +83,6 @@ pub enum PemProblem {
         /// Line of the BEGIN boundary.
         line: usize,
     },
-    /// An END line outside any block.
-    #[error("line {line} ends a {label} block that never began")]
-    StrayEnd {
-        /// Label on the END line.
-        label: String,
-        /// Line of the END boundary.
-        line: usize,
-    },
     /// A BEGIN line inside another block.
     #[error("the {label} block that begins on line {line} contains another BEGIN line")]
     NestedBegin {
@@ -100,14 +94,6 @@ pub enum PemProblem {
     /// A body that is not valid base64.
     #[error("the {label} block that begins on line {line} is not valid base64")]
     InvalidBase64 {
-        /// Label of the block.
-        label: String,
-        /// Line of the BEGIN boundary.
-        line: usize,
-    },
-    /// A block with no body.
-    #[error("the {label} block that begins on line {line} is empty")]
-    EmptyBlock {
         /// Label of the block.
         label: String,
         /// Line of the BEGIN boundary.
@@ -130,86 +116,124 @@ pub(crate) fn display_label(label: &str) -> String {
     }
 }
 
-/// Parses a boundary line, returning its label, or `None` when the line is no boundary.
-fn boundary<'a>(line: &'a str, prefix: &str, number: usize) -> Result<Option<&'a str>, PemProblem> {
-    let Some(rest) = line.strip_prefix(prefix) else {
-        return Ok(None);
+/// What a line is to the scanner.
+enum Line<'a> {
+    /// Explanatory text, or block contents.
+    Text,
+    /// `-----BEGIN LABEL-----`.
+    Begin(&'a str),
+    /// `-----END LABEL-----`.
+    End(&'a str),
+    /// A line that starts like a boundary but is not one.
+    BrokenBoundary,
+}
+
+fn classify(line: &str) -> Line<'_> {
+    let line = line.trim_start();
+    let (rest, begin) = if let Some(rest) = line.strip_prefix(BEGIN) {
+        (rest, true)
+    } else if let Some(rest) = line.strip_prefix(END) {
+        (rest, false)
+    } else {
+        return Line::Text;
     };
     match rest.trim_end().strip_suffix(DASHES) {
-        Some(label) if !label.contains(DASHES) => Ok(Some(label)),
-        _ => Err(PemProblem::BadBoundary { line: number }),
+        Some(label) if !label.contains(DASHES) && begin => Line::Begin(label),
+        Some(label) if !label.contains(DASHES) => Line::End(label),
+        _ => Line::BrokenBoundary,
     }
 }
 
-/// An open block while scanning.
-struct OpenBlock<'a> {
-    label: &'a str,
-    line: usize,
-    body: Vec<&'a str>,
+/// The blocks of a PEM text, and the blocks that were skipped.
+#[derive(Debug, Default)]
+pub(crate) struct PemScan {
+    /// Blocks that decoded, in order.
+    pub(crate) blocks: Vec<PemBlock>,
+    /// Why each skipped block was skipped, in order.
+    pub(crate) skipped: Vec<PemProblem>,
 }
 
-/// Splits `text` into PEM blocks. An input without any block yields an empty list; the
-/// caller decides what that means for its file.
-pub(crate) fn parse(text: &str) -> Result<Vec<PemBlock>, PemProblem> {
-    let mut blocks = Vec::new();
-    let mut open: Option<OpenBlock<'_>> = None;
-    for (index, raw_line) in text.lines().enumerate() {
-        let number = index + 1;
-        let line = raw_line.trim_start();
-        let begin = boundary(line, BEGIN, number)?;
-        let end = boundary(line, END, number)?;
-        match (open.take(), begin, end) {
-            (None, Some(label), _) => {
-                open = Some(OpenBlock {
-                    label,
-                    line: number,
-                    body: Vec::new(),
-                });
+/// Splits `text` into PEM blocks, skipping (and reporting) those Go's `pem.Decode` would
+/// skip. Lines outside blocks, stray END lines included, are explanatory text. Runs in
+/// time linear in the number of lines: after a broken block, scanning resumes at the
+/// first boundary line after its BEGIN line, where Go would find its next block too.
+pub(crate) fn scan(text: &str) -> PemScan {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut scan = PemScan::default();
+    let mut index = 0;
+    while index < lines.len() {
+        let begin_line = index + 1;
+        let label = match classify(lines[index]) {
+            Line::Begin(label) => label,
+            Line::BrokenBoundary if lines[index].trim_start().starts_with(BEGIN) => {
+                scan.skipped
+                    .push(PemProblem::BadBoundary { line: begin_line });
+                index += 1;
+                continue;
             }
-            (None, None, Some(label)) => {
-                return Err(PemProblem::StrayEnd {
-                    label: display_label(label),
-                    line: number,
-                });
+            Line::Text | Line::End(_) | Line::BrokenBoundary => {
+                index += 1;
+                continue;
             }
-            (None, None, None) => {}
-            (Some(block), Some(_), _) => {
-                return Err(PemProblem::NestedBegin {
-                    label: display_label(block.label),
-                    line: block.line,
-                });
-            }
-            (Some(block), None, Some(label)) => {
-                if label != block.label {
-                    return Err(PemProblem::MismatchedEnd {
-                        begin: display_label(block.label),
-                        end: display_label(label),
-                        line: block.line,
-                    });
+        };
+        index += 1;
+        let body_start = index;
+        while index < lines.len() && matches!(classify(lines[index]), Line::Text) {
+            index += 1;
+        }
+        let Some(closing) = lines.get(index) else {
+            scan.skipped.push(PemProblem::Unterminated {
+                label: display_label(label),
+                line: begin_line,
+            });
+            break;
+        };
+        match classify(closing) {
+            Line::End(end) if end == label => {
+                match decode_block(label, begin_line, &lines[body_start..index]) {
+                    Ok(block) => scan.blocks.push(block),
+                    Err(problem) => scan.skipped.push(problem),
                 }
-                blocks.push(decode_block(block)?);
+                index += 1;
             }
-            (Some(mut block), None, None) => {
-                block.body.push(line);
-                open = Some(block);
+            Line::End(end) => {
+                scan.skipped.push(PemProblem::MismatchedEnd {
+                    begin: display_label(label),
+                    end: display_label(end),
+                    line: begin_line,
+                });
+                index += 1;
+            }
+            // A BEGIN inside the block: the block is skipped and the inner BEGIN line
+            // is read again as the start of the next one.
+            Line::Begin(_) => scan.skipped.push(PemProblem::NestedBegin {
+                label: display_label(label),
+                line: begin_line,
+            }),
+            Line::BrokenBoundary if closing.trim_start().starts_with(BEGIN) => {
+                scan.skipped.push(PemProblem::NestedBegin {
+                    label: display_label(label),
+                    line: begin_line,
+                });
+            }
+            Line::BrokenBoundary | Line::Text => {
+                scan.skipped
+                    .push(PemProblem::BadBoundary { line: index + 1 });
+                index += 1;
             }
         }
     }
-    match open {
-        Some(block) => Err(PemProblem::Unterminated {
-            label: display_label(block.label),
-            line: block.line,
-        }),
-        None => Ok(blocks),
-    }
+    scan
 }
 
-fn decode_block(block: OpenBlock<'_>) -> Result<PemBlock, PemProblem> {
-    let OpenBlock { label, line, body } = block;
+/// Decodes the body lines of a block whose BEGIN boundary is on `line`. An empty body
+/// is an empty block (Go decodes it as zero bytes; what it should hold then fails to
+/// parse, with a message of its own).
+fn decode_block(label: &str, line: usize, body: &[&str]) -> Result<PemBlock, PemProblem> {
     // RFC 1421 headers sit before the first blank line and each contains a colon; base64
     // never does, so a colon on the first body line tells headers apart.
     let mut headers = Vec::new();
-    let mut lines = body.as_slice();
+    let mut lines = body;
     if lines.first().is_some_and(|first| first.contains(':')) {
         let mut consumed = 0;
         for header in lines {
@@ -235,12 +259,6 @@ fn decode_block(block: OpenBlock<'_>) -> Result<PemBlock, PemProblem> {
     let mut encoded = String::with_capacity(lines.iter().map(|l| l.len()).sum());
     for chunk in lines {
         encoded.extend(chunk.chars().filter(|c| !c.is_ascii_whitespace()));
-    }
-    if encoded.is_empty() {
-        return Err(PemProblem::EmptyBlock {
-            label: display_label(label),
-            line,
-        });
     }
     let der = STANDARD
         .decode(encoded.as_bytes())
@@ -278,18 +296,16 @@ mod tests {
     use super::*;
 
     fn labels(text: &str) -> Vec<String> {
-        parse(text)
-            .unwrap()
-            .into_iter()
-            .map(|block| block.label)
-            .collect()
+        let scan = scan(text);
+        assert_eq!(scan.skipped, [], "{text:?}");
+        scan.blocks.into_iter().map(|block| block.label).collect()
     }
 
     #[test]
     fn round_trips_through_encode() {
         let der: Vec<u8> = (0..=255).collect();
         let text = encode("CERTIFICATE", &der);
-        let blocks = parse(&text).unwrap();
+        let blocks = scan(&text).blocks;
         assert_eq!(blocks.len(), 1);
         assert_eq!(blocks[0].label, "CERTIFICATE");
         assert_eq!(blocks[0].der, der);
@@ -297,9 +313,10 @@ mod tests {
     }
 
     #[test]
-    fn ignores_explanatory_text_and_crlf() {
+    fn ignores_explanatory_text_stray_ends_and_crlf() {
         let text = format!(
-            "Bag Attributes\r\n    localKeyID: 01\r\nsubject=CN = a\r\n{}\r\ntrailing words\r\n{}",
+            "Bag Attributes\r\n    localKeyID: 01\r\nsubject=CN = a\r\n{}\r\ntrailing words\r\n\
+             -----END CERTIFICATE-----\n{}",
             encode("CERTIFICATE", b"one").replace('\n', "\r\n"),
             encode("CERTIFICATE", b"two")
         );
@@ -308,24 +325,36 @@ mod tests {
 
     #[test]
     fn no_blocks_is_empty_not_an_error() {
-        assert!(parse("hello world\n").unwrap().is_empty());
-        assert!(parse("").unwrap().is_empty());
+        assert!(scan("hello world\n").blocks.is_empty());
+        assert!(scan("").blocks.is_empty());
+        assert!(scan("hello world\n").skipped.is_empty());
     }
 
     #[test]
     fn reads_rfc1421_headers() {
         let text = "-----BEGIN EC PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00\n\nAAEC\n-----END EC PRIVATE KEY-----\n";
-        let blocks = parse(text).unwrap();
+        let blocks = scan(text).blocks;
         assert!(blocks[0].is_encrypted());
         assert_eq!(blocks[0].der, [0, 1, 2]);
     }
 
     #[test]
-    fn each_structural_problem_has_its_own_variant() {
-        let cases: [(&str, PemProblem); 7] = [
+    fn an_empty_block_decodes_to_nothing() {
+        let blocks = scan("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n").blocks;
+        assert_eq!(blocks.len(), 1);
+        assert!(blocks[0].der.is_empty());
+    }
+
+    #[test]
+    fn each_broken_block_is_skipped_with_its_own_problem() {
+        let cases: [(&str, PemProblem); 6] = [
             (
                 "-----BEGIN CERTIFICATE\nAAEC\n-----END CERTIFICATE-----\n",
                 PemProblem::BadBoundary { line: 1 },
+            ),
+            (
+                "-----BEGIN CERTIFICATE-----\nAAEC\n-----END CERTIFICATE\n",
+                PemProblem::BadBoundary { line: 3 },
             ),
             (
                 "x\n-----BEGIN CERTIFICATE-----\nAAEC\n",
@@ -343,14 +372,7 @@ mod tests {
                 },
             ),
             (
-                "-----END CERTIFICATE-----\n",
-                PemProblem::StrayEnd {
-                    label: "CERTIFICATE".into(),
-                    line: 1,
-                },
-            ),
-            (
-                "-----BEGIN CERTIFICATE-----\n-----BEGIN CERTIFICATE-----\n",
+                "-----BEGIN CERTIFICATE-----\n-----BEGIN CERTIFICATE\n",
                 PemProblem::NestedBegin {
                     label: "CERTIFICATE".into(),
                     line: 1,
@@ -363,24 +385,50 @@ mod tests {
                     line: 1,
                 },
             ),
-            (
-                "-----BEGIN CERTIFICATE-----\n\n-----END CERTIFICATE-----\n",
-                PemProblem::EmptyBlock {
-                    label: "CERTIFICATE".into(),
-                    line: 1,
-                },
-            ),
         ];
         for (text, expected) in cases {
-            assert_eq!(parse(text).err(), Some(expected), "input: {text:?}");
+            let scan = scan(text);
+            assert!(scan.blocks.is_empty(), "input: {text:?}");
+            assert_eq!(scan.skipped.first(), Some(&expected), "input: {text:?}");
         }
     }
 
     #[test]
+    fn scanning_goes_on_after_a_broken_block() {
+        // As Go's pem.Decode: a truncated block, then a block nested in it, then one
+        // after a mismatched END: the two good ones are found.
+        let good = encode("CERTIFICATE", b"good");
+        let text = format!(
+            "-----BEGIN CERTIFICATE-----\nAAEC\n{good}-----BEGIN CERTIFICATE-----\nAAEC\n\
+             -----END X509 CRL-----\n{good}"
+        );
+        let scan = scan(&text);
+        let ders: Vec<&[u8]> = scan.blocks.iter().map(|b| b.der.as_slice()).collect();
+        assert_eq!(ders, [b"good".as_slice(), b"good".as_slice()]);
+        assert!(matches!(
+            scan.skipped[0],
+            PemProblem::NestedBegin { line: 1, .. }
+        ));
+        assert!(matches!(
+            scan.skipped[1],
+            PemProblem::MismatchedEnd { line: 6, .. }
+        ));
+    }
+
+    #[test]
+    fn many_unterminated_blocks_are_each_skipped_once() {
+        let text = "-----BEGIN CERTIFICATE-----\nAAEC\n".repeat(50_000);
+        let scan = scan(&text);
+        assert!(scan.blocks.is_empty());
+        // Each BEGIN is nested in the previous one; the last never ends.
+        assert_eq!(scan.skipped.len(), 50_000);
+    }
+
+    #[test]
     fn odd_labels_are_not_echoed() {
-        let text = "-----END MIIEvQIBADANBgkqhkiG9w0BAQEFAASC-----\n";
-        let err = parse(text).unwrap_err();
-        assert!(!err.to_string().contains("MIIEv"), "{err}");
+        let text = "-----BEGIN MIIEvQIBADANBgkqhkiG9w0BAQEFAASC-----\nAAEC\n";
+        let problem = &scan(text).skipped[0];
+        assert!(!problem.to_string().contains("MIIEv"), "{problem}");
         assert_eq!(display_label("RSA PRIVATE KEY"), "RSA PRIVATE KEY");
         assert_eq!(display_label("lower"), "<unrecognized label>");
     }

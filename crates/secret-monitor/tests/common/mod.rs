@@ -108,7 +108,10 @@ pub fn requests_for(
             && record.namespace.as_deref() == Some(namespace)
             && record.name.as_deref() == Some(name)
         {
-            by_verb.entry(record.verb.clone()).or_default().push(record);
+            by_verb
+                .entry(record.verb.to_string())
+                .or_default()
+                .push(record);
         }
     }
     by_verb

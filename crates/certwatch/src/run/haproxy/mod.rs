@@ -33,6 +33,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube_common::backoff::{Backoff, BackoffPolicy};
 use route_secrets::tls::ValidatedTls;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -51,10 +52,9 @@ pub struct HaproxyOptions {
     pub socket: PathBuf,
     /// Deadline of each runtime API command.
     pub command_timeout: Duration,
-    /// First delay before retrying after a failure.
-    pub retry_min: Duration,
-    /// Longest delay between retries.
-    pub retry_max: Duration,
+    /// Delays between retries after a failure (client-go's backoff: 0.8 s doubling
+    /// to 30 s).
+    pub retry: BackoffPolicy,
     /// How often HAProxy's process identity is checked when nothing changes (to
     /// notice a restart that loaded other files).
     pub check_interval: Duration,
@@ -66,8 +66,7 @@ impl HaproxyOptions {
         Self {
             socket: socket.into(),
             command_timeout: Duration::from_secs(10),
-            retry_min: Duration::from_millis(500),
-            retry_max: Duration::from_secs(5),
+            retry: BackoffPolicy::default(),
             check_interval: Duration::from_secs(30),
         }
     }
@@ -79,6 +78,8 @@ type Snapshot = Option<Arc<Vec<CrtEntry>>>;
 #[derive(Debug)]
 pub struct HaproxySync {
     snapshots: watch::Sender<Snapshot>,
+    /// Counts requests to read HAProxy's state afresh ([`HaproxySync::resync`]).
+    resyncs: watch::Sender<u64>,
     task: JoinHandle<()>,
 }
 
@@ -92,6 +93,7 @@ impl HaproxySync {
         metrics: Arc<Metrics>,
     ) -> Self {
         let (snapshots, receiver) = watch::channel(None);
+        let (resyncs, resync_requests) = watch::channel(0);
         let worker = Worker {
             api: RuntimeApi::new(options.socket.clone(), options.command_timeout),
             options,
@@ -99,18 +101,30 @@ impl HaproxySync {
             managed_prefix,
             metrics,
         };
-        let task = tokio::spawn(worker.run(receiver));
-        Self { snapshots, task }
+        let task = tokio::spawn(worker.run(receiver, resync_requests));
+        Self {
+            snapshots,
+            resyncs,
+            task,
+        }
+    }
+
+    /// Forget what HAProxy is believed to hold, read it again and bring it to the
+    /// last published entries.
+    pub fn resync(&self) {
+        self.resyncs.send_modify(|count| *count += 1);
     }
 
     /// The crt-list's entries changed: bring HAProxy there.
-    pub fn publish(&self, entries: Vec<CrtEntry>) {
-        self.snapshots.send_replace(Some(Arc::new(entries)));
+    pub fn publish(&self, entries: Arc<Vec<CrtEntry>>) {
+        self.snapshots.send_replace(Some(entries));
     }
 
     /// Finishes the pass in progress (with the last entries published) and stops.
     pub async fn close(self) {
-        let Self { snapshots, task } = self;
+        let Self {
+            snapshots, task, ..
+        } = self;
         drop(snapshots);
         let _ = task.await;
     }
@@ -142,8 +156,14 @@ struct Worker {
 }
 
 impl Worker {
-    async fn run(self, mut snapshots: watch::Receiver<Snapshot>) {
+    async fn run(
+        self,
+        mut snapshots: watch::Receiver<Snapshot>,
+        mut resyncs: watch::Receiver<u64>,
+    ) {
         let mut known: Option<Known> = None;
+        let mut resync_open = true;
+        let mut backoff = Backoff::new(self.options.retry);
         let mut failures: u32 = 0;
         let mut retry_at: Option<Instant> = None;
         let mut next_check = Instant::now() + self.options.check_interval;
@@ -156,6 +176,13 @@ impl Worker {
                 }
                 () = sleep_until(retry_at), if retry_at.is_some() => {}
                 () = tokio::time::sleep_until(next_check) => {}
+                changed = resyncs.changed(), if resync_open => {
+                    resync_open = changed.is_ok();
+                    if resync_open {
+                        info!(socket = %self.api.socket().display(), "re-reading HAProxy's certificates");
+                        known = None;
+                    }
+                }
             }
             next_check = Instant::now() + self.options.check_interval;
             let Some(desired) = snapshots.borrow_and_update().clone() else {
@@ -183,11 +210,7 @@ impl Worker {
                     known = None;
                     failures = failures.saturating_add(1);
                     self.metrics.haproxy_synced(false);
-                    let delay = self
-                        .options
-                        .retry_min
-                        .saturating_mul(1 << failures.saturating_sub(1).min(10))
-                        .min(self.options.retry_max);
+                    let delay = backoff.next_delay();
                     if failures == 1 {
                         warn!(%error, retry_in = ?delay, "cannot synchronise HAProxy; retrying");
                     } else {
@@ -252,7 +275,7 @@ impl Worker {
                 }
                 Some(_) => {}
             }
-            let rest = entry.sni.clone().unwrap_or_default();
+            let rest = entry.sni.clone();
             let lines = state.lines.get(&entry.name).map_or(&[][..], Vec::as_slice);
             if lines.len() == 1 && lines[0].rest == rest {
                 continue;
@@ -262,11 +285,9 @@ impl Worker {
                 state.lines.remove(&entry.name);
                 report.relisted += 1;
             }
-            let line = if rest.is_empty() {
-                entry.name.clone()
-            } else {
-                format!("{} {rest}", entry.name)
-            };
+            // Every entry has an SNI filter: a line without one would capture every
+            // other route's hosts.
+            let line = format!("{} {rest}", entry.name);
             self.count(
                 "add ssl crt-list",
                 self.api.add_crt_list_line(&self.crt_list, &line).await,

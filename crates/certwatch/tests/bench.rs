@@ -204,6 +204,9 @@ fn the_real_control_plane_sees_the_modelled_requests() {
         serial["model_ready_ms"].is_null(),
         "no injected latency to model"
     );
+    // A server that answers in milliseconds still costs a registration one 100 ms poll.
+    let per_secret_ms = serial["per_secret_ms"].as_f64().expect("a number");
+    assert!(per_secret_ms >= 100.0, "{per_secret_ms}");
     for strategy in ["concurrent", "daemon"] {
         let line = &lines[strategy];
         assert_eq!(number(line, "errors"), 0, "{line}");

@@ -3,6 +3,8 @@
 //!
 //! - [`verb`]: the Kubernetes API verbs, as one typed enum ([`Verb`]) instead of
 //!   strings that every layer parses again.
+//! - [`adaptive`]: the AIMD limiter that paces bursts of requests (first syncs,
+//!   access reviews) to what the API server accepts.
 //! - [`backoff`]: the retry policy every repeated request uses (client-go's reflector
 //!   policy, with jitter that never exceeds the cap).
 //! - [`duration`]: durations as Kubernetes users type them (`1m30s`, `1.5h`, `300ms`),
@@ -25,6 +27,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod adaptive;
 pub mod backoff;
 pub mod duration;
 pub mod kubeconfig;

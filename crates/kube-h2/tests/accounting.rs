@@ -130,7 +130,7 @@ async fn the_client_counts_what_the_server_counted() {
     let mut server: BTreeMap<(String, String, Option<u16>), u64> = BTreeMap::new();
     for record in sim.request_log() {
         *server
-            .entry((record.resource, record.verb, Some(record.code)))
+            .entry((record.resource, record.verb.to_string(), Some(record.code)))
             .or_default() += 1;
     }
     let client: BTreeMap<(String, String, Option<u16>), u64> = pooled

@@ -51,7 +51,7 @@ use protocol::{
 };
 use real_server::RealServer;
 use report::{RunInputs, RunResult, human_ms};
-use scenario::{PRESETS, Scenario, Strategy};
+use scenario::{BUDGET_PRESETS, PRESETS, Scenario, Strategy};
 use sim_process::{Generated, SimProcess};
 
 /// Errors of the benchmark.
@@ -125,7 +125,10 @@ certwatch's own pipeline and `daemon` the whole `certwatch run`. Each strategy r
 process of its own, so memory and CPU are the client's alone.\n\n\
 Built-in scenarios: seed-112 (587 ms), seed-1738, customer-2000, scale-10000 (1,414 ms each) and \
 apf-2000 (2,000 secrets at 1,414 ms with the simulator limited to 50 requests in flight, a queue \
-of 300 and 429 beyond it; the product bounds its first syncs to 50). --routes defines a custom \
+of 300 and 429 beyond it; the product bounds its first syncs to 50). Issue #14's budgets, run \
+with --scenarios budgets or by name: budget-4, budget-10 and budget-50 (300 routes at 10 ms, the \
+simulator taking 4, 10 or 50 requests at once and answering 429 beyond them), the same with a \
+queue of 50 (budget-4-queue, ...), and budget-unlimited. --routes defines a custom \
 scenario instead. --latency, --namespaces, --max-inflight, --queue and --max-concurrent-syncs, \
 when given, apply to every scenario that runs."
 )]
@@ -134,7 +137,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Built-in scenarios to run (comma-separated). Default: all, unless --routes is given.
+    /// Built-in scenarios to run (comma-separated; `budgets` for every budget-* one).
+    /// Default: all but the budget ones, unless --routes is given.
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     pub scenarios: Vec<String>,
 
@@ -250,7 +254,14 @@ impl BenchArgs {
             self.scenarios.iter().map(String::as_str).collect()
         };
         for name in names {
-            scenarios.push(Scenario::preset(name.trim())?);
+            match name.trim() {
+                "budgets" => {
+                    for budget in BUDGET_PRESETS {
+                        scenarios.push(Scenario::preset(budget)?);
+                    }
+                }
+                name => scenarios.push(Scenario::preset(name)?),
+            }
         }
         if let Some(routes) = self.routes {
             let secrets = self.secrets.unwrap_or(routes);

@@ -84,6 +84,9 @@ pub struct RunResult {
     pub peak_queued: u64,
     /// Requests the simulator rejected with 429.
     pub rejected_429: u64,
+    /// The product's strategies: requests beyond `requests_needed`, i.e. retries (of
+    /// 429s and of anything else that failed).
+    pub retries: Option<u64>,
     /// Responses by status code.
     pub responses: BTreeMap<String, u64>,
     /// Connections the client opened (kube-h2 pool counts).
@@ -206,6 +209,7 @@ impl RunResult {
             peak_inflight: sim.peak_inflight,
             peak_queued: sim.peak_queued,
             rejected_429: sim.rejected_429,
+            retries: requests_needed.map(|needed| sim.requests_total.saturating_sub(needed)),
             responses: sim.responses.clone(),
             connections,
             connections_by_protocol: ProtocolCounts {
@@ -265,6 +269,7 @@ impl RunResult {
             peak_inflight: 0,
             peak_queued: 0,
             rejected_429: 0,
+            retries: None,
             responses: BTreeMap::new(),
             connections: 0,
             connections_by_protocol: ProtocolCounts::default(),
@@ -303,6 +308,19 @@ impl RunResult {
             checks.insert(
                 "requests_vs_needed",
                 Check::new(self.requests_total as f64, (factor * needed as f64).floor()),
+            );
+        }
+        if let (Some(fraction), Some(needed)) = (targets.refused_fraction, self.requests_needed) {
+            // The first window is everything when the product is unbounded.
+            let first_window = self
+                .max_concurrent_syncs
+                .map_or(needed, |bound| bound as u64);
+            checks.insert(
+                "rejected_429",
+                Check::new(
+                    self.rejected_429 as f64,
+                    (fraction * needed as f64).floor() + first_window as f64,
+                ),
             );
         }
         checks.insert(
@@ -351,6 +369,8 @@ pub fn table(results: &[RunResult]) -> String {
         "ready",
         "req",
         "req/secret",
+        "429",
+        "retries",
         "peak infl",
         "conns",
         "watches",
@@ -409,6 +429,9 @@ pub fn table(results: &[RunResult]) -> String {
             ready,
             r.requests_total.to_string(),
             format!("{:.2}", r.requests_per_secret),
+            r.rejected_429.to_string(),
+            r.retries
+                .map_or_else(|| "-".to_owned(), |retries| retries.to_string()),
             r.peak_inflight.to_string(),
             r.connections.to_string(),
             r.open_watches.to_string(),

@@ -43,6 +43,21 @@ pub const APF_QUEUE: usize = 300;
 /// The APF scenario's server concurrency, from the issue.
 pub const APF_MAX_INFLIGHT: usize = 50;
 
+/// The API server budgets of issue #14's bound, as built-in scenarios run on request
+/// (`--scenarios budgets` runs them all): 300 routes at 10 ms behind kube-sim's simple
+/// concurrency limit of 4, 10 and 50 seats, without a queue (429 at once beyond the
+/// seats) and with one of 50, and without any limit. certwatch runs without
+/// `--max-concurrent-syncs`: nothing to tune.
+pub const BUDGET_PRESETS: [&str; 7] = [
+    "budget-4",
+    "budget-4-queue",
+    "budget-10",
+    "budget-10-queue",
+    "budget-50",
+    "budget-50-queue",
+    "budget-unlimited",
+];
+
 /// Names of the built-in scenarios, in the order they run by default.
 pub const PRESETS: [&str; 5] = [
     "seed-112",
@@ -94,13 +109,39 @@ impl Scenario {
                 max_concurrent_syncs: Some(APF_MAX_INFLIGHT),
                 ..Self::new(name, 2_000, ms(1_414))
             },
+            "budget-unlimited" => Self::new(name, 300, ms(10)),
             other => {
-                return Err(BenchError::Usage(format!(
-                    "unknown scenario {other:?}; the built-in ones are {}",
-                    PRESETS.join(", ")
-                )));
+                return Self::budget(other).ok_or_else(|| {
+                    BenchError::Usage(format!(
+                        "unknown scenario {other:?}; the built-in ones are {}, {} (or `budgets`)",
+                        PRESETS.join(", "),
+                        BUDGET_PRESETS.join(", ")
+                    ))
+                });
             }
         })
+    }
+
+    /// `budget-N` (no queue) and `budget-N-queue` (a queue of 50), for the seats in
+    /// [`BUDGET_PRESETS`].
+    fn budget(name: &str) -> Option<Self> {
+        let rest = name.strip_prefix("budget-")?;
+        let (seats, queue) = match rest.strip_suffix("-queue") {
+            Some(seats) => (seats, 50),
+            None => (rest, 0),
+        };
+        let seats: usize = seats.parse().ok()?;
+        BUDGET_PRESETS.contains(&name).then(|| Self {
+            max_inflight: Some(seats),
+            queue,
+            ..Self::new(name, 300, Duration::from_millis(10))
+        })
+    }
+
+    /// Requests start-up needs when nothing is refused: one streaming list per
+    /// secret, one rules review per namespace, the route list and watch.
+    pub fn requests_needed(&self) -> u64 {
+        self.secrets as u64 + self.namespaces_used() as u64 + 2
     }
 
     /// `latency` in whole milliseconds.
@@ -137,9 +178,12 @@ impl Scenario {
     pub fn targets(&self) -> Targets {
         let secrets = self.secrets as u64;
         let two_round_trips = 2 * self.latency_ms();
-        let ready_ms = if self.max_inflight.is_some() {
-            // The router's start-up probe.
-            120_000
+        let ready_ms = if let Some(seats) = self.max_inflight {
+            // Issue #14's bound: the requests needed at the server's sustained rate
+            // (its seats per round trip), times 1.5, plus 2 round trips and 2 s.
+            let per_request_ms = self.latency_ms().max(1) as f64 / seats as f64;
+            let serving_ms = self.requests_needed() as f64 * per_request_ms;
+            (serving_ms * 1.5).ceil() as u64 + two_round_trips + 2_000
         } else if self.secrets > 2_000 {
             two_round_trips + 2_000
         } else {
@@ -150,7 +194,14 @@ impl Scenario {
             rss_bytes: (self.secrets >= 10_000).then_some(150 * 1024 * 1024),
             connections: secrets.div_ceil(100) + 2,
             requests: 2 * secrets + self.namespaces_used() as u64,
-            retry_factor: self.max_inflight.map(|_| 1.1),
+            // A client bound that fits the server's seats and queue leaves nothing to
+            // refuse: then retries must stay rare.
+            retry_factor: self
+                .max_inflight
+                .zip(self.max_concurrent_syncs)
+                .filter(|(seats, bound)| *bound <= seats + self.queue)
+                .map(|_| 1.1),
+            refused_fraction: self.max_inflight.map(|_| 0.25),
             errors: 0,
         }
     }
@@ -159,8 +210,8 @@ impl Scenario {
 /// Upper bounds for the product in one scenario.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Targets {
-    /// Start-up time: two API round trips plus 1 s (2 s beyond 2,000 secrets); the
-    /// start-up probe's 120 s under a concurrency limit.
+    /// Start-up time: two API round trips plus 1 s (2 s beyond 2,000 secrets); under a
+    /// concurrency limit, issue #14's bound (see [`Scenario::targets`]).
     pub ready_ms: u64,
     /// Peak resident memory (stated for 10,000 secrets).
     pub rss_bytes: Option<u64>,
@@ -168,9 +219,13 @@ pub struct Targets {
     pub connections: u64,
     /// API requests at start-up: 2 per distinct secret plus 1 per namespace.
     pub requests: u64,
-    /// Under a concurrency limit: total requests at most this factor times what the
-    /// strategy needs (no retry storm).
+    /// Under a concurrency limit that the client's bound fits: total requests at most
+    /// this factor times what the strategy needs (no retry storm).
     pub retry_factor: Option<f64>,
+    /// Under a concurrency limit: requests answered 429 at most this fraction of the
+    /// requests needed, plus the first window (issue #14).
+    #[serde(default)]
+    pub refused_fraction: Option<f64>,
     /// Failed registrations and rejected routes.
     pub errors: u64,
 }
@@ -220,7 +275,7 @@ mod tests {
 
     #[test]
     fn presets_are_valid_and_named_as_listed() {
-        for name in PRESETS {
+        for name in PRESETS.into_iter().chain(BUDGET_PRESETS) {
             let scenario = Scenario::preset(name).unwrap();
             scenario.validate().unwrap();
             assert_eq!(scenario.name, name);
@@ -239,8 +294,21 @@ mod tests {
         assert_eq!(scale.rss_bytes, Some(150 * 1024 * 1024));
         assert_eq!(scale.connections, 102);
         let apf = Scenario::preset("apf-2000").unwrap().targets();
-        assert_eq!(apf.ready_ms, 120_000);
+        // 2,052 requests at 50 per 1.414 s, times 1.5, plus 2 round trips and 2 s.
+        assert_eq!(apf.ready_ms, 87_046 + 2 * 1_414 + 2_000);
         assert_eq!(apf.retry_factor, Some(1.1));
+        assert_eq!(apf.refused_fraction, Some(0.25));
+        let four = Scenario::preset("budget-4").unwrap();
+        assert_eq!(
+            (four.max_inflight, four.queue, four.routes),
+            (Some(4), 0, 300)
+        );
+        // 310 requests at 4 per 10 ms: 775 ms, times 1.5, plus 20 ms and 2 s.
+        assert_eq!(four.targets().ready_ms, 1_163 + 20 + 2_000);
+        assert_eq!(four.targets().retry_factor, None);
+        let unlimited = Scenario::preset("budget-unlimited").unwrap().targets();
+        assert_eq!(unlimited.ready_ms, 20 + 1_000);
+        assert_eq!(unlimited.refused_fraction, None);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use kube_common::adaptive::{AdaptiveLimiter, LimiterSnapshot};
 use kube_h2::{ClientOptions, PoolHandle, PoolStats};
 use route_secrets::access::{AccessChecker, AccessPolicy, AccessStats};
 use route_secrets::manager::SecretManager;
@@ -37,6 +38,7 @@ use super::outputs::{DaemonStatus, Outputs};
 use super::progress::{self, ProgressMode};
 use super::reload::{ReloadOptions, Reloader};
 use super::scope::{RouteScope, scoped_route_events};
+use super::throttle;
 
 /// Everything the daemon can be told.
 #[derive(Clone, Debug)]
@@ -66,7 +68,8 @@ pub struct DaemonOptions {
     pub access_denied_ttl: Duration,
     /// How rejection messages name the router identity.
     pub identity: String,
-    /// At most this many first syncs of secrets at once (`None`: unbounded).
+    /// The upper bound of the adaptive limiter's window: at most this many first syncs
+    /// of secrets and access reviews at once (`None`: as many as the API server takes).
     pub max_concurrent_syncs: Option<usize>,
     /// Deadline of a secret's first sync.
     pub sync_timeout: Duration,
@@ -138,6 +141,7 @@ pub struct Daemon {
     resync: watch::Sender<u64>,
     metrics: Arc<Metrics>,
     pool: PoolHandle,
+    limiter: AdaptiveLimiter,
     manager: SecretManager,
     access: AccessChecker,
     cert_dir: PathBuf,
@@ -147,6 +151,7 @@ pub struct Daemon {
     outputs: JoinHandle<()>,
     http: Option<JoinHandle<()>>,
     progress: Option<JoinHandle<()>>,
+    throttle_log: JoinHandle<()>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -189,6 +194,9 @@ impl Daemon {
             kube_h2::build_client(config, options.client.clone().observer(request_observer))?;
         let pool = pooled.pool().clone();
         let client = pooled.client();
+        // One window per process: every burst of requests (first syncs, access
+        // reviews) draws from what the API server was seen to accept.
+        let limiter = AdaptiveLimiter::new(options.max_concurrent_syncs);
         let observer: Arc<dyn MonitorObserver> = metrics.clone();
         let monitor = SecretMonitor::with_options(
             client.clone(),
@@ -266,7 +274,7 @@ impl Daemon {
 
         let (http_addr, http) = match options.listen {
             Some(addr) => {
-                let refresh = refresher(&metrics, &manager, &pool);
+                let refresh = refresher(&metrics, &manager, &pool, &limiter);
                 let (local, task) = http::serve(
                     addr,
                     Arc::clone(&metrics),
@@ -286,14 +294,17 @@ impl Daemon {
                 options.progress,
                 status.clone(),
                 Arc::new(move || secret_counts(&manager)),
+                limiter.clone(),
             )
         };
+        let throttle_log = throttle::spawn_log(limiter.clone(), shutdown.clone());
 
         Ok(Self {
             status,
             resync,
             metrics,
             pool,
+            limiter,
             manager,
             access,
             cert_dir: cert_dir_path,
@@ -303,6 +314,7 @@ impl Daemon {
             outputs,
             http,
             progress: Some(progress),
+            throttle_log,
         })
     }
 
@@ -348,13 +360,18 @@ impl Daemon {
 
     /// The metrics (refreshed) in Prometheus text format.
     pub fn metrics_text(&self) -> String {
-        refresher(&self.metrics, &self.manager, &self.pool)();
+        refresher(&self.metrics, &self.manager, &self.pool, &self.limiter)();
         self.metrics.encode()
     }
 
     /// The API client's connection pool counters.
     pub fn pool_stats(&self) -> PoolStats {
         self.pool.stats()
+    }
+
+    /// The adaptive limiter's window and counters.
+    pub fn limiter_snapshot(&self) -> LimiterSnapshot {
+        self.limiter.snapshot()
     }
 
     /// The access checker's request counters.
@@ -376,6 +393,7 @@ impl Daemon {
             outputs,
             http,
             progress,
+            throttle_log,
             manager,
             access,
             pool,
@@ -393,6 +411,7 @@ impl Daemon {
             progress.abort();
             let _ = progress.await;
         }
+        let _ = throttle_log.await;
         // The last handles on the secret watches: their tasks end and the pool closes
         // its connections once the last client clone is gone.
         drop(access);
@@ -415,9 +434,20 @@ fn secret_counts(manager: &SecretManager) -> (usize, usize) {
     (watched.len(), synced)
 }
 
-fn refresher(metrics: &Arc<Metrics>, manager: &SecretManager, pool: &PoolHandle) -> http::Refresh {
-    let (metrics, manager, pool) = (Arc::clone(metrics), manager.clone(), pool.clone());
+fn refresher(
+    metrics: &Arc<Metrics>,
+    manager: &SecretManager,
+    pool: &PoolHandle,
+    limiter: &AdaptiveLimiter,
+) -> http::Refresh {
+    let (metrics, manager, pool, limiter) = (
+        Arc::clone(metrics),
+        manager.clone(),
+        pool.clone(),
+        limiter.clone(),
+    );
     Arc::new(move || {
+        metrics.set_limiter(&limiter.snapshot());
         let (watched, synced) = secret_counts(&manager);
         metrics.set_secrets(watched, synced);
         metrics.set_registered_routes(manager.route_count());

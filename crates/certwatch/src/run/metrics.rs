@@ -28,6 +28,12 @@
 //! | `certwatch_api_connections` | gauge | `protocol` | open connections to the API server |
 //! | `certwatch_api_requests_total` | counter | `resource`, `verb`, `code` | every API request by resource (with subresource), verb (as kube-apiserver names it) and HTTP code (`none`: no response), 429s included |
 //! | `certwatch_api_retries_total` | counter | `resource`, `verb` | of those, requests that were retries |
+//! | `certwatch_startup_window` | gauge | | requests (first syncs of secrets, access reviews) the adaptive limiter lets out at once; `+Inf` until the API server first refuses one when `--max-concurrent-syncs` is not set |
+//! | `certwatch_startup_in_flight` | gauge | | of those, out now |
+//! | `certwatch_startup_waiting` | gauge | | requests waiting for the window (refused ones re-queued included) |
+//! | `certwatch_startup_throttled` | gauge | | 1 while the API server's load holds requests back (a `Retry-After` pause, or work waiting behind a window shrunk below its bound) |
+//! | `certwatch_startup_refusals_total` | counter | | requests of the limiter the API server refused for load (429, 5xx) |
+//! | `certwatch_startup_window_decreases_total` | counter | | times the window was shrunk |
 //! | `certwatch_build_info` | gauge | `version` | always 1 |
 //! | `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`, `process_start_time_seconds` | | | the standard process metrics |
 //!
@@ -44,6 +50,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use jiff::Timestamp;
+use kube_common::adaptive::LimiterSnapshot;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -156,6 +163,15 @@ pub struct Metrics {
     api_connections: Family<ProtocolLabels, Gauge>,
     api_requests: Family<RequestLabels, Counter>,
     api_retries: Family<RetryLabels, Counter>,
+    startup_window: Gauge<f64, AtomicU64>,
+    startup_in_flight: Gauge,
+    startup_waiting: Gauge,
+    startup_throttled: Gauge,
+    startup_refusals: Counter,
+    startup_decreases: Counter,
+    /// Guards nothing but the order of the limiter's counter updates: concurrent
+    /// scrapes must add each refusal and decrease once.
+    startup_update: Mutex<()>,
     process_cpu: Counter<f64, AtomicU64>,
     /// Guards nothing but the order of CPU-counter updates: concurrent scrapes must
     /// add each CPU second once.
@@ -212,6 +228,13 @@ impl Metrics {
             api_connections: Family::default(),
             api_requests: Family::default(),
             api_retries: Family::default(),
+            startup_window: Gauge::default(),
+            startup_in_flight: Gauge::default(),
+            startup_waiting: Gauge::default(),
+            startup_throttled: Gauge::default(),
+            startup_refusals: Counter::default(),
+            startup_decreases: Counter::default(),
+            startup_update: Mutex::new(()),
             process_cpu: Counter::default(),
             process_cpu_update: Mutex::new(()),
             process_resident: Gauge::default(),
@@ -344,6 +367,7 @@ impl Metrics {
                 "Kubernetes API requests that were retries, by resource and verb",
                 metrics.api_retries.clone(),
             );
+            register_startup_metrics(r, &metrics);
             let build_info = Family::<BuildLabels, Gauge>::default();
             build_info
                 .get_or_create(&BuildLabels {
@@ -439,6 +463,28 @@ impl Metrics {
     pub fn set_secrets(&self, watched: usize, synced: usize) {
         self.watched_secrets.set(to_i64(watched));
         self.synced_secrets.set(to_i64(synced));
+    }
+
+    /// The adaptive limiter's window and counters (before a scrape).
+    pub fn set_limiter(&self, snapshot: &LimiterSnapshot) {
+        self.startup_window.set(
+            snapshot
+                .window
+                .map_or(f64::INFINITY, |window| window as f64),
+        );
+        self.startup_in_flight.set(to_i64(snapshot.in_flight));
+        self.startup_waiting.set(to_i64(snapshot.waiting));
+        self.startup_throttled.set(i64::from(snapshot.throttled));
+        let _order = self
+            .startup_update
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (counter, total) in [
+            (&self.startup_refusals, snapshot.refused),
+            (&self.startup_decreases, snapshot.decreases),
+        ] {
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
     }
 
     /// Routes registered with a secret.
@@ -625,6 +671,39 @@ fn clamp(value: u64) -> i64 {
 }
 
 /// The `process_*` metrics, unprefixed as every Prometheus client library names them.
+fn register_startup_metrics(registry: &mut Registry, metrics: &Metrics) {
+    registry.register(
+        "startup_window",
+        "Requests (first syncs of secrets, access reviews) the adaptive limiter lets out at once; +Inf while unbounded",
+        metrics.startup_window.clone(),
+    );
+    registry.register(
+        "startup_in_flight",
+        "Requests of the adaptive limiter out now",
+        metrics.startup_in_flight.clone(),
+    );
+    registry.register(
+        "startup_waiting",
+        "Requests waiting for the adaptive limiter's window, refused ones re-queued included",
+        metrics.startup_waiting.clone(),
+    );
+    registry.register(
+        "startup_throttled",
+        "1 while the API server's load holds requests back (Retry-After pause, or work waiting behind a shrunk window)",
+        metrics.startup_throttled.clone(),
+    );
+    registry.register(
+        "startup_refusals",
+        "Requests of the adaptive limiter the API server refused for load (429, 5xx)",
+        metrics.startup_refusals.clone(),
+    );
+    registry.register(
+        "startup_window_decreases",
+        "Times the adaptive limiter's window was shrunk",
+        metrics.startup_decreases.clone(),
+    );
+}
+
 fn register_process_metrics(registry: &mut Registry, metrics: &Metrics) {
     registry.register_with_unit(
         "process_cpu",
@@ -850,5 +929,44 @@ mod tests {
             text.contains("certwatch_api_errors_total{source=\"routes\",code=\"503\"} 1\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_limiters_window_and_counters_follow_its_snapshots() {
+        let metrics = Metrics::new();
+        let mut snapshot = LimiterSnapshot::default();
+        metrics.set_limiter(&snapshot);
+        let text = metrics.encode();
+        assert!(text.contains("certwatch_startup_window +Inf\n"), "{text}");
+        assert!(
+            text.contains("certwatch_startup_refusals_total 0\n"),
+            "{text}"
+        );
+        snapshot = LimiterSnapshot {
+            window: Some(4),
+            in_flight: 4,
+            waiting: 200,
+            throttled: true,
+            refused: 296,
+            decreases: 1,
+            ..snapshot
+        };
+        // Scraped twice: the counters add each refusal once.
+        metrics.set_limiter(&snapshot);
+        metrics.set_limiter(&snapshot);
+        snapshot.refused = 297;
+        snapshot.decreases = 2;
+        metrics.set_limiter(&snapshot);
+        let text = metrics.encode();
+        for sample in [
+            "certwatch_startup_window 4.0\n",
+            "certwatch_startup_in_flight 4\n",
+            "certwatch_startup_waiting 200\n",
+            "certwatch_startup_throttled 1\n",
+            "certwatch_startup_refusals_total 297\n",
+            "certwatch_startup_window_decreases_total 2\n",
+        ] {
+            assert!(text.contains(sample), "{sample} in {text}");
+        }
     }
 }

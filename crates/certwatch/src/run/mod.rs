@@ -27,6 +27,7 @@ pub mod reload;
 pub mod scope;
 pub mod selector;
 pub mod signals;
+mod throttle;
 
 use std::io::Write as _;
 

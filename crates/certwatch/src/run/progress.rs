@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kube_common::adaptive::AdaptiveLimiter;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::info;
 
 use super::outputs::DaemonStatus;
+use super::throttle;
 use crate::logging;
 
 /// How start-up progress is shown.
@@ -33,11 +35,13 @@ pub(crate) type SecretCounts = Arc<dyn Fn() -> (usize, usize) + Send + Sync>;
 const BAR_TICK: Duration = Duration::from_millis(100);
 const LOG_TICK: Duration = Duration::from_secs(5);
 
-/// Shows progress until the daemon is ready (or stops).
+/// Shows progress until the daemon is ready (or stops), and whether the API server
+/// throttles start-up (from the process's adaptive `limiter`).
 pub(crate) fn spawn(
     mode: ProgressMode,
     status: watch::Receiver<DaemonStatus>,
     secrets: SecretCounts,
+    limiter: AdaptiveLimiter,
 ) -> JoinHandle<()> {
     let bar = match mode {
         ProgressMode::Off => return tokio::spawn(async {}),
@@ -46,24 +50,46 @@ pub(crate) fn spawn(
         ProgressMode::Auto => std::io::stderr().is_terminal(),
     };
     if bar {
-        tokio::spawn(show_bar(status, secrets))
+        tokio::spawn(show_bar(status, secrets, limiter))
     } else {
-        tokio::spawn(log_lines(status, secrets))
+        tokio::spawn(log_lines(status, secrets, limiter))
     }
 }
 
-fn describe(status: &DaemonStatus, watched: usize, synced: usize) -> String {
+fn describe(
+    status: &DaemonStatus,
+    watched: usize,
+    synced: usize,
+    limiter: &AdaptiveLimiter,
+) -> String {
     let progress = status.readiness;
     if !progress.listed {
         return "listing routes…".to_owned();
     }
     format!(
-        "secrets synced {synced}/{watched} · routes decided {}/{} · rejected {}",
-        progress.initial_done, progress.initial_routes, status.rejected
+        "secrets synced {synced}/{watched} · routes decided {}/{} · rejected {}{}",
+        progress.initial_done,
+        progress.initial_routes,
+        status.rejected,
+        throttling(limiter)
     )
 }
 
-async fn show_bar(mut status: watch::Receiver<DaemonStatus>, secrets: SecretCounts) {
+/// ` · throttled: …` while the API server holds start-up back, else nothing.
+fn throttling(limiter: &AdaptiveLimiter) -> String {
+    let snapshot = limiter.snapshot();
+    if snapshot.throttled {
+        format!(" · {}", throttle::describe(&snapshot))
+    } else {
+        String::new()
+    }
+}
+
+async fn show_bar(
+    mut status: watch::Receiver<DaemonStatus>,
+    secrets: SecretCounts,
+    limiter: AdaptiveLimiter,
+) {
     let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
     bar.set_message("listing routes…");
     let style = ProgressStyle::with_template(
@@ -80,8 +106,9 @@ async fn show_bar(mut status: watch::Receiver<DaemonStatus>, secrets: SecretCoun
             bar.set_length(current.readiness.initial_routes as u64);
             bar.set_position(current.readiness.initial_done as u64);
             bar.set_message(format!(
-                "secrets {synced}/{watched} synced · {} rejected",
-                current.rejected
+                "secrets {synced}/{watched} synced · {} rejected{}",
+                current.rejected,
+                throttling(&limiter)
             ));
         }
         if current.ready {
@@ -103,7 +130,11 @@ async fn show_bar(mut status: watch::Receiver<DaemonStatus>, secrets: SecretCoun
     logging::set_progress_bar(None);
 }
 
-async fn log_lines(mut status: watch::Receiver<DaemonStatus>, secrets: SecretCounts) {
+async fn log_lines(
+    mut status: watch::Receiver<DaemonStatus>,
+    secrets: SecretCounts,
+    limiter: AdaptiveLimiter,
+) {
     let started = Instant::now();
     let mut next = started + LOG_TICK;
     loop {
@@ -116,7 +147,7 @@ async fn log_lines(mut status: watch::Receiver<DaemonStatus>, secrets: SecretCou
                 next += LOG_TICK;
                 let current = *status.borrow();
                 let (watched, synced) = secrets();
-                info!(elapsed = ?started.elapsed(), "starting: {}", describe(&current, watched, synced));
+                info!(elapsed = ?started.elapsed(), "starting: {}", describe(&current, watched, synced, &limiter));
             }
         }
     }

@@ -205,8 +205,13 @@ fn the_real_control_plane_sees_the_modelled_requests() {
         "no injected latency to model"
     );
     // A server that answers in milliseconds still costs a registration one 100 ms poll.
-    let per_secret_ms = serial["per_secret_ms"].as_f64().expect("a number");
-    assert!(per_secret_ms >= 100.0, "{per_secret_ms}");
+    // Not every one: on a loaded machine the thread can be descheduled between starting
+    // the informer and its immediate check, and the sync lands first (Go's goroutines
+    // race the same way). The 6 registrations must together have waited at least 3 polls.
+    let registrations_ms = serial["phases"]["registrations_total"]
+        .as_u64()
+        .expect("a number");
+    assert!(registrations_ms >= 3 * 100, "{registrations_ms}");
     for strategy in ["concurrent", "daemon"] {
         let line = &lines[strategy];
         assert_eq!(number(line, "errors"), 0, "{line}");

@@ -35,8 +35,9 @@ pub struct AuditedRequest {
     pub subresource: Option<String>,
     /// The object's namespace, if any.
     pub namespace: Option<String>,
-    /// The object's name, if the request named one (a field selector on the name does
-    /// not count: such a list or watch has no name here).
+    /// The object's name: the one in the path, or for a list or watch the one its
+    /// `metadata.name` field selector names (the API server reads it as the request's
+    /// name, which is what lets RBAC `resourceNames` authorize it).
     pub name: Option<String>,
     /// The HTTP status code of the answer (a watch that started: 200).
     pub code: Option<u16>,

@@ -246,7 +246,7 @@ impl ControlPlane {
     /// Polls `/readyz` until the API server answers 200, failing as soon as either
     /// process has exited.
     async fn wait_ready(&self) -> Result<(), TestEnvError> {
-        let admin = self.admin_client().await?;
+        let admin = self.quiet_admin_client().await?;
         let deadline = Instant::now() + READY_PATIENCE;
         loop {
             if !self.etcd.is_running() {
@@ -278,7 +278,7 @@ impl ControlPlane {
         let crd: CustomResourceDefinition = serde_yaml::from_str(&text).map_err(|error| {
             TestEnvError::format(format!("parsing {}", crd_file.display()), error)
         })?;
-        let admin = self.admin_client().await?;
+        let admin = self.quiet_admin_client().await?;
         let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
         match crds.create(&PostParams::default(), &crd).await {
             Ok(_) => {}
@@ -366,6 +366,37 @@ impl ControlPlane {
         .map_err(|error| TestEnvError::format(format!("the {context} context"), error))?;
         kube::Client::try_from(config)
             .map_err(|error| TestEnvError::kube(format!("a client for {context}"), error))
+    }
+
+    /// An admin client without kube's tracing layer, for polling while the server
+    /// starts: that layer logs every 5xx answer (a starting server's `/readyz`) as an
+    /// error in the test's or benchmark's log.
+    async fn quiet_admin_client(&self) -> Result<kube::Client, TestEnvError> {
+        use kube::client::ConfigExt as _;
+        let config = kube::Config::from_custom_kubeconfig(
+            self.kubeconfig.clone(),
+            &KubeConfigOptions {
+                context: Some(ADMIN_CONTEXT.to_owned()),
+                ..KubeConfigOptions::default()
+            },
+        )
+        .await
+        .map_err(|error| TestEnvError::format("the admin context", error))?;
+        let connector = config
+            .rustls_https_connector()
+            .map_err(|error| TestEnvError::kube("a TLS connector", error))?;
+        let auth = config
+            .auth_layer()
+            .map_err(|error| TestEnvError::kube("the admin's credentials", error))?;
+        let service = tower::ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .option_layer(auth)
+            .map_err(tower::BoxError::from)
+            .service(
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build(connector),
+            );
+        Ok(kube::Client::new(service, config.default_namespace))
     }
 
     /// A client for the admin user.

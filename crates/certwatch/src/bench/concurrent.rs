@@ -241,6 +241,7 @@ pub async fn run(
         rejected: counts.rejected,
         phases,
         per_route_ms: None,
+        per_secret_ms: None,
     };
     Ok((
         report,

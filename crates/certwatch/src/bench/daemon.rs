@@ -86,6 +86,7 @@ pub async fn run(
             rejected: ready.rejected,
             phases,
             per_route_ms: None,
+            per_secret_ms: None,
         },
         DaemonRun {
             daemon,

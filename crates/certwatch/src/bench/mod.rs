@@ -32,6 +32,7 @@ mod concurrent;
 mod daemon;
 mod process_stats;
 mod protocol;
+mod real_server;
 mod report;
 mod scenario;
 mod serial;
@@ -42,13 +43,16 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+pub use serial::{CACHE_SYNC_POLL, modelled_startup, registration_time};
+
 use client_process::ClientProcess;
 use protocol::{
     ClientMessage, ClientSpec, ErrorLog, HttpProtocol, MEASURE, Measurement, RouteListing,
 };
+use real_server::RealServer;
 use report::{RunInputs, RunResult, human_ms};
 use scenario::{BUDGET_PRESETS, PRESETS, Scenario, Strategy};
-use sim_process::SimProcess;
+use sim_process::{Generated, SimProcess};
 
 /// Errors of the benchmark.
 #[derive(Debug, thiserror::Error)]
@@ -113,10 +117,12 @@ fn duration_arg(s: &str) -> Result<Duration, String> {
 #[command(
     about = "Measure start-up against the simulator: the reference router's behaviour vs certwatch",
     long_about = "Runs start-up scenarios against the Kubernetes API simulator (a separate \
-`certwatch sim` process). In each scenario the `serial` strategy models the reference router \
-(routes one at a time; three SubjectAccessReviews, a GET, then a LIST under the secret monitor's \
-global lock and a WATCH per route) and the `concurrent` strategy runs certwatch's own pipeline. \
-Each strategy runs in a client process of its own, so memory and CPU are the client's alone.\n\n\
+`certwatch sim` process). In each scenario the `serial` strategy is the reference router as its \
+code measured (routes one at a time; per new secret one streaming list that stays open as the \
+watch, waited for under the secret monitor's global lock and polled every 100 ms as \
+WaitForCacheSync does; a secret already registered costs nothing), `concurrent` runs \
+certwatch's own pipeline and `daemon` the whole `certwatch run`. Each strategy runs in a client \
+process of its own, so memory and CPU are the client's alone.\n\n\
 Built-in scenarios: seed-112 (587 ms), seed-1738, customer-2000, scale-10000 (1,414 ms each) and \
 apf-2000 (2,000 secrets at 1,414 ms with the simulator limited to 50 requests in flight, a queue \
 of 300 and 429 beyond it; the product bounds its first syncs to 50). Issue #14's budgets, run \
@@ -184,7 +190,7 @@ pub struct BenchArgs {
     #[arg(
         long = "strategy",
         value_delimiter = ',',
-        default_value = "serial,concurrent"
+        default_value = "serial,concurrent,daemon"
     )]
     pub strategies: Vec<String>,
 
@@ -219,6 +225,24 @@ pub struct BenchArgs {
     /// How long one strategy may take to become ready.
     #[arg(long, value_name = "D", value_parser = duration_arg, default_value = "10m")]
     pub timeout: Duration,
+
+    /// Run against a real kube-apiserver + etcd instead of the simulator: a fresh one
+    /// per scenario, started from the shared tool (`../shared/tools/kube-apiserver`
+    /// beside the workspace, or $CERTWATCH_TEST_CONTROL_PLANE). No latency is injected
+    /// (the server's own applies); a scenario's --max-inflight becomes the server's
+    /// --max-requests-inflight (half of it for mutations). Requests are counted from
+    /// the server's audit log, for the router identity only.
+    #[arg(long, conflicts_with_all = ["latency", "review_latency", "queue", "no_tls"])]
+    pub control_plane: bool,
+
+    /// With --control-plane: an extra kube-apiserver flag (repeatable), e.g.
+    /// --apiserver-flag=--feature-gates=WatchList=false.
+    #[arg(
+        long = "apiserver-flag",
+        value_name = "FLAG",
+        requires = "control_plane"
+    )]
+    pub apiserver_flags: Vec<String>,
 }
 
 impl BenchArgs {
@@ -264,6 +288,12 @@ impl BenchArgs {
             if self.max_concurrent_syncs.is_some() {
                 scenario.max_concurrent_syncs = self.max_concurrent_syncs;
             }
+            if self.control_plane {
+                // A real server's latency is its own.
+                scenario.latency = Duration::ZERO;
+                scenario.latency_injected = false;
+                scenario.review_latency = None;
+            }
             scenario.validate()?;
         }
         Ok(scenarios)
@@ -307,18 +337,27 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
                 .map(|m| format!(", max {m} in flight, queue {}", scenario.queue))
                 .unwrap_or_default()
         ));
-        let sim = SimProcess::start(&exe, scenario, !args.no_tls).await?;
+        let mut server = if args.control_plane {
+            Server::Real(Box::new(
+                RealServer::start(scenario, &args.apiserver_flags).await?,
+            ))
+        } else {
+            Server::Sim(Box::new(
+                SimProcess::start(&exe, scenario, !args.no_tls).await?,
+            ))
+        };
         let generating = Instant::now();
-        let generated = sim.generate(scenario).await?;
+        let generated = server.generate(scenario).await?;
         progress(&format!(
-            "  generated {} secrets in {} namespaces ({}; simulator pid {})",
+            "  generated {} secrets in {} namespaces ({}; {} pid {})",
             generated.secrets,
             generated.namespaces.len(),
             human_ms(u64::try_from(generating.elapsed().as_millis()).unwrap_or(0)),
-            sim.pid().unwrap_or(0),
+            server.kind(),
+            server.pid().unwrap_or(0),
         ));
         for &strategy in &strategies {
-            let result = match run_strategy(&exe, &sim, scenario, strategy, &args).await {
+            let result = match run_strategy(&exe, &mut server, scenario, strategy, &args).await {
                 Ok(result) => result,
                 Err(error) => {
                     progress(&format!("  {}: FAILED: {error}", strategy.as_str()));
@@ -341,7 +380,7 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
             }
             results.push(result);
         }
-        sim.stop().await;
+        server.stop().await;
     }
     if !args.json {
         print!("{}", report::table(&results));
@@ -364,10 +403,92 @@ fn progress(line: &str) {
     eprintln!("bench: {line}");
 }
 
-/// One strategy in its own client process, against the scenario's simulator.
+/// The server a scenario runs against: the simulator, or a real control plane.
+enum Server {
+    // Both boxed: one server per scenario, and the two differ much in size.
+    Sim(Box<SimProcess>),
+    Real(Box<RealServer>),
+}
+
+impl Server {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Sim(_) => "simulator",
+            Self::Real(_) => "kube-apiserver",
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Self::Sim(sim) => sim.pid(),
+            Self::Real(real) => Some(real.pid()),
+        }
+    }
+
+    async fn generate(&self, scenario: &Scenario) -> Result<Generated, BenchError> {
+        match self {
+            Self::Sim(sim) => sim.generate(scenario).await,
+            Self::Real(real) => real.generate(scenario).await,
+        }
+    }
+
+    fn kubeconfig(&self) -> &std::path::Path {
+        match self {
+            Self::Sim(sim) => sim.kubeconfig(),
+            Self::Real(real) => real.kubeconfig(),
+        }
+    }
+
+    fn cpu_ms(&self) -> Option<u64> {
+        match self {
+            Self::Sim(sim) => sim.cpu_ms(),
+            Self::Real(real) => real.cpu_ms(),
+        }
+    }
+
+    /// Connections the benchmark's own admin client opened (the real server's
+    /// counts are the router's only, so none are).
+    fn admin_connections_opened(&self) -> u64 {
+        match self {
+            Self::Sim(sim) => sim.admin_connections_opened(),
+            Self::Real(_) => 0,
+        }
+    }
+
+    async fn wait_idle(&self, timeout: Duration) -> Result<(), BenchError> {
+        match self {
+            Self::Sim(sim) => sim.wait_idle(timeout).await.map(drop),
+            Self::Real(real) => real.wait_idle(timeout).await,
+        }
+    }
+
+    async fn reset_stats(&mut self) -> Result<(), BenchError> {
+        match self {
+            Self::Sim(sim) => sim.reset_stats().await,
+            Self::Real(real) => real.reset_stats(),
+        }
+    }
+
+    async fn settle(&self, timeout: Duration) -> Result<kube_sim::SimStats, BenchError> {
+        match self {
+            Self::Sim(sim) => sim.settle(timeout).await,
+            Self::Real(real) => real.settle(timeout).await,
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Self::Sim(sim) => (*sim).stop().await,
+            // Dropping the control plane stops kube-apiserver and etcd.
+            Self::Real(real) => drop(real),
+        }
+    }
+}
+
+/// One strategy in its own client process, against the scenario's server.
 async fn run_strategy(
     exe: &std::path::Path,
-    sim: &SimProcess,
+    sim: &mut Server,
     scenario: &Scenario,
     strategy: Strategy,
     args: &BenchArgs,

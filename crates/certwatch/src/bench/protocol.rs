@@ -106,6 +106,9 @@ pub struct ReadyReport {
     pub phases: BTreeMap<String, u64>,
     /// Serial only: the time per route, for the labelled extrapolation.
     pub per_route_ms: Option<f64>,
+    /// Serial only: the time per secret it registered (the sample's time divided by
+    /// its distinct secrets: a secret already registered costs nothing).
+    pub per_secret_ms: Option<f64>,
 }
 
 /// The child's resource use and client figures at the moment the parent asked.

@@ -35,7 +35,7 @@ impl Check {
 pub struct RunResult {
     /// Scenario name.
     pub scenario: String,
-    /// `serial` or `concurrent`.
+    /// `serial`, `concurrent` or `daemon`.
     pub strategy: &'static str,
     /// Routes in the cluster.
     pub routes: usize,
@@ -60,9 +60,15 @@ pub struct RunResult {
     pub measured_secrets: usize,
     /// Serial only: measured time per route.
     pub per_route_ms: Option<f64>,
-    /// Serial sample only: NOT MEASURED. `routes_listed` plus `per_route_ms` times
-    /// `routes`: what the whole cluster would take at the measured rate.
+    /// Serial only: measured time per registered secret.
+    pub per_secret_ms: Option<f64>,
+    /// Serial sample only: NOT MEASURED. `routes_listed` plus `per_secret_ms` times
+    /// `secrets`: what the whole cluster would take at the measured rate.
     pub extrapolated_ready_ms: Option<u64>,
+    /// Serial only: the reference's start-up by its formula (one registration per
+    /// secret, each the latency rounded up to the next 100 ms poll); `None` against a
+    /// server whose latency is not injected.
+    pub model_ready_ms: Option<u64>,
     /// Requests the simulator served, by verb, then resource.
     pub requests: BTreeMap<String, BTreeMap<String, u64>>,
     /// Sum of `requests`.
@@ -157,13 +163,18 @@ impl RunResult {
             round2(sim.requests_total as f64 / measured_secrets as f64)
         };
         let sampled = strategy == Strategy::Serial && ready.measured_routes < scenario.routes;
-        let extrapolated_ready_ms = match (sampled, ready.per_route_ms) {
-            (true, Some(per_route)) => {
+        let extrapolated_ready_ms = match (sampled, ready.per_secret_ms) {
+            (true, Some(per_secret)) => {
                 let listed = ready.phases.get("routes_listed").copied().unwrap_or(0);
-                Some(listed + (per_route * scenario.routes as f64).round() as u64)
+                Some(listed + (per_secret * scenario.secrets as f64).round() as u64)
             }
             _ => None,
         };
+        let model_ready_ms =
+            (strategy == Strategy::Serial && scenario.latency_injected).then(|| {
+                let model = super::serial::modelled_startup(scenario.secrets, scenario.latency);
+                u64::try_from(model.as_millis()).unwrap_or(u64::MAX)
+            });
         let product = strategy != Strategy::Serial;
         let requests_needed = product.then(|| {
             let route_listing = if streaming_route_list { 1 } else { 2 };
@@ -188,7 +199,9 @@ impl RunResult {
             measured_routes: ready.measured_routes,
             measured_secrets,
             per_route_ms: ready.per_route_ms.map(round2),
+            per_secret_ms: ready.per_secret_ms.map(round2),
             extrapolated_ready_ms,
+            model_ready_ms,
             requests: sim.requests.clone(),
             requests_total: sim.requests_total,
             requests_per_secret,
@@ -246,7 +259,9 @@ impl RunResult {
             measured_routes: 0,
             measured_secrets: 0,
             per_route_ms: None,
+            per_secret_ms: None,
             extrapolated_ready_ms: None,
+            model_ready_ms: None,
             requests: BTreeMap::new(),
             requests_total: 0,
             requests_per_secret: 0.0,
@@ -371,13 +386,17 @@ pub fn table(results: &[RunResult]) -> String {
             (None, _) => "FAILED".to_owned(),
             (Some(ms), Some(extrapolated)) => {
                 notes.push(format!(
-                    "{} serial: measured {} routes in {} ({:.0} ms per route); all {} routes extrapolated: {}",
+                    "{} serial: measured {} routes ({} secrets) in {} ({:.0} ms per secret); all {} secrets extrapolated: {}{}",
                     r.scenario,
                     r.measured_routes,
+                    r.measured_secrets,
                     human_ms(ms),
-                    r.per_route_ms.unwrap_or(0.0),
-                    r.routes,
+                    r.per_secret_ms.unwrap_or(0.0),
+                    r.secrets,
                     human_ms(extrapolated),
+                    r.model_ready_ms
+                        .map(|model| format!(" (formula: {})", human_ms(model)))
+                        .unwrap_or_default(),
                 ));
                 format!(
                     "{} [{} routes] ~{}*",

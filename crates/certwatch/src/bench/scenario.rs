@@ -21,6 +21,9 @@ pub struct Scenario {
     pub namespaces: usize,
     /// Server-side latency of every API request (for a watch: until its headers).
     pub latency: Duration,
+    /// Whether `latency` is injected by the simulator (false against a real API
+    /// server, whose latency is its own: `latency` is then zero).
+    pub latency_injected: bool,
     /// Latency of `create` requests (access and rules reviews, the only creates at
     /// start-up) when it should differ from `latency`.
     pub review_latency: Option<Duration>,
@@ -79,6 +82,7 @@ impl Scenario {
             secrets,
             namespaces: default_namespaces(secrets),
             latency,
+            latency_injected: true,
             review_latency: None,
             max_inflight: None,
             queue: 50,

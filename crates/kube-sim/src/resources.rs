@@ -281,13 +281,6 @@ impl ResourceDef {
             || (field == "metadata.namespace")
             || self.extra_fields.contains(&field)
     }
-
-    /// All supported field selector labels.
-    pub fn field_labels(&self) -> Vec<&'static str> {
-        let mut v = vec!["metadata.name", "metadata.namespace"];
-        v.extend_from_slice(self.extra_fields);
-        v
-    }
 }
 
 /// Looks a resource up by group, version and plural name.

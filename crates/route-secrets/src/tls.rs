@@ -461,12 +461,14 @@ fn private_key(
         Some(bytes) if !bytes.is_empty() => Some(read_entry(bytes, TLS_KEY_ENTRY)?),
         _ => None,
     };
-    let key_file_blocks = key_file.iter().flat_map(|entry| &entry.keys);
-    let mut keys = crt
+    let blocks: Vec<&pem::PemBlock> = crt
         .keys
         .iter()
-        .chain(key_file_blocks)
-        .map(key::parse_key_block)
+        .chain(key_file.iter().flat_map(|entry| &entry.keys))
+        .collect();
+    let mut keys = blocks
+        .iter()
+        .map(|block| key::parse_key_block(block))
         .collect::<Result<Vec<_>, _>>()?
         .into_iter();
     let Some(first) = keys.next() else {
@@ -479,27 +481,29 @@ fn private_key(
     if !crt.keys.is_empty() {
         warnings.push(TlsWarning::KeyFromCertificateEntry);
     }
-    if let Some(entry) = &key_file {
-        if !entry.skipped.is_empty() {
-            warnings.push(TlsWarning::SkippedPemBlocks {
-                entry: TLS_KEY_ENTRY,
-                problems: entry.skipped.clone(),
-            });
-        }
-        // Key blocks after the one used, wherever they were.
-        let unused: Vec<String> = crt
-            .keys
-            .iter()
-            .chain(&entry.keys)
-            .skip(1)
-            .map(pem::PemBlock::display_label)
-            .collect();
-        if !unused.is_empty() {
-            warnings.push(TlsWarning::IgnoredPemBlocks {
-                entry: TLS_KEY_ENTRY,
-                labels: unused,
-            });
-        }
+    if let Some(entry) = key_file.as_ref().filter(|entry| !entry.skipped.is_empty()) {
+        warnings.push(TlsWarning::SkippedPemBlocks {
+            entry: TLS_KEY_ENTRY,
+            problems: entry.skipped.clone(),
+        });
+    }
+    // Key blocks after the one used, wherever they were.
+    let unused: Vec<String> = blocks[1..]
+        .iter()
+        .map(|block| block.display_label())
+        .collect();
+    if !unused.is_empty() {
+        warnings.push(TlsWarning::IgnoredPemBlocks {
+            entry: if key_file
+                .as_ref()
+                .is_some_and(|entry| !entry.keys.is_empty())
+            {
+                TLS_KEY_ENTRY
+            } else {
+                TLS_CERT_ENTRY
+            },
+            labels: unused,
+        });
     }
     Ok(first)
 }

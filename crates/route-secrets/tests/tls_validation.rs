@@ -439,6 +439,16 @@ fn a_private_key_in_tls_crt_is_used_as_the_router_uses_it() {
         warning_codes(&validated),
         ["key_from_certificate_entry", "ignored_pem_blocks"]
     );
+    // Two keys in tls.crt and none in tls.key: the second is left out.
+    let two_keys = format!("{crt}{other}");
+    let validated = check(two_keys.as_bytes(), b"").unwrap();
+    assert_eq!(
+        validated.warnings()[1],
+        TlsWarning::IgnoredPemBlocks {
+            entry: "tls.crt",
+            labels: vec!["PRIVATE KEY".into()]
+        }
+    );
     // But every key must be servable.
     let err = check(crt.as_bytes(), testing::ED448_KEY_PEM.as_bytes()).unwrap_err();
     assert!(unsupported(&err).1.contains("Ed448"), "{err}");

@@ -5,6 +5,8 @@
 // Test helpers: a failure here is a test failure, reported by the panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod haproxy;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

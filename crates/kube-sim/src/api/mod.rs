@@ -108,11 +108,10 @@ fn json_response(code: u16, body: Bytes, retry_after: Option<u64>) -> Response<S
 }
 
 fn error_response(e: &ApiError) -> Response<SimBody> {
-    json_response(
-        e.code,
-        Bytes::from(serde_json::to_vec(&e.to_status()).unwrap_or_default()),
-        e.retry_after,
-    )
+    // As kube-apiserver's encoder writes it: Go's field order and a closing newline.
+    let mut body = serde_json::to_vec(&e.status_wire()).unwrap_or_default();
+    body.push(b'\n');
+    json_response(e.code, Bytes::from(body), e.retry_after)
 }
 
 /// What the request log, the stats and the metrics need to know about a request.
@@ -147,7 +146,12 @@ impl Accounting {
                     version: def.version,
                     resource: def.name,
                     subresource: rr.subresource.clone().unwrap_or_default(),
-                    scope: RequestKind::scope(
+                    route_scope: RequestKind::scope(
+                        rr.name.is_some(),
+                        rr.verb,
+                        rr.namespace.is_some(),
+                    ),
+                    request_scope: RequestKind::scope(
                         request_name(rr).is_some(),
                         rr.verb,
                         rr.namespace.is_some(),
@@ -230,7 +234,8 @@ pub(crate) async fn serve(
     // server has them but does not answer.
     shared.faults.wait_while_hanging().await;
 
-    let (response, code) = respond(&shared, &parts, body, target, &acct, user.as_deref()).await;
+    let (response, code, answered_by) =
+        respond(&shared, &parts, body, target, &acct, user.as_deref()).await;
     shared.stats.count_response(code);
     // As kube-apiserver: refusals of authentication and authorization are not
     // counted, and a streaming watch is counted by its body when it ends.
@@ -240,7 +245,10 @@ pub(crate) async fn serve(
         && code != 403
         && !streaming
     {
-        shared.metrics.finished(kind, code);
+        match answered_by {
+            AnsweredBy::Handler => shared.metrics.finished(kind, code),
+            AnsweredBy::Filter => shared.metrics.finished_outside_handler(kind, code),
+        }
     }
     shared.log.push(RequestRecord {
         seq: 0,
@@ -261,6 +269,15 @@ pub(crate) async fn serve(
     response
 }
 
+/// Who answered a request, which decides how kube-apiserver's metrics label its scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AnsweredBy {
+    /// A filter before the handler (authentication, a concurrency limit).
+    Filter,
+    /// The handler (including injected faults and authorization refusals).
+    Handler,
+}
+
 async fn respond(
     shared: &Arc<Shared>,
     parts: &http::request::Parts,
@@ -268,15 +285,17 @@ async fn respond(
     target: Result<Target, ApiError>,
     acct: &Accounting,
     user: Option<&UserInfo>,
-) -> (Response<SimBody>, u16) {
-    let counted = |resp: Response<SimBody>| {
+) -> (Response<SimBody>, u16, AnsweredBy) {
+    let counted_by = |resp: Response<SimBody>, by: AnsweredBy| {
         let code = resp.status().as_u16();
         let (p, b) = resp.into_parts();
         (
             Response::from_parts(p, b.counted(shared.stats.clone())),
             code,
+            by,
         )
     };
+    let counted = |resp: Response<SimBody>| counted_by(resp, AnsweredBy::Handler);
     let Some(user) = user else {
         return counted(error_response(&ApiError::unauthorized()));
     };
@@ -299,7 +318,10 @@ async fn respond(
                     "API Priority and Fairness refused a request"
                 );
                 shared.stats.count_rejected();
-                return counted(too_many_requests(rejection.retry_after_secs));
+                return counted_by(
+                    too_many_requests(rejection.retry_after_secs),
+                    AnsweredBy::Filter,
+                );
             }
         },
     };
@@ -310,9 +332,10 @@ async fn respond(
         },
         Err(rejected) => {
             shared.stats.count_rejected();
-            return counted(error_response(&ApiError::too_many_requests(
-                rejected.retry_after_secs,
-            )));
+            return counted_by(
+                error_response(&ApiError::too_many_requests(rejected.retry_after_secs)),
+                AnsweredBy::Filter,
+            );
         }
     };
     let delay = shared.latency_for(latency_verb(&acct.verb, &parts.method));
@@ -1078,8 +1101,7 @@ fn watch(
             500,
             "InternalError",
             "a watch stream was requested by the client but the required storage feature RequestWatchProgress is disabled",
-        )
-        .to_status();
+        );
         let shared = shared.clone();
         return Ok(Reply::Watch {
             body_builder: Box::new(move |_| watch_stream::error_body(&shared, &status)),
@@ -1091,8 +1113,7 @@ fn watch(
         Ok(sub) => sub,
         Err(WatchStartError::Expired { requested, oldest }) => {
             let status =
-                ApiError::expired(format!("too old resource version: {requested} ({oldest})"))
-                    .to_status();
+                ApiError::expired(format!("too old resource version: {requested} ({oldest})"));
             let shared = shared.clone();
             return Ok(Reply::Watch {
                 body_builder: Box::new(move |_| watch_stream::error_body(&shared, &status)),

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::table::{self, TableOptions};
 use crate::control::admission::Admission;
+use crate::error::ApiError;
 use crate::objects::meta::meta_str;
 use crate::resources::ResourceDef;
 use crate::state::Shared;
@@ -83,10 +84,10 @@ pub(crate) fn bookmark_line(def: &ResourceDef, rv: u64, initial_end: bool) -> By
     encode_event("BOOKMARK", &obj)
 }
 
-/// A body with a single ERROR event carrying `status`.
-pub(crate) fn error_body(shared: &Arc<Shared>, status: &Value) -> SimBody {
+/// A body with a single ERROR event carrying `failure`'s `Status`.
+pub(crate) fn error_body(shared: &Arc<Shared>, failure: &ApiError) -> SimBody {
     shared.stats.add_watch_event();
-    SimBody::full(encode_event("ERROR", status))
+    SimBody::full(encode_event("ERROR", &failure.status_wire()))
 }
 
 impl WatchState {

@@ -68,8 +68,14 @@ pub(crate) struct RequestKind {
     pub version: &'static str,
     pub resource: &'static str,
     pub subresource: String,
-    /// `resource` (a named object, or a create), `namespace` or `cluster`.
-    pub scope: &'static str,
+    /// The scope of the route that served the request: `resource` (a URL naming an
+    /// object, or a create), `namespace` or `cluster`. kube-apiserver labels a request
+    /// its handler answered with it.
+    pub route_scope: &'static str,
+    /// The scope of the request as its request info reads it, where a list or watch
+    /// with an exact `metadata.name` selector names an object too. kube-apiserver
+    /// labels long-running watches and requests its filters refused with it.
+    pub request_scope: &'static str,
     pub dry_run: bool,
 }
 
@@ -102,14 +108,14 @@ impl RequestKind {
         }
     }
 
-    fn request_labels(&self, code: u16) -> RequestLabels {
+    fn request_labels(&self, code: u16, scope: &str) -> RequestLabels {
         RequestLabels {
             code: code.to_string(),
             component: "apiserver".to_string(),
             dry_run: if self.dry_run { "All" } else { "" }.to_string(),
             group: self.group.to_string(),
             resource: self.resource.to_string(),
-            scope: self.scope.to_string(),
+            scope: scope.to_string(),
             subresource: self.subresource.clone(),
             system_client: String::new(),
             verb: self.verb.to_string(),
@@ -122,7 +128,7 @@ impl RequestKind {
             component: "apiserver".to_string(),
             group: self.group.to_string(),
             resource: self.resource.to_string(),
-            scope: self.scope.to_string(),
+            scope: self.request_scope.to_string(),
             subresource: self.subresource.clone(),
             verb: self.verb.to_string(),
             version: self.version.to_string(),
@@ -138,10 +144,18 @@ pub(crate) struct RequestMetrics {
 }
 
 impl RequestMetrics {
-    /// Counts a finished request.
+    /// Counts a request its handler answered.
     pub(crate) fn finished(&self, kind: &RequestKind, code: u16) {
         self.requests
-            .get_or_create(&kind.request_labels(code))
+            .get_or_create(&kind.request_labels(code, kind.route_scope))
+            .inc();
+    }
+
+    /// Counts a request refused before its handler (a 429 of a concurrency limit), or
+    /// a watch that ended.
+    pub(crate) fn finished_outside_handler(&self, kind: &RequestKind, code: u16) {
+        self.requests
+            .get_or_create(&kind.request_labels(code, kind.request_scope))
             .inc();
     }
 
@@ -229,7 +243,7 @@ impl Drop for LongRunning {
             .long_running
             .get_or_create(&self.kind.long_running_labels())
             .dec();
-        self.metrics.finished(&self.kind, 200);
+        self.metrics.finished_outside_handler(&self.kind, 200);
     }
 }
 
@@ -247,13 +261,14 @@ mod tests {
             version: "v1",
             resource: "secrets",
             subresource: String::new(),
-            scope: RequestKind::scope(true, Verb::Get, true),
+            route_scope: RequestKind::scope(true, Verb::Get, true),
+            request_scope: RequestKind::scope(true, Verb::Get, true),
             dry_run: false,
         };
         metrics.finished(&get, 200);
         let watch = RequestKind {
             verb: "WATCH",
-            scope: "resource",
+            route_scope: "namespace",
             ..get.clone()
         };
         let open = metrics.watch_started(watch);

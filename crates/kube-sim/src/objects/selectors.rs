@@ -61,19 +61,13 @@ impl FieldSelector {
         escape_field_value(value)
     }
 
-    /// Checks every field label is supported by `def`.
+    /// Checks every field label is supported by `def`. The refusal is kube-apiserver's,
+    /// word for word: it names the label only, not the ones supported.
     pub fn validate_for(&self, def: &ResourceDef) -> Result<(), String> {
-        for t in &self.terms {
-            if !def.supports_field(&t.field) {
-                return Err(format!(
-                    "field label not supported: {} (supported for {}: {})",
-                    t.field,
-                    def.name,
-                    def.field_labels().join(", ")
-                ));
-            }
+        match self.terms.iter().find(|t| !def.supports_field(&t.field)) {
+            Some(unsupported) => Err(format!("field label not supported: {}", unsupported.field)),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// True when there are no terms.

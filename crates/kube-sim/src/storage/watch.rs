@@ -126,18 +126,18 @@ impl StoredEvent {
     /// The JSON line (`{"type":..,"object":..}\n`) for a delivery.
     pub(crate) fn encoded(&self, delivery: Delivery) -> Bytes {
         self.encoded[delivery.slot()]
-            .get_or_init(|| encode_event(delivery.type_name(), &self.object_for(delivery)))
+            .get_or_init(|| encode_event(delivery.type_name(), &*self.object_for(delivery)))
             .clone()
     }
 }
 
 /// Encodes one watch event line.
-pub(crate) fn encode_event(event_type: &str, object: &Value) -> Bytes {
+pub(crate) fn encode_event(event_type: &str, object: &impl serde::Serialize) -> Bytes {
     let mut buf = Vec::with_capacity(256);
     buf.extend_from_slice(b"{\"type\":\"");
     buf.extend_from_slice(event_type.as_bytes());
     buf.extend_from_slice(b"\",\"object\":");
-    // Serializing a `Value` into a Vec cannot fail.
+    // Serializing a `Value` or a `Status` (string keys only) into a Vec cannot fail.
     let _ = serde_json::to_writer(&mut buf, object);
     buf.extend_from_slice(b"}\n");
     Bytes::from(buf)

@@ -1,0 +1,261 @@
+//! A real HAProxy for the end-to-end tests: its configuration on certwatch's
+//! crt-list, `haproxy -c`, a running process with its runtime API socket, and a TLS
+//! client that tells which certificate it serves for a name.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+
+use super::{free_port, tls_of};
+
+/// Accepts any server certificate and remembers the end-entity one.
+#[derive(Debug)]
+struct Recorder {
+    provider: Arc<CryptoProvider>,
+    seen: Mutex<Option<Vec<u8>>>,
+}
+
+impl ServerCertVerifier for Recorder {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        *self.seen.lock().unwrap() = Some(end_entity.to_vec());
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The end-entity certificate HAProxy presents for `sni`, if a handshake succeeds.
+pub async fn presented(port: u16, sni: &str) -> Option<Vec<u8>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let recorder = Arc::new(Recorder {
+        provider: Arc::clone(&provider),
+        seen: Mutex::new(None),
+    });
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(recorder.clone())
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let name = ServerName::try_from(sni.to_owned()).ok()?;
+    connector.connect(name, stream).await.ok()?;
+    recorder.seen.lock().unwrap().clone()
+}
+
+pub fn leaf_der(pem_text: &[u8]) -> Vec<u8> {
+    pem::parse_many(pem_text).unwrap()[0].contents().to_vec()
+}
+
+pub async fn leaf_of(client: &kube::Client, namespace: &str, name: &str) -> Vec<u8> {
+    let secret = Api::<Secret>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+        .unwrap();
+    leaf_der(&tls_of(&secret).0)
+}
+
+/// One runtime API command over the stats socket.
+pub fn runtime_api(socket: &Path, command: &str) -> String {
+    let mut stream = UnixStream::connect(socket).unwrap();
+    stream.write_all(format!("{command}\n").as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+pub fn info_field(socket: &Path, field: &str) -> u64 {
+    runtime_api(socket, "show info")
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}: ")).map(str::to_owned))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Runtime API commands that failed, other than `show info` (which fails while
+/// HAProxy is not running yet).
+pub fn errors_besides_show_info(metrics: &str) -> usize {
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("certwatch_haproxy_commands_total{"))
+        .filter(|line| line.contains("result=\"error\"") && !line.contains("command=\"show info\""))
+        .filter(|line| !line.ends_with(" 0"))
+        .count()
+}
+
+pub struct Haproxy {
+    pub child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- haproxy log ---\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes HAProxy's configuration (a TLS frontend on a free port loading the crt-list
+/// of `cert_dir` and a default certificate, the stats socket at level admin) to
+/// `root/haproxy.cfg`.
+pub fn haproxy_config(root: &Path, socket: &Path, cert_dir: &Path) -> (PathBuf, u16, Vec<u8>) {
+    let default_pem = root.join("default.pem");
+    std::fs::write(&default_pem, self_signed("default.invalid")).unwrap();
+    let default_leaf = leaf_der(&std::fs::read(&default_pem).unwrap());
+    let port = free_port();
+    let config = root.join("haproxy.cfg");
+    std::fs::write(
+        &config,
+        format!(
+            "global\n  stats socket {socket} level admin\n\
+             defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n\
+             frontend tls\n  bind 127.0.0.1:{port} ssl crt {default} crt-list {list}\n  default_backend nowhere\n\
+             backend nowhere\n  server nowhere 127.0.0.1:9\n",
+            socket = socket.display(),
+            default = default_pem.display(),
+            list = cert_dir.join("crt-list").display(),
+        ),
+    )
+    .unwrap();
+    (config, port, default_leaf)
+}
+
+/// Starts HAProxy on the files certwatch wrote; returns it, its TLS port and the leaf
+/// of its default certificate.
+pub fn start_haproxy(root: &Path, socket: &Path, cert_dir: &Path) -> (Haproxy, u16, Vec<u8>) {
+    let (config, port, default_leaf) = haproxy_config(root, socket, cert_dir);
+    let log = root.join("haproxy.err");
+    let child = Command::new("haproxy")
+        .args(["-db", "-f"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(root.join("haproxy.log")).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("haproxy must be installed (scripts/test installs it)");
+    (Haproxy { child, log }, port, default_leaf)
+}
+
+/// `haproxy -c` on the configuration: HAProxy's verdict on the files as they are now
+/// (it loads every certificate the crt-list names).
+pub fn haproxy_check(config: &Path) -> Result<(), String> {
+    let output = Command::new("haproxy")
+        .args(["-c", "-f"])
+        .arg(config)
+        .output()
+        .expect("haproxy must be installed (scripts/test installs it)");
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
+pub fn self_signed(host: &str) -> String {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec![host.to_owned()]).unwrap();
+    let certificate = params.self_signed(&key).unwrap();
+    format!("{}{}", certificate.pem(), key.serialize_pem())
+}
+
+/// The end-entity certificate HAProxy presents for `sni`, asked with `openssl s_client`
+/// (installed by scripts/test): OpenSSL's client takes every key type HAProxy serves,
+/// which the rustls client of [`presented`] does not (P-521). A P-224 certificate is
+/// only chosen for a client that offers P-224 and a SHA-224 ECDSA signature over TLS
+/// 1.2 (TLS 1.3 has no P-224 signature scheme), which OpenSSL does not by default: when
+/// the first handshake fails, a second one offers them.
+pub fn presented_to_openssl(port: u16, sni: &str) -> Option<Vec<u8>> {
+    openssl_handshake(port, sni, &[]).or_else(|| {
+        openssl_handshake(
+            port,
+            sni,
+            &[
+                "-tls1_2",
+                "-curves",
+                "P-224:P-256",
+                "-sigalgs",
+                "ECDSA+SHA224:ECDSA+SHA256",
+            ],
+        )
+    })
+}
+
+fn openssl_handshake(port: u16, sni: &str, args: &[&str]) -> Option<Vec<u8>> {
+    let output = Command::new("openssl")
+        .args(["s_client", "-connect"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["-servername", sni])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("openssl must be installed (scripts/test installs it)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let start = text.find(BEGIN)?;
+    let end = text[start..].find(END)? + start + END.len();
+    Some(pem::parse(&text[start..end]).ok()?.contents().to_vec())
+}

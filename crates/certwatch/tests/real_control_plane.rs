@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube_sim::{GenerateSpec, GeneratedCluster};
 use route_secrets::route::Route;
-use route_secrets::route::status::{admitted_condition, router_ingress};
+use route_secrets::route::admission::{admitted_condition, router_ingress};
 use testenv::{AuditLog, ControlPlane, ControlPlaneOptions, Installer, ROUTER_USER};
 
 /// Start-up of this many routes, one secret each, is what the start-up scenarios run.

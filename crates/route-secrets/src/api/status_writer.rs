@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
@@ -205,8 +205,13 @@ async fn write_status(
         admission,
     } = update;
     let api: Api<Route> = Api::namespaced(client, &key.namespace);
-    let mut route = (*route).clone();
+    // The last copy of the route read from the server (or handed in). Each attempt
+    // records the admission on a fresh clone of it: were the admission recorded on
+    // `base` itself, a failed re-read after a 409 would leave a copy that already
+    // carries it, and the next attempt would wrongly skip the write as a no-op.
+    let mut base = (*route).clone();
     for attempt in 1..=WRITE_ATTEMPTS {
+        let mut route = base.clone();
         if !record_admission(&mut route, &router, &admission, Timestamp::now()) {
             counters.skipped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -223,20 +228,38 @@ async fn write_status(
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 counters.conflicts.fetch_add(1, Ordering::Relaxed);
-                api.get_status(&key.name).await
+                reread(&api, &key.name).await
             }
             Err(err) => {
                 debug!(route = %key, attempt, error = %err, "status write failed; retrying");
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
-                api.get_status(&key.name).await
+                reread(&api, &key.name).await
             }
         };
         match refreshed {
-            Ok(fresh) => route = fresh,
+            Ok(fresh) => base = fresh,
             Err(kube::Error::Api(status)) if status.code == 404 => return,
             Err(err) => debug!(route = %key, error = %err, "cannot re-read route for its status"),
         }
     }
     warn!(route = %key, "giving up writing the route's status after {WRITE_ATTEMPTS} attempts");
     counters.failed.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A fresh copy of one route, by a list narrowed to its name.
+///
+/// A router may list and watch routes and update their status, but not get them (the
+/// `system:router` role and deploy/base/clusterrole.yaml grant exactly that), so neither
+/// `GET routes/<name>` nor `GET routes/<name>/status` is allowed.
+async fn reread(api: &Api<Route>, name: &str) -> Result<Route, kube::Error> {
+    let params = ListParams::default().fields(&format!("metadata.name={name}"));
+    let mut routes = api.list(&params).await?.items;
+    match routes.pop() {
+        Some(route) => Ok(route),
+        None => Err(kube::Error::Api(
+            kube::core::Status::failure(&format!("route {name} not found"), "NotFound")
+                .with_code(404)
+                .boxed(),
+        )),
+    }
 }

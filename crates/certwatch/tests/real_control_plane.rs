@@ -225,18 +225,25 @@ async fn check_startup(scenario: &Scenario, certwatch: &Certwatch) -> SecretRequ
     requests
 }
 
-/// 1,000 routes on a server with streaming lists: ready with every route admitted and
-/// about one request per secret (a streaming list that stays open as the watch).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn startup_of_1000_routes_costs_one_request_per_secret() {
+/// Starts a control plane with `options` and the start-up cluster, runs certwatch on it
+/// until ready, and checks the start-up ([`check_startup`]).
+async fn start_up(options: ControlPlaneOptions) -> (Scenario, Certwatch, SecretRequests) {
     let scenario = Scenario::start(
-        ControlPlaneOptions::from_env(),
+        options,
         GenerateSpec::new(STARTUP_ROUTES, STARTUP_NAMESPACES),
     )
     .await;
     let certwatch = scenario.certwatch(&[]);
     wait_ready_within(&certwatch, THROTTLED_PATIENCE).await;
     let requests = check_startup(&scenario, &certwatch).await;
+    (scenario, certwatch, requests)
+}
+
+/// 1,000 routes on a server with streaming lists: ready with every route admitted and
+/// about one request per secret (a streaming list that stays open as the watch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_of_1000_routes_costs_one_request_per_secret() {
+    let (scenario, _certwatch, requests) = start_up(ControlPlaneOptions::from_env()).await;
     let secrets = scenario.cluster.secrets;
     let answered = requests.total - requests.throttled;
     assert!(
@@ -259,14 +266,9 @@ async fn startup_of_1000_routes_costs_one_request_per_secret() {
 /// + watch for every secret at once, so start-up costs at most 2N + 100 requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_without_streaming_lists_costs_at_most_two_requests_per_secret() {
-    let scenario = Scenario::start(
-        ControlPlaneOptions::from_env().apiserver_flag("--feature-gates=WatchList=false"),
-        GenerateSpec::new(STARTUP_ROUTES, STARTUP_NAMESPACES),
-    )
-    .await;
-    let certwatch = scenario.certwatch(&[]);
-    wait_ready_within(&certwatch, THROTTLED_PATIENCE).await;
-    let requests = check_startup(&scenario, &certwatch).await;
+    let (scenario, _certwatch, requests) =
+        start_up(ControlPlaneOptions::from_env().apiserver_flag("--feature-gates=WatchList=false"))
+            .await;
     let secrets = scenario.cluster.secrets;
     assert!(
         requests.total <= 2 * secrets + 100,
@@ -290,16 +292,12 @@ async fn startup_without_streaming_lists_costs_at_most_two_requests_per_secret()
 /// every route admitted, and its /metrics counts the 429s the server sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_under_a_small_apf_budget_rides_out_429s() {
-    let scenario = Scenario::start(
+    let (scenario, certwatch, _) = start_up(
         ControlPlaneOptions::from_env()
             .apiserver_flag("--max-requests-inflight=4")
             .apiserver_flag("--max-mutating-requests-inflight=2"),
-        GenerateSpec::new(STARTUP_ROUTES, STARTUP_NAMESPACES),
     )
     .await;
-    let certwatch = scenario.certwatch(&[]);
-    wait_ready_within(&certwatch, THROTTLED_PATIENCE).await;
-    check_startup(&scenario, &certwatch).await;
 
     let audit = scenario.audit();
     let throttled_by_server = audit

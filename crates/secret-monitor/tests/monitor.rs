@@ -904,3 +904,93 @@ async fn events_carry_no_secret_bytes_in_errors() {
         [ObjectEvent::Added(_)]
     ));
 }
+
+/// With a streaming probe out, first syncs hold their streaming lists until it is
+/// answered: against a server without streaming lists (422, or 200 with one ERROR
+/// event) the whole burst costs the probe's one refused request plus a list and a
+/// watch per key (within 2N + 100, where without the probe every key's streaming list
+/// was already in flight); against a server with them, the probe costs one request and
+/// every key still syncs with one streaming list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_probe_keeps_a_refusal_to_one_request() {
+    let servers = [
+        (
+            "WatchList off",
+            ServerFeatures {
+                watch_list: false,
+                ..ServerFeatures::default()
+            },
+            Some(422),
+        ),
+        (
+            "storage without watch progress",
+            ServerFeatures {
+                watch_progress: false,
+                ..ServerFeatures::default()
+            },
+            Some(200),
+        ),
+        ("streaming lists served", ServerFeatures::default(), None),
+    ];
+    const KEYS: usize = 200;
+    for (server, features, refusal_code) in servers {
+        let sim = sim_with(SimConfig {
+            features,
+            latency: kube_sim::LatencyConfig::fixed(Duration::from_millis(300)),
+            ..SimConfig::default()
+        })
+        .await;
+        for i in 0..KEYS {
+            put_secret(&sim, "ns", &format!("s{i}"), "v");
+        }
+        let errors = Arc::new(ErrorCount::default());
+        let monitor = monitor_with(
+            &sim,
+            MonitorOptions {
+                first_sync_attempts: 1,
+                observer: Some(errors.clone()),
+                ..fast_options()
+            },
+        )
+        .await;
+        // The probe asks about an object that does not exist.
+        monitor.probe_streaming("/api/v1/namespaces/ns/secrets", "no-such-secret");
+        let registrations =
+            join_all((0..KEYS).map(|i| monitor.add_handler(key("ns", &format!("s{i}"))))).await;
+        for registration in registrations {
+            let registration = registration.unwrap_or_else(|e| panic!("{server}: {e}"));
+            assert_eq!(value_of(&monitor.get(&registration.handle).unwrap()), "v");
+        }
+        open_watches_become(&sim, KEYS as u64).await;
+        let log = sim.request_log();
+        let streaming: Vec<_> = log.iter().filter(|r| r.send_initial_events).collect();
+        let lists = log.iter().filter(|r| r.verb == "list").count();
+        let watches = log
+            .iter()
+            .filter(|r| r.verb == "watch" && !r.send_initial_events)
+            .count();
+        let probes = requests_for(&sim, "ns", "no-such-secret");
+        assert_eq!(probes["watch"].len(), 1, "{server}: one probe");
+        match refusal_code {
+            Some(code) => {
+                assert_eq!(streaming.len(), 1, "{server}: only the probe streamed");
+                assert_eq!(streaming[0].code, code, "{server}");
+                assert_eq!((lists, watches), (KEYS, KEYS), "{server}");
+                assert!(log.len() <= 2 * KEYS + 100, "{server}: {}", log.len());
+            }
+            None => {
+                assert_eq!(
+                    streaming.len(),
+                    KEYS + 1,
+                    "{server}: the probe and every key"
+                );
+                assert_eq!((lists, watches), (0, 0), "{server}");
+            }
+        }
+        assert_eq!(
+            errors.0.load(Ordering::SeqCst),
+            0,
+            "{server}: no key failed"
+        );
+    }
+}

@@ -166,12 +166,20 @@ where
         }
     }
     let answered = Answered(&ctx);
-    // Keys wait for the answer within their own first-sync deadline: give up on the
-    // probe well before that.
+    let mut probing = Box::pin(probe::<K>(&ctx, &path, &name));
+    // Keys wait for the answer within their own first-sync deadline: hold them well
+    // short of that. A probe that takes longer (queued by a throttling server) is not
+    // abandoned: first syncs go ahead, and a late refusal still switches the keys.
     let patience = PROBE_TIMEOUT.min(ctx.options.sync_timeout / 4);
-    let verdict = tokio::time::timeout(patience, probe::<K>(&ctx, &path, &name))
-        .await
-        .unwrap_or(ProbeVerdict::Unknown);
+    let verdict = match tokio::time::timeout(patience, &mut probing).await {
+        Ok(verdict) => verdict,
+        Err(_slow) => {
+            ctx.probe.send_replace(ProbeState::None);
+            tokio::time::timeout(ctx.options.sync_timeout, probing)
+                .await
+                .unwrap_or(ProbeVerdict::Unknown)
+        }
+    };
     debug!(%path, %name, ?verdict, "streaming probe answered");
     if verdict == ProbeVerdict::Refused {
         ctx.refuse_streaming(&ObjectKey::new(String::new(), name.clone()), None);

@@ -60,7 +60,6 @@ pub use outcome::{AdmittedRoute, Readiness, RejectedRoute, RouteOutcome, Sni};
 use state::{ApplyQueue, Jitter, RouteEntry, RouteState, SecretSeen, Stand, Startup, Told};
 
 use crate::reason::{Reason, ValidationProblem};
-use crate::route::admission::Admission;
 use crate::route::{Route, RouteKey, WildcardPolicy, validate_secret_name};
 
 /// Which hosts the router admits, as the router's host admission options.
@@ -750,10 +749,7 @@ impl RouteMachine {
                     sni: admitted.sni.clone(),
                     warnings: admitted.warnings.iter().map(ToString::to_string).collect(),
                 },
-                admitted
-                    .reason
-                    .as_ref()
-                    .map_or_else(Admission::admitted, Reason::admission),
+                admitted.admission(),
             ),
             RouteOutcome::Rejected(rejected) => (
                 Told::Rejected {

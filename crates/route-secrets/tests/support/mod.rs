@@ -330,6 +330,32 @@ impl Harness {
         .expect("route watch");
     }
 
+    /// Waits until the route's status records `Admitted=True` whose message contains
+    /// `words`, or has no message when `words` is `None`.
+    pub async fn until_admitted_message(&self, route: &RouteKey, words: Option<&str>) {
+        let api: Api<Route> = Api::namespaced(self.admin.clone(), &route.namespace);
+        let recorded = move |object: Option<&Route>| {
+            object
+                .and_then(|route| router_ingress(route, ROUTER_NAME))
+                .and_then(admitted_condition)
+                .is_some_and(|c| {
+                    let message = c.message.as_deref().filter(|m| !m.is_empty());
+                    c.status.as_str() == "True"
+                        && match words {
+                            Some(words) => message.is_some_and(|m| m.contains(words)),
+                            None => message.is_none(),
+                        }
+                })
+        };
+        let what = format!("status of {route} records Admitted=True with message {words:?}");
+        within_patience(
+            &what,
+            kube::runtime::wait::await_condition(api, &route.name, recorded),
+        )
+        .await
+        .expect("route watch");
+    }
+
     /// Waits until the simulator holds `expected` open watches on secrets.
     pub async fn until_secret_watches(&self, expected: u64) {
         let sim = &self.sim;

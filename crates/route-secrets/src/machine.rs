@@ -402,6 +402,7 @@ impl RouteMachine {
                 secret,
                 host: blocked.host,
                 owner: blocked.owner,
+                by_namespace: blocked.by_namespace,
             };
             self.reject(&key, reason, effects);
             return;

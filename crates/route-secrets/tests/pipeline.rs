@@ -294,9 +294,7 @@ async fn perform(w: &mut World, step: Step, at: &str) {
         Status(route, admitted, reason) => {
             w.h.until_status(&key(NS, route), admitted, reason).await
         }
-        AdmittedMessage(route, words) => {
-            w.h.until_admitted_message(&key(NS, route), words).await
-        }
+        AdmittedMessage(route, words) => w.h.until_admitted_message(&key(NS, route), words).await,
         Watches(secrets) => {
             w.h.until_secret_watches(secrets.len() as u64).await;
             let expected: Vec<String> = secrets.iter().map(|s| (*s).to_owned()).collect();

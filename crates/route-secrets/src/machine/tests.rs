@@ -926,7 +926,10 @@ fn a_certificate_served_despite_its_dates_says_so_in_the_status_until_renewed() 
     );
     let message = recreated.message.expect("a message");
     assert!(message.contains("was recreated and validated"), "{message}");
-    assert!(message.contains(&format!("expired at {not_after}")), "{message}");
+    assert!(
+        message.contains(&format!("expired at {not_after}")),
+        "{message}"
+    );
 }
 
 #[test]
@@ -1698,7 +1701,10 @@ impl World {
                 let status = self.d.last_status.get(&route);
                 let message = status.and_then(|status| status.message.as_deref());
                 let says_expired = message.is_some_and(|m| m.contains("expired at"));
-                prop_assert!(status.is_some_and(|status| status.admitted), "{route}: {status:?}");
+                prop_assert!(
+                    status.is_some_and(|status| status.admitted),
+                    "{route}: {status:?}"
+                );
                 prop_assert_eq!(says_expired, version % 3 == 2, "{}: {:?}", route, message);
                 if last == Some(Said::Admitted) && version % 3 != 2 {
                     prop_assert_eq!(message, None, "{}", route);

@@ -30,6 +30,8 @@ enum Step {
     Expired(&'static str, &'static str),
     /// Writes a certificate for `host` that is not valid yet into the secret.
     NotYetValid(&'static str, &'static str),
+    /// Writes a certificate for `host` that expires in a few seconds into the secret.
+    ShortLived(&'static str, &'static str),
     DeleteSecret(&'static str),
     /// The route is admitted with the secret's latest certificate.
     Admitted(&'static str, &'static str),
@@ -188,6 +190,21 @@ const SCENARIOS: &[(&str, &[Step])] = &[
         ],
     ),
     (
+        "a served certificate that expires says so in the status, with no change to the secret",
+        &[
+            ShortLived("a", "a.shop.example"),
+            Route("r", Some("a"), "a.shop.example"),
+            Admitted("r", "a"),
+            // Waits for the expiry, seconds away.
+            AdmittedMessage("r", Some("expired at")),
+            StatusWrites(2),
+            // Told again (with the warning), from the same secret version.
+            Admitted("r", "a"),
+            Outcomes("r", 2),
+            WatchRequests("a", 1),
+        ],
+    ),
+    (
         "a missing secret is admitted once created",
         &[
             Route("r", Some("later"), "later.shop.example"),
@@ -252,11 +269,18 @@ async fn perform(w: &mut World, step: Step, at: &str) {
             put_route(&sim, &route);
         }
         DeleteRoute(name) => delete(&sim, "routes", NS, name),
-        Rotate(secret, host) | Expired(secret, host) | NotYetValid(secret, host) => {
+        Rotate(secret, host)
+        | Expired(secret, host)
+        | NotYetValid(secret, host)
+        | ShortLived(secret, host) => {
             let spec = LeafSpec::new(host, now());
             let spec = match step {
                 Expired(..) => spec.expired(now()),
                 NotYetValid(..) => spec.not_yet_valid(now()),
+                ShortLived(..) => spec.valid(
+                    now() - jiff::SignedDuration::from_hours(1),
+                    now() + jiff::SignedDuration::from_secs(3),
+                ),
                 _ => spec,
             };
             let leaf = w.pki.issue(&spec);

@@ -365,6 +365,38 @@ struct Validations {
 struct Validation {
     version: SecretVersionId,
     result: Result<Arc<ValidatedTls>, TlsRejection>,
+    /// When it was validated: its date warnings hold until the certificate becomes
+    /// valid or expires.
+    at: Timestamp,
+}
+
+/// The validity of a certificate at `at`, as its date warnings tell it: not yet valid,
+/// valid, or expired.
+fn validity_at(tls: &ValidatedTls, at: Timestamp) -> std::cmp::Ordering {
+    if at < tls.not_before() {
+        std::cmp::Ordering::Less
+    } else if at > tls.not_after() {
+        std::cmp::Ordering::Greater
+    } else {
+        std::cmp::Ordering::Equal
+    }
+}
+
+/// How long after `now` the date warnings of `validation` change: until the
+/// certificate becomes valid, or until it expires (a second past either, so that the
+/// change has happened when the route is evaluated again).
+fn dates_change_in(
+    validation: &Result<Arc<ValidatedTls>, TlsRejection>,
+    now: Timestamp,
+) -> Option<std::time::Duration> {
+    let tls = validation.as_ref().ok()?;
+    let next = match validity_at(tls, now) {
+        std::cmp::Ordering::Less => tls.not_before(),
+        std::cmp::Ordering::Equal => tls.not_after(),
+        std::cmp::Ordering::Greater => return None,
+    };
+    let delay = now.duration_until(next) + jiff::SignedDuration::from_secs(1);
+    std::time::Duration::try_from(delay).ok()
 }
 
 impl Validations {
@@ -380,51 +412,55 @@ impl Validations {
         self.latest.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The validated version of `secret`: the recorded validation of this version, or
-    /// one made now and recorded (unless another was recorded meanwhile, which wins).
+    /// The validated version of `secret`: the recorded validation of this version
+    /// (unless its certificate became valid or expired since), or one made now and
+    /// recorded (unless another was recorded meanwhile, which wins).
     fn version(&self, secret: &Secret) -> SecretVersion {
+        let now = Timestamp::now();
         let id = SecretVersionId::of(secret);
         let key = ObjectKey::new(
             secret.metadata.namespace.clone().unwrap_or_default(),
             secret.metadata.name.clone().unwrap_or_default(),
         );
+        let current = |found: &Validation| match &found.result {
+            Ok(tls) => validity_at(tls, found.at) == validity_at(tls, now),
+            Err(_) => true,
+        };
+        let handed_over = |id, validation| SecretVersion {
+            dates_change_in: dates_change_in(&validation, now),
+            id,
+            validation,
+        };
         if let Some(id) = &id
             && let Some(found) = self.map().get(&key)
             && &found.version == id
+            && current(found)
         {
-            return SecretVersion {
-                id: Some(id.clone()),
-                validation: found.result.clone(),
-            };
+            return handed_over(Some(id.clone()), found.result.clone());
         }
         let result = self
             .validator
-            .validate_secret(secret, None, Timestamp::now())
+            .validate_secret(secret, None, now)
             .map(Arc::new);
         let Some(id) = id else {
-            return SecretVersion {
-                id: None,
-                validation: result,
-            };
+            return handed_over(None, result);
         };
         let mut latest = self.map();
         let validation = match latest.get(&key) {
-            Some(found) if found.version == id => found.result.clone(),
+            Some(found) if found.version == id && current(found) => found.result.clone(),
             _ => {
                 latest.insert(
                     key,
                     Validation {
                         version: id.clone(),
                         result: result.clone(),
+                        at: now,
                     },
                 );
                 result
             }
         };
-        SecretVersion {
-            id: Some(id),
-            validation,
-        }
+        handed_over(Some(id), validation)
     }
 
     fn clear(&self) {

@@ -86,6 +86,7 @@ fn version(
             resource_version: rv.to_string(),
         }),
         validation,
+        dates_change_in: None,
     }
 }
 
@@ -932,6 +933,35 @@ fn a_certificate_served_despite_its_dates_says_so_in_the_status_until_renewed() 
     );
 }
 
+/// A served certificate is evaluated again when its dates change (it expires, or
+/// becomes valid), with no change to the secret: the status follows the dates.
+#[test]
+fn a_served_certificate_is_evaluated_again_when_its_dates_change() {
+    let mut d = in_state(State::Applying);
+    let m = material();
+    let hour = Duration::from_secs(3600);
+    let mut valid = version("uid-s", 1, Ok(Arc::clone(&m.valid[0])));
+    valid.dates_change_in = Some(hour);
+    d.found(valid);
+    let message = |d: &Driver| d.last_status.get(&key("r")).and_then(|a| a.message.clone());
+    assert_eq!(message(&d), None);
+    assert_eq!(d.machine.next_wakeup(), Some(d.now + hour));
+
+    d.advance(hour - Duration::from_secs(1));
+    assert!(d.preparing.is_none(), "not before the dates change");
+    d.advance(Duration::from_secs(1));
+    let preparation = d.preparing.clone().expect("applied again");
+    assert_eq!(preparation.route, key("r"));
+    assert_eq!(preparation.register, None, "keeps its registration");
+    // The shell validates the same version anew: expired now, and for good.
+    d.found(version("uid-s", 1, Ok(Arc::clone(&m.expired))));
+    assert_eq!(d.said_to("r"), vec![Said::Admitted, Said::Admitted]);
+    let expired = message(&d).expect("a message");
+    assert!(expired.contains("expired at"), "{expired}");
+    assert_eq!(d.machine.next_wakeup(), None);
+    assert_eq!(d.held_by("r"), 1);
+}
+
 #[test]
 fn start_up_is_ready_once_every_listed_route_is_decided_oldest_first() {
     let mut d = Driver::new();
@@ -1425,11 +1455,15 @@ impl World {
     fn secret_version(&self, secret: usize) -> Option<SecretVersion> {
         let (version, valid) = *self.secrets.get(&secret)?;
         let material = Self::material_of(version);
-        Some(self::version(
+        let mut found = self::version(
             SECRETS[secret],
             version,
             if valid { Ok(material) } else { Err(invalid()) },
-        ))
+        );
+        // Valid certificates have dates that change an hour later: the route is applied
+        // again then (with the same answer here), among everything else.
+        found.dates_change_in = valid.then_some(Duration::from_secs(3600));
+        Some(found)
     }
 
     /// The valid material of a secret `version`: one in three is expired.

@@ -382,9 +382,15 @@ fn validity_at(tls: &ValidatedTls, at: Timestamp) -> std::cmp::Ordering {
     }
 }
 
-/// How long after `now` the date warnings of `validation` change: until the
+/// The longest wait before a route is evaluated again for its certificate's dates: a
+/// certificate valid for years is looked at again after this, and waits again (timers
+/// far in the future are clamped by tokio anyway).
+const DATES_RECHECK_MAX: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
+/// How long after `now` the date warnings of `validation` may change: until the
 /// certificate becomes valid, or until it expires (a second past either, so that the
-/// change has happened when the route is evaluated again).
+/// change has happened when the route is evaluated again), at most
+/// [`DATES_RECHECK_MAX`].
 fn dates_change_in(
     validation: &Result<Arc<ValidatedTls>, TlsRejection>,
     now: Timestamp,
@@ -396,7 +402,8 @@ fn dates_change_in(
         std::cmp::Ordering::Greater => return None,
     };
     let delay = now.duration_until(next) + jiff::SignedDuration::from_secs(1);
-    std::time::Duration::try_from(delay).ok()
+    let delay = std::time::Duration::try_from(delay).ok()?;
+    Some(delay.min(DATES_RECHECK_MAX))
 }
 
 impl Validations {
@@ -480,5 +487,47 @@ async fn sleep_until(at: Option<std::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{LeafSpec, Pki};
+    use jiff::SignedDuration;
+
+    #[test]
+    fn a_route_is_looked_at_again_when_its_certificate_dates_pass() {
+        // Whole seconds, as certificate dates are.
+        let now = Timestamp::from_second(Timestamp::now().as_second()).expect("now");
+        let pki = Pki::new(now);
+        let validation = |spec: LeafSpec| {
+            let secret = pki.issue(&spec).secret("ns", "s");
+            TlsValidator::default()
+                .validate_secret(&secret, None, now)
+                .map(Arc::new)
+        };
+        let spec = || LeafSpec::new("r.example", now);
+        let seconds = |hours: i64| std::time::Duration::from_secs(hours as u64 * 3600 + 1);
+        let in_an_hour = spec().valid(
+            now - SignedDuration::from_hours(1),
+            now + SignedDuration::from_hours(1),
+        );
+        assert_eq!(
+            dates_change_in(&validation(in_an_hour), now),
+            Some(seconds(1))
+        );
+        assert_eq!(
+            dates_change_in(&validation(spec().not_yet_valid(now)), now),
+            Some(seconds(24)),
+            "becomes valid a day from now"
+        );
+        assert_eq!(dates_change_in(&validation(spec().expired(now)), now), None);
+        let for_years = spec().valid(now, now + SignedDuration::from_hours(5 * 365 * 24));
+        assert_eq!(
+            dates_change_in(&validation(for_years), now),
+            Some(DATES_RECHECK_MAX)
+        );
+        assert_eq!(dates_change_in(&Err(TlsRejection::KeyEmpty), now), None);
     }
 }

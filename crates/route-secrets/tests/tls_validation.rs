@@ -1297,3 +1297,50 @@ fn a_long_chain_given_backwards_is_served_in_issuing_order() {
         &[TlsWarning::ChainReordered { order }]
     );
 }
+
+#[test]
+fn material_that_is_already_canonical_is_read_from_the_shared_secret() {
+    let pki = Pki::new(now());
+    let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
+    let secret = std::sync::Arc::new(leaf.secret("ns", "s"));
+    let copied = TlsValidator::default()
+        .validate_secret(&secret, Some(HOST), now())
+        .unwrap();
+    assert_eq!(std::sync::Arc::strong_count(&secret), 1);
+
+    let shared = TlsValidator::default()
+        .validate_shared_secret(&secret, Some(HOST), now())
+        .unwrap();
+    // The chain and the key each hold the secret instead of a copy of its text.
+    assert_eq!(std::sync::Arc::strong_count(&secret), 3);
+    assert_eq!(shared, copied);
+    assert_eq!(shared.chain_pem(), leaf.chain_pem());
+    assert_eq!(shared.key_pem().expose_secret(), leaf.key_pem());
+    assert_eq!(
+        shared.pem_bundle().expose_secret(),
+        copied.pem_bundle().expose_secret()
+    );
+    drop(shared);
+    assert_eq!(std::sync::Arc::strong_count(&secret), 1);
+}
+
+#[test]
+fn material_that_was_re_encoded_is_not_shared_and_is_served_re_encoded() {
+    let pki = Pki::new(now());
+    let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
+    // CRLF line ends: the served text is re-encoded with LF, so it is not the entry.
+    let crlf = |text: String| text.replace('\n', "\r\n");
+    let secret = std::sync::Arc::new(testing::tls_secret(
+        "ns",
+        "s",
+        Some(SECRET_TYPE_TLS),
+        testing::tls_data(crlf(leaf.chain_pem()), leaf.key_pem()),
+    ));
+    let shared = TlsValidator::default()
+        .validate_shared_secret(&secret, Some(HOST), now())
+        .unwrap();
+    // Only the key, which is canonical, is shared.
+    assert_eq!(std::sync::Arc::strong_count(&secret), 2);
+    assert_eq!(shared.chain_pem(), leaf.chain_pem());
+    assert_eq!(shared.key_pem().expose_secret(), leaf.key_pem());
+}

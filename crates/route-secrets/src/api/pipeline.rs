@@ -422,7 +422,7 @@ impl Validations {
     /// The validated version of `secret`: the recorded validation of this version
     /// (unless its certificate became valid or expired since), or one made now and
     /// recorded (unless another was recorded meanwhile, which wins).
-    fn version(&self, secret: &Secret) -> SecretVersion {
+    fn version(&self, secret: &Arc<Secret>) -> SecretVersion {
         let now = Timestamp::now();
         let id = SecretVersionId::of(secret);
         let key = ObjectKey::new(
@@ -447,7 +447,7 @@ impl Validations {
         }
         let result = self
             .validator
-            .validate_secret(secret, None, now)
+            .validate_shared_secret(secret, None, now)
             .map(Arc::new);
         let Some(id) = id else {
             return handed_over(None, result);

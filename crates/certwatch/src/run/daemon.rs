@@ -215,7 +215,8 @@ impl Daemon {
             },
         );
         let manager = SecretManager::new(monitor);
-        let access = AccessChecker::with_options(
+        // Access reviews come in the same start-up burst as first syncs: one window.
+        let access = AccessChecker::with_limiter(
             client.clone(),
             AccessOptions {
                 policy: options.access_policy.clone(),
@@ -223,6 +224,7 @@ impl Daemon {
                 // A denial is never trusted longer than an answer.
                 denied_ttl: options.access_denied_ttl.min(options.access_ttl),
             },
+            limiter.clone(),
         );
         let status_writer = options.write_status.then(|| {
             StatusWriter::spawn(

@@ -227,10 +227,12 @@ impl Daemon {
             limiter.clone(),
         );
         let status_writer = options.write_status.then(|| {
-            StatusWriter::spawn(
+            // Status writes follow the start-up burst: the same window paces them.
+            StatusWriter::spawn_with_limiter(
                 client.clone(),
                 RouterIdentity::new(options.router_name.clone()),
                 options.status_concurrency,
+                limiter.clone(),
             )
         });
         let (pipeline, pipeline_outputs) = RoutePipeline::new(

@@ -6,6 +6,12 @@
 //! route coalesce (only the latest outcome is written) and a bounded number of writes
 //! run at once, so thousands of outcomes at start-up cost no pipeline time.
 //!
+//! Under the process's adaptive limiter ([`StatusWriter::spawn_with_limiter`]) every
+//! write and re-read waits for a permit, and a request the API server refuses for load
+//! (429, 5xx) is re-queued in its place until it is answered: a busy server delays a
+//! route's status, it never loses it, and the refusal costs no re-read (the server did
+//! nothing, so the copy in hand is still current).
+//!
 //! A write that would not change the status is skipped. Together with the pipeline
 //! ignoring route events that change nothing but status, this keeps the router from
 //! reacting to its own writes.
@@ -18,6 +24,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
+use kube_common::adaptive::AdaptiveLimiter;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
@@ -28,6 +35,11 @@ use crate::route::{Route, RouteKey};
 /// How many times a write is attempted (conflicts and transient errors) before it is
 /// given up until the route's next outcome.
 const WRITE_ATTEMPTS: u32 = 5;
+
+/// Under a limiter, how many times one request refused for load is re-queued: without
+/// end, in effect. Each refusal waits for the server's `Retry-After` (or the backoff
+/// delay), so this is no busy loop, and giving up would lose the route's status.
+const LOAD_REFUSALS: u32 = u32::MAX;
 
 /// Counters of a [`StatusWriter`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -73,10 +85,31 @@ impl StatusWriter {
     /// Starts the writer: at most `concurrency` writes run at once. It stops when every
     /// clone of the writer is dropped.
     pub fn spawn(client: Client, router: RouterIdentity, concurrency: usize) -> Self {
+        Self::start(client, router, concurrency, None)
+    }
+
+    /// The same, with every request (writes, and re-reads after a conflict) sent under
+    /// `limiter`, and requests the server refuses for load re-queued until answered.
+    pub fn spawn_with_limiter(
+        client: Client,
+        router: RouterIdentity,
+        concurrency: usize,
+        limiter: AdaptiveLimiter,
+    ) -> Self {
+        Self::start(client, router, concurrency, Some(limiter))
+    }
+
+    fn start(
+        client: Client,
+        router: RouterIdentity,
+        concurrency: usize,
+        limiter: Option<AdaptiveLimiter>,
+    ) -> Self {
         let (sender, receiver) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
         let worker = Worker {
             client,
+            limiter,
             router: Arc::new(router),
             concurrency: concurrency.max(1),
             counters: Arc::clone(&counters),
@@ -117,6 +150,8 @@ impl StatusWriter {
 
 struct Worker {
     client: Client,
+    /// Paces writes by what the API server accepts; `None`: only `concurrency` does.
+    limiter: Option<AdaptiveLimiter>,
     router: Arc<RouterIdentity>,
     concurrency: usize,
     counters: Arc<Counters>,
@@ -180,6 +215,7 @@ impl Worker {
             };
             let write = write_status(
                 self.client.clone(),
+                self.limiter.clone(),
                 Arc::clone(&self.router),
                 update,
                 Arc::clone(&self.counters),
@@ -195,6 +231,7 @@ impl Worker {
 
 async fn write_status(
     client: Client,
+    limiter: Option<AdaptiveLimiter>,
     router: Arc<RouterIdentity>,
     update: Update,
     counters: Arc<Counters>,
@@ -216,11 +253,13 @@ async fn write_status(
             counters.skipped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        counters.writes.fetch_add(1, Ordering::Relaxed);
-        let refreshed = match api
-            .replace_status(&key.name, &PostParams::default(), &route)
-            .await
-        {
+        let params = PostParams::default();
+        let written = paced(limiter.as_ref(), || {
+            counters.writes.fetch_add(1, Ordering::Relaxed);
+            api.replace_status(&key.name, &params, &route)
+        })
+        .await;
+        let refreshed = match written {
             Ok(_) => return,
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 debug!(route = %key, "route is gone; status not written");
@@ -228,12 +267,12 @@ async fn write_status(
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 counters.conflicts.fetch_add(1, Ordering::Relaxed);
-                reread(&api, &key.name).await
+                paced(limiter.as_ref(), || reread(&api, &key.name)).await
             }
             Err(err) => {
                 debug!(route = %key, attempt, error = %err, "status write failed; retrying");
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
-                reread(&api, &key.name).await
+                paced(limiter.as_ref(), || reread(&api, &key.name)).await
             }
         };
         match refreshed {
@@ -244,6 +283,21 @@ async fn write_status(
     }
     warn!(route = %key, "giving up writing the route's status after {WRITE_ATTEMPTS} attempts");
     counters.failed.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Sends one request (`send` makes one attempt): under `limiter`, re-queued while the
+/// server refuses it for load; without one, once.
+async fn paced<T, Fut>(
+    limiter: Option<&AdaptiveLimiter>,
+    mut send: impl FnMut() -> Fut,
+) -> Result<T, kube::Error>
+where
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
+    match limiter {
+        Some(limiter) => limiter.send(LOAD_REFUSALS, send).await,
+        None => send().await,
+    }
 }
 
 /// A fresh copy of one route, by a list narrowed to its name.

@@ -104,7 +104,7 @@ async fn burst_through_four_seats(upper_bound: Option<usize>) {
             let name = Arc::new(name);
             tokio::spawn(async move {
                 limiter
-                    .send(20, || {
+                    .send(20, |_| {
                         let (api, name) = (api.clone(), Arc::clone(&name));
                         async move { api.get(&name).await }
                     })

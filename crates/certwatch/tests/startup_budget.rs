@@ -164,6 +164,31 @@ async fn reaches_ready_through_four_seats_without_a_queue() {
         counted_429 as u64, rejected,
         "429s in /metrics vs the simulator's"
     );
+    // Every refused request was retried and the retry counted, per resource and verb
+    // (the route watch's retries are kube-runtime's watcher's, reported as watch
+    // errors instead: its requests cannot be marked).
+    let refused_by_request =
+        by_resource_and_verb(&metrics, "certwatch_api_requests_total", |line| {
+            line.contains("code=\"429\"")
+        });
+    assert_eq!(
+        refused_by_request.values().sum::<u64>(),
+        rejected,
+        "429s in /metrics by resource and verb"
+    );
+    for ((resource, verb), refused) in refused_by_request {
+        if resource == "routes" {
+            continue;
+        }
+        let retried = by_resource_and_verb(&metrics, "certwatch_api_retries_total", |_| true)
+            .get(&(resource.clone(), verb.clone()))
+            .copied()
+            .unwrap_or(0);
+        assert!(
+            retried >= refused,
+            "{verb} {resource}: {refused} refused, {retried} retries counted\n{metrics}"
+        );
+    }
     // The window shrank below its bound (the budget is 4) and says so.
     if rejected > 0 {
         let window = metric_value(&metrics, "certwatch_startup_window").unwrap();
@@ -205,4 +230,34 @@ fn refusals_by_request(requests: &[serde_json::Value]) -> String {
         *refused.entry(key).or_default() += 1;
     }
     format!("429s by request: {refused:?}")
+}
+
+/// The samples of `metric` whose line passes `filter`, summed by resource and verb.
+fn by_resource_and_verb(
+    metrics: &str,
+    metric: &str,
+    filter: impl Fn(&str) -> bool,
+) -> std::collections::BTreeMap<(String, String), u64> {
+    let label = |line: &str, name: &str| {
+        let start = line.find(&format!("{name}=\""))? + name.len() + 2;
+        let end = start + line[start..].find('"')?;
+        Some(line[start..end].to_owned())
+    };
+    let mut counts = std::collections::BTreeMap::new();
+    for line in metrics
+        .lines()
+        .filter(|line| line.starts_with(&format!("{metric}{{")) && filter(line))
+    {
+        let (Some(resource), Some(verb), Some(value)) = (
+            label(line, "resource"),
+            label(line, "verb"),
+            line.rsplit(' ')
+                .next()
+                .and_then(|value| value.parse::<f64>().ok()),
+        ) else {
+            continue;
+        };
+        *counts.entry((resource, verb)).or_default() += value as u64;
+    }
+    counts
 }

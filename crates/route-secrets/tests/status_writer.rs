@@ -39,8 +39,13 @@ async fn a_write_refused_for_load_is_re_queued_until_it_lands() {
     let sim = sim_with_latency(Duration::from_millis(5)).await;
     let route = stored_route(&sim);
     let limiter = AdaptiveLimiter::new(Some(8));
+    let pooled = kube_h2::build_client(
+        sim.client_config("router").await.unwrap(),
+        kube_h2::ClientOptions::default(),
+    )
+    .unwrap();
     let writer = StatusWriter::spawn_with_limiter(
-        client(&sim, "router").await,
+        pooled.client(),
         RouterIdentity::new(ROUTER_NAME),
         4,
         limiter.clone(),
@@ -71,6 +76,16 @@ async fn a_write_refused_for_load_is_re_queued_until_it_lands() {
         (snapshot.refused, snapshot.succeeded, snapshot.in_flight),
         (REFUSALS, 1, 0)
     );
+    // The transport counted each re-queued attempt as a retry (what /metrics shows).
+    let retries: u64 = pooled
+        .pool()
+        .requests()
+        .retries
+        .iter()
+        .filter(|retry| retry.resource == "routes/status")
+        .map(|retry| retry.count)
+        .sum();
+    assert_eq!(retries, REFUSALS);
 }
 
 /// The control: without a limiter the same refusals exhaust the writer's attempts.

@@ -45,7 +45,8 @@ use k8s_openapi::api::authorization::v1::{
     SubjectAccessReviewSpec,
 };
 use kube::Client;
-use kube::api::{Api, PostParams};
+
+use super::paced;
 use kube_common::Verb;
 use kube_common::adaptive::AdaptiveLimiter;
 use tokio::time::Instant;
@@ -557,20 +558,21 @@ impl AccessChecker {
         })
     }
 
-    /// Sends one review request (`send` makes one attempt), under the limiter if any,
-    /// counting every attempt.
-    async fn paced<T, Fut>(&self, mut send: impl FnMut() -> Fut) -> Result<T, kube::Error>
+    /// Creates `review` (one attempt at a time, under the limiter if any), counting
+    /// every attempt.
+    async fn send_review<K>(&self, review: &K) -> Result<K, kube::Error>
     where
-        Fut: Future<Output = Result<T, kube::Error>>,
+        K: kube::Resource<DynamicType = ()>
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + Clone
+            + fmt::Debug,
     {
-        let mut attempt = || {
+        paced::send(self.inner.limiter.as_ref(), MAX_REFUSALS, |attempt| {
             self.inner.requests.fetch_add(1, Ordering::Relaxed);
-            send()
-        };
-        match &self.inner.limiter {
-            Some(limiter) => limiter.send(MAX_REFUSALS, attempt).await,
-            None => attempt().await,
-        }
+            paced::create(&self.inner.client, review, attempt)
+        })
+        .await
     }
 
     /// Sends the review that answers `question`.
@@ -580,8 +582,6 @@ impl AccessChecker {
     ) -> impl Future<Output = Result<Answer, ReviewFailure>> + Send + 'static {
         let this = self.clone();
         async move {
-            let client = this.inner.client.clone();
-            let params = PostParams::default();
             match question {
                 Question::Rules { namespace } => {
                     let review = SelfSubjectRulesReview {
@@ -590,9 +590,8 @@ impl AccessChecker {
                         },
                         ..SelfSubjectRulesReview::default()
                     };
-                    let api: Api<SelfSubjectRulesReview> = Api::all(client);
                     let answered = this
-                        .paced(|| api.create(&params, &review))
+                        .send_review(&review)
                         .await
                         .map_err(|err| api_failure(ReviewKind::Rules, &err))?;
                     let status = answered.status.unwrap_or_default();
@@ -628,8 +627,7 @@ impl AccessChecker {
                                 },
                                 ..SubjectAccessReview::default()
                             };
-                            let api: Api<SubjectAccessReview> = Api::all(client);
-                            this.paced(|| api.create(&params, &review))
+                            this.send_review(&review)
                                 .await
                                 .map_err(|err| api_failure(ReviewKind::SubjectAccess, &err))?
                                 .status
@@ -643,8 +641,7 @@ impl AccessChecker {
                                 },
                                 ..SelfSubjectAccessReview::default()
                             };
-                            let api: Api<SelfSubjectAccessReview> = Api::all(client);
-                            this.paced(|| api.create(&params, &review))
+                            this.send_review(&review)
                                 .await
                                 .map_err(|err| api_failure(ReviewKind::SelfAccess, &err))?
                                 .status

@@ -23,12 +23,13 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use kube::Client;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::ListParams;
 use kube_common::adaptive::AdaptiveLimiter;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
+use super::paced;
 use crate::route::admission::{Admission, RouterIdentity, record_admission};
 use crate::route::{Route, RouteKey};
 
@@ -241,7 +242,6 @@ async fn write_status(
         key,
         admission,
     } = update;
-    let api: Api<Route> = Api::namespaced(client, &key.namespace);
     // The last copy of the route read from the server (or handed in). Each attempt
     // records the admission on a fresh clone of it: were the admission recorded on
     // `base` itself, a failed re-read after a 409 would leave a copy that already
@@ -253,10 +253,9 @@ async fn write_status(
             counters.skipped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let params = PostParams::default();
-        let written = paced(limiter.as_ref(), || {
+        let written = paced::send(limiter.as_ref(), LOAD_REFUSALS, |attempt| {
             counters.writes.fetch_add(1, Ordering::Relaxed);
-            api.replace_status(&key.name, &params, &route)
+            paced::replace_status(&client, &key.namespace, &key.name, &route, attempt)
         })
         .await;
         let refreshed = match written {
@@ -267,12 +266,12 @@ async fn write_status(
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 counters.conflicts.fetch_add(1, Ordering::Relaxed);
-                paced(limiter.as_ref(), || reread(&api, &key.name)).await
+                reread(&client, limiter.as_ref(), &key).await
             }
             Err(err) => {
                 debug!(route = %key, attempt, error = %err, "status write failed; retrying");
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
-                paced(limiter.as_ref(), || reread(&api, &key.name)).await
+                reread(&client, limiter.as_ref(), &key).await
             }
         };
         match refreshed {
@@ -285,29 +284,24 @@ async fn write_status(
     counters.failed.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Sends one request (`send` makes one attempt): under `limiter`, re-queued while the
-/// server refuses it for load; without one, once.
-async fn paced<T, Fut>(
-    limiter: Option<&AdaptiveLimiter>,
-    mut send: impl FnMut() -> Fut,
-) -> Result<T, kube::Error>
-where
-    Fut: Future<Output = Result<T, kube::Error>>,
-{
-    match limiter {
-        Some(limiter) => limiter.send(LOAD_REFUSALS, send).await,
-        None => send().await,
-    }
-}
-
 /// A fresh copy of one route, by a list narrowed to its name.
 ///
 /// A router may list and watch routes and update their status, but not get them (the
 /// `system:router` role and deploy/base/clusterrole.yaml grant exactly that), so neither
 /// `GET routes/<name>` nor `GET routes/<name>/status` is allowed.
-async fn reread(api: &Api<Route>, name: &str) -> Result<Route, kube::Error> {
+/// Sent under `limiter` when there is one.
+async fn reread(
+    client: &Client,
+    limiter: Option<&AdaptiveLimiter>,
+    key: &RouteKey,
+) -> Result<Route, kube::Error> {
+    let name = &key.name;
     let params = ListParams::default().fields(&format!("metadata.name={name}"));
-    let mut routes = api.list(&params).await?.items;
+    let mut routes = paced::send(limiter, LOAD_REFUSALS, |attempt| {
+        paced::list::<Route>(client, &key.namespace, &params, attempt)
+    })
+    .await?
+    .items;
     match routes.pop() {
         Some(route) => Ok(route),
         None => Err(kube::Error::Api(

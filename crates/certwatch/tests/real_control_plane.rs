@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{
-    Certwatch, eventually, eventually_async, expected_bundle, metric_value, new_tls_data,
-    read_or_empty, rotate_secret,
+    Certwatch, counted_429s, eventually, eventually_async, expected_bundle, metric_value,
+    new_tls_data, read_or_empty, rotate_secret,
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -320,15 +320,9 @@ async fn startup_under_a_small_apf_budget_rides_out_429s() {
     );
     // certwatch counted every 429 it got (by resource, verb and code).
     let metrics = certwatch.metrics();
-    let counted: f64 = metrics
-        .lines()
-        .filter(|line| {
-            line.starts_with("certwatch_api_requests_total{") && line.contains("code=\"429\"")
-        })
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
     assert_eq!(
-        counted, throttled_by_server as f64,
+        counted_429s(&metrics),
+        throttled_by_server as u64,
         "certwatch's /metrics counts the 429s the server sent:\n{metrics}"
     );
 }

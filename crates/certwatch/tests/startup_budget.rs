@@ -8,7 +8,9 @@
 
 mod common;
 
-use common::{Certwatch, PATIENCE, SimProcess, crt_list, eventually_async, metric_value};
+use common::{
+    Certwatch, PATIENCE, SimProcess, counted_429s, crt_list, eventually_async, metric_value,
+};
 use kube::api::{Api, ListParams};
 use route_secrets::route::Route;
 use route_secrets::route::admission::{admitted_condition, router_ingress};
@@ -62,20 +64,7 @@ fn count(stats: &serde_json::Value, key: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reaches_ready_through_four_seats_without_a_queue() {
     let temp = tempfile::tempdir().unwrap();
-    let generate = format!("routes={ROUTES},namespaces={NAMESPACES}");
-    let sim = SimProcess::start(
-        temp.path(),
-        &[
-            "--generate",
-            &generate,
-            "--max-inflight",
-            "4",
-            "--queue",
-            "0",
-            "--latency",
-            "10ms",
-        ],
-    );
+    let sim = SimProcess::four_seats_without_a_queue(temp.path(), ROUTES, NAMESPACES);
     let (status, _) = sim.admin("POST", "/sim/stats/reset", "");
     assert_eq!(status, 200);
     let cert_dir = temp.path().join("certs");
@@ -153,15 +142,9 @@ async fn reaches_ready_through_four_seats_without_a_queue() {
         requests_needed()
     );
     // Every 429 the server sent is counted by certwatch, by resource, verb and code.
-    let counted_429: f64 = metrics
-        .lines()
-        .filter(|line| {
-            line.starts_with("certwatch_api_requests_total{") && line.contains("code=\"429\"")
-        })
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
     assert_eq!(
-        counted_429 as u64, rejected,
+        counted_429s(&metrics),
+        rejected,
         "429s in /metrics vs the simulator's"
     );
     // Every refused request was retried and the retry counted, per resource and verb

@@ -40,9 +40,8 @@ pub(crate) async fn create<K>(
 where
     K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug,
 {
-    let body = serde_json::to_vec(object).map_err(kube::Error::SerdeError)?;
     let request = kube::core::Request::new(K::url_path(&(), None))
-        .create(&PostParams::default(), body)
+        .create(&PostParams::default(), json_body(object)?)
         .map_err(kube::Error::BuildRequest)?;
     client.request(attempt.mark(request)).await
 }
@@ -59,9 +58,8 @@ pub(crate) async fn replace_status<K>(
 where
     K: Resource<DynamicType = ()> + Serialize + DeserializeOwned + Clone + Debug,
 {
-    let body = serde_json::to_vec(object).map_err(kube::Error::SerdeError)?;
     let request = kube::core::Request::new(K::url_path(&(), Some(namespace)))
-        .replace_subresource("status", name, &PostParams::default(), body)
+        .replace_subresource("status", name, &PostParams::default(), json_body(object)?)
         .map_err(kube::Error::BuildRequest)?;
     client.request(attempt.mark(request)).await
 }
@@ -80,4 +78,9 @@ where
         .list(params)
         .map_err(kube::Error::BuildRequest)?;
     client.request(attempt.mark(request)).await
+}
+
+/// `object` as a JSON request body.
+fn json_body(object: &impl Serialize) -> Result<Vec<u8>, kube::Error> {
+    serde_json::to_vec(object).map_err(kube::Error::SerdeError)
 }

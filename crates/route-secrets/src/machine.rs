@@ -29,6 +29,9 @@
 //! * Its secret changes: re-evaluated. Deleted: rejected with
 //!   `ExternalCertificateSecretDeleted`, and the registration kept so that a
 //!   re-creation re-admits the route (`ExternalCertificateSecretRecreated`).
+//! * Admitted with a certificate that is not valid yet or will expire: applied again
+//!   when that changes ([`SecretVersion::dates_change_in`]), so that its status
+//!   message follows the dates.
 //! * A missing or invalid secret is rejected but stays registered, so fixing the secret
 //!   admits the route. Transient failures are retried along
 //!   [`kube_common::backoff`]; a denial is checked again when it stops being trusted.
@@ -60,7 +63,6 @@ pub use outcome::{AdmittedRoute, Readiness, RejectedRoute, RouteOutcome, Sni};
 use state::{ApplyQueue, Jitter, RouteEntry, RouteState, SecretSeen, Stand, Startup, Told};
 
 use crate::reason::{Reason, ValidationProblem};
-use crate::route::admission::Admission;
 use crate::route::{Route, RouteKey, WildcardPolicy, validate_secret_name};
 
 /// Which hosts the router admits, as the router's host admission options.
@@ -172,7 +174,7 @@ impl RouteMachine {
                 route,
                 registration,
                 change,
-            } => self.secret_changed(&route, registration, change, &mut effects),
+            } => self.secret_changed(&route, registration, change, now, &mut effects),
             Input::Tick => self.fire_retries(now),
         }
         self.advance(&mut effects);
@@ -403,6 +405,7 @@ impl RouteMachine {
                 secret,
                 host: blocked.host,
                 owner: blocked.owner,
+                by_namespace: blocked.by_namespace,
             };
             self.reject(&key, reason, effects);
             return;
@@ -551,7 +554,7 @@ impl RouteMachine {
                 self.get_failed(&key, secret, detail, now, effects);
             }
             PreparedOutcome::Ready(SecretLookup::Found(version)) => {
-                self.evaluate(&key, version, false, effects);
+                self.evaluate(&key, version, false, now, effects);
             }
             PreparedOutcome::Ready(SecretLookup::NotFound) => {
                 // Still watched: creating the secret admits the route.
@@ -570,6 +573,7 @@ impl RouteMachine {
         key: &RouteKey,
         id: RegistrationId,
         change: SecretChange,
+        now: Instant,
         effects: &mut Vec<Effect>,
     ) {
         let Some(entry) = self.routes.get(key) else {
@@ -604,15 +608,20 @@ impl RouteMachine {
             return;
         }
         let (secret, seen) = (secret.clone(), seen.clone());
+        if let SecretChange::Present(version) = &change
+            && version.id.is_some()
+            && seen == SecretSeen::Evaluated(version.id.clone())
+        {
+            // Already evaluated: nothing changes, and a retry scheduled then (when the
+            // certificate's dates change) still stands.
+            return;
+        }
         // The secret decides the route now: a retry of a failed read is moot.
         self.cancel_retry(key);
         match change {
             SecretChange::Present(version) => {
-                if version.id.is_some() && seen == SecretSeen::Evaluated(version.id.clone()) {
-                    return;
-                }
                 let recreated = seen == SecretSeen::Deleted;
-                self.evaluate(key, version, recreated, effects);
+                self.evaluate(key, version, recreated, now, effects);
             }
             SecretChange::Deleted => {
                 self.set_seen(key, SecretSeen::Deleted);
@@ -631,6 +640,7 @@ impl RouteMachine {
         key: &RouteKey,
         version: SecretVersion,
         recreated: bool,
+        now: Instant,
         effects: &mut Vec<Effect>,
     ) {
         let Some(entry) = self.routes.get(key) else {
@@ -662,6 +672,14 @@ impl RouteMachine {
                     reason,
                 };
                 self.emit(key, RouteOutcome::Admitted(admitted), effects);
+                // The certificate becomes valid or expires: applied again then, so that
+                // the status message follows (the shell validates the version anew).
+                if let Some(at) = version
+                    .dates_change_in
+                    .and_then(|delay| now.checked_add(delay))
+                {
+                    self.schedule_retry(key, at);
+                }
             }
             Err(rejection) => {
                 let problem = ValidationProblem::Tls(rejection);
@@ -750,10 +768,7 @@ impl RouteMachine {
                     sni: admitted.sni.clone(),
                     warnings: admitted.warnings.iter().map(ToString::to_string).collect(),
                 },
-                admitted
-                    .reason
-                    .as_ref()
-                    .map_or_else(Admission::admitted, Reason::admission),
+                admitted.admission(),
             ),
             RouteOutcome::Rejected(rejected) => (
                 Told::Rejected {

@@ -209,6 +209,9 @@ pub enum Reason {
         host: String,
         /// The older route that holds it.
         owner: RouteKey,
+        /// Whether the host is refused because it belongs to the owner's namespace (the
+        /// namespace-ownership check), rather than for an older claim on the same path.
+        by_namespace: bool,
     },
     /// The route asks to serve a whole subdomain (`spec.wildcardPolicy: Subdomain`) and
     /// the router does not admit wildcard routes.
@@ -338,8 +341,12 @@ impl fmt::Display for Reason {
                  recreated and validated; the route is served again"
             ),
             Self::HostAlreadyClaimed {
-                route, host, owner, ..
-            } if owner.namespace != route.namespace => write!(
+                route,
+                host,
+                owner,
+                by_namespace: true,
+                ..
+            } => write!(
                 f,
                 "route {route}: host {host} belongs to namespace {owner_namespace}, where \
                  route {owner} claimed it first; use another host, or ask for the namespace \
@@ -494,6 +501,7 @@ mod tests {
                     secret: "shop-tls".into(),
                     host: "shop.example".into(),
                     owner: RouteKey::new("team-b", "older"),
+                    by_namespace: true,
                 },
                 "HostAlreadyClaimed",
                 "host_claimed",

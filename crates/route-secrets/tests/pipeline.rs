@@ -26,6 +26,12 @@ enum Step {
     DeleteRoute(&'static str),
     /// Writes a new certificate for `host` into the secret (creating it).
     Rotate(&'static str, &'static str),
+    /// Writes an expired certificate for `host` into the secret.
+    Expired(&'static str, &'static str),
+    /// Writes a certificate for `host` that is not valid yet into the secret.
+    NotYetValid(&'static str, &'static str),
+    /// Writes a certificate for `host` that expires in a few seconds into the secret.
+    ShortLived(&'static str, &'static str),
     DeleteSecret(&'static str),
     /// The route is admitted with the secret's latest certificate.
     Admitted(&'static str, &'static str),
@@ -37,6 +43,9 @@ enum Step {
     Removed(&'static str),
     /// The route's status records admitted (or not) with the reason (or none).
     Status(&'static str, bool, Option<&'static str>),
+    /// The route's status records admitted, with a message containing these words (or
+    /// without a message).
+    AdmittedMessage(&'static str, Option<&'static str>),
     /// Secret watches open at the simulator, and the secrets the manager watches.
     Watches(&'static [&'static str]),
     /// Outcomes said so far about the route.
@@ -160,6 +169,42 @@ const SCENARIOS: &[(&str, &[Step])] = &[
         ],
     ),
     (
+        "a certificate served despite its dates says so in the status until renewed",
+        &[
+            Expired("a", "a.shop.example"),
+            Route("r", Some("a"), "a.shop.example"),
+            Admitted("r", "a"),
+            AdmittedMessage("r", Some("expired at")),
+            Status("r", true, None),
+            StatusWrites(1),
+            // Renewed: the message goes, in a write that changes nothing else.
+            Rotate("a", "a.shop.example"),
+            Admitted("r", "a"),
+            AdmittedMessage("r", None),
+            StatusWrites(2),
+            NotYetValid("a", "a.shop.example"),
+            Admitted("r", "a"),
+            AdmittedMessage("r", Some("is not valid before")),
+            StatusWrites(3),
+            Outcomes("r", 3),
+        ],
+    ),
+    (
+        "a served certificate that expires says so in the status, with no change to the secret",
+        &[
+            ShortLived("a", "a.shop.example"),
+            Route("r", Some("a"), "a.shop.example"),
+            Admitted("r", "a"),
+            // Waits for the expiry, seconds away.
+            AdmittedMessage("r", Some("expired at")),
+            StatusWrites(2),
+            // Told again (with the warning), from the same secret version.
+            Admitted("r", "a"),
+            Outcomes("r", 2),
+            WatchRequests("a", 1),
+        ],
+    ),
+    (
         "a missing secret is admitted once created",
         &[
             Route("r", Some("later"), "later.shop.example"),
@@ -224,8 +269,21 @@ async fn perform(w: &mut World, step: Step, at: &str) {
             put_route(&sim, &route);
         }
         DeleteRoute(name) => delete(&sim, "routes", NS, name),
-        Rotate(secret, host) => {
-            let leaf = w.pki.issue(&LeafSpec::new(host, now()));
+        Rotate(secret, host)
+        | Expired(secret, host)
+        | NotYetValid(secret, host)
+        | ShortLived(secret, host) => {
+            let spec = LeafSpec::new(host, now());
+            let spec = match step {
+                Expired(..) => spec.expired(now()),
+                NotYetValid(..) => spec.not_yet_valid(now()),
+                ShortLived(..) => spec.valid(
+                    now() - jiff::SignedDuration::from_hours(1),
+                    now() + jiff::SignedDuration::from_secs(3),
+                ),
+                _ => spec,
+            };
+            let leaf = w.pki.issue(&spec);
             put_secret(&sim, &leaf.secret(NS, secret));
             w.fingerprints.insert(secret, fingerprint_of_leaf(&leaf));
         }
@@ -260,6 +318,7 @@ async fn perform(w: &mut World, step: Step, at: &str) {
         Status(route, admitted, reason) => {
             w.h.until_status(&key(NS, route), admitted, reason).await
         }
+        AdmittedMessage(route, words) => w.h.until_admitted_message(&key(NS, route), words).await,
         Watches(secrets) => {
             w.h.until_secret_watches(secrets.len() as u64).await;
             let expected: Vec<String> = secrets.iter().map(|s| (*s).to_owned()).collect();

@@ -365,6 +365,45 @@ struct Validations {
 struct Validation {
     version: SecretVersionId,
     result: Result<Arc<ValidatedTls>, TlsRejection>,
+    /// When it was validated: its date warnings hold until the certificate becomes
+    /// valid or expires.
+    at: Timestamp,
+}
+
+/// The validity of a certificate at `at`, as its date warnings tell it: not yet valid,
+/// valid, or expired.
+fn validity_at(tls: &ValidatedTls, at: Timestamp) -> std::cmp::Ordering {
+    if at < tls.not_before() {
+        std::cmp::Ordering::Less
+    } else if at > tls.not_after() {
+        std::cmp::Ordering::Greater
+    } else {
+        std::cmp::Ordering::Equal
+    }
+}
+
+/// The longest wait before a route is evaluated again for its certificate's dates: a
+/// certificate valid for years is looked at again after this, and waits again (timers
+/// far in the future are clamped by tokio anyway).
+const DATES_RECHECK_MAX: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
+/// How long after `now` the date warnings of `validation` may change: until the
+/// certificate becomes valid, or until it expires (a second past either, so that the
+/// change has happened when the route is evaluated again), at most
+/// [`DATES_RECHECK_MAX`].
+fn dates_change_in(
+    validation: &Result<Arc<ValidatedTls>, TlsRejection>,
+    now: Timestamp,
+) -> Option<std::time::Duration> {
+    let tls = validation.as_ref().ok()?;
+    let next = match validity_at(tls, now) {
+        std::cmp::Ordering::Less => tls.not_before(),
+        std::cmp::Ordering::Equal => tls.not_after(),
+        std::cmp::Ordering::Greater => return None,
+    };
+    let delay = now.duration_until(next) + jiff::SignedDuration::from_secs(1);
+    let delay = std::time::Duration::try_from(delay).ok()?;
+    Some(delay.min(DATES_RECHECK_MAX))
 }
 
 impl Validations {
@@ -380,51 +419,55 @@ impl Validations {
         self.latest.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The validated version of `secret`: the recorded validation of this version, or
-    /// one made now and recorded (unless another was recorded meanwhile, which wins).
+    /// The validated version of `secret`: the recorded validation of this version
+    /// (unless its certificate became valid or expired since), or one made now and
+    /// recorded (unless another was recorded meanwhile, which wins).
     fn version(&self, secret: &Secret) -> SecretVersion {
+        let now = Timestamp::now();
         let id = SecretVersionId::of(secret);
         let key = ObjectKey::new(
             secret.metadata.namespace.clone().unwrap_or_default(),
             secret.metadata.name.clone().unwrap_or_default(),
         );
+        let current = |found: &Validation| match &found.result {
+            Ok(tls) => validity_at(tls, found.at) == validity_at(tls, now),
+            Err(_) => true,
+        };
+        let handed_over = |id, validation| SecretVersion {
+            dates_change_in: dates_change_in(&validation, now),
+            id,
+            validation,
+        };
         if let Some(id) = &id
             && let Some(found) = self.map().get(&key)
             && &found.version == id
+            && current(found)
         {
-            return SecretVersion {
-                id: Some(id.clone()),
-                validation: found.result.clone(),
-            };
+            return handed_over(Some(id.clone()), found.result.clone());
         }
         let result = self
             .validator
-            .validate_secret(secret, None, Timestamp::now())
+            .validate_secret(secret, None, now)
             .map(Arc::new);
         let Some(id) = id else {
-            return SecretVersion {
-                id: None,
-                validation: result,
-            };
+            return handed_over(None, result);
         };
         let mut latest = self.map();
         let validation = match latest.get(&key) {
-            Some(found) if found.version == id => found.result.clone(),
+            Some(found) if found.version == id && current(found) => found.result.clone(),
             _ => {
                 latest.insert(
                     key,
                     Validation {
                         version: id.clone(),
                         result: result.clone(),
+                        at: now,
                     },
                 );
                 result
             }
         };
-        SecretVersion {
-            id: Some(id),
-            validation,
-        }
+        handed_over(Some(id), validation)
     }
 
     fn clear(&self) {
@@ -444,5 +487,47 @@ async fn sleep_until(at: Option<std::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{LeafSpec, Pki};
+    use jiff::SignedDuration;
+
+    #[test]
+    fn a_route_is_looked_at_again_when_its_certificate_dates_pass() {
+        // Whole seconds, as certificate dates are.
+        let now = Timestamp::from_second(Timestamp::now().as_second()).expect("now");
+        let pki = Pki::new(now);
+        let validation = |spec: LeafSpec| {
+            let secret = pki.issue(&spec).secret("ns", "s");
+            TlsValidator::default()
+                .validate_secret(&secret, None, now)
+                .map(Arc::new)
+        };
+        let spec = || LeafSpec::new("r.example", now);
+        let seconds = |hours: i64| std::time::Duration::from_secs(hours as u64 * 3600 + 1);
+        let in_an_hour = spec().valid(
+            now - SignedDuration::from_hours(1),
+            now + SignedDuration::from_hours(1),
+        );
+        assert_eq!(
+            dates_change_in(&validation(in_an_hour), now),
+            Some(seconds(1))
+        );
+        assert_eq!(
+            dates_change_in(&validation(spec().not_yet_valid(now)), now),
+            Some(seconds(24)),
+            "becomes valid a day from now"
+        );
+        assert_eq!(dates_change_in(&validation(spec().expired(now)), now), None);
+        let for_years = spec().valid(now, now + SignedDuration::from_hours(5 * 365 * 24));
+        assert_eq!(
+            dates_change_in(&validation(for_years), now),
+            Some(DATES_RECHECK_MAX)
+        );
+        assert_eq!(dates_change_in(&Err(TlsRejection::KeyEmpty), now), None);
     }
 }

@@ -56,6 +56,9 @@ pub(super) struct Blocked {
     pub owner: RouteKey,
     /// The host.
     pub host: String,
+    /// Whether the host is refused for belonging to the owner's namespace (the
+    /// namespace-ownership check), rather than for an older claim on the same path.
+    pub by_namespace: bool,
 }
 
 /// Every route's claim, by host.
@@ -113,12 +116,13 @@ impl HostClaims {
         let (host, mine) = self.of_route.get(route)?;
         let claims = self.by_host.get(host)?;
         let oldest = claims.first()?;
-        let blocked_by = |owner: &Claim| Blocked {
+        let blocked_by = |owner: &Claim, by_namespace| Blocked {
             owner: owner.route.clone(),
             host: host.clone(),
+            by_namespace,
         };
         if namespace_ownership && oldest.route.namespace != mine.route.namespace {
-            return Some(blocked_by(oldest));
+            return Some(blocked_by(oldest, true));
         }
         claims
             .range(..mine)
@@ -128,7 +132,7 @@ impl HostClaims {
                     // ownership is checked: they keep nobody out.
                     && (!namespace_ownership || older.route.namespace == mine.route.namespace)
             })
-            .map(blocked_by)
+            .map(|older| blocked_by(older, false))
     }
 
     /// How many routes claim a host.
@@ -226,6 +230,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A claim of another namespace on the same path is refused either way, for the
+    /// namespace with the ownership check, for the path without it: the message must
+    /// not ask to disable a check that is off.
+    #[test]
+    fn the_rule_that_refuses_is_named() {
+        let mut hosts = HostClaims::default();
+        for claim in [
+            claim("a", "owner", Some(1), ""),
+            claim("b", "late", Some(2), ""),
+        ] {
+            hosts.set(&claim.route.clone(), Some(("h".into(), claim)));
+        }
+        let late = RouteKey::new("b", "late");
+        let by_namespace = |ownership| hosts.blocker(&late, ownership).map(|b| b.by_namespace);
+        assert_eq!(by_namespace(true), Some(true));
+        assert_eq!(by_namespace(false), Some(false));
     }
 
     #[test]

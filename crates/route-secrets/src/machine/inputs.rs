@@ -123,6 +123,11 @@ pub struct SecretVersion {
     pub id: Option<SecretVersionId>,
     /// The validation of its TLS material.
     pub validation: Result<Arc<ValidatedTls>, TlsRejection>,
+    /// How long until the validation's date warnings may change (the certificate
+    /// becomes valid, or expires), from when the version is handed over; `None` when
+    /// they never will. A route admitted with it is evaluated again then (with the
+    /// version validated anew), so that its status message follows the dates.
+    pub dates_change_in: Option<Duration>,
 }
 
 /// `(uid, resourceVersion)` of a secret: a new uid is a re-created secret, a new

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 
 use crate::reason::{Reason, RejectionCause};
+use crate::route::admission::Admission;
 use crate::route::{Route, RouteKey, WildcardPolicy};
 use crate::tls::{TlsWarning, ValidatedTls};
 
@@ -28,6 +29,43 @@ pub struct AdmittedRoute {
     pub warnings: Vec<TlsWarning>,
     /// Set when the admission follows a re-created secret.
     pub reason: Option<Reason>,
+}
+
+impl AdmittedRoute {
+    /// The condition to record in the route's status: `Admitted=True`, with the
+    /// re-creation's reason when there is one, and a message naming every warning
+    /// [shown in status](TlsWarning::shown_in_status) (an expired or not yet valid
+    /// certificate, served as the router serves it). Without either, no reason and no
+    /// message, as the router writes it; so renewing the certificate clears the message.
+    pub fn admission(&self) -> Admission {
+        let mut admission = self
+            .reason
+            .as_ref()
+            .map_or_else(Admission::admitted, Reason::admission);
+        let namespace = &self.route.namespace;
+        let warnings: Vec<String> = self
+            .warnings
+            .iter()
+            .filter(|warning| warning.shown_in_status())
+            .map(|warning| {
+                format!(
+                    "external certificate secret {namespace}/{secret}: {warning}",
+                    secret = self.secret
+                )
+            })
+            .collect();
+        if warnings.is_empty() {
+            return admission;
+        }
+        let warnings = warnings.join("; ");
+        let message = match admission.message.take() {
+            Some(reason) => format!("{reason}; {warnings}"),
+            // Alone, the message names the route, as rejection messages do.
+            None => format!("route {}: {warnings}", self.route),
+        };
+        admission.message = Some(message);
+        admission
+    }
 }
 
 /// The TLS server names (SNI) an admitted route is served for.

@@ -13,14 +13,18 @@ use kube_common::backoff::BackoffPolicy;
 use proptest::prelude::*;
 
 use super::*;
+use crate::route::admission::Admission;
 use crate::testing::{LeafSpec, Pki};
 use crate::tls::{TlsRejection, TlsValidator, ValidatedTls};
 
 const NS: &str = "ns";
 
-/// Two valid certificates (for two secret versions) and a rejection.
+/// Two valid certificates (for two secret versions), and certificates served with a
+/// warning in the route's status: an expired one and one not valid yet.
 struct Material {
     valid: [Arc<ValidatedTls>; 2],
+    expired: Arc<ValidatedTls>,
+    not_yet_valid: Arc<ValidatedTls>,
 }
 
 fn material() -> &'static Material {
@@ -28,16 +32,19 @@ fn material() -> &'static Material {
     MATERIAL.get_or_init(|| {
         let now = Timestamp::now();
         let pki = Pki::new(now);
-        let validate = |host: &str| {
-            let secret = pki.issue(&LeafSpec::new(host, now)).secret(NS, "s");
+        let validate = |spec: LeafSpec| {
+            let secret = pki.issue(&spec).secret(NS, "s");
             Arc::new(
                 TlsValidator::default()
                     .validate_secret(&secret, None, now)
                     .expect("valid fixture"),
             )
         };
+        let spec = || LeafSpec::new("r.example", now);
         Material {
-            valid: [validate("r.example"), validate("r.example")],
+            valid: [validate(spec()), validate(spec())],
+            expired: validate(spec().expired(now)),
+            not_yet_valid: validate(spec().not_yet_valid(now)),
         }
     })
 }
@@ -79,6 +86,7 @@ fn version(
             resource_version: rv.to_string(),
         }),
         validation,
+        dates_change_in: None,
     }
 }
 
@@ -113,6 +121,8 @@ struct Driver {
     outcomes: Vec<RouteOutcome>,
     /// Status records, in order.
     statuses: Vec<(RouteKey, bool, Option<String>)>,
+    /// The last status record of each route, whole.
+    last_status: BTreeMap<RouteKey, Admission>,
     /// Secrets prefetched and not released.
     prefetched: BTreeSet<(String, String)>,
     readiness: Readiness,
@@ -133,6 +143,7 @@ impl Driver {
             preparing: None,
             outcomes: Vec::new(),
             statuses: Vec::new(),
+            last_status: BTreeMap::new(),
             prefetched: BTreeSet::new(),
             readiness: Readiness::default(),
         }
@@ -156,6 +167,7 @@ impl Driver {
                 Effect::Emit(outcome) => self.outcomes.push(*outcome),
                 Effect::RecordStatus { route, admission } => {
                     let key = route.key().expect("key");
+                    self.last_status.insert(key.clone(), admission.clone());
                     self.statuses
                         .push((key, admission.admitted, admission.reason));
                 }
@@ -856,6 +868,100 @@ fn a_re_created_route_is_told_again_and_gets_its_status() {
     assert_eq!(d.statuses.len(), statuses + 1);
 }
 
+/// An expired or not yet valid certificate is served, as by the router, and the route's
+/// status says so next to `Admitted=True`; a renewed certificate clears the message
+/// (a status write whose only change is the message).
+#[test]
+fn a_certificate_served_despite_its_dates_says_so_in_the_status_until_renewed() {
+    let mut d = in_state(State::Applying);
+    let m = material();
+    let status = |d: &Driver| d.last_status.get(&key("r")).cloned().expect("a status");
+    d.found(version("uid-s", 1, Ok(Arc::clone(&m.expired))));
+    assert_eq!(d.said_to("r"), vec![Said::Admitted]);
+    let expired = status(&d);
+    assert!(expired.admitted);
+    assert_eq!(expired.reason, None, "the router has no reason for this");
+    let message = expired.message.expect("a message");
+    let not_after = m.expired.not_after().to_string();
+    for words in [
+        "route ns/r: external certificate secret ns/s",
+        &format!("expired at {not_after}"),
+        "served anyway (as by the OpenShift router)",
+    ] {
+        assert!(message.contains(words), "{words:?} in {message:?}");
+    }
+
+    let writes = d.statuses.len();
+    d.secret(
+        "r",
+        SecretChange::Present(version("uid-s", 2, Ok(Arc::clone(&m.valid[0])))),
+    );
+    assert_eq!(d.said_to("r"), vec![Said::Admitted, Said::Admitted]);
+    assert_eq!(status(&d), Admission::admitted(), "renewed: no message");
+    assert_eq!(d.statuses.len(), writes + 1);
+
+    d.secret(
+        "r",
+        SecretChange::Present(version("uid-s", 3, Ok(Arc::clone(&m.not_yet_valid)))),
+    );
+    let not_before = m.not_yet_valid.not_before().to_string();
+    let message = status(&d).message.expect("a message");
+    assert!(
+        message.contains(&format!("not valid before {not_before}")),
+        "{message}"
+    );
+
+    // Re-created with an expired certificate: the re-creation's reason, and both
+    // messages.
+    d.secret("r", SecretChange::Deleted);
+    d.secret(
+        "r",
+        SecretChange::Present(version("uid-s2", 1, Ok(Arc::clone(&m.expired)))),
+    );
+    assert_eq!(d.said_to("r").last(), Some(&Said::Recreated));
+    let recreated = status(&d);
+    assert!(recreated.admitted);
+    assert_eq!(
+        recreated.reason.as_deref(),
+        Some("ExternalCertificateSecretRecreated")
+    );
+    let message = recreated.message.expect("a message");
+    assert!(message.contains("was recreated and validated"), "{message}");
+    assert!(
+        message.contains(&format!("expired at {not_after}")),
+        "{message}"
+    );
+}
+
+/// A served certificate is evaluated again when its dates change (it expires, or
+/// becomes valid), with no change to the secret: the status follows the dates.
+#[test]
+fn a_served_certificate_is_evaluated_again_when_its_dates_change() {
+    let mut d = in_state(State::Applying);
+    let m = material();
+    let hour = Duration::from_secs(3600);
+    let mut valid = version("uid-s", 1, Ok(Arc::clone(&m.valid[0])));
+    valid.dates_change_in = Some(hour);
+    d.found(valid);
+    let message = |d: &Driver| d.last_status.get(&key("r")).and_then(|a| a.message.clone());
+    assert_eq!(message(&d), None);
+    assert_eq!(d.machine.next_wakeup(), Some(d.now + hour));
+
+    d.advance(hour - Duration::from_secs(1));
+    assert!(d.preparing.is_none(), "not before the dates change");
+    d.advance(Duration::from_secs(1));
+    let preparation = d.preparing.clone().expect("applied again");
+    assert_eq!(preparation.route, key("r"));
+    assert_eq!(preparation.register, None, "keeps its registration");
+    // The shell validates the same version anew: expired now, and for good.
+    d.found(version("uid-s", 1, Ok(Arc::clone(&m.expired))));
+    assert_eq!(d.said_to("r"), vec![Said::Admitted, Said::Admitted]);
+    let expired = message(&d).expect("a message");
+    assert!(expired.contains("expired at"), "{expired}");
+    assert_eq!(d.machine.next_wakeup(), None);
+    assert_eq!(d.held_by("r"), 1);
+}
+
 #[test]
 fn start_up_is_ready_once_every_listed_route_is_decided_oldest_first() {
     let mut d = Driver::new();
@@ -1348,12 +1454,25 @@ impl World {
 
     fn secret_version(&self, secret: usize) -> Option<SecretVersion> {
         let (version, valid) = *self.secrets.get(&secret)?;
-        let material = Arc::clone(&material().valid[(version % 2) as usize]);
-        Some(self::version(
+        let material = Self::material_of(version);
+        let mut found = self::version(
             SECRETS[secret],
             version,
             if valid { Ok(material) } else { Err(invalid()) },
-        ))
+        );
+        // Valid certificates have dates that change an hour later: the route is applied
+        // again then (with the same answer here), among everything else.
+        found.dates_change_in = valid.then_some(Duration::from_secs(3600));
+        Some(found)
+    }
+
+    /// The valid material of a secret `version`: one in three is expired.
+    fn material_of(version: u64) -> Arc<ValidatedTls> {
+        let material = material();
+        Arc::clone(match version % 3 {
+            2 => &material.expired,
+            other => &material.valid[other as usize],
+        })
     }
 
     fn secret_of(name: &str) -> usize {
@@ -1609,6 +1728,22 @@ impl World {
                 last.as_ref().is_some_and(|l| expected.contains(l)),
                 "{route}: last told {last:?}, expected one of {expected:?}"
             );
+            // The status names an expired certificate exactly while it is served.
+            if let Some(Some(secret)) = self.routes.get(&index).map(|(secret, _)| *secret)
+                && let Some((version, true)) = self.secrets.get(&secret)
+            {
+                let status = self.d.last_status.get(&route);
+                let message = status.and_then(|status| status.message.as_deref());
+                let says_expired = message.is_some_and(|m| m.contains("expired at"));
+                prop_assert!(
+                    status.is_some_and(|status| status.admitted),
+                    "{route}: {status:?}"
+                );
+                prop_assert_eq!(says_expired, version % 3 == 2, "{}: {:?}", route, message);
+                if last == Some(Said::Admitted) && version % 3 != 2 {
+                    prop_assert_eq!(message, None, "{}", route);
+                }
+            }
             prop_assert_eq!(self.d.held_by(name), 1, "{} registered once", route);
         }
         Ok(())

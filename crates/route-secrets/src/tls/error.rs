@@ -565,4 +565,12 @@ impl TlsWarning {
             Self::IgnoredPemBlocks { .. } => "ignored_pem_blocks",
         }
     }
+
+    /// Whether the warning belongs in the route's status message, next to
+    /// `Admitted=True`: the certificate is served only because the router ignores its
+    /// dates on purpose, and clients that check dates refuse it, so the route's owner
+    /// must learn it where they look. The other warnings are advice, for the log.
+    pub fn shown_in_status(&self) -> bool {
+        matches!(self, Self::Expired { .. } | Self::NotYetValid { .. })
+    }
 }

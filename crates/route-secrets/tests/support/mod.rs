@@ -27,7 +27,7 @@ use route_secrets::api::route_watch::route_events_with_backoff;
 use route_secrets::api::status_writer::StatusWriter;
 use route_secrets::reason::Reason;
 use route_secrets::route::admission::{RouterIdentity, admitted_condition, router_ingress};
-use route_secrets::route::{Route, RouteKey};
+use route_secrets::route::{Route, RouteIngressCondition, RouteKey};
 use secret_monitor::{MonitorOptions, SecretMonitor};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
@@ -313,17 +313,46 @@ impl Harness {
     /// Waits (on the route's watch events) until its status records `admitted` with
     /// `reason` for this router.
     pub async fn until_status(&self, route: &RouteKey, admitted: bool, reason: Option<&str>) {
-        let api: Api<Route> = Api::namespaced(self.admin.clone(), &route.namespace);
         let wanted = if admitted { "True" } else { "False" };
+        let what = format!("status of {route} records admitted={admitted} reason={reason:?}");
+        self.until_condition(route, &what, move |c| {
+            c.status.as_str() == wanted && c.reason.as_deref() == reason
+        })
+        .await;
+    }
+
+    /// Waits until the route's status records `Admitted=True` whose message contains
+    /// `words`, or has no message when `words` is `None`.
+    pub async fn until_admitted_message(&self, route: &RouteKey, words: Option<&str>) {
+        let what = format!("status of {route} records Admitted=True with message {words:?}");
+        self.until_condition(route, &what, move |c| {
+            let message = c.message.as_deref().filter(|m| !m.is_empty());
+            c.status.as_str() == "True"
+                && match words {
+                    Some(words) => message.is_some_and(|m| m.contains(words)),
+                    None => message.is_none(),
+                }
+        })
+        .await;
+    }
+
+    /// Waits (on the route's watch events) until this router's `Admitted` condition on
+    /// the route satisfies `wanted`.
+    async fn until_condition(
+        &self,
+        route: &RouteKey,
+        what: &str,
+        wanted: impl Fn(&RouteIngressCondition) -> bool,
+    ) {
+        let api: Api<Route> = Api::namespaced(self.admin.clone(), &route.namespace);
         let recorded = move |object: Option<&Route>| {
             object
                 .and_then(|route| router_ingress(route, ROUTER_NAME))
                 .and_then(admitted_condition)
-                .is_some_and(|c| c.status.as_str() == wanted && c.reason.as_deref() == reason)
+                .is_some_and(&wanted)
         };
-        let what = format!("status of {route} records admitted={admitted} reason={reason:?}");
         within_patience(
-            &what,
+            what,
             kube::runtime::wait::await_condition(api, &route.name, recorded),
         )
         .await

@@ -175,6 +175,28 @@ where
         })
     }
 
+    /// Asks the API server, once and in the background, whether it serves streaming
+    /// lists, with a streaming list of the collection at `collection_path` (e.g.
+    /// `/apis/route.openshift.io/v1/routes`) narrowed to `name`: best a name that does
+    /// not exist, in a collection this client may watch. Until it is answered, first
+    /// syncs hold their streaming lists (and only those); a refusal turns streaming
+    /// lists off before any key asks, so that a server without them refuses one
+    /// request instead of every first sync of a start-up burst. Any other answer
+    /// (403, 5xx, none within the sync timeout) teaches nothing and lets them go.
+    ///
+    /// Start it while the caller does something that costs a round trip anyway (the
+    /// router lists its routes before it knows any secret), so that the wait costs
+    /// nothing. Does nothing when streaming lists are off already.
+    pub fn probe_streaming(&self, collection_path: impl Into<String>, name: impl Into<String>) {
+        let context = Arc::clone(&self.inner.context);
+        let (path, name) = (collection_path.into(), name.into());
+        // Marked out before the task runs, so that a key registered right after this
+        // call already waits for the answer.
+        if context.probe_starting() {
+            tokio::spawn(watch::probe_streaming::<K>(context, path, name));
+        }
+    }
+
     /// Every watched key with its handler counts.
     pub fn watched_keys(&self) -> BTreeMap<ObjectKey, KeyStatus> {
         self.inner.registry.snapshot()

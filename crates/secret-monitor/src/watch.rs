@@ -35,6 +35,10 @@ use crate::{MonitorError, MonitorErrorKind, ObjectKey};
 /// not all renewed together.
 const DEFAULT_MIN_WATCH_TIMEOUT: u32 = 300;
 
+/// The longest a streaming probe holds first syncs back (it normally takes one round
+/// trip).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long past its `timeoutSeconds` a watch may stay silent before the client gives
 /// up on it (a server that ended it without the end reaching us).
 const WATCH_DEADLINE_MARGIN: Duration = Duration::from_secs(60);
@@ -51,6 +55,10 @@ pub(crate) struct WatchContext {
     streaming_off: CancellationToken,
     /// Set by the first key that finds streaming lists refused, so it is logged once.
     streaming_off_logged: AtomicBool,
+    /// Whether a streaming probe ([`probe_streaming`]) is out: while it is, first
+    /// syncs hold their streaming lists, so that a server without them refuses one
+    /// request, not the whole start-up burst.
+    probe: tokio::sync::watch::Sender<ProbeState>,
     /// Paces first syncs (shared with other bursts when the options give one).
     limiter: AdaptiveLimiter,
 }
@@ -74,8 +82,26 @@ impl WatchContext {
             resource,
             streaming_off: CancellationToken::new(),
             streaming_off_logged: AtomicBool::new(false),
+            probe: tokio::sync::watch::Sender::new(ProbeState::None),
             limiter,
         }
+    }
+
+    /// Marks a streaming probe out, unless streaming lists are off already (then no
+    /// probe is needed: returns false).
+    pub(crate) fn probe_starting(&self) -> bool {
+        let streaming = self.streaming();
+        if streaming {
+            self.probe.send_replace(ProbeState::Out);
+        }
+        streaming
+    }
+
+    /// Waits while a streaming probe is out. Returns at once when there is none.
+    async fn probe_answered(&self) {
+        let mut state = self.probe.subscribe();
+        // The sender lives in `self`, so the channel cannot close while this waits.
+        let _ = state.wait_for(|state| *state != ProbeState::Out).await;
     }
 
     fn streaming(&self) -> bool {
@@ -100,6 +126,106 @@ impl WatchContext {
 
     fn error(&self, key: &ObjectKey, kind: MonitorErrorKind) -> MonitorError {
         MonitorError::new(self.resource.as_str(), key.clone(), kind)
+    }
+}
+
+/// Where the monitor's streaming probe stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ProbeState {
+    /// No probe was started, or it has been answered: streaming lists go out freely.
+    None,
+    /// A probe is out: streaming lists wait for its answer.
+    Out,
+}
+
+/// What the probe's answer says about streaming lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ProbeVerdict {
+    /// Served: its initial-events bookmark arrived.
+    Served,
+    /// Refused (422/400, or the `RequestWatchProgress` error): turned off for every key.
+    Refused,
+    /// Anything else (403, 5xx, no answer in time): nothing learned; keys stream as
+    /// without a probe.
+    Unknown,
+}
+
+/// Asks the API server once whether it serves streaming lists: a streaming list of the
+/// collection at `path` narrowed to `name` (best an object that does not exist, in a
+/// collection the client may watch). Until the answer, first syncs hold their
+/// streaming lists; a refusal turns streaming off before any key asks.
+pub(crate) async fn probe_streaming<K>(ctx: Arc<WatchContext>, path: String, name: String)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    // Answered when this returns or is dropped (the monitor went away).
+    struct Answered<'a>(&'a WatchContext);
+    impl Drop for Answered<'_> {
+        fn drop(&mut self) {
+            self.0.probe.send_replace(ProbeState::None);
+        }
+    }
+    let answered = Answered(&ctx);
+    let mut probing = Box::pin(probe::<K>(&ctx, &path, &name));
+    // Keys wait for the answer within their own first-sync deadline: hold them well
+    // short of that. A probe that takes longer (queued by a throttling server) is not
+    // abandoned: first syncs go ahead, and a late refusal still switches the keys.
+    let patience = PROBE_TIMEOUT.min(ctx.options.sync_timeout / 4);
+    let verdict = match tokio::time::timeout(patience, &mut probing).await {
+        Ok(verdict) => verdict,
+        Err(_slow) => {
+            ctx.probe.send_replace(ProbeState::None);
+            tokio::time::timeout(ctx.options.sync_timeout, probing)
+                .await
+                .unwrap_or(ProbeVerdict::Unknown)
+        }
+    };
+    debug!(%path, %name, ?verdict, "streaming probe answered");
+    if verdict == ProbeVerdict::Refused {
+        ctx.refuse_streaming(&ObjectKey::new(String::new(), name.clone()), None);
+    }
+    drop(answered);
+}
+
+async fn probe<K>(ctx: &WatchContext, path: &str, name: &str) -> ProbeVerdict
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let mut machine: Machine<K> = Machine::new(name, true, 1);
+    let answer = request::send::<K>(
+        &ctx.client,
+        Target { path, name },
+        request::Send {
+            request: Request::StreamingList,
+            resource_version: "",
+            timeout_seconds: watch_timeout_seconds(&ctx.options),
+            retry: false,
+        },
+    )
+    .await;
+    let mut stream = match answer {
+        Answer::Stream(stream) => stream,
+        // A refusal comes as the response itself (422/400).
+        Answer::Input(input) => {
+            return if machine.step(input).streaming_refused {
+                ProbeVerdict::Refused
+            } else {
+                ProbeVerdict::Unknown
+            };
+        }
+    };
+    let mut output = machine.step(Input::Opened);
+    loop {
+        if output.streaming_refused {
+            return ProbeVerdict::Refused;
+        }
+        if let Step::FirstSync(_) = output.step {
+            return ProbeVerdict::Served;
+        }
+        if output.next != Next::Read {
+            return ProbeVerdict::Unknown;
+        }
+        output = machine.step(stream.next::<K>().await);
     }
 }
 
@@ -398,8 +524,17 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     watch.stream = None;
-    if request == Request::StreamingList && !ctx.streaming() {
-        return Happened::StreamingOff;
+    if request == Request::StreamingList {
+        // Held while the probe is out (one latency at most, usually overlapping the
+        // caller's own first request): a refusal then costs one request, not one per key.
+        tokio::select! {
+            biased;
+            () = ctx.streaming_off.cancelled() => return Happened::StreamingOff,
+            () = ctx.probe_answered() => {}
+        }
+        if !ctx.streaming() {
+            return Happened::StreamingOff;
+        }
     }
     let path = K::url_path(&(), Some(&key.namespace));
     let timeout_seconds = watch_timeout_seconds(&ctx.options);

@@ -547,76 +547,31 @@ async fn a_server_without_watch_progress_turns_streaming_off_for_every_key_at_on
 /// one per key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_streaming_lists_switch_every_key_in_flight_at_once() {
-    let servers = [
-        (
-            "WatchList off",
-            ServerFeatures {
-                watch_list: false,
-                ..ServerFeatures::default()
-            },
-            422,
-        ),
-        (
-            "storage without watch progress",
-            ServerFeatures {
-                watch_progress: false,
-                ..ServerFeatures::default()
-            },
-            200,
-        ),
-    ];
-    for (server, features, refusal_code) in servers {
-        let sim = sim_with(SimConfig {
-            features,
-            latency: kube_sim::LatencyConfig::fixed(Duration::from_millis(300)),
-            ..SimConfig::default()
-        })
-        .await;
-        for i in 0..200 {
-            put_secret(&sim, "ns", &format!("s{i}"), "v");
-        }
-        let errors = Arc::new(ErrorCount::default());
-        let monitor = monitor_with(
-            &sim,
-            MonitorOptions {
-                first_sync_attempts: 1,
-                observer: Some(errors.clone()),
-                ..fast_options()
-            },
-        )
-        .await;
-        let registrations =
-            join_all((0..200).map(|i| monitor.add_handler(key("ns", &format!("s{i}"))))).await;
-        for registration in registrations {
-            let registration = registration.unwrap_or_else(|e| panic!("{server}: {e}"));
-            assert_eq!(value_of(&monitor.get(&registration.handle).unwrap()), "v");
-        }
-        open_watches_become(&sim, 200).await;
-        let log = sim.request_log();
-        let streaming: Vec<_> = log.iter().filter(|r| r.send_initial_events).collect();
-        let lists = log.iter().filter(|r| r.verb == "list").count();
-        let watches = log
-            .iter()
-            .filter(|r| r.verb == "watch" && !r.send_initial_events)
-            .count();
+    for (server, features, refusal_code) in servers_without_streaming_lists() {
+        let burst = register_burst(features, None).await;
+        let Burst { sim, monitor, .. } = &burst;
         // The fault fired: the server refused streaming lists the way it should.
         assert!(
-            !streaming.is_empty() && streaming.iter().all(|r| r.code == refusal_code),
+            !burst.streaming_codes.is_empty()
+                && burst
+                    .streaming_codes
+                    .iter()
+                    .all(|code| *code == refusal_code),
             "{server}"
         );
-        assert!(streaming.len() <= 200, "{server}: {}", streaming.len());
-        assert_eq!((lists, watches), (200, 200), "{server}");
+        assert!(burst.streaming_codes.len() <= BURST, "{server}");
+        assert_eq!((burst.lists, burst.watches), (BURST, BURST), "{server}");
         assert_eq!(
-            errors.0.load(Ordering::SeqCst),
+            burst.errors.0.load(Ordering::SeqCst),
             1,
             "{server}: one refusal reported, not one per key"
         );
 
         // A key registered later lists straight away.
-        put_secret(&sim, "ns", "late", "v");
+        put_secret(sim, "ns", "late", "v");
         monitor.add_handler(key("ns", "late")).await.unwrap();
-        open_watches_become(&sim, 201).await;
-        let late = requests_for(&sim, "ns", "late");
+        open_watches_become(sim, BURST as u64 + 1).await;
+        let late = requests_for(sim, "ns", "late");
         assert_eq!(late["list"].len(), 1, "{server}");
         assert!(
             late["watch"].iter().all(|r| !r.send_initial_events),
@@ -903,4 +858,139 @@ async fn events_carry_no_secret_bytes_in_errors() {
         follower.history.as_slice(),
         [ObjectEvent::Added(_)]
     ));
+}
+
+/// With a streaming probe out, first syncs hold their streaming lists until it is
+/// answered: against a server without streaming lists (422, or 200 with one ERROR
+/// event) the whole burst costs the probe's one refused request plus a list and a
+/// watch per key (within 2N + 100, where without the probe every key's streaming list
+/// was already in flight); against a server with them, the probe costs one request and
+/// every key still syncs with one streaming list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_probe_keeps_a_refusal_to_one_request() {
+    let refusing = servers_without_streaming_lists()
+        .into_iter()
+        .map(|(server, features, code)| (server, features, Some(code)));
+    let serving = ("streaming lists served", ServerFeatures::default(), None);
+    for (server, features, refusal_code) in refusing.chain([serving]) {
+        // The probe asks about an object that does not exist.
+        let burst = register_burst(features, Some("no-such-secret")).await;
+        let probes = requests_for(&burst.sim, "ns", "no-such-secret");
+        assert_eq!(probes["watch"].len(), 1, "{server}: one probe");
+        match refusal_code {
+            Some(code) => {
+                assert_eq!(
+                    burst.streaming_codes,
+                    [code],
+                    "{server}: only the probe streamed"
+                );
+                assert_eq!((burst.lists, burst.watches), (BURST, BURST), "{server}");
+                assert!(burst.total <= 2 * BURST + 100, "{server}: {}", burst.total);
+            }
+            None => {
+                assert_eq!(
+                    burst.streaming_codes.len(),
+                    BURST + 1,
+                    "{server}: the probe and every key"
+                );
+                assert_eq!((burst.lists, burst.watches), (0, 0), "{server}");
+            }
+        }
+        assert_eq!(
+            burst.errors.0.load(Ordering::SeqCst),
+            0,
+            "{server}: no key failed"
+        );
+    }
+}
+
+/// Keys registered at once by [`register_burst`].
+const BURST: usize = 200;
+
+/// The simulator's two kinds of servers without streaming lists, with the code their
+/// refusal comes with: WatchList off (422) and storage without watch progress (200 and
+/// one ERROR event).
+fn servers_without_streaming_lists() -> [(&'static str, ServerFeatures, u16); 2] {
+    [
+        (
+            "WatchList off",
+            ServerFeatures {
+                watch_list: false,
+                ..ServerFeatures::default()
+            },
+            422,
+        ),
+        (
+            "storage without watch progress",
+            ServerFeatures {
+                watch_progress: false,
+                ..ServerFeatures::default()
+            },
+            200,
+        ),
+    ]
+}
+
+/// What a burst of registrations cost at the server.
+struct Burst {
+    sim: kube_sim::Simulator,
+    monitor: SecretMonitor,
+    errors: Arc<ErrorCount>,
+    /// Response codes of the streaming lists, in the order they were logged.
+    streaming_codes: Vec<u16>,
+    lists: usize,
+    watches: usize,
+    total: usize,
+}
+
+/// [`BURST`] keys registered at once (one attempt each) on a server with `features` at
+/// 300 ms, after a streaming probe for `probe` (a secret name in the same namespace)
+/// when given; every key synced and its watch open.
+async fn register_burst(features: ServerFeatures, probe: Option<&str>) -> Burst {
+    let sim = sim_with(SimConfig {
+        features,
+        latency: kube_sim::LatencyConfig::fixed(Duration::from_millis(300)),
+        ..SimConfig::default()
+    })
+    .await;
+    for i in 0..BURST {
+        put_secret(&sim, "ns", &format!("s{i}"), "v");
+    }
+    let errors = Arc::new(ErrorCount::default());
+    let monitor = monitor_with(
+        &sim,
+        MonitorOptions {
+            first_sync_attempts: 1,
+            observer: Some(errors.clone()),
+            ..fast_options()
+        },
+    )
+    .await;
+    if let Some(name) = probe {
+        monitor.probe_streaming("/api/v1/namespaces/ns/secrets", name);
+    }
+    let registrations =
+        join_all((0..BURST).map(|i| monitor.add_handler(key("ns", &format!("s{i}"))))).await;
+    for registration in registrations {
+        let registration = registration.unwrap_or_else(|e| panic!("{features:?}: {e}"));
+        assert_eq!(value_of(&monitor.get(&registration.handle).unwrap()), "v");
+    }
+    open_watches_become(&sim, BURST as u64).await;
+    let log = sim.request_log();
+    Burst {
+        streaming_codes: log
+            .iter()
+            .filter(|r| r.send_initial_events)
+            .map(|r| r.code)
+            .collect(),
+        lists: log.iter().filter(|r| r.verb == "list").count(),
+        watches: log
+            .iter()
+            .filter(|r| r.verb == "watch" && !r.send_initial_events)
+            .count(),
+        total: log.len(),
+        sim,
+        monitor,
+        errors,
+    }
 }

@@ -119,6 +119,11 @@ pub async fn run(
             ..MonitorOptions::default()
         },
     );
+    // As the daemon does: one streaming probe, sent with the route listing.
+    monitor.probe_streaming(
+        <Route as kube::Resource>::url_path(&(), None),
+        crate::run::daemon::STREAMING_PROBE_NAME,
+    );
     let manager = SecretManager::new(monitor);
     let access = AccessChecker::new(client.clone(), AccessPolicy::SelfRules, ACCESS_TTL);
     let status = spec

@@ -75,8 +75,9 @@ pub struct RunResult {
     pub requests_total: u64,
     /// `requests_total / measured_secrets`.
     pub requests_per_secret: f64,
-    /// Concurrent only: what the strategy needs without any retry (one streaming
-    /// watch per secret, one rules review per namespace, the route listing).
+    /// The product's strategies: what they need without any retry (one streaming
+    /// watch per secret, one rules review per namespace, the route listing, and the
+    /// streaming probe).
     pub requests_needed: Option<u64>,
     /// Highest number of requests in flight at the simulator.
     pub peak_inflight: u64,
@@ -178,7 +179,9 @@ impl RunResult {
         let product = strategy != Strategy::Serial;
         let requests_needed = product.then(|| {
             let route_listing = if streaming_route_list { 1 } else { 2 };
-            scenario.secrets as u64 + scenario.namespaces_used() as u64 + route_listing
+            // The product's one streaming probe, sent with the route listing.
+            let probe = 1;
+            scenario.secrets as u64 + scenario.namespaces_used() as u64 + route_listing + probe
         });
         let connections =
             measurement.http2_connections_opened + measurement.http1_connections_opened;

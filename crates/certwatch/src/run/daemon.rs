@@ -21,6 +21,7 @@ use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy, Acc
 use route_secrets::api::manager::SecretManager;
 use route_secrets::api::pipeline::{HostPolicy, PipelineError, PipelineOptions, RoutePipeline};
 use route_secrets::api::status_writer::StatusWriter;
+use route_secrets::route::Route;
 use route_secrets::route::admission::RouterIdentity;
 use secret_monitor::{MonitorObserver, MonitorOptions, SecretMonitor};
 use tokio::sync::watch;
@@ -39,6 +40,10 @@ use super::progress::{self, ProgressMode};
 use super::reload::{ReloadOptions, Reloader};
 use super::scope::{RouteScope, scoped_route_events};
 use super::throttle;
+
+/// The route name the streaming probe ([`secret_monitor::ObjectMonitor::probe_streaming`])
+/// asks about: one no route has, so the answer carries no object.
+pub const STREAMING_PROBE_NAME: &str = "certwatch-streaming-list-probe";
 
 /// Everything the daemon can be told.
 #[derive(Clone, Debug)]
@@ -213,6 +218,17 @@ impl Daemon {
                 sync_timeout: options.sync_timeout,
                 ..MonitorOptions::default()
             },
+        );
+        // Whether the server serves streaming lists is asked once, with the routes'
+        // own collection (which this identity lists anyway; the name exists nowhere),
+        // while the routes are being listed: a server without them then refuses one
+        // request, not the first sync of every secret (issue #13: 2N + 100).
+        monitor.probe_streaming(
+            <Route as kube::Resource>::url_path(
+                &(),
+                options.scope.namespaces.first().map(String::as_str),
+            ),
+            STREAMING_PROBE_NAME,
         );
         let manager = SecretManager::new(monitor);
         // Access reviews come in the same start-up burst as first syncs: one window.

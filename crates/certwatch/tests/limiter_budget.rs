@@ -60,20 +60,7 @@ async fn an_unbounded_burst_through_four_seats_converges_within_the_bound() {
 async fn burst_through_four_seats(upper_bound: Option<usize>) {
     let first_window = upper_bound.unwrap_or(SECRETS);
     let temp = tempfile::tempdir().unwrap();
-    let generate = format!("routes={SECRETS},namespaces={NAMESPACES}");
-    let sim = SimProcess::start(
-        temp.path(),
-        &[
-            "--generate",
-            &generate,
-            "--max-inflight",
-            "4",
-            "--queue",
-            "0",
-            "--latency",
-            "10ms",
-        ],
-    );
+    let sim = SimProcess::four_seats_without_a_queue(temp.path(), SECRETS, NAMESPACES);
     let client = router_client(&sim).await;
     // Who holds which secret, from the admin's view (before the counters are reset).
     let admin = sim.client("admin").await;
@@ -104,7 +91,7 @@ async fn burst_through_four_seats(upper_bound: Option<usize>) {
             let name = Arc::new(name);
             tokio::spawn(async move {
                 limiter
-                    .send(20, || {
+                    .send(20, |_| {
                         let (api, name) = (api.clone(), Arc::clone(&name));
                         async move { api.get(&name).await }
                     })

@@ -14,6 +14,7 @@
 
 pub mod access;
 pub mod manager;
+mod paced;
 pub mod pipeline;
 pub mod route_watch;
 pub mod status_writer;

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use kube_common::Verb;
-use kube_sim::{FailRule, Simulator};
+use kube_common::adaptive::AdaptiveLimiter;
+use kube_sim::{FailRule, LimitsConfig, Simulator};
 use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy};
 use route_secrets::api::manager::SecretManager;
 use route_secrets::testing::{LeafSpec, Pki};
@@ -184,6 +185,125 @@ async fn a_denial_says_when_it_is_asked_again() {
     );
     let allowed = checker.check(NS, "s1").await.unwrap();
     assert_eq!(allowed.recheck_after, Duration::ZERO);
+}
+
+/// Under the process's adaptive limiter, a review the server refuses for load is
+/// re-queued in its place instead of failing the check, and the limiter learns from
+/// each refusal.
+#[tokio::test]
+async fn reviews_refused_for_load_are_re_queued_under_a_limiter() {
+    let sim = world().await;
+    let limiter = AdaptiveLimiter::new(Some(8));
+    let checker = AccessChecker::with_limiter(
+        client(&sim, "router").await,
+        AccessOptions::default(),
+        limiter.clone(),
+    );
+    sim.faults()
+        .fail_next(FailRule::new("create", "selfsubjectrulesreviews", 503, 2));
+    assert!(checker.check(NS, "s1").await.unwrap().allowed());
+    assert_eq!(reviews(&sim, "selfsubjectrulesreviews"), 3);
+    assert_eq!(
+        answered(&sim, "create", "selfsubjectrulesreviews", 503),
+        2,
+        "the faults fired"
+    );
+    assert_eq!(checker.stats().requests, 3, "every attempt is counted");
+    let snapshot = limiter.snapshot();
+    assert_eq!(
+        (snapshot.refused, snapshot.succeeded, snapshot.in_flight),
+        (2, 1, 0)
+    );
+}
+
+/// A burst of per-verb reviews (three per secret) against a server that takes two
+/// requests at once and answers 429 to the rest: without a limiter some checks fail
+/// with the 429; under one, every check is answered, every answer allows (a 429 never
+/// becomes a denial), and each 429 the server sent was re-queued by the limiter.
+#[tokio::test]
+async fn a_review_burst_through_two_seats_is_answered_under_a_limiter() {
+    const SECRETS: usize = 30;
+    let sim = world().await;
+    let names: Vec<String> = (0..SECRETS).map(|i| format!("burst-{i}")).collect();
+    let pki = Pki::new(now());
+    for name in &names {
+        put_secret(
+            &sim,
+            &pki.issue(&LeafSpec::new("x.example", now()))
+                .secret(NS, name),
+        );
+    }
+    let granted: Vec<&str> = names.iter().map(String::as_str).collect();
+    sim.grant_router_secrets(NS, &granted).unwrap();
+    sim.set_limits(LimitsConfig {
+        max_inflight: Some(2),
+        queue_len: 0,
+        ..LimitsConfig::default()
+    });
+    let options = AccessOptions {
+        policy: AccessPolicy::SelfReviews,
+        ..AccessOptions::default()
+    };
+    let burst = |checker: AccessChecker| {
+        join_all(names.iter().map(move |name| {
+            let checker = checker.clone();
+            async move { checker.check(NS, name).await }
+        }))
+    };
+
+    // The control: the same burst without a limiter loses checks to 429s.
+    let unpaced = burst(AccessChecker::with_options(
+        client(&sim, "router").await,
+        options.clone(),
+    ))
+    .await;
+    let failed = unpaced
+        .iter()
+        .filter(|decision| decision.as_ref().is_err_and(|err| err.code() == Some(429)))
+        .count();
+    assert!(failed > 0, "the budget refuses an unpaced burst");
+
+    let before = sim.request_log().len();
+    let limiter = AdaptiveLimiter::new(None);
+    let checker =
+        AccessChecker::with_limiter(client(&sim, "router").await, options, limiter.clone());
+    let decisions = burst(checker.clone()).await;
+    for (name, decision) in names.iter().zip(&decisions) {
+        let decision = decision
+            .as_ref()
+            .unwrap_or_else(|err| panic!("{name}: {err}"));
+        assert!(decision.allowed(), "{name}: {decision:?}");
+    }
+    let sent: Vec<_> = sim.request_log()[before..]
+        .iter()
+        .filter(|r| r.verb == "create" && r.resource == "selfsubjectaccessreviews")
+        .cloned()
+        .collect();
+    let refused = sent.iter().filter(|r| r.code == 429).count();
+    let allowed = sent
+        .iter()
+        .filter(|r| r.code == 201 || r.code == 200)
+        .count();
+    assert_eq!(
+        allowed,
+        SECRETS * 3,
+        "one answered review per secret and verb"
+    );
+    assert!(
+        refused > 0,
+        "the server refused some of the paced burst too"
+    );
+    assert_eq!(checker.stats().requests as usize, sent.len());
+    let snapshot = limiter.snapshot();
+    assert_eq!(
+        (
+            snapshot.refused as usize,
+            snapshot.succeeded as usize,
+            snapshot.in_flight
+        ),
+        (refused, SECRETS * 3, 0),
+        "the limiter saw every refusal and every answer"
+    );
 }
 
 #[tokio::test]

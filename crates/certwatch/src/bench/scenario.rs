@@ -189,11 +189,22 @@ impl Scenario {
         } else {
             two_round_trips + 1_000
         };
+        let refused_fraction = self.max_inflight.map(|_| 0.25);
+        // Under a budget each refusal the bound allows is one more request: the
+        // first window beyond the server's seats is refused and sent again.
+        let refused_allowed = refused_fraction.map_or(0, |fraction| {
+            let needed = self.requests_needed();
+            let first_window = self
+                .max_concurrent_syncs
+                .map_or(needed, |bound| bound as u64);
+            (fraction * needed as f64).floor() as u64 + first_window
+        });
         Targets {
             ready_ms,
             rss_bytes: (self.secrets >= 10_000).then_some(150 * 1024 * 1024),
             connections: secrets.div_ceil(100) + 2,
-            requests: 2 * secrets + self.namespaces_used() as u64,
+            requests: (2 * secrets + self.namespaces_used() as u64)
+                .max(self.requests_needed() + refused_allowed),
             // A client bound that fits the server's seats and queue leaves nothing to
             // refuse: then retries must stay rare.
             retry_factor: self
@@ -201,7 +212,7 @@ impl Scenario {
                 .zip(self.max_concurrent_syncs)
                 .filter(|(seats, bound)| *bound <= seats + self.queue)
                 .map(|_| 1.1),
-            refused_fraction: self.max_inflight.map(|_| 0.25),
+            refused_fraction,
             errors: 0,
         }
     }
@@ -217,7 +228,9 @@ pub struct Targets {
     pub rss_bytes: Option<u64>,
     /// Client connections: one HTTP/2 connection per 100 watches, plus 2.
     pub connections: u64,
-    /// API requests at start-up: 2 per distinct secret plus 1 per namespace.
+    /// API requests at start-up: 2 per distinct secret plus 1 per namespace; under a
+    /// concurrency limit at least the requests needed plus the refusals the bound
+    /// allows (each refused request is sent again).
     pub requests: u64,
     /// Under a concurrency limit that the client's bound fits: total requests at most
     /// this factor times what the strategy needs (no retry storm).
@@ -306,6 +319,9 @@ mod tests {
         // 310 requests at 4 per 10 ms: 775 ms, times 1.5, plus 20 ms and 2 s.
         assert_eq!(four.targets().ready_ms, 1_163 + 20 + 2_000);
         assert_eq!(four.targets().retry_factor, None);
+        // The 310 needed, plus the 77 + 310 refusals the bound allows (unbounded first
+        // window), each sent again.
+        assert_eq!(four.targets().requests, 310 + 77 + 310);
         let unlimited = Scenario::preset("budget-unlimited").unwrap().targets();
         assert_eq!(unlimited.ready_ms, 20 + 1_000);
         assert_eq!(unlimited.refused_fraction, None);

@@ -231,7 +231,8 @@ impl Daemon {
             STREAMING_PROBE_NAME,
         );
         let manager = SecretManager::new(monitor);
-        let access = AccessChecker::with_options(
+        // Access reviews come in the same start-up burst as first syncs: one window.
+        let access = AccessChecker::with_limiter(
             client.clone(),
             AccessOptions {
                 policy: options.access_policy.clone(),
@@ -239,12 +240,15 @@ impl Daemon {
                 // A denial is never trusted longer than an answer.
                 denied_ttl: options.access_denied_ttl.min(options.access_ttl),
             },
+            limiter.clone(),
         );
         let status_writer = options.write_status.then(|| {
-            StatusWriter::spawn(
+            // Status writes follow the start-up burst: the same window paces them.
+            StatusWriter::spawn_with_limiter(
                 client.clone(),
                 RouterIdentity::new(options.router_name.clone()),
                 options.status_concurrency,
+                limiter.clone(),
             )
         });
         let (pipeline, pipeline_outputs) = RoutePipeline::new(

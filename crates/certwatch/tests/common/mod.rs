@@ -115,6 +115,26 @@ impl SimProcess {
         kube::Client::try_from(config).unwrap()
     }
 
+    /// Starts the simulator with `routes` routes in `namespaces` namespaces behind the
+    /// smallest budget of issue #14: 4 requests at once, no queue (every request beyond
+    /// is answered 429 at once), 10 ms per request.
+    pub fn four_seats_without_a_queue(dir: &Path, routes: usize, namespaces: usize) -> Self {
+        let generate = format!("routes={routes},namespaces={namespaces}");
+        Self::start(
+            dir,
+            &[
+                "--generate",
+                &generate,
+                "--max-inflight",
+                "4",
+                "--queue",
+                "0",
+                "--latency",
+                "10ms",
+            ],
+        )
+    }
+
     /// Calls the simulator's admin API.
     pub fn admin(&self, method: &str, path: &str, body: &str) -> (u16, String) {
         http_request(self.addr, method, path, body)
@@ -382,6 +402,18 @@ pub fn metric_value(text: &str, sample: &str) -> Option<f64> {
         let value = rest.strip_prefix(' ')?;
         value.trim().parse().ok()
     })
+}
+
+/// The 429s certwatch's `/metrics` (the text in `metrics`) counts, over every
+/// resource and verb.
+pub fn counted_429s(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with("certwatch_api_requests_total{") && line.contains("code=\"429\"")
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
 
 /// One HTTP/1.1 request over a fresh connection; returns status and body (0 and an

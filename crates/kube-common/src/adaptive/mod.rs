@@ -22,7 +22,9 @@
 //!
 //! [`AdaptiveLimiter::snapshot`] gives the window and counters for metrics, logs and
 //! progress displays. The limiter is cheap to clone; clones share one window.
-//! [`AdaptiveLimiter::send`] runs the loop below for one kube request.
+//! [`AdaptiveLimiter::send`] runs the loop below for one kube request, telling each
+//! attempt whether it is a retry ([`Attempt::mark`] puts that on the HTTP request, so
+//! that the transport counts retries apart from first attempts).
 //!
 //! # Example
 //!
@@ -72,6 +74,26 @@ mod tests;
 use std::time::Duration;
 
 use crate::backoff::BackoffPolicy;
+
+/// Which attempt at one request [`AdaptiveLimiter::send`] is making.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// The first.
+    First,
+    /// Another after the server refused the previous one for load.
+    Retry,
+}
+
+impl Attempt {
+    /// `request`, marked with [`Retry`](crate::backoff::Retry) when this attempt is a
+    /// retry: kube-h2's request accounting (and so `/metrics`) counts it as one.
+    pub fn mark<B>(self, mut request: http::Request<B>) -> http::Request<B> {
+        if self == Self::Retry {
+            request.extensions_mut().insert(crate::backoff::Retry);
+        }
+        request
+    }
+}
 
 /// Whether a response status means the server refused for load: 429, or any 5xx.
 pub fn is_overload_status(status: u16) -> bool {
@@ -179,17 +201,23 @@ impl AdaptiveLimiter {
     /// while the server refuses for load ([`is_overload_status`]) re-queues the request
     /// in its place (after the `Retry-After` of the refusal's Status, or the backoff
     /// delay), at most `max_refusals` times; the refusal after that is returned. Any
-    /// other error frees the slot and is returned at once. `send` makes one attempt.
+    /// other error frees the slot and is returned at once. `send` makes one attempt,
+    /// told whether it is the first or a retry (to [mark](Attempt::mark) its request).
     pub async fn send<T, F, Fut>(&self, max_refusals: u32, mut send: F) -> Result<T, kube::Error>
     where
-        F: FnMut() -> Fut,
+        F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<T, kube::Error>>,
     {
         let mut turn = self.turn();
         let mut refusals = 0;
         loop {
             let permit = turn.acquire().await;
-            match send().await {
+            let attempt = if refusals == 0 {
+                Attempt::First
+            } else {
+                Attempt::Retry
+            };
+            match send(attempt).await {
                 Ok(answer) => {
                     permit.succeeded();
                     return Ok(answer);

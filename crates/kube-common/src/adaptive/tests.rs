@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use super::{AdaptiveLimiter, AdaptivePolicy, Permit, Turn, is_overload_status};
+use super::{AdaptiveLimiter, AdaptivePolicy, Attempt, Permit, Turn, is_overload_status};
 
 /// Lets spawned tasks run until they all wait (the clock does not move: auto-advance
 /// only happens when every task is idle, and the tests hold no timers then).
@@ -320,10 +320,12 @@ async fn send_re_queues_refused_requests_until_one_is_answered() {
     let limiter = AdaptiveLimiter::new(Some(8));
     let started = tokio::time::Instant::now();
     let mut attempts = 0;
+    let mut kinds = Vec::new();
     let answer = limiter
-        .send(10, || {
+        .send(10, |kind| {
             attempts += 1;
             let attempt = attempts;
+            kinds.push(kind);
             async move {
                 if attempt <= 2 {
                     Err(too_many_requests(1))
@@ -335,6 +337,7 @@ async fn send_re_queues_refused_requests_until_one_is_answered() {
         .await
         .unwrap();
     assert_eq!(answer, 3);
+    assert_eq!(kinds, [Attempt::First, Attempt::Retry, Attempt::Retry]);
     // Each refusal's Retry-After (1 s) passed before the next attempt.
     assert!(started.elapsed() >= Duration::from_secs(2));
     let snapshot = limiter.snapshot();
@@ -349,7 +352,7 @@ async fn send_gives_up_after_its_refusals_and_returns_other_errors_at_once() {
     let limiter = AdaptiveLimiter::new(Some(8));
     let mut attempts = 0;
     let refused = limiter
-        .send(2, || {
+        .send(2, |_| {
             attempts += 1;
             async { Err::<(), _>(too_many_requests(0)) }
         })
@@ -357,7 +360,7 @@ async fn send_gives_up_after_its_refusals_and_returns_other_errors_at_once() {
     assert!(matches!(refused, Err(kube::Error::Api(status)) if status.code == 429));
     assert_eq!(attempts, 3, "the first attempt and two re-queued ones");
     let forbidden = limiter
-        .send(2, || async {
+        .send(2, |_| async {
             let mut status = kube::core::Status::failure("forbidden", "Forbidden");
             status.code = 403;
             Err::<(), _>(kube::Error::Api(status.boxed()))
@@ -379,4 +382,17 @@ fn overload_statuses() {
     assert!(!is_overload_status(403));
     assert!(!is_overload_status(404));
     assert!(!is_overload_status(200));
+}
+
+#[test]
+fn only_a_retry_is_marked_as_one() {
+    let marked = |attempt: Attempt| {
+        attempt
+            .mark(http::Request::new(()))
+            .extensions()
+            .get::<crate::backoff::Retry>()
+            .is_some()
+    };
+    assert!(!marked(Attempt::First));
+    assert!(marked(Attempt::Retry));
 }

@@ -45,8 +45,10 @@ use k8s_openapi::api::authorization::v1::{
     SubjectAccessReviewSpec,
 };
 use kube::Client;
-use kube::api::{Api, PostParams};
+
+use super::paced;
 use kube_common::Verb;
+use kube_common::adaptive::AdaptiveLimiter;
 use tokio::time::Instant;
 
 /// How long a cached denial is trusted by default.
@@ -242,7 +244,14 @@ struct Inner {
     next_slot: AtomicU64,
     requests: AtomicU64,
     shared: AtomicU64,
+    /// Paces review requests by what the API server accepts, shared with the process's
+    /// other bursts (first syncs); `None`: every review is sent at once.
+    limiter: Option<AdaptiveLimiter>,
 }
+
+/// How many times a review refused for load (429, 5xx) is re-queued before the refusal
+/// fails the check (client-go retries a 429 up to 10 times as well).
+const MAX_REFUSALS: u32 = 10;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Question {
@@ -305,6 +314,18 @@ impl AccessChecker {
 
     /// A checker asking the API server through `client` as `options` say.
     pub fn with_options(client: Client, options: AccessOptions) -> Self {
+        Self::build(client, options, None)
+    }
+
+    /// The same, with every review request sent under `limiter`: no more at once than
+    /// its window, and a review the server refuses for load (429, 5xx) re-queued in its
+    /// place (up to 10 times) instead of failing the check, so that a busy API server
+    /// delays a route's admission rather than rejecting it.
+    pub fn with_limiter(client: Client, options: AccessOptions, limiter: AdaptiveLimiter) -> Self {
+        Self::build(client, options, Some(limiter))
+    }
+
+    fn build(client: Client, options: AccessOptions, limiter: Option<AdaptiveLimiter>) -> Self {
         let AccessOptions {
             policy,
             ttl,
@@ -320,6 +341,7 @@ impl AccessChecker {
                 next_slot: AtomicU64::new(1),
                 requests: AtomicU64::new(0),
                 shared: AtomicU64::new(0),
+                limiter,
             }),
         }
     }
@@ -536,6 +558,23 @@ impl AccessChecker {
         })
     }
 
+    /// Creates `review` (one attempt at a time, under the limiter if any), counting
+    /// every attempt.
+    async fn send_review<K>(&self, review: &K) -> Result<K, kube::Error>
+    where
+        K: kube::Resource<DynamicType = ()>
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + Clone
+            + fmt::Debug,
+    {
+        paced::send(self.inner.limiter.as_ref(), MAX_REFUSALS, |attempt| {
+            self.inner.requests.fetch_add(1, Ordering::Relaxed);
+            paced::create(&self.inner.client, review, attempt)
+        })
+        .await
+    }
+
     /// Sends the review that answers `question`.
     fn request(
         &self,
@@ -543,9 +582,6 @@ impl AccessChecker {
     ) -> impl Future<Output = Result<Answer, ReviewFailure>> + Send + 'static {
         let this = self.clone();
         async move {
-            this.inner.requests.fetch_add(1, Ordering::Relaxed);
-            let client = this.inner.client.clone();
-            let params = PostParams::default();
             match question {
                 Question::Rules { namespace } => {
                     let review = SelfSubjectRulesReview {
@@ -554,9 +590,8 @@ impl AccessChecker {
                         },
                         ..SelfSubjectRulesReview::default()
                     };
-                    let api: Api<SelfSubjectRulesReview> = Api::all(client);
-                    let answered = api
-                        .create(&params, &review)
+                    let answered = this
+                        .send_review(&review)
                         .await
                         .map_err(|err| api_failure(ReviewKind::Rules, &err))?;
                     let status = answered.status.unwrap_or_default();
@@ -592,8 +627,7 @@ impl AccessChecker {
                                 },
                                 ..SubjectAccessReview::default()
                             };
-                            let api: Api<SubjectAccessReview> = Api::all(client);
-                            api.create(&params, &review)
+                            this.send_review(&review)
                                 .await
                                 .map_err(|err| api_failure(ReviewKind::SubjectAccess, &err))?
                                 .status
@@ -607,8 +641,7 @@ impl AccessChecker {
                                 },
                                 ..SelfSubjectAccessReview::default()
                             };
-                            let api: Api<SelfSubjectAccessReview> = Api::all(client);
-                            api.create(&params, &review)
+                            this.send_review(&review)
                                 .await
                                 .map_err(|err| api_failure(ReviewKind::SelfAccess, &err))?
                                 .status

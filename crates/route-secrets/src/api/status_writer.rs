@@ -6,6 +6,12 @@
 //! route coalesce (only the latest outcome is written) and a bounded number of writes
 //! run at once, so thousands of outcomes at start-up cost no pipeline time.
 //!
+//! Under the process's adaptive limiter ([`StatusWriter::spawn_with_limiter`]) every
+//! write and re-read waits for a permit, and a request the API server refuses for load
+//! (429, 5xx) is re-queued in its place until it is answered: a busy server delays a
+//! route's status, it never loses it, and the refusal costs no re-read (the server did
+//! nothing, so the copy in hand is still current).
+//!
 //! A write that would not change the status is skipped. Together with the pipeline
 //! ignoring route events that change nothing but status, this keeps the router from
 //! reacting to its own writes.
@@ -17,17 +23,24 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use kube::Client;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::ListParams;
+use kube_common::adaptive::AdaptiveLimiter;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
+use super::paced;
 use crate::route::admission::{Admission, RouterIdentity, record_admission};
 use crate::route::{Route, RouteKey};
 
 /// How many times a write is attempted (conflicts and transient errors) before it is
 /// given up until the route's next outcome.
 const WRITE_ATTEMPTS: u32 = 5;
+
+/// Under a limiter, how many times one request refused for load is re-queued: without
+/// end, in effect. Each refusal waits for the server's `Retry-After` (or the backoff
+/// delay), so this is no busy loop, and giving up would lose the route's status.
+const LOAD_REFUSALS: u32 = u32::MAX;
 
 /// Counters of a [`StatusWriter`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -73,10 +86,31 @@ impl StatusWriter {
     /// Starts the writer: at most `concurrency` writes run at once. It stops when every
     /// clone of the writer is dropped.
     pub fn spawn(client: Client, router: RouterIdentity, concurrency: usize) -> Self {
+        Self::start(client, router, concurrency, None)
+    }
+
+    /// The same, with every request (writes, and re-reads after a conflict) sent under
+    /// `limiter`, and requests the server refuses for load re-queued until answered.
+    pub fn spawn_with_limiter(
+        client: Client,
+        router: RouterIdentity,
+        concurrency: usize,
+        limiter: AdaptiveLimiter,
+    ) -> Self {
+        Self::start(client, router, concurrency, Some(limiter))
+    }
+
+    fn start(
+        client: Client,
+        router: RouterIdentity,
+        concurrency: usize,
+        limiter: Option<AdaptiveLimiter>,
+    ) -> Self {
         let (sender, receiver) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
         let worker = Worker {
             client,
+            limiter,
             router: Arc::new(router),
             concurrency: concurrency.max(1),
             counters: Arc::clone(&counters),
@@ -117,6 +151,8 @@ impl StatusWriter {
 
 struct Worker {
     client: Client,
+    /// Paces writes by what the API server accepts; `None`: only `concurrency` does.
+    limiter: Option<AdaptiveLimiter>,
     router: Arc<RouterIdentity>,
     concurrency: usize,
     counters: Arc<Counters>,
@@ -180,6 +216,7 @@ impl Worker {
             };
             let write = write_status(
                 self.client.clone(),
+                self.limiter.clone(),
                 Arc::clone(&self.router),
                 update,
                 Arc::clone(&self.counters),
@@ -195,6 +232,7 @@ impl Worker {
 
 async fn write_status(
     client: Client,
+    limiter: Option<AdaptiveLimiter>,
     router: Arc<RouterIdentity>,
     update: Update,
     counters: Arc<Counters>,
@@ -204,7 +242,6 @@ async fn write_status(
         key,
         admission,
     } = update;
-    let api: Api<Route> = Api::namespaced(client, &key.namespace);
     // The last copy of the route read from the server (or handed in). Each attempt
     // records the admission on a fresh clone of it: were the admission recorded on
     // `base` itself, a failed re-read after a 409 would leave a copy that already
@@ -216,11 +253,12 @@ async fn write_status(
             counters.skipped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        counters.writes.fetch_add(1, Ordering::Relaxed);
-        let refreshed = match api
-            .replace_status(&key.name, &PostParams::default(), &route)
-            .await
-        {
+        let written = paced::send(limiter.as_ref(), LOAD_REFUSALS, |attempt| {
+            counters.writes.fetch_add(1, Ordering::Relaxed);
+            paced::replace_status(&client, &key.namespace, &key.name, &route, attempt)
+        })
+        .await;
+        let refreshed = match written {
             Ok(_) => return,
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 debug!(route = %key, "route is gone; status not written");
@@ -228,12 +266,12 @@ async fn write_status(
             }
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 counters.conflicts.fetch_add(1, Ordering::Relaxed);
-                reread(&api, &key.name).await
+                reread(&client, limiter.as_ref(), &key).await
             }
             Err(err) => {
                 debug!(route = %key, attempt, error = %err, "status write failed; retrying");
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
-                reread(&api, &key.name).await
+                reread(&client, limiter.as_ref(), &key).await
             }
         };
         match refreshed {
@@ -251,9 +289,19 @@ async fn write_status(
 /// A router may list and watch routes and update their status, but not get them (the
 /// `system:router` role and deploy/base/clusterrole.yaml grant exactly that), so neither
 /// `GET routes/<name>` nor `GET routes/<name>/status` is allowed.
-async fn reread(api: &Api<Route>, name: &str) -> Result<Route, kube::Error> {
+/// Sent under `limiter` when there is one.
+async fn reread(
+    client: &Client,
+    limiter: Option<&AdaptiveLimiter>,
+    key: &RouteKey,
+) -> Result<Route, kube::Error> {
+    let name = &key.name;
     let params = ListParams::default().fields(&format!("metadata.name={name}"));
-    let mut routes = api.list(&params).await?.items;
+    let mut routes = paced::send(limiter, LOAD_REFUSALS, |attempt| {
+        paced::list::<Route>(client, &key.namespace, &params, attempt)
+    })
+    .await?
+    .items;
     match routes.pop() {
         Some(route) => Ok(route),
         None => Err(kube::Error::Api(

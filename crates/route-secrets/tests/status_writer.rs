@@ -1,0 +1,111 @@
+//! The status writer under the process's adaptive limiter: a write the API server
+//! refuses for load is re-queued until it lands, never given up, and costs no re-read.
+//! Counts from the simulator's request log, the writer and the limiter.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube_common::adaptive::AdaptiveLimiter;
+use kube_sim::FailRule;
+use route_secrets::api::status_writer::StatusWriter;
+use route_secrets::route::Route;
+use route_secrets::route::admission::{Admission, RouterIdentity};
+use route_secrets::testing::route_with_external_certificate;
+use support::*;
+
+const NS: &str = "app";
+/// More refusals in a row than the writer's attempts at a write (5).
+const REFUSALS: u64 = 6;
+
+/// The route as the server holds it (with its resourceVersion), for the writer.
+fn stored_route(sim: &kube_sim::Simulator) -> Arc<Route> {
+    let stored = put_route(
+        sim,
+        &route_with_external_certificate(NS, "shop", "shop.example", "tls"),
+    );
+    Arc::new(serde_json::from_value(stored).unwrap())
+}
+
+fn writes(sim: &kube_sim::Simulator, code: u16) -> usize {
+    answered(sim, "update", "routes/status", code)
+}
+
+#[tokio::test]
+async fn a_write_refused_for_load_is_re_queued_until_it_lands() {
+    let sim = sim_with_latency(Duration::from_millis(5)).await;
+    let route = stored_route(&sim);
+    let limiter = AdaptiveLimiter::new(Some(8));
+    let pooled = kube_h2::build_client(
+        sim.client_config("router").await.unwrap(),
+        kube_h2::ClientOptions::default(),
+    )
+    .unwrap();
+    let writer = StatusWriter::spawn_with_limiter(
+        pooled.client(),
+        RouterIdentity::new(ROUTER_NAME),
+        4,
+        limiter.clone(),
+    );
+    sim.faults()
+        .fail_next(FailRule::new("update", "routes/status", 429, REFUSALS));
+    writer.record(route, Admission::admitted());
+    within_patience("the status written", async {
+        while limiter.snapshot().succeeded == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(writes(&sim, 429), REFUSALS as usize, "the faults fired");
+    assert_eq!(
+        requests(&sim, "list", "routes").len(),
+        0,
+        "a refusal for load needs no re-read"
+    );
+    let stats = writer.stats();
+    assert_eq!(
+        (stats.writes, stats.failed),
+        (REFUSALS + 1, 0),
+        "every attempt counted, none given up"
+    );
+    let snapshot = limiter.snapshot();
+    assert_eq!(
+        (snapshot.refused, snapshot.succeeded, snapshot.in_flight),
+        (REFUSALS, 1, 0)
+    );
+    // The transport counted each re-queued attempt as a retry (what /metrics shows).
+    let retries: u64 = pooled
+        .pool()
+        .requests()
+        .retries
+        .iter()
+        .filter(|retry| retry.resource == "routes/status")
+        .map(|retry| retry.count)
+        .sum();
+    assert_eq!(retries, REFUSALS);
+}
+
+/// The control: without a limiter the same refusals exhaust the writer's attempts.
+#[tokio::test]
+async fn without_a_limiter_the_same_refusals_give_the_write_up() {
+    let sim = sim_with_latency(Duration::from_millis(5)).await;
+    let route = stored_route(&sim);
+    let writer = StatusWriter::spawn(
+        client(&sim, "router").await,
+        RouterIdentity::new(ROUTER_NAME),
+        4,
+    );
+    sim.faults()
+        .fail_next(FailRule::new("update", "routes/status", 429, REFUSALS));
+    writer.record(route, Admission::admitted());
+    within_patience("the write given up", async {
+        while writer.stats().failed == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(writes(&sim, 200), 0);
+}

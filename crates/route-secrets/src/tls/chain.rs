@@ -254,6 +254,14 @@ impl Identity {
                 _ => true,
             }
     }
+
+    /// Whether this certificate's authority key identifier names `issuer`'s subject key
+    /// identifier (both present and equal).
+    fn identified_by_key_id(&self, issuer: &Self) -> bool {
+        self.authority_key_id
+            .as_ref()
+            .is_some_and(|authority| issuer.subject_key_id.as_ref() == Some(authority))
+    }
 }
 
 /// Names are compared as encoded first; equal text with a different string encoding
@@ -262,21 +270,14 @@ fn same_name(a: &(Vec<u8>, String), b: &(Vec<u8>, String)) -> bool {
     a.0 == b.0 || a.1 == b.1
 }
 
-/// Whether `issuer` plausibly issued `certificate`: names and key identifiers fit, and
-/// the signature verifies where ring can check it.
-fn issued_by(
-    certificate: &X509Certificate<'_>,
-    identity: &Identity,
-    issuer: &X509Certificate<'_>,
-    issuer_identity: &Identity,
-) -> bool {
-    // Verified, or an algorithm or key size ring cannot check: names and identifiers
-    // decide. A signature that ring checks and finds wrong rules the issuer out.
-    identity.may_be_issued_by(issuer_identity)
-        && !matches!(
-            certificate.verify_signature(Some(issuer.public_key())),
-            Err(X509Error::SignatureVerificationError) if ring_verifies_with(issuer)
-        )
+/// Whether `issuer`'s signature on `certificate` does not rule it out as the issuer:
+/// verified, or made with an algorithm or key size ring cannot check (then names and
+/// identifiers decide). A signature that ring checks and finds wrong rules it out.
+fn signature_fits(certificate: &X509Certificate<'_>, issuer: &X509Certificate<'_>) -> bool {
+    !matches!(
+        certificate.verify_signature(Some(issuer.public_key())),
+        Err(X509Error::SignatureVerificationError) if ring_verifies_with(issuer)
+    )
 }
 
 /// ring verifies RSA signatures only from keys of 2048 bits or more; for smaller keys a
@@ -288,33 +289,165 @@ fn ring_verifies_with(issuer: &X509Certificate<'_>) -> bool {
     }
 }
 
+/// Picks the issuer of `certificate` among the `candidates` (indices into
+/// `certificates` whose names and key identifiers fit), as a position in `candidates`.
+///
+/// A sole candidate whose subject key identifier equals the certificate's authority key
+/// identifier is taken without checking the signature: that is how OpenSSL's
+/// `X509_check_issued` recognises an issuer too, and the order only decides how the
+/// chain is served (neither the router nor HAProxy verifies `tls.crt`'s chain). With
+/// several candidates, or names alone to go by, the signature decides, first fit wins.
+/// Returns the choice and how many signatures were checked.
+fn pick_issuer(
+    certificates: &[X509Certificate<'_>],
+    identities: &[Identity],
+    certificate: usize,
+    candidates: &[usize],
+) -> (Option<usize>, usize) {
+    if let [only] = candidates
+        && identities[certificate].identified_by_key_id(&identities[*only])
+    {
+        return (Some(0), 0);
+    }
+    let mut checked = 0;
+    let found = candidates.iter().position(|&candidate| {
+        checked += 1;
+        signature_fits(&certificates[certificate], &certificates[candidate])
+    });
+    (found, checked)
+}
+
 /// The order to serve the chain in, as indices into `certificates`: the first (the
 /// certificate the key belongs to), then its issuer, that one's issuer and so on, as far
 /// as `tls.crt` holds them; then every other certificate in the order given.
 ///
 /// Also returns the indices that are not part of the leaf's issuer path. Names are read
-/// once, and a signature is only checked where names fit, so that even a secret full of
-/// certificates in reverse order costs one verification per link.
+/// once, and a signature is only checked where the names and key identifiers leave
+/// doubt (see [`pick_issuer`]), so that a well-formed chain costs no verification and
+/// even a secret full of certificates in reverse order at most one per candidate.
 pub(crate) fn serving_order(certificates: &[X509Certificate<'_>]) -> (Vec<usize>, Vec<usize>) {
+    let (order, rest, _) = serving_order_counted(certificates);
+    (order, rest)
+}
+
+/// [`serving_order`], also returning how many signatures were verified (for tests).
+fn serving_order_counted(certificates: &[X509Certificate<'_>]) -> (Vec<usize>, Vec<usize>, usize) {
     let identities: Vec<Identity> = certificates.iter().map(Identity::of).collect();
     let mut order = vec![0];
     let mut rest: Vec<usize> = (1..certificates.len()).collect();
+    let mut verified = 0;
     while let Some(&last) = order.last() {
         if identities[last].is_self_issued() {
             break;
         }
-        let Some(found) = rest.iter().position(|&candidate| {
-            issued_by(
-                &certificates[last],
-                &identities[last],
-                &certificates[candidate],
-                &identities[candidate],
-            )
-        }) else {
+        let candidates: Vec<usize> = rest
+            .iter()
+            .copied()
+            .filter(|&candidate| identities[last].may_be_issued_by(&identities[candidate]))
+            .collect();
+        let (found, checked) = pick_issuer(certificates, &identities, last, &candidates);
+        verified += checked;
+        let Some(found) = found else {
             break;
         };
-        order.push(rest.remove(found));
+        let chosen = candidates[found];
+        rest.retain(|&index| index != chosen);
+        order.push(chosen);
     }
     order.extend(rest.iter().copied());
-    (order, rest)
+    (order, rest, verified)
+}
+
+#[cfg(test)]
+mod tests {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyIdMethod,
+        KeyPair, PKCS_ECDSA_P256_SHA256,
+    };
+
+    use super::*;
+
+    /// A self-signed CA named `name` whose subject key identifier is `key_id` (derived
+    /// from its key when `None`).
+    struct Ca {
+        params: CertificateParams,
+        key: KeyPair,
+        der: Vec<u8>,
+    }
+
+    fn ca(name: &str, key_id: Option<&[u8]>) -> Ca {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, name);
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        if let Some(key_id) = key_id {
+            params.key_identifier_method = KeyIdMethod::PreSpecified(key_id.to_vec());
+        }
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("CA key");
+        let der = params.self_signed(&key).expect("CA cert").der().to_vec();
+        Ca { params, key, der }
+    }
+
+    /// A leaf issued by `issuer`, naming its key identifier when `with_authority_key_id`.
+    fn leaf(issuer: &Ca, with_authority_key_id: bool) -> Vec<u8> {
+        let mut params =
+            CertificateParams::new(vec!["leaf.example.com".to_owned()]).expect("leaf params");
+        params.use_authority_key_identifier_extension = with_authority_key_id;
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).expect("leaf key");
+        params
+            .signed_by(&key, &Issuer::from_params(&issuer.params, &issuer.key))
+            .expect("leaf cert")
+            .der()
+            .to_vec()
+    }
+
+    /// Order, unrelated positions and signatures verified.
+    fn order(ders: &[&[u8]]) -> (Vec<usize>, Vec<usize>, usize) {
+        serving_order_counted(&parse(ders).expect("certificates parse"))
+    }
+
+    #[test]
+    fn a_sole_issuer_named_by_its_key_identifier_needs_no_signature_check() {
+        let issuer = ca("issuing CA", None);
+        let leaf = leaf(&issuer, true);
+        assert_eq!(order(&[&leaf, &issuer.der]), (vec![0, 1], vec![], 0));
+        // Another CA with the same name but its own key: its identifier rules it out,
+        // still without a signature check.
+        let stranger = ca("issuing CA", None);
+        assert_eq!(order(&[&leaf, &stranger.der]), (vec![0, 1], vec![1], 0));
+        assert_eq!(
+            order(&[&leaf, &stranger.der, &issuer.der]),
+            (vec![0, 2, 1], vec![1], 0)
+        );
+    }
+
+    #[test]
+    fn names_alone_are_checked_by_signature() {
+        // No authority key identifier in the leaf: the name fits both CAs, the
+        // signature picks the one that issued it, whichever comes first.
+        let issuer = ca("issuing CA", None);
+        let impostor = ca("issuing CA", None);
+        let leaf = leaf(&issuer, false);
+        assert_eq!(order(&[&leaf, &issuer.der]), (vec![0, 1], vec![], 1));
+        let (served, unrelated, verified) = order(&[&leaf, &impostor.der]);
+        assert_eq!((served, unrelated), (vec![0, 1], vec![1]));
+        assert_eq!(verified, 1);
+        let (served, unrelated, verified) = order(&[&leaf, &impostor.der, &issuer.der]);
+        assert_eq!((served, unrelated), (vec![0, 2, 1], vec![1]));
+        assert_eq!(verified, 2);
+    }
+
+    #[test]
+    fn several_candidates_with_the_same_key_identifier_are_checked_by_signature() {
+        let issuer = ca("issuing CA", Some(b"same id"));
+        let impostor = ca("issuing CA", Some(b"same id"));
+        let leaf = leaf(&issuer, true);
+        let (served, unrelated, verified) = order(&[&leaf, &impostor.der, &issuer.der]);
+        assert_eq!((served, unrelated), (vec![0, 2, 1], vec![1]));
+        assert_eq!(verified, 2);
+        // Alone, the impostor's identifier is taken at its word: the order is only how
+        // the chain is served, and nothing downstream verifies it either.
+        assert_eq!(order(&[&leaf, &impostor.der]), (vec![0, 1], vec![], 0));
+    }
 }

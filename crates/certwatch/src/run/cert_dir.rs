@@ -28,7 +28,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use futures::StreamExt;
 use jiff::Timestamp;
 use route_secrets::route::RouteKey;
 use route_secrets::tls::ValidatedTls;
@@ -148,10 +147,28 @@ pub struct CertDir {
 }
 
 fn digest(bytes: &[u8]) -> [u8; 32] {
-    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    digest_of_parts(&[bytes])
+}
+
+/// The digest of `parts` written one after the other: what [`digest`] gives for the
+/// file they make, without putting the file together in memory.
+fn digest_of_parts(parts: &[&[u8]]) -> [u8; 32] {
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    for part in parts {
+        context.update(part);
+    }
+    let digest = context.finish();
     let mut out = [0; 32];
     out.copy_from_slice(digest.as_ref());
     out
+}
+
+/// The digest of the bundle [`ValidatedTls::pem_bundle`] renders (chain, then key).
+fn bundle_digest(tls: &ValidatedTls) -> [u8; 32] {
+    digest_of_parts(&[
+        tls.chain_pem().as_bytes(),
+        tls.key_pem().expose_secret().as_bytes(),
+    ])
 }
 
 /// Whether `sni` can be written as a crt-list SNI filter as it is.
@@ -307,7 +324,7 @@ impl CertDir {
     /// accepts).
     pub fn set(&mut self, cert: ServedCert) -> Result<(), files::UnsafeName> {
         let names = files::bundle_names(&cert.route)?;
-        let digest = digest(cert.tls.pem_bundle().expose_secret().as_bytes());
+        let digest = bundle_digest(&cert.tls);
         self.unwanted.remove(&names.bundle);
         self.dirty.insert(cert.route.clone());
         let route = cert.route.clone();
@@ -454,28 +471,43 @@ impl CertDir {
         }
         let started = std::time::Instant::now();
         let mut pending = Vec::with_capacity(writes.len());
-        let mut staged = futures::stream::iter(writes)
-            .map(|(route, names, tls)| {
-                let dir = self.dir.clone();
-                async move {
-                    let name = names.bundle.clone();
-                    let staged = blocking(move || {
-                        let bundle = tls.pem_bundle();
-                        files::write_pending(&dir, &name, bundle.expose_secret().as_bytes())
-                    })
-                    .await;
-                    (route, names, staged)
-                }
-            })
-            .buffer_unordered(self.concurrency);
         let mut staging_failures = Vec::new();
-        while let Some((route, names, staged)) = staged.next().await {
+        // One blocking task per share of the batch, not one per bundle: handing 10,000
+        // bundles to the blocking pool one at a time cost more than writing them on
+        // tmpfs. Each task renders one bundle at a time (chain and key, about 2 KB), so
+        // at most `concurrency` bundles exist at once.
+        let share = writes.len().div_ceil(self.concurrency.max(1));
+        let mut shares = Vec::new();
+        let mut writes = writes.into_iter().peekable();
+        while writes.peek().is_some() {
+            let batch: Vec<_> = writes.by_ref().take(share).collect();
+            let routes: Vec<(RouteKey, BundleNames)> = batch
+                .iter()
+                .map(|(route, names, _)| (route.clone(), names.clone()))
+                .collect();
+            let dir = self.dir.clone();
+            let staging = blocking(move || Ok(stage_share(&dir, batch)));
+            shares.push(async move { (routes, staging.await) });
+        }
+        for (routes, staged) in futures::future::join_all(shares).await {
             match staged {
-                Ok(file) => pending.push((route, names, file)),
-                Err(error) => staging_failures.push((route, names, error)),
+                Ok(staged) => {
+                    for (route, names, file) in staged {
+                        match file {
+                            Ok(file) => pending.push((route, names, file)),
+                            Err(error) => staging_failures.push((route, names, error)),
+                        }
+                    }
+                }
+                // The task failed as a whole: every write of its share counts as failed.
+                Err(error) => {
+                    for (route, names) in routes {
+                        let error = io::Error::new(error.kind(), error.to_string());
+                        staging_failures.push((route, names, error));
+                    }
+                }
             }
         }
-        drop(staged);
         for (route, names, error) in staging_failures {
             self.write_failed(report, route, &names, &error);
         }
@@ -667,6 +699,22 @@ fn render_crt_list(entries: &[CrtEntry]) -> String {
 /// A route's result in a committed batch.
 type Committed = (RouteKey, BundleNames, io::Result<()>);
 
+/// A route's staged bundle (or why it could not be staged).
+type Staged = (RouteKey, BundleNames, io::Result<files::PendingFile>);
+
+/// Writes each route's bundle to its temporary file, one after the other (runs on the
+/// blocking pool).
+fn stage_share(dir: &Path, share: Vec<(RouteKey, BundleNames, Arc<ValidatedTls>)>) -> Vec<Staged> {
+    share
+        .into_iter()
+        .map(|(route, names, tls)| {
+            let bundle = tls.pem_bundle();
+            let file = files::write_pending(dir, &names.bundle, bundle.expose_secret().as_bytes());
+            (route, names, file)
+        })
+        .collect()
+}
+
 /// Makes the staged files durable and puts them in place with their links, then
 /// flushes the directory entries.
 fn commit_batch(
@@ -740,6 +788,47 @@ mod tests {
                 (name.into_owned(), sni.to_owned())
             })
             .collect()
+    }
+
+    #[test]
+    fn the_bundle_digest_is_the_digest_of_the_file_written() {
+        // A restart compares the files' digests with the routes' bundle digests: were
+        // they computed differently, every bundle would be rewritten at every start.
+        let cert = served(&Pki::new(Timestamp::now()), "ns", "a", 1);
+        let file = cert.tls.pem_bundle();
+        assert_eq!(
+            bundle_digest(&cert.tls),
+            digest(file.expose_secret().as_bytes())
+        );
+    }
+
+    #[test]
+    fn links_are_created_replaced_and_kept() {
+        let temp = tempfile::tempdir().unwrap();
+        let links = temp.path();
+        files::ensure_link(links, "a.pem", "a-1.pem").unwrap();
+        assert_eq!(
+            std::fs::read_link(links.join("a.pem")).unwrap(),
+            Path::new("../a-1.pem")
+        );
+        files::ensure_link(links, "a.pem", "a-1.pem").unwrap();
+        files::ensure_link(links, "a.pem", "a-2.pem").unwrap();
+        assert_eq!(
+            std::fs::read_link(links.join("a.pem")).unwrap(),
+            Path::new("../a-2.pem")
+        );
+        // A plain file where the link goes is replaced by the link.
+        std::fs::write(links.join("b.pem"), "not a link").unwrap();
+        files::ensure_link(links, "b.pem", "b-1.pem").unwrap();
+        assert_eq!(
+            std::fs::read_link(links.join("b.pem")).unwrap(),
+            Path::new("../b-1.pem")
+        );
+        let names: Vec<_> = std::fs::read_dir(links)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 2, "no temporary link left: {names:?}");
     }
 
     fn counts(report: &FlushReport) -> (usize, usize, usize, bool) {

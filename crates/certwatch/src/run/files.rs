@@ -278,6 +278,13 @@ pub fn sync_filesystem(dir: &Path) -> io::Result<()> {
 pub fn ensure_link(links_dir: &Path, link: &str, target: &str) -> io::Result<()> {
     let path = links_dir.join(link);
     let wanted = Path::new("..").join(target);
+    // A link that does not exist yet (every route's, at a first start) is created in
+    // place: `symlink` is atomic and refuses to replace anything, so one call suffices.
+    match std::os::unix::fs::symlink(&wanted, &path) {
+        Ok(()) => return Ok(()),
+        Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(error) => return Err(error),
+    }
     if fs::read_link(&path).is_ok_and(|current| current == wanted) {
         return Ok(());
     }

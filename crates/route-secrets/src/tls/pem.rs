@@ -256,12 +256,19 @@ fn decode_block(label: &str, line: usize, body: &[&str]) -> Result<PemBlock, Pem
         }
         lines = &lines[consumed..];
     }
-    let mut encoded = String::with_capacity(lines.iter().map(|l| l.len()).sum());
+    // Byte by byte, not char by char: whitespace is ASCII, and any other byte goes to
+    // the base64 decoder as it is (which refuses what is not base64, as before).
+    let mut encoded = Vec::with_capacity(lines.iter().map(|l| l.len()).sum());
     for chunk in lines {
-        encoded.extend(chunk.chars().filter(|c| !c.is_ascii_whitespace()));
+        encoded.extend(
+            chunk
+                .as_bytes()
+                .iter()
+                .filter(|byte| !byte.is_ascii_whitespace()),
+        );
     }
     let der = STANDARD
-        .decode(encoded.as_bytes())
+        .decode(&encoded)
         .map_err(|_| PemProblem::InvalidBase64 {
             label: display_label(label),
             line,

@@ -10,6 +10,7 @@ use std::{
 };
 
 use bytes::Bytes;
+use futures::{FutureExt, future};
 use http::{HeaderName, Request, Response, Version, header, request::Parts};
 use http_body_util::{BodyExt, Full};
 use kube_common::Verb;
@@ -92,29 +93,32 @@ impl tower::Service<Request<kube::client::Body>> for PoolService {
             connection = Empty,
         );
         let send = Arc::clone(&self.dispatcher).send(request);
-        Box::pin(
-            async move {
-                let result = send.await;
-                let span = tracing::Span::current();
-                match &result {
-                    Ok(response) => {
-                        let status = response.status();
-                        span.record("http.status_code", status.as_u16());
-                        if status.is_client_error() || status.is_server_error() {
-                            span.record("otel.status_code", "ERROR");
-                        }
-                        tracing::debug!("response headers received");
-                    }
-                    Err(error) => {
-                        span.record("otel.status_code", "ERROR");
-                        tracing::debug!(%error, "request failed");
-                    }
-                }
-                result
-            }
-            .instrument(span),
-        )
+        // `map`, not an `async` block awaiting `send`: a future awaited from an `async`
+        // block's captures is stored twice (the capture and the awaited copy).
+        Box::pin(send.map(record_outcome).instrument(span))
     }
+}
+
+/// Records the outcome on the request's span (the current one while it is polled).
+fn record_outcome(
+    result: Result<Response<ResponseBody>, Error>,
+) -> Result<Response<ResponseBody>, Error> {
+    let span = tracing::Span::current();
+    match &result {
+        Ok(response) => {
+            let status = response.status();
+            span.record("http.status_code", status.as_u16());
+            if status.is_client_error() || status.is_server_error() {
+                span.record("otel.status_code", "ERROR");
+            }
+            tracing::debug!("response headers received");
+        }
+        Err(error) => {
+            span.record("otel.status_code", "ERROR");
+            tracing::debug!(%error, "request failed");
+        }
+    }
+    result
 }
 
 /// Why one attempt on an HTTP/2 connection did not produce a response.
@@ -159,84 +163,81 @@ impl Dispatcher {
                 .is_some();
         let origin = Origin::from_uri(request.uri());
         let (parts, body) = request.into_parts();
-        async move {
-            let result = match origin {
-                Ok(origin) => self.send_uncounted(origin, parts, body, long_lived).await,
-                Err(error) => Err(error),
-            };
-            let (code, retry_after) = match &result {
-                Ok(response) => (
-                    Some(response.status().as_u16()),
-                    retry_after(response.headers()),
-                ),
-                Err(_) => (None, None),
-            };
-            let target = RequestTarget::of(&method, &uri);
-            self.accounting.record(&ResponseRecord {
-                resource: &target.resource,
-                verb: target.verb,
-                code,
-                retry,
-                retry_after,
-            });
-            result
-        }
+        let accounting = Arc::clone(&self.accounting);
+        let timeout = self.response_headers_timeout;
+        // Two futures, the second taking the first one's place: opening the stream
+        // needs the request (its head and body, kept for a retry on another
+        // connection); the long wait for the response headers that follows holds only
+        // the stream's handles. Ten thousand requests wait for their headers at once
+        // during a start-up.
+        let opening = match origin {
+            Ok(origin) => self.open(origin, parts, body, long_lived).left_future(),
+            Err(error) => future::ready(Err(error)).right_future(),
+        };
+        opening
+            .then(move |opened| match opened {
+                Ok(Opened::Http2 { pool, stream }) => {
+                    response_headers(pool, timeout, stream).left_future()
+                }
+                Ok(Opened::Http1(exchange)) => exchange.right_future(),
+                Err(error) => future::ready(Err(error)).boxed().right_future(),
+            })
+            .map(move |result| {
+                let (code, retry_after) = match &result {
+                    Ok(response) => (
+                        Some(response.status().as_u16()),
+                        retry_after(response.headers()),
+                    ),
+                    Err(_) => (None, None),
+                };
+                let target = RequestTarget::of(&method, &uri);
+                accounting.record(&ResponseRecord {
+                    resource: &target.resource,
+                    verb: target.verb,
+                    code,
+                    retry,
+                    retry_after,
+                });
+                result
+            })
     }
 
-    async fn send_uncounted(
-        &self,
+    /// Takes a stream slot and opens the HTTP/2 stream (sends the request), moving on
+    /// to another connection if the one given refuses new streams. Where the origin
+    /// speaks only HTTP/1.1, the whole exchange instead.
+    async fn open(
+        self: Arc<Self>,
         origin: Origin,
         parts: Parts,
         body: kube::client::Body,
         long_lived: bool,
-    ) -> Result<Response<ResponseBody>, Error> {
-        // HTTP/1.1 is the exception: its future is boxed so that it takes no room in
-        // every HTTP/2 request's.
+    ) -> Result<Opened, Error> {
+        // kube's request bodies are small, fully buffered JSON; buffering them here lets a
+        // request move to another connection if its first one refuses the stream.
+        let body = body
+            .collect()
+            .await
+            .map_err(|e| Error::RequestBody(Box::new(e)))?
+            .to_bytes();
+        Counters::inc(&self.counters.requests);
         if self.protocol == Protocol::Http1Only {
-            let body = collect_body(body).await?;
-            Counters::inc(&self.counters.requests);
-            return Box::pin(self.send_http1(origin.to_string().into(), parts, body)).await;
+            let label: Arc<str> = origin.to_string().into();
+            return Ok(Opened::Http1(self.http1_exchange(label, parts, body)));
         }
         let pool = self.pool.origin(&origin);
         drop(origin);
-        // Two phases, so that the request itself (its head and body, kept for a retry on
-        // another connection) is gone by the time the long wait for the response
-        // headers starts: what waits holds only the stream's handles.
-        let opened = match self.open(&pool, parts, body, long_lived).await? {
-            Opened::Http2(opened) => opened,
-            Opened::Http1(request) => return request.await,
-        };
-        self.response_headers(&pool, opened).await
-    }
-
-    /// Takes a stream slot and opens the HTTP/2 stream (sends the request), moving on
-    /// to another connection if the one given refuses new streams.
-    async fn open(
-        &self,
-        pool: &Arc<OriginPool>,
-        parts: Parts,
-        body: kube::client::Body,
-        long_lived: bool,
-    ) -> Result<Opened<'_>, Error> {
-        // kube's request bodies are small, fully buffered JSON; buffering them here lets a
-        // request move to another connection if its first one refuses the stream.
-        let body = collect_body(body).await?;
-        Counters::inc(&self.counters.requests);
         let mut attempt = 0;
         loop {
             attempt += 1;
             let grant = match pool.acquire(long_lived).await? {
                 Acquired::Http1 => {
-                    return Ok(Opened::Http1(Box::pin(self.send_http1(
-                        pool.label.clone(),
-                        parts,
-                        body,
-                    ))));
+                    let label = pool.label.clone();
+                    return Ok(Opened::Http1(self.http1_exchange(label, parts, body)));
                 }
                 Acquired::Http2(grant) => grant,
             };
-            match open_http2(pool, grant, &parts, &body) {
-                Ok(opened) => return Ok(Opened::Http2(opened)),
+            match open_http2(&pool, grant, &parts, &body) {
+                Ok(stream) => return Ok(Opened::Http2 { pool, stream }),
                 Err(AttemptFailed::Refused(error)) if attempt < MAX_REFUSED_ATTEMPTS => {
                     tracing::debug!(%error, "connection refused the stream; trying another");
                 }
@@ -247,39 +248,10 @@ impl Dispatcher {
         }
     }
 
-    /// Waits for the response headers of an opened HTTP/2 stream.
-    async fn response_headers(
-        &self,
-        pool: &Arc<OriginPool>,
-        opened: OpenStream,
-    ) -> Result<Response<ResponseBody>, Error> {
-        let OpenStream {
-            response,
-            connection,
-            slot,
-        } = opened;
-        let response =
-            match self.response_headers_timeout {
-                Some(limit) => tokio::time::timeout(limit, response).await.map_err(|_| {
-                    Error::ResponseTimeout {
-                        origin: pool.label.to_string(),
-                        timeout: limit,
-                    }
-                })?,
-                None => response.await,
-            }
-            .map_err(|e| {
-                let error = h2_error(&pool.label, connection, e);
-                if matches!(error, Error::ConnectionLost { .. }) {
-                    slot.connection_failed();
-                }
-                error
-            })?;
-        let (head, recv) = response.into_parts();
-        Ok(Response::from_parts(
-            head,
-            ResponseBody::http2(recv, connection, slot, pool.label.clone()),
-        ))
+    /// The HTTP/1.1 exchange, boxed: the exception, it takes no room in every HTTP/2
+    /// request's future.
+    fn http1_exchange(self: Arc<Self>, origin: Arc<str>, parts: Parts, body: Bytes) -> Exchange {
+        async move { self.send_http1(origin, parts, body).await }.boxed()
     }
 
     async fn send_http1(
@@ -317,21 +289,54 @@ struct OpenStream {
     slot: StreamSlot,
 }
 
+/// A whole exchange, boxed.
+type Exchange = Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, Error>> + Send>>;
+
 /// Where [`Dispatcher::open`] sent a request.
-enum Opened<'a> {
-    /// On an HTTP/2 stream.
-    Http2(OpenStream),
-    /// The origin speaks only HTTP/1.1: the whole exchange, boxed (the exception).
-    Http1(Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, Error>> + Send + 'a>>),
+enum Opened {
+    /// On an HTTP/2 stream of `pool`'s.
+    Http2 {
+        pool: Arc<OriginPool>,
+        stream: OpenStream,
+    },
+    /// The origin speaks only HTTP/1.1: the whole exchange.
+    Http1(Exchange),
 }
 
-/// Reads kube's request body whole.
-async fn collect_body(body: kube::client::Body) -> Result<Bytes, Error> {
-    Ok(body
-        .collect()
-        .await
-        .map_err(|e| Error::RequestBody(Box::new(e)))?
-        .to_bytes())
+/// Waits for the response headers of an opened HTTP/2 stream, at most `timeout`.
+async fn response_headers(
+    pool: Arc<OriginPool>,
+    timeout: Option<Duration>,
+    stream: OpenStream,
+) -> Result<Response<ResponseBody>, Error> {
+    let OpenStream {
+        response,
+        connection,
+        slot,
+    } = stream;
+    let response = match timeout {
+        Some(limit) => {
+            tokio::time::timeout(limit, response)
+                .await
+                .map_err(|_| Error::ResponseTimeout {
+                    origin: pool.label.to_string(),
+                    timeout: limit,
+                })?
+        }
+        None => response.await,
+    }
+    .map_err(|e| {
+        let error = h2_error(&pool.label, connection, e);
+        if matches!(error, Error::ConnectionLost { .. }) {
+            slot.connection_failed();
+        }
+        error
+    })?;
+    let (head, recv) = response.into_parts();
+    Ok(Response::from_parts(
+        head,
+        ResponseBody::http2(recv, connection, slot, pool.label.clone()),
+    ))
 }
 
 /// Opens a stream on the granted connection and sends the request on it (h2 queues

@@ -73,11 +73,14 @@
 mod core;
 #[cfg(test)]
 mod model;
+mod sequence;
 mod state;
 #[cfg(test)]
 mod tests;
 
 use std::time::Duration;
+
+pub use sequence::{retry_after, sequential_client};
 
 use crate::backoff::BackoffPolicy;
 

@@ -10,6 +10,7 @@ use std::{
 };
 
 use bytes::Bytes;
+use futures::{FutureExt, future};
 use http::{HeaderName, Request, Response, Version, header, request::Parts};
 use http_body_util::{BodyExt, Full};
 use kube_common::Verb;
@@ -91,30 +92,33 @@ impl tower::Service<Request<kube::client::Body>> for PoolService {
             network.protocol.version = Empty,
             connection = Empty,
         );
-        let dispatcher = self.dispatcher.clone();
-        Box::pin(
-            async move {
-                let result = dispatcher.send(request).await;
-                let span = tracing::Span::current();
-                match &result {
-                    Ok(response) => {
-                        let status = response.status();
-                        span.record("http.status_code", status.as_u16());
-                        if status.is_client_error() || status.is_server_error() {
-                            span.record("otel.status_code", "ERROR");
-                        }
-                        tracing::debug!("response headers received");
-                    }
-                    Err(error) => {
-                        span.record("otel.status_code", "ERROR");
-                        tracing::debug!(%error, "request failed");
-                    }
-                }
-                result
-            }
-            .instrument(span),
-        )
+        let send = Arc::clone(&self.dispatcher).send(request);
+        // `map`, not an `async` block awaiting `send`: a future awaited from an `async`
+        // block's captures is stored twice (the capture and the awaited copy).
+        Box::pin(send.map(record_outcome).instrument(span))
     }
+}
+
+/// Records the outcome on the request's span (the current one while it is polled).
+fn record_outcome(
+    result: Result<Response<ResponseBody>, Error>,
+) -> Result<Response<ResponseBody>, Error> {
+    let span = tracing::Span::current();
+    match &result {
+        Ok(response) => {
+            let status = response.status();
+            span.record("http.status_code", status.as_u16());
+            if status.is_client_error() || status.is_server_error() {
+                span.record("otel.status_code", "ERROR");
+            }
+            tracing::debug!("response headers received");
+        }
+        Err(error) => {
+            span.record("otel.status_code", "ERROR");
+            tracing::debug!(%error, "request failed");
+        }
+    }
+    result
 }
 
 /// Why one attempt on an HTTP/2 connection did not produce a response.
@@ -128,10 +132,16 @@ enum AttemptFailed {
 
 impl Dispatcher {
     /// Sends the request and counts its outcome.
-    async fn send(
-        &self,
+    ///
+    /// The bookkeeping before the exchange runs now, and the request is taken apart
+    /// before the returned future is built: ten thousand of these wait for their
+    /// response headers at once during a start-up, and a future holds every argument
+    /// of every `async fn` it awaits for its whole life (a whole `Request` in each
+    /// layer). Release build: 2.4 KB per request before, 1.5 KB now.
+    fn send(
+        self: Arc<Self>,
         mut request: Request<kube::client::Body>,
-    ) -> Result<Response<ResponseBody>, Error> {
+    ) -> impl Future<Output = Result<Response<ResponseBody>, Error>> + Send + 'static {
         if !request.headers().contains_key(header::USER_AGENT) {
             request
                 .headers_mut()
@@ -144,39 +154,64 @@ impl Dispatcher {
         // Kept for counting after the request is consumed (both clones are cheap: a
         // URI shares its bytes).
         let (method, uri) = (request.method().clone(), request.uri().clone());
-        let target = RequestTarget::of(&method, &uri);
         // Connections are planned for watches and for what the caller says stands in
         // for one (a per-object watch's first list).
-        let long_lived = target.verb == Verb::Watch
+        let long_lived = RequestTarget::of(&method, &uri).verb == Verb::Watch
             || request
                 .extensions()
                 .get::<kube_common::hint::LongLived>()
                 .is_some();
-        let result = self.send_uncounted(request, long_lived).await;
-        let (code, retry_after) = match &result {
-            Ok(response) => (
-                Some(response.status().as_u16()),
-                retry_after(response.headers()),
-            ),
-            Err(_) => (None, None),
+        let origin = Origin::from_uri(request.uri());
+        let (parts, body) = request.into_parts();
+        let accounting = Arc::clone(&self.accounting);
+        let timeout = self.response_headers_timeout;
+        // Two futures, the second taking the first one's place: opening the stream
+        // needs the request (its head and body, kept for a retry on another
+        // connection); the long wait for the response headers that follows holds only
+        // the stream's handles. Ten thousand requests wait for their headers at once
+        // during a start-up.
+        let opening = match origin {
+            Ok(origin) => self.open(origin, parts, body, long_lived).left_future(),
+            Err(error) => future::ready(Err(error)).right_future(),
         };
-        self.accounting.record(&ResponseRecord {
-            resource: &target.resource,
-            verb: target.verb,
-            code,
-            retry,
-            retry_after,
-        });
-        result
+        opening
+            .then(move |opened| match opened {
+                Ok(Opened::Http2 { pool, stream }) => {
+                    response_headers(pool, timeout, stream).left_future()
+                }
+                Ok(Opened::Http1(exchange)) => exchange.right_future(),
+                Err(error) => future::ready(Err(error)).boxed().right_future(),
+            })
+            .map(move |result| {
+                let (code, retry_after) = match &result {
+                    Ok(response) => (
+                        Some(response.status().as_u16()),
+                        retry_after(response.headers()),
+                    ),
+                    Err(_) => (None, None),
+                };
+                let target = RequestTarget::of(&method, &uri);
+                accounting.record(&ResponseRecord {
+                    resource: &target.resource,
+                    verb: target.verb,
+                    code,
+                    retry,
+                    retry_after,
+                });
+                result
+            })
     }
 
-    async fn send_uncounted(
-        &self,
-        request: Request<kube::client::Body>,
+    /// Takes a stream slot and opens the HTTP/2 stream (sends the request), moving on
+    /// to another connection if the one given refuses new streams. Where the origin
+    /// speaks only HTTP/1.1, the whole exchange instead.
+    async fn open(
+        self: Arc<Self>,
+        origin: Origin,
+        parts: Parts,
+        body: kube::client::Body,
         long_lived: bool,
-    ) -> Result<Response<ResponseBody>, Error> {
-        let origin = Origin::from_uri(request.uri())?;
-        let (parts, body) = request.into_parts();
+    ) -> Result<Opened, Error> {
         // kube's request bodies are small, fully buffered JSON; buffering them here lets a
         // request move to another connection if its first one refuses the stream.
         let body = body
@@ -186,20 +221,23 @@ impl Dispatcher {
             .to_bytes();
         Counters::inc(&self.counters.requests);
         if self.protocol == Protocol::Http1Only {
-            return self
-                .send_http1(origin.to_string().into(), parts, body)
-                .await;
+            let label: Arc<str> = origin.to_string().into();
+            return Ok(Opened::Http1(self.http1_exchange(label, parts, body)));
         }
         let pool = self.pool.origin(&origin);
+        drop(origin);
         let mut attempt = 0;
         loop {
             attempt += 1;
             let grant = match pool.acquire(long_lived).await? {
-                Acquired::Http1 => return self.send_http1(pool.label.clone(), parts, body).await,
+                Acquired::Http1 => {
+                    let label = pool.label.clone();
+                    return Ok(Opened::Http1(self.http1_exchange(label, parts, body)));
+                }
                 Acquired::Http2(grant) => grant,
             };
-            match self.send_http2(&pool, grant, &parts, &body).await {
-                Ok(response) => return Ok(response),
+            match open_http2(&pool, grant, &parts, &body) {
+                Ok(stream) => return Ok(Opened::Http2 { pool, stream }),
                 Err(AttemptFailed::Refused(error)) if attempt < MAX_REFUSED_ATTEMPTS => {
                     tracing::debug!(%error, "connection refused the stream; trying another");
                 }
@@ -210,61 +248,10 @@ impl Dispatcher {
         }
     }
 
-    async fn send_http2(
-        &self,
-        pool: &Arc<OriginPool>,
-        grant: Grant,
-        parts: &Parts,
-        body: &Bytes,
-    ) -> Result<Response<ResponseBody>, AttemptFailed> {
-        let Grant {
-            connection,
-            mut send,
-            slot,
-        } = grant;
-        let span = tracing::Span::current();
-        span.record("network.protocol.version", "2");
-        span.record("connection", connection);
-        let head = http2_head(parts).map_err(AttemptFailed::Failed)?;
-        let end_of_stream = body.is_empty();
-        let (response, mut stream) = match send.send_request(head, end_of_stream) {
-            Ok(pair) => pair,
-            Err(e) if e.is_go_away() || e.is_io() => {
-                pool.stop_using(connection);
-                return Err(AttemptFailed::Refused(h2_error(&pool.label, connection, e)));
-            }
-            Err(e) => return Err(AttemptFailed::Failed(h2_error(&pool.label, connection, e))),
-        };
-        if !end_of_stream {
-            // h2 queues the data and sends it as the flow-control window allows.
-            stream
-                .send_data(body.clone(), true)
-                .map_err(|e| AttemptFailed::Failed(h2_error(&pool.label, connection, e)))?;
-        }
-        // Dropping our half does not reset the stream: the response future still holds
-        // it, and queued request data keeps flowing.
-        drop(stream);
-        let response = match self.response_headers_timeout {
-            Some(limit) => tokio::time::timeout(limit, response).await.map_err(|_| {
-                AttemptFailed::Failed(Error::ResponseTimeout {
-                    origin: pool.label.to_string(),
-                    timeout: limit,
-                })
-            })?,
-            None => response.await,
-        }
-        .map_err(|e| {
-            let error = h2_error(&pool.label, connection, e);
-            if matches!(error, Error::ConnectionLost { .. }) {
-                slot.connection_failed();
-            }
-            AttemptFailed::Failed(error)
-        })?;
-        let (head, recv) = response.into_parts();
-        Ok(Response::from_parts(
-            head,
-            ResponseBody::http2(recv, connection, slot, pool.label.clone()),
-        ))
+    /// The HTTP/1.1 exchange, boxed: the exception, it takes no room in every HTTP/2
+    /// request's future.
+    fn http1_exchange(self: Arc<Self>, origin: Arc<str>, parts: Parts, body: Bytes) -> Exchange {
+        async move { self.send_http1(origin, parts, body).await }.boxed()
     }
 
     async fn send_http1(
@@ -291,6 +278,107 @@ impl Dispatcher {
             .map_err(|e| http1::error(&origin, e))?;
         Ok(response.map(|body| ResponseBody::http1(body, slot, origin)))
     }
+}
+
+/// A request whose HTTP/2 stream is open, waiting for its response headers.
+struct OpenStream {
+    response: h2::client::ResponseFuture,
+    /// The connection's id, for errors.
+    connection: u64,
+    /// Held until the response body ends.
+    slot: StreamSlot,
+}
+
+/// A whole exchange, boxed.
+type Exchange = Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, Error>> + Send>>;
+
+/// Where [`Dispatcher::open`] sent a request.
+enum Opened {
+    /// On an HTTP/2 stream of `pool`'s.
+    Http2 {
+        pool: Arc<OriginPool>,
+        stream: OpenStream,
+    },
+    /// The origin speaks only HTTP/1.1: the whole exchange.
+    Http1(Exchange),
+}
+
+/// Waits for the response headers of an opened HTTP/2 stream, at most `timeout`.
+async fn response_headers(
+    pool: Arc<OriginPool>,
+    timeout: Option<Duration>,
+    stream: OpenStream,
+) -> Result<Response<ResponseBody>, Error> {
+    let OpenStream {
+        response,
+        connection,
+        slot,
+    } = stream;
+    let response = match timeout {
+        Some(limit) => {
+            tokio::time::timeout(limit, response)
+                .await
+                .map_err(|_| Error::ResponseTimeout {
+                    origin: pool.label.to_string(),
+                    timeout: limit,
+                })?
+        }
+        None => response.await,
+    }
+    .map_err(|e| {
+        let error = h2_error(&pool.label, connection, e);
+        if matches!(error, Error::ConnectionLost { .. }) {
+            slot.connection_failed();
+        }
+        error
+    })?;
+    let (head, recv) = response.into_parts();
+    Ok(Response::from_parts(
+        head,
+        ResponseBody::http2(recv, connection, slot, pool.label.clone()),
+    ))
+}
+
+/// Opens a stream on the granted connection and sends the request on it (h2 queues
+/// the frames; nothing here waits).
+fn open_http2(
+    pool: &Arc<OriginPool>,
+    grant: Grant,
+    parts: &Parts,
+    body: &Bytes,
+) -> Result<OpenStream, AttemptFailed> {
+    let Grant {
+        connection,
+        mut send,
+        slot,
+    } = grant;
+    let span = tracing::Span::current();
+    span.record("network.protocol.version", "2");
+    span.record("connection", connection);
+    let head = http2_head(parts).map_err(AttemptFailed::Failed)?;
+    let end_of_stream = body.is_empty();
+    let (response, mut stream) = match send.send_request(head, end_of_stream) {
+        Ok(pair) => pair,
+        Err(e) if e.is_go_away() || e.is_io() => {
+            pool.stop_using(connection);
+            return Err(AttemptFailed::Refused(h2_error(&pool.label, connection, e)));
+        }
+        Err(e) => return Err(AttemptFailed::Failed(h2_error(&pool.label, connection, e))),
+    };
+    if !end_of_stream {
+        // h2 queues the data and sends it as the flow-control window allows.
+        stream
+            .send_data(body.clone(), true)
+            .map_err(|e| AttemptFailed::Failed(h2_error(&pool.label, connection, e)))?;
+    }
+    // Dropping our half does not reset the stream: the response future still holds
+    // it, and queued request data keeps flowing.
+    drop(stream);
+    Ok(OpenStream {
+        response,
+        connection,
+        slot,
+    })
 }
 
 /// The HTTP/2 request head for `parts`: absolute URI, no connection-specific headers.

@@ -9,6 +9,8 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::{self, BoxFuture};
 use http::header;
 use http_body_util::{BodyExt, Limited};
 use kube::Client;
@@ -88,17 +90,40 @@ pub(crate) enum Answer<K> {
 
 /// Sends the request and reads its response as far as the machine needs: the headers
 /// of a watch, the whole body of a list or an error.
-pub(crate) async fn send<K>(client: &Client, target: Target<'_>, send: Send<'_>) -> Answer<K>
+///
+/// The request is built and handed to the client before the returned future exists,
+/// and what follows the response headers runs as a second future that takes the
+/// first one's place: ten thousand of these wait for their headers at once during a
+/// start-up, and an `async fn` would keep its arguments, the request and the room for
+/// reading a list or an error in every one of them while it waits.
+pub(crate) fn send<'a, K>(
+    client: &'a Client,
+    target: Target<'a>,
+    send: Send<'_>,
+) -> impl Future<Output = Answer<K>> + 'a
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource + Clone + DeserializeOwned + Debug + std::marker::Send + 'a,
 {
     let verb = send.request.verb();
-    let mut request = match http::Request::get(url(target, &send)).body(Body::empty()) {
-        Ok(request) => request,
-        Err(error) => {
-            return Answer::Input(Input::Failed(transport(verb, error.to_string())));
-        }
+    let kind = send.request;
+    // Combinators, not an `async` block: a future awaited from an `async` block's
+    // captures is stored twice (the capture and the awaited copy).
+    let sending = match build(target, &send) {
+        Ok(request) => client
+            .send(request)
+            .map(|response| response.map_err(|error| error.to_string()))
+            .left_future(),
+        Err(message) => future::ready(Err(message)).right_future(),
     };
+    sending.then(move |response| answer(verb, kind, target.name, response))
+}
+
+/// The request for `target`.
+fn build(target: Target<'_>, send: &Send<'_>) -> Result<http::Request<Body>, String> {
+    let mut request = http::Request::get(url(target, send))
+        .body(Body::empty())
+        .map_err(|error| error.to_string())?;
+    let verb = send.request.verb();
     // The span name kube's own requests carry.
     request.extensions_mut().insert(verb.as_str());
     if send.retry {
@@ -112,19 +137,47 @@ where
             .extensions_mut()
             .insert(kube_common::hint::LongLived);
     }
-    let response = match client.send(request).await {
+    Ok(request)
+}
+
+/// What the response (or the failure to get one) means for the machine: ready at
+/// once for a watch (the stream is open), a boxed future that reads the body for a
+/// list or an error (boxed so that its room is not reserved while headers are awaited).
+fn answer<'a, K>(
+    verb: Verb,
+    kind: Request,
+    name: &'a str,
+    response: Result<http::Response<Body>, String>,
+) -> future::Either<future::Ready<Answer<K>>, BoxFuture<'a, Answer<K>>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + std::marker::Send + 'a,
+{
+    let response = match response {
         Ok(response) => response,
-        Err(error) => return Answer::Input(Input::Failed(transport(verb, error.to_string()))),
+        Err(message) => {
+            return future::ready(Answer::Input(Input::Failed(transport(verb, message))))
+                .left_future();
+        }
     };
     let (head, body) = response.into_parts();
     if !head.status.is_success() {
         let retry_after = retry_after_header(&head.headers);
-        let failure = error_response(verb, head.status, body, retry_after).await;
-        return Answer::Input(Input::Failed(failure));
+        let status = head.status;
+        return async move {
+            Answer::Input(Input::Failed(
+                error_response(verb, status, body, retry_after).await,
+            ))
+        }
+        .boxed()
+        .right_future();
     }
-    match send.request {
-        Request::StreamingList | Request::Watch => Answer::Stream(EventStream::new(body)),
-        Request::List { .. } => Answer::Input(list_response(verb, target.name, body).await),
+    match kind {
+        Request::StreamingList | Request::Watch => {
+            future::ready(Answer::Stream(EventStream::new(body))).left_future()
+        }
+        Request::List { .. } => async move { Answer::Input(list_response(verb, name, body).await) }
+            .boxed()
+            .right_future(),
     }
 }
 

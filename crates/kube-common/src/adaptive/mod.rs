@@ -11,6 +11,9 @@
 //!   flight after it (the server was full then). Not the successes of the whole round:
 //!   a burst that takes longer to send than a round trip succeeds with more than the
 //!   server holds at once, since seats are freed and reused while it is being sent.
+//!   A refusal while nothing else of ours is in flight leaves the window as it is: the
+//!   server is full of others' work, which says nothing about how much of ours it holds
+//!   (and one lone refused request would otherwise hold the window at 1).
 //! - A refusal's **`Retry-After` delays that request only**: Priority and Fairness
 //!   answers each request on its own, and the shrunk window already keeps the rest
 //!   within what the server holds; pausing every start would idle seats the server
@@ -65,8 +68,9 @@
 //! };
 //! assert_eq!(body, "synced");
 //! let snapshot = limiter.snapshot();
-//! // The server refused the only request in flight: the window fell to its floor.
-//! assert_eq!((snapshot.refused, snapshot.succeeded, snapshot.window), (1, 1, Some(1)));
+//! // The server refused the only request in flight, which says nothing about how many
+//! // of ours it holds at once: the window is unchanged (the retry waited 5 ms).
+//! assert_eq!((snapshot.refused, snapshot.succeeded, snapshot.window), (1, 1, Some(100)));
 //! # }
 //! ```
 

@@ -198,6 +198,14 @@ impl State {
     /// (see [`super::core::Permit::refused`]), as Priority and Fairness means it.
     fn shrink(&mut self, generation: u64, flight: usize, now: Instant) {
         self.counters.refused += 1;
+        if flight == 1 {
+            // Nothing else of ours was out: the server is full of others' work, which
+            // says nothing about how much of ours it holds. Shrinking here would leave
+            // one lone refused request (the route list, before anything else can start)
+            // holding the window at 1, to grow back additively over hundreds of round
+            // trips. The request's own `Retry-After` still delays it.
+            return;
+        }
         let still_out = self.in_flight;
         if generation == self.generation {
             self.generation += 1;

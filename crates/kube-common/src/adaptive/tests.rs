@@ -120,12 +120,22 @@ async fn refusals_halve_the_window_then_cut_it_to_what_the_server_accepted() {
 #[tokio::test(start_paused = true)]
 async fn the_window_never_falls_below_one() {
     let limiter = AdaptiveLimiter::new(Some(4));
+    // Round after round, everything sent is refused: the first round holds 4 permits,
+    // every later one the 1 the window has left.
+    let mut refused = 0;
     for _ in 0..10 {
-        let turn = limiter.acquire().await.refused(None);
-        drop(turn);
+        let permits = limiter.snapshot().window.unwrap_or(1).max(1);
+        let mut round = Vec::new();
+        for _ in 0..permits {
+            round.push(limiter.acquire().await);
+        }
+        for permit in round {
+            drop(permit.refused(None));
+            refused += 1;
+        }
     }
     let snapshot = limiter.snapshot();
-    assert_eq!((snapshot.window, snapshot.refused), (Some(1), 10));
+    assert_eq!((snapshot.window, snapshot.refused), (Some(1), refused));
     let _permit = limiter.acquire().await;
 }
 
@@ -513,4 +523,32 @@ fn only_a_retry_is_marked_as_one() {
     };
     assert!(!marked(Attempt::First));
     assert!(marked(Attempt::Retry));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_refused_request_leaves_the_window_as_it_was() {
+    let limiter = AdaptiveLimiter::new(None);
+    let retry_after = Duration::from_secs(1);
+    limiter.acquire().await.refused(Some(retry_after));
+    let snapshot = limiter.snapshot();
+    assert_eq!(snapshot.window, None, "{snapshot:?}");
+    // A burst after it still starts at once.
+    let mut permits = Vec::new();
+    for _ in 0..200 {
+        permits.push(limiter.acquire().await);
+    }
+    assert_eq!(limiter.snapshot().in_flight, 200);
+    drop(permits);
+
+    // With another request of ours out, a refusal does shrink the window.
+    let limiter = AdaptiveLimiter::new(None);
+    let held = limiter.acquire().await;
+    limiter.acquire().await.refused(Some(retry_after));
+    assert_eq!(
+        limiter.snapshot().window,
+        Some(1),
+        "{:?}",
+        limiter.snapshot()
+    );
+    held.succeeded();
 }

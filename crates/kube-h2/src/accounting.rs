@@ -13,7 +13,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{Method, Uri, header};
+use http::{Method, Uri};
 use kube_common::Verb;
 
 use crate::pool::lock;
@@ -116,17 +116,8 @@ fn query_flag(uri: &Uri, name: &str) -> bool {
     })
 }
 
-/// The `Retry-After` of a response, in whole seconds as kube-apiserver sends it.
-pub(crate) fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
-    let seconds: u64 = headers
-        .get(header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(Duration::from_secs(seconds))
-}
+/// The `Retry-After` of a response (the limiter reads it the same way).
+pub(crate) use kube_common::adaptive::retry_after;
 
 /// One response (or failed request), as an observer sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -452,19 +443,6 @@ mod tests {
             let (got_resource, got_verb) = target(method, uri);
             assert_eq!((got_resource.as_str(), got_verb), (resource, verb), "{uri}");
         }
-    }
-
-    #[test]
-    fn retry_after_is_read_in_seconds() {
-        let mut headers = http::HeaderMap::new();
-        assert_eq!(retry_after(&headers), None);
-        headers.insert(header::RETRY_AFTER, http::HeaderValue::from_static("3"));
-        assert_eq!(retry_after(&headers), Some(Duration::from_secs(3)));
-        headers.insert(
-            header::RETRY_AFTER,
-            http::HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
-        );
-        assert_eq!(retry_after(&headers), None);
     }
 
     #[test]

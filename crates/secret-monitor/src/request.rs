@@ -11,7 +11,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::{self, BoxFuture};
-use http::header;
 use http_body_util::{BodyExt, Limited};
 use kube::Client;
 use kube::client::Body;
@@ -161,7 +160,7 @@ where
     };
     let (head, body) = response.into_parts();
     if !head.status.is_success() {
-        let retry_after = retry_after_header(&head.headers);
+        let retry_after = kube_common::adaptive::retry_after(&head.headers);
         let status = head.status;
         return async move {
             Answer::Input(Input::Failed(
@@ -234,17 +233,6 @@ async fn read_all(body: Body) -> Result<Bytes, String> {
         .await
         .map(|collected| collected.to_bytes())
         .map_err(|error| format!("reading the response failed: {error}"))
-}
-
-fn retry_after_header(headers: &http::HeaderMap) -> Option<Duration> {
-    let seconds: u64 = headers
-        .get(header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(Duration::from_secs(seconds))
 }
 
 fn transport(verb: Verb, message: String) -> Failure {

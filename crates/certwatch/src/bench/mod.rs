@@ -128,7 +128,8 @@ apf-2000 (2,000 secrets at 1,414 ms with the simulator limited to 50 requests in
 of 300 and 429 beyond it; the product bounds its first syncs to 50). Issue #14's budgets, run \
 with --scenarios budgets or by name: budget-4, budget-10 and budget-50 (300 routes at 10 ms, the \
 simulator taking 4, 10 or 50 requests at once and answering 429 beyond them), the same with a \
-queue of 50 (budget-4-queue, ...), and budget-unlimited. --routes defines a custom \
+queue of 50 (budget-4-queue, ...), and budget-unlimited; any of them at another size as \
+NAME@ROUTES (budget-4@2000, or budgets@2000 for all). --routes defines a custom \
 scenario instead. --latency, --namespaces, --max-inflight, --queue and --max-concurrent-syncs, \
 when given, apply to every scenario that runs."
 )]
@@ -137,7 +138,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Built-in scenarios to run (comma-separated; `budgets` for every budget-* one).
+    /// Built-in scenarios to run (comma-separated; `budgets` for every budget-* one,
+    /// `budgets@2000` for all of them at 2,000 routes).
     /// Default: all but the budget ones, unless --routes is given.
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     pub scenarios: Vec<String>,
@@ -258,6 +260,12 @@ impl BenchArgs {
                 "budgets" => {
                     for budget in BUDGET_PRESETS {
                         scenarios.push(Scenario::preset(budget)?);
+                    }
+                }
+                name if name.starts_with("budgets@") => {
+                    let size = &name["budgets".len()..];
+                    for budget in BUDGET_PRESETS {
+                        scenarios.push(Scenario::preset(&format!("{budget}{size}"))?);
                     }
                 }
                 name => scenarios.push(Scenario::preset(name)?),

@@ -47,7 +47,8 @@ pub const APF_MAX_INFLIGHT: usize = 50;
 /// (`--scenarios budgets` runs them all): 300 routes at 10 ms behind kube-sim's simple
 /// concurrency limit of 4, 10 and 50 seats, without a queue (429 at once beyond the
 /// seats) and with one of 50, and without any limit. certwatch runs without
-/// `--max-concurrent-syncs`: nothing to tune.
+/// `--max-concurrent-syncs`: nothing to tune. Each also runs at another size as
+/// `<name>@<routes>` (`budget-4@2000`; `budgets@2000` for all of them).
 pub const BUDGET_PRESETS: [&str; 7] = [
     "budget-4",
     "budget-4-queue",
@@ -57,6 +58,9 @@ pub const BUDGET_PRESETS: [&str; 7] = [
     "budget-50-queue",
     "budget-unlimited",
 ];
+
+/// Routes of the budget scenarios unless their name says another size.
+pub const BUDGET_ROUTES: usize = 300;
 
 /// Names of the built-in scenarios, in the order they run by default.
 pub const PRESETS: [&str; 5] = [
@@ -109,7 +113,7 @@ impl Scenario {
                 max_concurrent_syncs: Some(APF_MAX_INFLIGHT),
                 ..Self::new(name, 2_000, ms(1_414))
             },
-            "budget-unlimited" => Self::new(name, 300, ms(10)),
+            "budget-unlimited" => Self::new(name, BUDGET_ROUTES, ms(10)),
             other => {
                 return Self::budget(other).ok_or_else(|| {
                     BenchError::Usage(format!(
@@ -123,18 +127,31 @@ impl Scenario {
     }
 
     /// `budget-N` (no queue) and `budget-N-queue` (a queue of 50), for the seats in
-    /// [`BUDGET_PRESETS`].
+    /// [`BUDGET_PRESETS`]; `<budget>@<routes>` for another size than
+    /// [`BUDGET_ROUTES`] (one secret per route, one namespace per 40).
     fn budget(name: &str) -> Option<Self> {
-        let rest = name.strip_prefix("budget-")?;
+        let (preset, routes) = match name.split_once('@') {
+            Some((preset, routes)) => (preset, routes.parse().ok().filter(|n| *n > 0)?),
+            None => (name, BUDGET_ROUTES),
+        };
+        if !BUDGET_PRESETS.contains(&preset) {
+            return None;
+        }
+        let at_size = Self::new(name, routes, Duration::from_millis(10));
+        let Some(rest) = preset
+            .strip_prefix("budget-")
+            .filter(|rest| *rest != "unlimited")
+        else {
+            return Some(at_size);
+        };
         let (seats, queue) = match rest.strip_suffix("-queue") {
             Some(seats) => (seats, 50),
             None => (rest, 0),
         };
-        let seats: usize = seats.parse().ok()?;
-        BUDGET_PRESETS.contains(&name).then(|| Self {
-            max_inflight: Some(seats),
+        Some(Self {
+            max_inflight: Some(seats.parse().ok()?),
             queue,
-            ..Self::new(name, 300, Duration::from_millis(10))
+            ..at_size
         })
     }
 
@@ -325,6 +342,35 @@ mod tests {
         let unlimited = Scenario::preset("budget-unlimited").unwrap().targets();
         assert_eq!(unlimited.ready_ms, 20 + 1_000);
         assert_eq!(unlimited.refused_fraction, None);
+    }
+
+    #[test]
+    fn budgets_run_at_other_sizes_by_name() {
+        let four = Scenario::preset("budget-4-queue@2000").unwrap();
+        assert_eq!(
+            (
+                four.name.as_str(),
+                four.max_inflight,
+                four.queue,
+                four.routes,
+                four.secrets,
+                four.namespaces
+            ),
+            ("budget-4-queue@2000", Some(4), 50, 2_000, 2_000, 50)
+        );
+        // 2,052 requests at 4 per 10 ms: 5,130 ms, times 1.5, plus 20 ms and 2 s.
+        assert_eq!(four.targets().ready_ms, 7_695 + 20 + 2_000);
+        let unlimited = Scenario::preset("budget-unlimited@10000").unwrap();
+        assert_eq!((unlimited.max_inflight, unlimited.routes), (None, 10_000));
+        for bad in [
+            "budget-4@",
+            "budget-4@0",
+            "budget-7@2000",
+            "budget-4@many",
+            "seed-112@5",
+        ] {
+            assert!(Scenario::preset(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -269,9 +269,14 @@ impl Daemon {
         let shutdown = CancellationToken::new();
         let events = {
             let metrics = Arc::clone(&metrics);
-            scoped_route_events(client.clone(), &options.scope, move |source, error| {
-                metrics.watcher_error(source, error);
-            })
+            scoped_route_events(
+                client.clone(),
+                &options.scope,
+                &limiter,
+                move |source, error| {
+                    metrics.watcher_error(source, error);
+                },
+            )
             .take_until(shutdown.clone().cancelled_owned())
         };
         let pipeline = tokio::spawn(pipeline.run(events));

@@ -31,7 +31,7 @@
 //! | `certwatch_startup_window` | gauge | | requests (first syncs of secrets, access reviews) the adaptive limiter lets out at once; `+Inf` until the API server first refuses one when `--max-concurrent-syncs` is not set |
 //! | `certwatch_startup_in_flight` | gauge | | of those, out now |
 //! | `certwatch_startup_waiting` | gauge | | requests waiting for the window (refused ones re-queued included) |
-//! | `certwatch_startup_throttled` | gauge | | 1 while the API server's load holds requests back (a `Retry-After` pause, or work waiting behind a window shrunk below its bound) |
+//! | `certwatch_startup_throttled` | gauge | | 1 while the API server's load holds requests back (refused requests waiting out their `Retry-After`, or work waiting behind a window shrunk below its bound) |
 //! | `certwatch_startup_refusals_total` | counter | | requests of the limiter the API server refused for load (429, 5xx) |
 //! | `certwatch_startup_window_decreases_total` | counter | | times the window was shrunk |
 //! | `certwatch_build_info` | gauge | `version` | always 1 |

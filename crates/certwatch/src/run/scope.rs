@@ -18,6 +18,7 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use kube::runtime::{WatchStreamExt, watcher::Event};
 use kube::{Client, ResourceExt};
+use kube_common::adaptive::{AdaptiveLimiter, sequential_client};
 use route_secrets::api::route_watch::{RouteEvent, route_events};
 use route_secrets::route::{Route, RouteKey};
 
@@ -213,12 +214,17 @@ fn namespace_events(
 
 /// The route events of `scope`, for the pipeline. `on_error` hears of every failed
 /// watch request (`"routes"` or `"namespaces"`); watches retry with backoff and never
-/// end the stream.
+/// end the stream. Each watcher's requests go through `limiter`
+/// ([`sequential_client`]): a 429 shrinks the window the rest of start-up shares, its
+/// `Retry-After` holds the watcher's next request, and that request counts as a retry.
 pub fn scoped_route_events(
     client: Client,
     scope: &RouteScope,
+    limiter: &AdaptiveLimiter,
     on_error: impl Fn(&'static str, &watcher::Error) + Clone + Send + Sync + 'static,
 ) -> futures::stream::BoxStream<'static, RouteEvent> {
+    // One client per watcher: each carries its own watcher's retry state.
+    let paced = || sequential_client(client.clone(), limiter.clone());
     // One list request, from the API server's watch cache (resourceVersion=0), as
     // client-go's reflector lists: pages of 500 would cost one round trip each before
     // the first route can be decided (four at the seed's 2,000 routes).
@@ -232,17 +238,17 @@ pub fn scoped_route_events(
         move |error: &watcher::Error| on_error("routes", error)
     };
     let apis: Vec<Api<Route>> = if scope.namespaces.is_empty() {
-        vec![Api::all(client.clone())]
+        vec![Api::all(paced())]
     } else {
         scope
             .namespaces
             .iter()
-            .map(|namespace| Api::namespaced(client.clone(), namespace))
+            .map(|namespace| Api::namespaced(paced(), namespace))
             .collect()
     };
     if apis.len() == 1 && scope.namespace_selector.is_none() {
         // One watch and no selection: its events are already what the pipeline wants.
-        let api = apis.into_iter().next().unwrap_or_else(|| Api::all(client));
+        let api = apis.into_iter().next().unwrap_or_else(|| Api::all(paced()));
         return route_events(api, config, route_error).boxed();
     }
 
@@ -259,9 +265,11 @@ pub fn scoped_route_events(
     if let Some(selector) = &scope.namespace_selector {
         let on_error = on_error.clone();
         inputs.push(
-            namespace_events(client, selector, move |error| on_error("namespaces", error))
-                .map(ScopeInput::Namespaces)
-                .boxed(),
+            namespace_events(paced(), selector, move |error| {
+                on_error("namespaces", error)
+            })
+            .map(ScopeInput::Namespaces)
+            .boxed(),
         );
     }
     let mut filter = ScopeFilter::new(sources, scope.namespace_selector.is_some());

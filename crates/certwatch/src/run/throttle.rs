@@ -60,7 +60,7 @@ pub(crate) fn describe(snapshot: &LimiterSnapshot) -> String {
     );
     if let Some(pause) = snapshot.paused_for {
         text.push_str(&format!(
-            ", paused {:.1} s (Retry-After)",
+            ", refused requests due again within {:.1} s (Retry-After)",
             pause.as_secs_f64()
         ));
     }

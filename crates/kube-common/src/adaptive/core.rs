@@ -199,7 +199,7 @@ impl<L: StateLock> Permit<L> {
         // The server's delay is a minimum: jitter only lengthens it, by up to a tenth,
         // so that refused work does not come back all at the same instant.
         let not_before = now + delay + delay.mul_f64(0.1 * draw.clamp(0.0, 1.0));
-        self.release(Outcome::Refused { retry_after });
+        self.release(Outcome::Refused);
         Turn {
             shared: Arc::clone(&self.shared),
             ticket: self.ticket,

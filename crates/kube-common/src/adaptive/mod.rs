@@ -6,14 +6,23 @@
 //! - A request the server refuses for load (429, or a 5xx: see [`is_overload_status`])
 //!   **shrinks the window multiplicatively**, once per round trip (only a request
 //!   started after the last decrease shrinks it again), to half of what was in flight,
-//!   and then to no more than the server accepted of that flight (each further refusal
-//!   of the same round takes one off). A refusal's **`Retry-After` stops every new
-//!   start until it has passed**.
+//!   and then to no more than the server holds at once: what else was in flight at the
+//!   round's first refusal, and at each further refusal of the round what is still in
+//!   flight after it (the server was full then). Not the successes of the whole round:
+//!   a burst that takes longer to send than a round trip succeeds with more than the
+//!   server holds at once, since seats are freed and reused while it is being sent.
+//!   A refusal while nothing else of ours is in flight leaves the window as it is: the
+//!   server is full of others' work, which says nothing about how much of ours it holds
+//!   (and one lone refused request would otherwise hold the window at 1).
+//! - A refusal's **`Retry-After` delays that request only**: Priority and Fairness
+//!   answers each request on its own, and the shrunk window already keeps the rest
+//!   within what the server holds; pausing every start would idle seats the server
+//!   has free.
 //! - Each success of the current round **grows the window additively** (one permit per
 //!   window's worth of successes), freely up to just below the level the server last
 //!   refused, past it only after [`AdaptivePolicy::probe_after`]: the server's capacity is
 //!   probed rarely instead of once per round trip, since each failed probe costs a
-//!   `Retry-After` pause. The window never drops below 1.
+//!   request a `Retry-After` delay. The window never drops below 1.
 //! - Permits are granted in **FIFO order** of [`AdaptiveLimiter::turn`]. Refused work
 //!   keeps its place ([`Permit::refused`] gives its [`Turn`] back) and may start again
 //!   after the server's `Retry-After` (or, without one, the [`backoff`](crate::backoff)
@@ -59,19 +68,23 @@
 //! };
 //! assert_eq!(body, "synced");
 //! let snapshot = limiter.snapshot();
-//! // The server refused the only request in flight: the window fell to its floor.
-//! assert_eq!((snapshot.refused, snapshot.succeeded, snapshot.window), (1, 1, Some(1)));
+//! // The server refused the only request in flight, which says nothing about how many
+//! // of ours it holds at once: the window is unchanged (the retry waited 5 ms).
+//! assert_eq!((snapshot.refused, snapshot.succeeded, snapshot.window), (1, 1, Some(100)));
 //! # }
 //! ```
 
 mod core;
 #[cfg(test)]
 mod model;
+mod sequence;
 mod state;
 #[cfg(test)]
 mod tests;
 
 use std::time::Duration;
+
+pub use sequence::{retry_after, sequential_client};
 
 use crate::backoff::BackoffPolicy;
 
@@ -135,9 +148,10 @@ pub struct LimiterSnapshot {
     pub in_flight: usize,
     /// Acquisitions waiting for a permit (re-queued work included).
     pub waiting: usize,
-    /// How long the current `Retry-After` pause still lasts.
+    /// How long until the last refused request still waiting out its `Retry-After` (or
+    /// backoff delay) may be sent again.
     pub paused_for: Option<Duration>,
-    /// Work is being held back by the server's load: a pause is on, or work waits
+    /// Work is being held back by the server's load: refused work waits out its delay, or work waits
     /// while the window is below the upper bound.
     pub throttled: bool,
     /// Permits granted so far.
@@ -290,9 +304,8 @@ impl Permit {
     }
 
     /// The server refused for load (see [`is_overload_status`]), with the response's
-    /// `Retry-After` if it had one. Shrinks the window, pauses new starts for
-    /// `retry_after`, and gives back the work's place in line, due again after the
-    /// delay plus jitter.
+    /// `Retry-After` if it had one. Shrinks the window and gives back the work's place
+    /// in line, due again after the delay plus jitter (other work is not delayed).
     pub fn refused(self, retry_after: Option<Duration>) -> Turn {
         Turn {
             inner: self.inner.refused(retry_after, rand::random::<f64>()),

@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -16,9 +15,9 @@ use super::{AdaptivePolicy, LimiterSnapshot};
 pub(crate) enum Outcome {
     /// The server did the work: the window may grow.
     Succeeded,
-    /// The server refused for load (429, 5xx): the window shrinks, and `Retry-After`
-    /// (if any) stops every new start until it has passed.
-    Refused { retry_after: Option<Duration> },
+    /// The server refused for load (429, 5xx): the window shrinks. The request's
+    /// `Retry-After` is its own delay, kept by its re-queued turn.
+    Refused,
     /// Nothing to learn about load (403, 404, a cancelled request): the slot is freed.
     Neutral,
 }
@@ -33,16 +32,14 @@ struct Waiter {
     poke: Arc<Notify>,
 }
 
-/// The first refusal of a generation of sends, and how many more of that generation
-/// were refused since: together they estimate how many requests the server accepts.
+/// The refusals of one generation of sends: together they estimate how many requests
+/// the server takes at once.
 #[derive(Clone, Copy, Debug)]
 struct Decrease {
     /// The generation whose requests were refused.
     of_generation: u64,
-    /// Requests in flight when the first of them was refused.
-    flight: usize,
-    /// How many requests of that generation were refused so far.
-    refused: usize,
+    /// How many requests the server takes at once, as far as the refusals so far tell.
+    accepted: usize,
 }
 
 /// Counters for metrics; they only grow.
@@ -73,8 +70,6 @@ pub(crate) struct State {
     /// generation they were granted in.
     granted: HashMap<u64, u64>,
     next_ticket: u64,
-    /// No permit is granted before this (the latest `Retry-After`).
-    paused_until: Option<Instant>,
     /// Bumped by every decrease: a refusal only shrinks the window again when the
     /// refused request was started after the last decrease (once per round trip, as
     /// TCP does), and only successes of the current generation grow it.
@@ -83,7 +78,7 @@ pub(crate) struct State {
     /// The in-flight level known to be refused, and when: the window grows freely up
     /// to just below it, and past it only after `policy.probe_after`.
     ceiling: Option<(f64, Instant)>,
-    /// The one waiter that sleeps until the next timed event (the end of a pause, a
+    /// The one waiter that sleeps until the next timed event (the end of a
     /// re-queued waiter's delay) and dispatches then; every other waiter only waits for
     /// its grant.
     timekeeper: Option<u64>,
@@ -102,7 +97,6 @@ impl State {
             delayed: BTreeSet::new(),
             granted: HashMap::new(),
             next_ticket: 0,
-            paused_until: None,
             generation: 0,
             decrease: None,
             ceiling: None,
@@ -166,7 +160,7 @@ impl State {
                     self.grow(now);
                 }
             }
-            Outcome::Refused { retry_after } => self.shrink(generation, flight, retry_after, now),
+            Outcome::Refused => self.shrink(generation, flight, now),
             Outcome::Neutral => {}
         }
         self.dispatch(now);
@@ -187,23 +181,38 @@ impl State {
     }
 
     /// Multiplicative decrease, once per generation: the window becomes a fraction of
-    /// what was in flight, and then no more than what the server accepted of it (each
-    /// further refusal of the same generation takes one off).
-    fn shrink(
-        &mut self,
-        generation: u64,
-        flight: usize,
-        retry_after: Option<Duration>,
-        now: Instant,
-    ) {
+    /// what was in flight, and then no more than the server is estimated to accept at
+    /// once.
+    ///
+    /// The estimate: at the first refusal of a generation, everything else then in
+    /// flight (as TCP would: the server took those); at each further refusal of the same
+    /// generation, no more than what is still in flight after it. A refusal means the
+    /// server was full at that moment, so what certwatch still has out then is at least
+    /// what the server holds of it at one moment (plus requests not yet read, or
+    /// answered and not yet seen). Counting the successes of the whole flight instead
+    /// would overshoot when a burst takes longer to send than a round trip: the server
+    /// frees and reuses seats during the burst, and succeeds with far more of it than
+    /// it holds at once.
+    ///
+    /// `Retry-After` is not handled here: it is the refused request's own delay
+    /// (see [`super::core::Permit::refused`]), as Priority and Fairness means it.
+    fn shrink(&mut self, generation: u64, flight: usize, now: Instant) {
         self.counters.refused += 1;
+        if flight == 1 {
+            // Nothing else of ours was out: the server is full of others' work, which
+            // says nothing about how much of ours it holds. Shrinking here would leave
+            // one lone refused request (the route list, before anything else can start)
+            // holding the window at 1, to grow back additively over hundreds of round
+            // trips. The request's own `Retry-After` still delays it.
+            return;
+        }
+        let still_out = self.in_flight;
         if generation == self.generation {
             self.generation += 1;
             self.counters.decreases += 1;
             self.decrease = Some(Decrease {
                 of_generation: generation,
-                flight,
-                refused: 1,
+                accepted: still_out,
             });
             let reduced = (self.window.min(flight as f64) * self.policy.decrease_factor).floor();
             self.window = reduced.max(1.0);
@@ -212,21 +221,16 @@ impl State {
             .as_mut()
             .filter(|decrease| decrease.of_generation == generation)
         {
-            decrease.refused += 1;
+            decrease.accepted = decrease.accepted.min(still_out);
+        } else {
+            // A refusal of a generation older than the last decrease's: that decrease
+            // already learnt from its round trip.
+            return;
         }
         if let Some(decrease) = self.decrease {
-            let accepted = decrease.flight.saturating_sub(decrease.refused);
-            self.window = self.window.min(accepted as f64).max(1.0);
-            self.ceiling = Some(((accepted + 1) as f64, now));
+            self.window = self.window.min(decrease.accepted as f64).max(1.0);
+            self.ceiling = Some(((decrease.accepted + 1) as f64, now));
         }
-        if let Some(delay) = retry_after.filter(|delay| !delay.is_zero()) {
-            let until = now + delay;
-            self.paused_until = Some(self.paused_until.map_or(until, |at| at.max(until)));
-        }
-    }
-
-    fn paused(&self, now: Instant) -> bool {
-        self.paused_until.is_some_and(|until| until > now)
     }
 
     /// The window as a permit count.
@@ -239,26 +243,22 @@ impl State {
     }
 
     /// Grants permits, in ticket order, to waiters whose delay has passed, while the
-    /// window has room and no pause is on; then makes sure someone wakes for the next
-    /// timed event.
+    /// window has room; then makes sure someone wakes for the next timed event.
     pub(crate) fn dispatch(&mut self, now: Instant) {
-        if !self.paused(now) {
-            self.paused_until = None;
-            while self.in_flight < self.permits() {
-                let Some(ticket) = self.first_ready(now) else {
-                    break;
-                };
-                let Some(waiter) = self.waiters.remove(&ticket) else {
-                    break;
-                };
-                self.in_flight += 1;
-                self.counters.started += 1;
-                self.granted.insert(ticket, self.generation);
-                if self.timekeeper == Some(ticket) {
-                    self.timekeeper = None;
-                }
-                waiter.poke.notify_one();
+        while self.in_flight < self.permits() {
+            let Some(ticket) = self.first_ready(now) else {
+                break;
+            };
+            let Some(waiter) = self.waiters.remove(&ticket) else {
+                break;
+            };
+            self.in_flight += 1;
+            self.counters.started += 1;
+            self.granted.insert(ticket, self.generation);
+            if self.timekeeper == Some(ticket) {
+                self.timekeeper = None;
             }
+            waiter.poke.notify_one();
         }
         self.arm_timer(now);
     }
@@ -270,12 +270,9 @@ impl State {
             .map(|(ticket, _)| *ticket)
     }
 
-    /// The next moment something changes without a permit coming back: the end of the
-    /// pause, or the end of a re-queued waiter's delay.
+    /// The next moment something changes without a permit coming back: the end of a
+    /// re-queued waiter's delay.
     fn next_event(&mut self, now: Instant) -> Option<Instant> {
-        if let Some(until) = self.paused_until.filter(|until| *until > now) {
-            return Some(until);
-        }
         while let Some(&(at, ticket)) = self.delayed.first() {
             if at > now && self.waiters.contains_key(&ticket) {
                 return Some(at);
@@ -318,9 +315,14 @@ impl State {
     }
 
     pub(crate) fn snapshot(&self, now: Instant) -> LimiterSnapshot {
+        // The latest delay still running. Entries before it can be stale (granted or
+        // re-queued since), but only with a time already passed: a waiter is granted
+        // after its delay, and a cancelled one takes its entry with it.
         let paused_for = self
-            .paused_until
-            .map(|until| until.saturating_duration_since(now))
+            .delayed
+            .last()
+            .filter(|(_, ticket)| self.waiters.contains_key(ticket))
+            .map(|(until, _)| until.saturating_duration_since(now))
             .filter(|left| !left.is_zero());
         LimiterSnapshot {
             window: self.window.is_finite().then(|| self.permits()),

@@ -120,37 +120,165 @@ async fn refusals_halve_the_window_then_cut_it_to_what_the_server_accepted() {
 #[tokio::test(start_paused = true)]
 async fn the_window_never_falls_below_one() {
     let limiter = AdaptiveLimiter::new(Some(4));
+    // Round after round, everything sent is refused: the first round holds 4 permits,
+    // every later one the 1 the window has left.
+    let mut refused = 0;
     for _ in 0..10 {
-        let turn = limiter.acquire().await.refused(None);
-        drop(turn);
+        let permits = limiter.snapshot().window.unwrap_or(1).max(1);
+        let mut round = Vec::new();
+        for _ in 0..permits {
+            round.push(limiter.acquire().await);
+        }
+        for permit in round {
+            drop(permit.refused(None));
+            refused += 1;
+        }
     }
     let snapshot = limiter.snapshot();
-    assert_eq!((snapshot.window, snapshot.refused), (Some(1), 10));
+    assert_eq!((snapshot.window, snapshot.refused), (Some(1), refused));
     let _permit = limiter.acquire().await;
 }
 
 #[tokio::test(start_paused = true)]
-async fn retry_after_stops_every_new_start_until_it_has_passed() {
+async fn retry_after_delays_only_the_refused_request() {
     let limiter = AdaptiveLimiter::new(Some(10));
-    let first = limiter.acquire().await;
-    let second = limiter.acquire().await;
-    let _turn = first.refused(Some(Duration::from_secs(1)));
+    let mut permits = Vec::new();
+    for _ in 0..4 {
+        permits.push(limiter.acquire().await);
+    }
+    let started = tokio::time::Instant::now();
+    let turn = permits.pop().unwrap().refused(Some(Duration::from_secs(1)));
+    // Half of the flight of 4; the server still holds the other 3.
+    assert_eq!(limiter.snapshot().window, Some(2));
     let order = Arc::new(Mutex::new(Vec::new()));
-    let waiter = spawn_acquire(limiter.turn(), "new work", &order);
-    // The other request in flight ends during the pause: nothing is due to come back,
-    // so only the limiter's own timer can end the pause.
-    second.succeeded();
-    tokio::time::sleep(Duration::from_millis(999)).await;
+    let refused = spawn_acquire(turn, "refused", &order);
     settle().await;
-    assert!(
-        order.lock().unwrap().is_empty(),
-        "started inside Retry-After"
-    );
     let snapshot = limiter.snapshot();
     assert!(snapshot.throttled);
-    assert_eq!(snapshot.paused_for, Some(Duration::from_millis(1)));
-    let _permit = waiter.await.unwrap();
+    assert_eq!(
+        snapshot
+            .paused_for
+            .map(|left| left >= Duration::from_secs(1)),
+        Some(true)
+    );
+    // Two of the three come back: new work starts at once, inside the refused
+    // request's Retry-After.
+    permits.pop().unwrap().succeeded();
+    permits.pop().unwrap().succeeded();
+    let new_work = spawn_acquire(limiter.turn(), "new work", &order);
+    new_work.await.unwrap().succeeded();
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert_eq!(*order.lock().unwrap(), ["new work"]);
+    // The refused request itself waits its Retry-After out, though the window has room.
+    tokio::time::sleep(Duration::from_millis(999)).await;
+    settle().await;
+    assert_eq!(*order.lock().unwrap(), ["new work"]);
+    refused.await.unwrap().succeeded();
+    assert!(started.elapsed() >= Duration::from_secs(1));
     assert_eq!(limiter.snapshot().paused_for, None);
+}
+
+/// A server with `seats` seats that reads one request per millisecond and holds each
+/// for `service`, refusing at once (`Retry-After: 1`) a request that finds every seat
+/// taken: a burst of more than `service` worth of requests takes longer to arrive than
+/// a round trip, and seats are freed and taken again while it arrives.
+fn spawn_server(
+    seats: usize,
+    service: Duration,
+) -> (
+    tokio::sync::mpsc::UnboundedSender<tokio::sync::oneshot::Sender<bool>>,
+    JoinHandle<()>,
+) {
+    let (requests, mut incoming) =
+        tokio::sync::mpsc::unbounded_channel::<tokio::sync::oneshot::Sender<bool>>();
+    let server = tokio::spawn(async move {
+        let busy = Arc::new(Mutex::new(0_usize));
+        while let Some(answer) = incoming.recv().await {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let taken = {
+                let mut busy = busy.lock().unwrap();
+                let free = *busy < seats;
+                if free {
+                    *busy += 1;
+                }
+                free
+            };
+            if taken {
+                let busy = Arc::clone(&busy);
+                tokio::spawn(async move {
+                    tokio::time::sleep(service).await;
+                    *busy.lock().unwrap() -= 1;
+                    let _ = answer.send(true);
+                });
+            } else {
+                let _ = answer.send(false);
+            }
+        }
+    });
+    (requests, server)
+}
+
+/// One request through `limiter` to the server until it is answered; returns the
+/// times it was refused at.
+async fn request_until_answered(
+    limiter: AdaptiveLimiter,
+    server: tokio::sync::mpsc::UnboundedSender<tokio::sync::oneshot::Sender<bool>>,
+) -> Vec<tokio::time::Instant> {
+    let mut refused_at = Vec::new();
+    let mut turn = limiter.turn();
+    loop {
+        let permit = turn.acquire().await;
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        server.send(answer).unwrap();
+        if answered.await.unwrap() {
+            permit.succeeded();
+            return refused_at;
+        }
+        refused_at.push(tokio::time::Instant::now());
+        turn = permit.refused(Some(Duration::from_secs(1)));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_longer_than_a_round_trip_teaches_what_the_server_holds_at_once() {
+    const SEATS: usize = 4;
+    let (server, serving) = spawn_server(SEATS, Duration::from_millis(5));
+    let limiter = AdaptiveLimiter::new(None);
+    let started = tokio::time::Instant::now();
+    // 40 requests at once: they take 40 ms to arrive, 8 round trips of 5 ms.
+    let first: Vec<_> = (0..40)
+        .map(|_| tokio::spawn(request_until_answered(limiter.clone(), server.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after_burst = limiter.snapshot();
+    // Far more of the burst succeeded than the server holds at once (seats were
+    // reused while it arrived): counting them as the server's concurrency would
+    // overshoot the next round...
+    assert!(after_burst.succeeded > 2 * SEATS as u64, "{after_burst:?}");
+    // ...what was still out at the burst's last refusal is what it holds.
+    assert_eq!(after_burst.window, Some(SEATS));
+    // More work arrives while the refused requests wait out their Retry-After, and the
+    // refused ones come back with it.
+    tokio::time::sleep_until(started + Duration::from_millis(1000)).await;
+    let second: Vec<_> = (0..40)
+        .map(|_| tokio::spawn(request_until_answered(limiter.clone(), server.clone())))
+        .collect();
+    let mut refusals = Vec::new();
+    for request in first.into_iter().chain(second) {
+        refusals.extend(request.await.unwrap());
+    }
+    drop(server);
+    serving.await.unwrap();
+    // Every refusal was in the first burst: the next rounds did not overshoot.
+    assert_eq!(refusals.len() as u64, after_burst.refused);
+    assert!(
+        refusals
+            .iter()
+            .all(|at| *at - started < Duration::from_millis(100)),
+        "refused after the first burst: {refusals:?}"
+    );
+    let snapshot = limiter.snapshot();
+    assert_eq!((snapshot.succeeded, snapshot.decreases), (80, 1));
 }
 
 #[tokio::test(start_paused = true)]
@@ -395,4 +523,32 @@ fn only_a_retry_is_marked_as_one() {
     };
     assert!(!marked(Attempt::First));
     assert!(marked(Attempt::Retry));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_refused_request_leaves_the_window_as_it_was() {
+    let limiter = AdaptiveLimiter::new(None);
+    let retry_after = Duration::from_secs(1);
+    limiter.acquire().await.refused(Some(retry_after));
+    let snapshot = limiter.snapshot();
+    assert_eq!(snapshot.window, None, "{snapshot:?}");
+    // A burst after it still starts at once.
+    let mut permits = Vec::new();
+    for _ in 0..200 {
+        permits.push(limiter.acquire().await);
+    }
+    assert_eq!(limiter.snapshot().in_flight, 200);
+    drop(permits);
+
+    // With another request of ours out, a refusal does shrink the window.
+    let limiter = AdaptiveLimiter::new(None);
+    let held = limiter.acquire().await;
+    limiter.acquire().await.refused(Some(retry_after));
+    assert_eq!(
+        limiter.snapshot().window,
+        Some(1),
+        "{:?}",
+        limiter.snapshot()
+    );
+    held.succeeded();
 }

@@ -269,7 +269,8 @@ async fn rotate(
         secret: route.secret.clone(),
         message,
     };
-    let route_key = route_secrets::route::RouteKey::new(&route.namespace, &route.route);
+    let route_key =
+        route_secrets::route::RouteKey::new(route.namespace.as_str(), route.route.as_str());
     let names = files::bundle_names(&route_key).map_err(|error| failed(error.to_string()))?;
     let bundle = daemon.cert_dir().join(names.bundle);
     let before = file_fingerprint(&bundle);

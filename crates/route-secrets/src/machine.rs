@@ -264,7 +264,7 @@ impl RouteMachine {
                 .is_some_and(|held| held == secret);
             if !held {
                 effects.push(Effect::Prefetch {
-                    namespace: key.namespace.clone(),
+                    namespace: key.namespace.to_string(),
                     secret: secret.to_owned(),
                 });
                 self.prefetching = true;

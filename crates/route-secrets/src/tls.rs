@@ -51,6 +51,7 @@ use std::sync::Arc;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::GeneralName;
 
@@ -69,6 +70,31 @@ pub const SECRET_TYPE_TLS: &str = "kubernetes.io/tls";
 pub const TLS_CERT_ENTRY: &str = "tls.crt";
 /// The data entry holding the PEM private key.
 pub const TLS_KEY_ENTRY: &str = "tls.key";
+/// Reduces a secret to what serving it reads: `metadata.name`, `namespace`, `uid` and
+/// `resourceVersion`, the `type`, and the [`TLS_CERT_ENTRY`] and [`TLS_KEY_ENTRY`] data
+/// entries. Everything else goes: labels, annotations (among them
+/// `kubectl.kubernetes.io/last-applied-configuration`, a whole copy of the secret's
+/// data), managed fields, owner references and other data entries.
+///
+/// Meant as the secret monitor's transform
+/// ([`ObjectMonitor::with_transform`](secret_monitor::ObjectMonitor::with_transform)),
+/// so that its cache of thousands of secrets holds only this, and the validated
+/// material keeps sharing the cached entries' bytes.
+pub fn keep_tls_material(secret: &mut Secret) {
+    let metadata = std::mem::take(&mut secret.metadata);
+    secret.metadata = ObjectMeta {
+        name: metadata.name,
+        namespace: metadata.namespace,
+        uid: metadata.uid,
+        resource_version: metadata.resource_version,
+        ..ObjectMeta::default()
+    };
+    secret.string_data = None;
+    if let Some(data) = &mut secret.data {
+        data.retain(|entry, _| entry == TLS_CERT_ENTRY || entry == TLS_KEY_ENTRY);
+    }
+}
+
 /// Default window before expiry in which [`TlsWarning::ExpiresSoon`] is raised.
 pub const DEFAULT_EXPIRY_WARNING: SignedDuration = SignedDuration::from_hours(30 * 24);
 

@@ -67,7 +67,10 @@ async fn thousand_routes_start_in_one_round_of_concurrent_syncs() {
         let RouteOutcome::Admitted(admitted) = outcome else {
             continue;
         };
-        let secret = (admitted.route.namespace.clone(), admitted.secret.clone());
+        let secret = (
+            admitted.route.namespace.to_string(),
+            admitted.secret.clone(),
+        );
         match material.get(&secret) {
             Some(first) => {
                 assert!(

@@ -1344,3 +1344,57 @@ fn material_that_was_re_encoded_is_not_shared_and_is_served_re_encoded() {
     assert_eq!(shared.chain_pem(), leaf.chain_pem());
     assert_eq!(shared.key_pem().expose_secret(), leaf.key_pem());
 }
+
+#[test]
+fn a_secret_kept_to_its_tls_material_validates_alike_and_is_still_shared() {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+    let pki = Pki::new(now());
+    let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
+    let mut full = leaf.secret("ns", "s");
+    full.metadata.uid = Some("uid-1".into());
+    full.metadata.resource_version = Some("7".into());
+    full.metadata.labels = Some([("team".to_owned(), "shop".to_owned())].into());
+    full.metadata.annotations = Some(
+        [(
+            "kubectl.kubernetes.io/last-applied-configuration".to_owned(),
+            "{\"data\":{}}".to_owned(),
+        )]
+        .into(),
+    );
+    full.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+    full.data
+        .as_mut()
+        .unwrap()
+        .insert("ca.crt".into(), ByteString(b"unused".to_vec()));
+
+    let mut slim = full.clone();
+    tls::keep_tls_material(&mut slim);
+    assert_eq!(slim.metadata.name.as_deref(), Some("s"));
+    assert_eq!(slim.metadata.namespace.as_deref(), Some("ns"));
+    assert_eq!(slim.metadata.uid.as_deref(), Some("uid-1"));
+    assert_eq!(slim.metadata.resource_version.as_deref(), Some("7"));
+    assert!(slim.metadata.labels.is_none());
+    assert!(slim.metadata.annotations.is_none());
+    assert!(slim.metadata.managed_fields.is_none());
+    assert_eq!(slim.type_, full.type_);
+    assert!(
+        slim.data
+            .as_ref()
+            .unwrap()
+            .keys()
+            .eq([tls::TLS_CERT_ENTRY, tls::TLS_KEY_ENTRY])
+    );
+
+    let slim = std::sync::Arc::new(slim);
+    let from_slim = TlsValidator::default()
+        .validate_shared_secret(&slim, Some(HOST), now())
+        .unwrap();
+    let from_full = TlsValidator::default()
+        .validate_secret(&full, Some(HOST), now())
+        .unwrap();
+    assert_eq!(from_slim, from_full);
+    // The chain and the key still read the kept entries instead of copies.
+    assert_eq!(std::sync::Arc::strong_count(&slim), 3);
+}

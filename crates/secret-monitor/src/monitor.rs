@@ -12,7 +12,7 @@ use crate::event::{EventSink, EventStream, ObjectEvent};
 use crate::lock::StdLocks;
 use crate::options::MonitorOptions;
 use crate::registry::{HandlerHandle, KeyStatus, Registry};
-use crate::watch::{self, WatchContext};
+use crate::watch::{self, Transform, WatchContext};
 use crate::{MonitorError, MonitorErrorKind, ObjectKey};
 
 /// Watches individual namespaced objects, one shared watch per object.
@@ -45,6 +45,8 @@ where
 {
     registry: Registry<K, StdLocks>,
     context: Arc<WatchContext>,
+    /// Reshapes received objects before they are kept; `None`: kept as decoded.
+    transform: Option<Transform<K>>,
 }
 
 impl<K: Send + Sync + 'static> Drop for MonitorInner<K> {
@@ -99,11 +101,36 @@ where
 
     /// A monitor with the given options.
     pub fn with_options(client: Client, options: MonitorOptions) -> Self {
+        Self::build(client, options, None)
+    }
+
+    /// A monitor that keeps each object as `transform` leaves it: called on every
+    /// object received (listed, added, modified or deleted) before the cache, the
+    /// events or the change detection see it, like client-go's informer
+    /// `SetTransform`. Use it to drop what the consumer never reads (managed fields,
+    /// annotations such as `kubectl.kubernetes.io/last-applied-configuration`, which
+    /// holds a whole copy of the object, unused data entries): at thousands of
+    /// watched objects the cache is a large part of the process's memory.
+    ///
+    /// A change to a dropped field still arrives as an update (the object's
+    /// resourceVersion changed), now with equal content. The transform must leave
+    /// `metadata.name`, `metadata.namespace`, `metadata.uid` and
+    /// `metadata.resourceVersion` alone: the watch relies on them.
+    pub fn with_transform(
+        client: Client,
+        options: MonitorOptions,
+        transform: impl Fn(&mut K) + Send + Sync + 'static,
+    ) -> Self {
+        Self::build(client, options, Some(Arc::new(transform)))
+    }
+
+    fn build(client: Client, options: MonitorOptions, transform: Option<Transform<K>>) -> Self {
         let resource = K::plural(&()).into_owned();
         Self {
             inner: Arc::new(MonitorInner {
                 registry: Registry::new(resource.clone()),
                 context: Arc::new(WatchContext::new(client, options, resource)),
+                transform,
             }),
         }
     }
@@ -127,7 +154,11 @@ where
     ) -> Result<HandlerHandle, MonitorError> {
         let (ticket, driver) = self.inner.registry.join(&key);
         if let Some(driver) = driver {
-            tokio::spawn(watch::run(driver, Arc::clone(&self.inner.context)));
+            tokio::spawn(watch::run(
+                driver,
+                Arc::clone(&self.inner.context),
+                self.inner.transform.clone(),
+            ));
         }
         // No lock is held here: other registrations proceed while this one waits.
         ticket.synced().await?;

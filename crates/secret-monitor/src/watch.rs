@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use kube::core::WatchEvent;
 use kube::{Client, Resource};
 use kube_common::adaptive::{AdaptiveLimiter, AdaptivePolicy, Permit, Turn, is_overload_status};
 use kube_common::backoff::{Backoff, BackoffPolicy};
@@ -229,9 +230,15 @@ where
     }
 }
 
+/// Reshapes each object the watch receives before anything keeps it (see
+/// [`ObjectMonitor::with_transform`](crate::ObjectMonitor::with_transform)).
+pub(crate) type Transform<K> = Arc<dyn Fn(&mut K) + Send + Sync>;
+
 /// One key's protocol state and what it holds open.
 struct KeyWatch<K> {
     machine: Machine<K>,
+    /// Applied to every received object before the machine sees it.
+    transform: Option<Transform<K>>,
     /// The open watch response, if any.
     stream: Option<EventStream>,
     /// When the open watch should have ended on its own.
@@ -239,6 +246,28 @@ struct KeyWatch<K> {
     /// One sequence for the key's life: it starts over after a healthy period, not
     /// after every success, so a watch that opens and breaks at once keeps backing off.
     backoff: Backoff,
+}
+
+impl<K: Resource> KeyWatch<K> {
+    /// Feeds `input` to the machine, every object in it reshaped by the transform
+    /// first: the cache, the events and the comparisons all see the same shape.
+    fn step(&mut self, mut input: Input<K>) -> Output<K> {
+        if let Some(transform) = &self.transform {
+            match &mut input {
+                Input::Listed {
+                    object: Some(object),
+                    ..
+                }
+                | Input::Event(
+                    WatchEvent::Added(object)
+                    | WatchEvent::Modified(object)
+                    | WatchEvent::Deleted(object),
+                ) => transform(object),
+                _ => {}
+            }
+        }
+        self.machine.step(input)
+    }
 }
 
 /// What moved the key on.
@@ -250,8 +279,11 @@ enum Happened<K> {
 }
 
 /// Runs the watch for the driver's key until the entry leaves the registry.
-pub(crate) async fn run<K>(driver: SyncDriver<K, StdLocks>, ctx: Arc<WatchContext>)
-where
+pub(crate) async fn run<K>(
+    driver: SyncDriver<K, StdLocks>,
+    ctx: Arc<WatchContext>,
+    transform: Option<Transform<K>>,
+) where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let stopped = driver.stopped();
@@ -259,12 +291,15 @@ where
         biased;
         // Dropping `drive` drops the open response, which closes its HTTP stream.
         () = stopped => debug!(key = %driver.key(), "watch stopped: no handlers left"),
-        () = drive(&driver, &ctx) => {}
+        () = drive(&driver, &ctx, transform) => {}
     }
 }
 
-async fn drive<K>(driver: &SyncDriver<K, StdLocks>, ctx: &WatchContext)
-where
+async fn drive<K>(
+    driver: &SyncDriver<K, StdLocks>,
+    ctx: &WatchContext,
+    transform: Option<Transform<K>>,
+) where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let key = driver.key();
@@ -274,6 +309,7 @@ where
             ctx.streaming(),
             ctx.options.first_sync_attempts,
         ),
+        transform,
         stream: None,
         deadline: Instant::now(),
         backoff: Backoff::new(backoff_policy(&ctx.options)),
@@ -293,7 +329,7 @@ where
     };
     loop {
         let output = match advance(&mut watch, next, key, ctx).await {
-            Happened::Input(input) => watch.machine.step(input),
+            Happened::Input(input) => watch.step(input),
             Happened::StreamingOff => match watch.machine.streaming_unsupported() {
                 Some(output) => output,
                 None => continue,
@@ -429,7 +465,7 @@ where
                 if let Input::Failed(failure) = &input {
                     pacing.failed(failure);
                 }
-                watch.machine.step(input)
+                watch.step(input)
             }
             Happened::StreamingOff => match watch.machine.streaming_unsupported() {
                 Some(output) => output,
@@ -663,7 +699,12 @@ mod tests {
             MonitorOptions::default(),
             "secrets".into(),
         ));
-        let task = run(driver.expect("a new entry has a driver"), ctx);
+        let transform: Transform<Secret> = Arc::new(|_secret: &mut Secret| {});
+        let task = run(
+            driver.expect("a new entry has a driver"),
+            ctx,
+            Some(transform),
+        );
         let size = std::mem::size_of_val(&task);
         println!("watch task future: {size} bytes");
         assert!(
@@ -687,6 +728,7 @@ mod tests {
         let key = ObjectKey::new("ns", "a");
         let mut watch: KeyWatch<Secret> = KeyWatch {
             machine: Machine::new("a".to_owned(), true, 1),
+            transform: None,
             stream: None,
             deadline: Instant::now(),
             backoff: Backoff::new(backoff_policy(&ctx.options)),

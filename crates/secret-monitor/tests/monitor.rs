@@ -994,3 +994,95 @@ async fn register_burst(features: ServerFeatures, probe: Option<&str>) -> Burst 
         errors,
     }
 }
+
+// --- Transform -------------------------------------------------------------------
+
+/// A secret with metadata and an entry the consumer below never reads.
+fn put_annotated_secret(sim: &kube_sim::Simulator, name: &str, value: &str) {
+    use base64::Engine;
+    let encode = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    sim.store()
+        .upsert(
+            "secrets",
+            serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {
+                    "name": name,
+                    "namespace": "ns",
+                    "labels": {"team": "shop"},
+                    "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                },
+                "type": "Opaque",
+                "data": {"v": encode(value), "unused": encode("large")},
+            }),
+        )
+        .expect("secret written");
+}
+
+/// Keeps only `data.v` and the metadata the watch needs.
+fn keep_only_v(secret: &mut Secret) {
+    secret.metadata.labels = None;
+    secret.metadata.annotations = None;
+    if let Some(data) = &mut secret.data {
+        data.retain(|entry, _| entry == "v");
+    }
+}
+
+fn is_slim(secret: &Secret) -> bool {
+    secret.metadata.labels.is_none()
+        && secret.metadata.annotations.is_none()
+        && secret
+            .data
+            .as_ref()
+            .is_some_and(|data| data.keys().eq(["v"]))
+        && secret.metadata.uid.is_some()
+        && secret.metadata.resource_version.is_some()
+}
+
+#[tokio::test]
+async fn the_transform_shapes_the_cache_and_every_event() {
+    let sim = sim().await;
+    put_annotated_secret(&sim, "a", "one");
+    let config = sim.client_config("admin").await.expect("admin config");
+    let client = kube_h2::build_client(config, kube_h2::ClientOptions::default())
+        .expect("pooled client")
+        .client();
+    let monitor = SecretMonitor::with_transform(client, MonitorOptions::default(), keep_only_v);
+    let mut registration = monitor.add_handler(key("ns", "a")).await.unwrap();
+
+    let cached = monitor.get(&registration.handle).unwrap();
+    assert!(is_slim(&cached), "{:?}", cached.metadata);
+    assert_eq!(value_of(&cached), "one");
+    match registration.events.recv().await.unwrap() {
+        ObjectEvent::Added(secret) => assert!(is_slim(&secret) && value_of(&secret) == "one"),
+        other => panic!("expected Added, got {other:?}"),
+    }
+
+    // A change arrives reshaped too, and the cache follows it.
+    put_annotated_secret(&sim, "a", "two");
+    match registration.events.recv().await.unwrap() {
+        ObjectEvent::Updated { old, new } => {
+            assert!(is_slim(&old) && is_slim(&new));
+            assert_eq!(
+                (value_of(&old), value_of(&new)),
+                ("one".into(), "two".into())
+            );
+        }
+        other => panic!("expected Updated, got {other:?}"),
+    }
+    let cached = monitor.get(&registration.handle).unwrap();
+    assert!(is_slim(&cached) && value_of(&cached) == "two");
+
+    delete_secret(&sim, "ns", "a");
+    match registration.events.recv().await.unwrap() {
+        ObjectEvent::Deleted(secret) => assert!(is_slim(&secret)),
+        other => panic!("expected Deleted, got {other:?}"),
+    }
+    // The unchanged monitor keeps everything (the transform is opt-in).
+    put_annotated_secret(&sim, "b", "three");
+    let plain = monitor_with(&sim, MonitorOptions::default()).await;
+    let full = plain.add_handler(key("ns", "b")).await.unwrap();
+    let full = plain.get(&full.handle).unwrap();
+    assert!(!is_slim(&full) && full.data.as_ref().unwrap().contains_key("unused"));
+}

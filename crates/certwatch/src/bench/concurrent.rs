@@ -161,7 +161,7 @@ pub async fn run(
                 .iter()
                 .filter_map(|route| {
                     Some((
-                        route.key()?.namespace,
+                        route.key()?.namespace.to_string(),
                         route.external_certificate_name()?.to_owned(),
                     ))
                 })

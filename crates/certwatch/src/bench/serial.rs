@@ -201,7 +201,7 @@ async fn apply_route(
         .external_certificate_name()
         .ok_or_else(|| format!("route {key} has no external certificate"))?
         .to_owned();
-    let object_key = ObjectKey::new(key.namespace.clone(), name.clone());
+    let object_key = ObjectKey::new(key.namespace.to_string(), name.clone());
     let registration = Instant::now();
     let informer = {
         let mut informers = monitor.informers.lock().await;

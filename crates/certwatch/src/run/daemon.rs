@@ -208,7 +208,10 @@ impl Daemon {
         // reviews) draws from what the API server was seen to accept.
         let limiter = AdaptiveLimiter::new(options.max_concurrent_syncs);
         let observer: Arc<dyn MonitorObserver> = metrics.clone();
-        let monitor = SecretMonitor::with_options(
+        // The cache keeps only what serving reads (the TLS entries and the version),
+        // not labels, annotations, managed fields or other entries: thousands of
+        // secrets are cached for the process's life.
+        let monitor = SecretMonitor::with_transform(
             client.clone(),
             MonitorOptions {
                 observer: Some(observer),
@@ -218,6 +221,7 @@ impl Daemon {
                 sync_timeout: options.sync_timeout,
                 ..MonitorOptions::default()
             },
+            route_secrets::tls::keep_tls_material,
         );
         // Whether the server serves streaming lists is asked once, with the routes'
         // own collection (which this identity lists anyway; the name exists nowhere),

@@ -103,7 +103,7 @@ pub struct BundleNames {
 /// names too long to keep whole.
 pub fn bundle_names(route: &RouteKey) -> Result<BundleNames, UnsafeName> {
     check(route)?;
-    let (namespace, name) = (route.namespace.as_str(), route.name.as_str());
+    let (namespace, name) = (&*route.namespace, &*route.name);
     let whole = namespace.len() + 1 + name.len() + BUNDLE_SUFFIX.len();
     if whole <= MAX_FILE_NAME {
         return Ok(BundleNames {

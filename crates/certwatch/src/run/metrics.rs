@@ -545,8 +545,8 @@ impl Metrics {
     /// `secret` (replacing the series of an earlier secret).
     pub fn certificate_served(&self, route: &RouteKey, secret: &str, not_after: Timestamp) {
         let labels = |secret: String| CertificateLabels {
-            namespace: route.namespace.clone(),
-            route: route.name.clone(),
+            namespace: route.namespace.to_string(),
+            route: route.name.to_string(),
             secret,
         };
         let previous = self
@@ -572,8 +572,8 @@ impl Metrics {
             .remove(route);
         if let Some(secret) = previous {
             self.expiration.remove(&CertificateLabels {
-                namespace: route.namespace.clone(),
-                route: route.name.clone(),
+                namespace: route.namespace.to_string(),
+                route: route.name.to_string(),
                 secret,
             });
         }

@@ -986,7 +986,7 @@ fn start_up_is_ready_once_every_listed_route_is_decided_oldest_first() {
     let valid = || Ok(Arc::clone(&material().valid[0]));
     let mut order = Vec::new();
     while let Some(preparation) = d.preparing.clone() {
-        order.push(preparation.route.name.clone());
+        order.push(preparation.route.name.to_string());
         assert!(!d.readiness.is_ready());
         d.found(version(&preparation.secret, 1, valid()));
     }
@@ -997,7 +997,11 @@ fn start_up_is_ready_once_every_listed_route_is_decided_oldest_first() {
         "prefetch holds released once the queue drained"
     );
     // The outcome of each route comes before it is counted.
-    let names: Vec<String> = d.outcomes.iter().map(|o| o.route().name.clone()).collect();
+    let names: Vec<String> = d
+        .outcomes
+        .iter()
+        .map(|o| o.route().name.to_string())
+        .collect();
     assert_eq!(names, ["a", "b", "c"]);
 }
 
@@ -1289,7 +1293,7 @@ fn paths_share_a_host_within_its_namespace_and_across_only_when_allowed() {
             .map(|key| {
                 let said = said_to_route(&d, key);
                 assert_eq!(said.len(), 1, "{key}: {said:?}");
-                (key.name.as_str(), said[0].clone())
+                (&*key.name, said[0].clone())
             })
             .collect();
         assert_eq!(got, expect(!disable), "ownership check disabled: {disable}");

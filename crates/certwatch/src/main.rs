@@ -6,6 +6,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// jemalloc instead of glibc's malloc: at 10,000 watches glibc spent a sixth of the
+/// start-up CPU consolidating and unlinking free chunks (docs/BENCHMARKS.md, "The
+/// allocator").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "certwatch",

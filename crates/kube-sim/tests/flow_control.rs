@@ -119,8 +119,10 @@ async fn a_router_burst_is_refused_by_its_queues_and_the_admin_is_exempt() {
         [("service-accounts", "workload-low", "queue-full", refused)]
     );
     let low = &flow.priority_levels["workload-low"];
-    // A queue-full refusal means every queue of the flow's hand held 50.
-    assert_eq!(low.peak_queued, 6 * 50, "{low:?}");
+    // A queue-full refusal means the least loaded queue of the flow's hand of 6 held
+    // 50, counting waiting and executing requests (as kube-apiserver's fair queuing
+    // does): the queue whose request holds the level's one seat may wait with 49.
+    assert!((6 * 50 - 1..=6 * 50).contains(&low.peak_queued), "{low:?}");
     assert_eq!(
         low.peak_seats_in_use, 1,
         "no seat of its own: one at a time"

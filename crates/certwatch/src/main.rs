@@ -8,7 +8,9 @@ use clap::{Parser, Subcommand};
 
 /// jemalloc instead of glibc's malloc: at 10,000 watches glibc spent a sixth of the
 /// start-up CPU consolidating and unlinking free chunks (docs/BENCHMARKS.md, "The
-/// allocator").
+/// allocator"). The `system-allocator` feature leaves glibc's malloc in place, for heap
+/// profilers that interpose it (heaptrack).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -5,7 +5,8 @@
 //! - [`access`]: whether the router identity may get, list and watch a secret (access
 //!   reviews, cached and shared).
 //! - [`manager`]: registrations on the per-secret watches of a
-//!   [`SecretMonitor`](secret_monitor::SecretMonitor), and prefetching them.
+//!   [`TlsSecretMonitor`](manager::TlsSecretMonitor) (secrets cached as
+//!   [`TlsSecret`](crate::tls::TlsSecret)s), and prefetching them.
 //! - [`status_writer`]: records outcomes in `status.ingress[]` through the status
 //!   subresource, in the background.
 //! - [`pipeline`]: the shell around the pure route state machine: it performs what the

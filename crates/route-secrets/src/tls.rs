@@ -42,6 +42,7 @@ mod error;
 mod host;
 mod key;
 mod pem;
+mod secret;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -61,6 +62,7 @@ pub use error::{
 pub use host::{dns_name_covers, names_cover};
 pub use key::{KeyAlgorithm, KeyEncoding};
 pub use pem::PemProblem;
+pub use secret::TlsSecret;
 
 use error::shorten;
 
@@ -76,10 +78,11 @@ pub const TLS_KEY_ENTRY: &str = "tls.key";
 /// `kubectl.kubernetes.io/last-applied-configuration`, a whole copy of the secret's
 /// data), managed fields, owner references and other data entries.
 ///
-/// Meant as the secret monitor's transform
-/// ([`ObjectMonitor::with_transform`](secret_monitor::ObjectMonitor::with_transform)),
-/// so that its cache of thousands of secrets holds only this, and the validated
-/// material keeps sharing the cached entries' bytes.
+/// Meant as the transform of a monitor of full `Secret`s
+/// ([`ObjectMonitor::with_transform`](secret_monitor::ObjectMonitor::with_transform)).
+/// [`TlsSecret`] keeps the same fields and goes further: it is decoded without the
+/// rest (never allocated) and holds the two entries without a map; the
+/// [`SecretManager`](crate::api::manager::SecretManager)'s monitor caches that.
 pub fn keep_tls_material(secret: &mut Secret) {
     let metadata = std::mem::take(&mut secret.metadata);
     secret.metadata = ObjectMeta {
@@ -113,7 +116,7 @@ enum PemText {
     Owned(Box<str>),
     /// The secret's `entry`, which was checked to be exactly the re-encoded text.
     InSecret {
-        secret: Arc<Secret>,
+        secret: Arc<TlsSecret>,
         entry: &'static str,
     },
 }
@@ -123,10 +126,8 @@ impl PemText {
         match self {
             PemText::Owned(text) => text,
             PemText::InSecret { secret, entry } => secret
-                .data
-                .as_ref()
-                .and_then(|data| data.get(*entry))
-                .and_then(|value| std::str::from_utf8(&value.0).ok())
+                .entry(entry)
+                .and_then(|value| std::str::from_utf8(value).ok())
                 // Only built from an entry equal to valid UTF-8 text, and the secret is
                 // behind an `Arc` nobody can change: the fallback is never taken.
                 .unwrap_or_default(),
@@ -134,12 +135,10 @@ impl PemText {
     }
 
     /// The same text, read from `secret`'s `entry` when that entry holds exactly it.
-    fn shared_with(self, secret: &Arc<Secret>, entry: &'static str) -> Self {
+    fn shared_with(self, secret: &Arc<TlsSecret>, entry: &'static str) -> Self {
         let same = secret
-            .data
-            .as_ref()
-            .and_then(|data| data.get(entry))
-            .is_some_and(|value| value.0 == self.as_str().as_bytes());
+            .entry(entry)
+            .is_some_and(|value| value == self.as_str().as_bytes());
         if same {
             PemText::InSecret {
                 secret: Arc::clone(secret),
@@ -439,17 +438,17 @@ impl TlsValidator {
         self.validate(TlsMaterial::from_secret(secret), route_host, now)
     }
 
-    /// Like [`validate_secret`](Self::validate_secret), for a secret shared behind an
-    /// `Arc` (as the monitor's cache holds it): where the served text is the secret's
-    /// entry byte for byte, the result reads it from the secret instead of holding a
-    /// copy, and keeps the secret alive.
+    /// Like [`validate_secret`](Self::validate_secret), for a [`TlsSecret`] shared
+    /// behind an `Arc` (as the monitor's cache holds it): where the served text is the
+    /// secret's entry byte for byte, the result reads it from the secret instead of
+    /// holding a copy, and keeps the secret alive.
     pub fn validate_shared_secret(
         &self,
-        secret: &Arc<Secret>,
+        secret: &Arc<TlsSecret>,
         route_host: Option<&str>,
         now: Timestamp,
     ) -> Result<ValidatedTls, TlsRejection> {
-        let validated = self.validate_secret(secret, route_host, now)?;
+        let validated = self.validate(secret.material(), route_host, now)?;
         Ok(ValidatedTls {
             chain_pem: validated.chain_pem.shared_with(secret, TLS_CERT_ENTRY),
             key: SecretPem(validated.key.0.shared_with(secret, TLS_KEY_ENTRY)),

@@ -12,9 +12,9 @@ use kube_common::Verb;
 use kube_common::adaptive::AdaptiveLimiter;
 use kube_sim::{FailRule, LimitsConfig, Simulator};
 use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy};
-use route_secrets::api::manager::SecretManager;
+use route_secrets::api::manager::{SecretManager, TlsSecretMonitor};
 use route_secrets::testing::{LeafSpec, Pki};
-use secret_monitor::{MonitorErrorKind, ObjectEvent, SecretMonitor};
+use secret_monitor::{MonitorErrorKind, ObjectEvent};
 use support::*;
 
 const NS: &str = "app";
@@ -309,12 +309,17 @@ async fn a_review_burst_through_two_seats_is_answered_under_a_limiter() {
 #[tokio::test]
 async fn manager_contract() {
     let sim = world().await;
-    let manager = SecretManager::new(SecretMonitor::new(client(&sim, "router").await));
+    let manager = SecretManager::new(TlsSecretMonitor::new(client(&sim, "router").await));
     let (tx, mut events) = tokio::sync::mpsc::unbounded_channel::<ObjectEvent<_>>();
     let first = manager.register(NS, "s1", tx.clone()).await.unwrap();
     assert!(matches!(events.recv().await, Some(ObjectEvent::Added(_))));
     assert_eq!(first.key().name, "s1");
-    assert_eq!(first.secret().unwrap().metadata.name.as_deref(), Some("s1"));
+    assert_eq!(
+        kube::Resource::meta(first.secret().unwrap().as_ref())
+            .name
+            .as_deref(),
+        Some("s1")
+    );
 
     // Two registrations, one secret: one watch, closed when the last one goes.
     let second = manager.register(NS, "s1", tx.clone()).await.unwrap();
@@ -354,7 +359,7 @@ async fn a_registration_cancelled_during_its_first_sync_leaves_nothing() {
             .secret(NS, "s1"),
     );
     sim.grant_router_secrets(NS, &["s1"]).unwrap();
-    let manager = SecretManager::new(SecretMonitor::new(client(&sim, "router").await));
+    let manager = SecretManager::new(TlsSecretMonitor::new(client(&sim, "router").await));
     let (tx, _events) = tokio::sync::mpsc::unbounded_channel();
     let registering = {
         let manager = manager.clone();
@@ -380,7 +385,7 @@ async fn a_registration_cancelled_during_its_first_sync_leaves_nothing() {
 #[tokio::test]
 async fn prefetch_holds_watches_until_released() {
     let sim = world().await;
-    let manager = SecretManager::new(SecretMonitor::new(client(&sim, "router").await));
+    let manager = SecretManager::new(TlsSecretMonitor::new(client(&sim, "router").await));
     manager.prefetch(NS, "s1");
     manager.prefetch(NS, "s2");
     manager.prefetch(NS, "s1");

@@ -1302,9 +1302,10 @@ fn a_long_chain_given_backwards_is_served_in_issuing_order() {
 fn material_that_is_already_canonical_is_read_from_the_shared_secret() {
     let pki = Pki::new(now());
     let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
-    let secret = std::sync::Arc::new(leaf.secret("ns", "s"));
+    let full = leaf.secret("ns", "s");
+    let secret = std::sync::Arc::new(tls::TlsSecret::from(&full));
     let copied = TlsValidator::default()
-        .validate_secret(&secret, Some(HOST), now())
+        .validate_secret(&full, Some(HOST), now())
         .unwrap();
     assert_eq!(std::sync::Arc::strong_count(&secret), 1);
 
@@ -1330,12 +1331,12 @@ fn material_that_was_re_encoded_is_not_shared_and_is_served_re_encoded() {
     let leaf = leaf(&pki, KeyKind::EcdsaP256Pkcs8);
     // CRLF line ends: the served text is re-encoded with LF, so it is not the entry.
     let crlf = |text: String| text.replace('\n', "\r\n");
-    let secret = std::sync::Arc::new(testing::tls_secret(
+    let secret = std::sync::Arc::new(tls::TlsSecret::from(&testing::tls_secret(
         "ns",
         "s",
         Some(SECRET_TYPE_TLS),
         testing::tls_data(crlf(leaf.chain_pem()), leaf.key_pem()),
-    ));
+    )));
     let shared = TlsValidator::default()
         .validate_shared_secret(&secret, Some(HOST), now())
         .unwrap();
@@ -1387,14 +1388,33 @@ fn a_secret_kept_to_its_tls_material_validates_alike_and_is_still_shared() {
             .eq([tls::TLS_CERT_ENTRY, tls::TLS_KEY_ENTRY])
     );
 
-    let slim = std::sync::Arc::new(slim);
-    let from_slim = TlsValidator::default()
-        .validate_shared_secret(&slim, Some(HOST), now())
+    // What the monitor caches: decoded from the API server's JSON of the full
+    // secret, without the rest; the same as the slimmed secret.
+    let compact: tls::TlsSecret =
+        serde_json::from_value(serde_json::to_value(&full).unwrap()).unwrap();
+    assert_eq!(compact, tls::TlsSecret::from(&slim));
+    let meta = kube::Resource::meta(&compact);
+    assert_eq!(
+        (meta.name.as_deref(), meta.namespace.as_deref()),
+        (Some("s"), Some("ns"))
+    );
+    assert_eq!(
+        (meta.uid.as_deref(), meta.resource_version.as_deref()),
+        (Some("uid-1"), Some("7"))
+    );
+    assert!(meta.labels.is_none() && meta.annotations.is_none());
+    assert!(meta.managed_fields.is_none());
+    assert_eq!(compact.secret_type(), full.type_.as_deref());
+    assert_eq!(compact.entry("ca.crt"), None);
+
+    let compact = std::sync::Arc::new(compact);
+    let from_compact = TlsValidator::default()
+        .validate_shared_secret(&compact, Some(HOST), now())
         .unwrap();
     let from_full = TlsValidator::default()
         .validate_secret(&full, Some(HOST), now())
         .unwrap();
-    assert_eq!(from_slim, from_full);
+    assert_eq!(from_compact, from_full);
     // The chain and the key still read the kept entries instead of copies.
-    assert_eq!(std::sync::Arc::strong_count(&slim), 3);
+    assert_eq!(std::sync::Arc::strong_count(&compact), 3);
 }

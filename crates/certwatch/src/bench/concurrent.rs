@@ -16,13 +16,13 @@ use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::watcher;
 use route_secrets::api::access::{AccessChecker, AccessPolicy};
-use route_secrets::api::manager::SecretManager;
+use route_secrets::api::manager::{SecretManager, TlsSecretMonitor};
 use route_secrets::api::pipeline::{PipelineError, PipelineOptions, RouteOutcome, RoutePipeline};
 use route_secrets::api::route_watch::{RouteEvent, route_events};
 use route_secrets::api::status_writer::StatusWriter;
 use route_secrets::route::Route;
 use route_secrets::route::admission::RouterIdentity;
-use secret_monitor::{MonitorError, MonitorObserver, MonitorOptions, ObjectKey, SecretMonitor};
+use secret_monitor::{MonitorError, MonitorObserver, MonitorOptions, ObjectKey};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -111,7 +111,7 @@ pub async fn run(
         last_synced_ms: AtomicU64::new(0),
         longest_sync_ms: AtomicU64::new(0),
     });
-    let monitor = SecretMonitor::with_options(
+    let monitor = TlsSecretMonitor::with_options(
         client.clone(),
         MonitorOptions {
             max_concurrent_syncs: spec.max_concurrent_syncs,

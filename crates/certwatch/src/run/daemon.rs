@@ -18,12 +18,12 @@ use futures::StreamExt;
 use kube_common::adaptive::{AdaptiveLimiter, LimiterSnapshot};
 use kube_h2::{ClientOptions, PoolHandle, PoolStats};
 use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy, AccessStats};
-use route_secrets::api::manager::SecretManager;
+use route_secrets::api::manager::{SecretManager, TlsSecretMonitor};
 use route_secrets::api::pipeline::{HostPolicy, PipelineError, PipelineOptions, RoutePipeline};
 use route_secrets::api::status_writer::StatusWriter;
 use route_secrets::route::Route;
 use route_secrets::route::admission::RouterIdentity;
-use secret_monitor::{MonitorObserver, MonitorOptions, SecretMonitor};
+use secret_monitor::{MonitorObserver, MonitorOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -209,9 +209,9 @@ impl Daemon {
         let limiter = AdaptiveLimiter::new(options.max_concurrent_syncs);
         let observer: Arc<dyn MonitorObserver> = metrics.clone();
         // The cache keeps only what serving reads (the TLS entries and the version),
-        // not labels, annotations, managed fields or other entries: thousands of
-        // secrets are cached for the process's life.
-        let monitor = SecretMonitor::with_transform(
+        // decoded without labels, annotations, managed fields or other entries:
+        // thousands of secrets are cached for the process's life.
+        let monitor = TlsSecretMonitor::with_options(
             client.clone(),
             MonitorOptions {
                 observer: Some(observer),
@@ -221,7 +221,6 @@ impl Daemon {
                 sync_timeout: options.sync_timeout,
                 ..MonitorOptions::default()
             },
-            route_secrets::tls::keep_tls_material,
         );
         // Whether the server serves streaming lists is asked once, with the routes'
         // own collection (which this identity lists anyway; the name exists nowhere),

@@ -1,7 +1,7 @@
 //! Registrations on per-secret watches, on top of one shared watch per secret.
 //!
 //! Each [`SecretRegistration`] holds one handler on its secret's watch in the
-//! [`SecretMonitor`], so registrations of one secret share its watch, and the watch
+//! [`TlsSecretMonitor`], so registrations of one secret share its watch, and the watch
 //! closes when the last of them is dropped. Registering waits for the secret's first
 //! sync with no lock held, so distinct secrets register concurrently; dropping the
 //! future cancels the registration and leaves nothing behind.
@@ -20,20 +20,25 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use k8s_openapi::api::core::v1::Secret;
 use secret_monitor::{
-    EventSink, HandlerHandle, KeyStatus, MonitorError, ObjectEvent, ObjectKey, SecretMonitor,
+    EventSink, HandlerHandle, KeyStatus, MonitorError, ObjectEvent, ObjectKey, ObjectMonitor,
 };
 use tokio::task::AbortHandle;
 
-/// Registrations on per-secret watches over a [`SecretMonitor`]. Cheap to clone.
+use crate::tls::TlsSecret;
+
+/// The monitor whose watches the manager registers on: it caches each secret as a
+/// [`TlsSecret`] (identity, type and the two TLS entries), decoded without the rest.
+pub type TlsSecretMonitor = ObjectMonitor<TlsSecret>;
+
+/// Registrations on per-secret watches over a [`TlsSecretMonitor`]. Cheap to clone.
 #[derive(Clone)]
 pub struct SecretManager {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    monitor: SecretMonitor,
+    monitor: TlsSecretMonitor,
     /// Guards the prefetch holds, keyed by secret. Never held across an `.await`.
     prefetched: Mutex<HashMap<ObjectKey, Prefetch>>,
     next_ticket: AtomicU64,
@@ -55,8 +60,8 @@ enum Prefetch {
 /// A sink for prefetch handlers, which only keep a watch alive.
 struct Discard;
 
-impl EventSink<Secret> for Discard {
-    fn deliver(&mut self, _event: ObjectEvent<Secret>) {}
+impl EventSink<TlsSecret> for Discard {
+    fn deliver(&mut self, _event: ObjectEvent<TlsSecret>) {}
 }
 
 impl fmt::Debug for SecretManager {
@@ -86,7 +91,7 @@ impl SecretRegistration {
     /// The secret, from the watch cache (no API call). Fails with
     /// [`MonitorErrorKind::NotFound`](secret_monitor::MonitorErrorKind::NotFound)
     /// when it does not exist.
-    pub fn secret(&self) -> Result<Arc<Secret>, MonitorError> {
+    pub fn secret(&self) -> Result<Arc<TlsSecret>, MonitorError> {
         self.manager.inner.monitor.get(&self.handle)
     }
 }
@@ -112,7 +117,7 @@ impl Drop for SecretRegistration {
 
 impl SecretManager {
     /// A manager registering on `monitor`'s watches.
-    pub fn new(monitor: SecretMonitor) -> Self {
+    pub fn new(monitor: TlsSecretMonitor) -> Self {
         Self {
             inner: Arc::new(Inner {
                 monitor,
@@ -124,7 +129,7 @@ impl SecretManager {
     }
 
     /// The monitor underneath.
-    pub fn monitor(&self) -> &SecretMonitor {
+    pub fn monitor(&self) -> &TlsSecretMonitor {
         &self.inner.monitor
     }
 
@@ -143,7 +148,7 @@ impl SecretManager {
         &self,
         namespace: &str,
         secret: &str,
-        sink: impl EventSink<Secret>,
+        sink: impl EventSink<TlsSecret>,
     ) -> Result<SecretRegistration, MonitorError> {
         let key = ObjectKey::new(namespace, secret);
         if let Some(Prefetch::Failed(error)) = self.prefetched().get(&key) {
@@ -183,7 +188,7 @@ impl SecretManager {
         &self,
         namespace: &str,
         secret: &str,
-        on_synced: impl FnOnce(Arc<Secret>) + Send + 'static,
+        on_synced: impl FnOnce(Arc<TlsSecret>) + Send + 'static,
     ) {
         let key = ObjectKey::new(namespace, secret);
         let mut prefetched = self.prefetched();

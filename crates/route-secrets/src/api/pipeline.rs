@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::future::{BoxFuture, OptionFuture};
 use futures::{FutureExt, Stream, StreamExt};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Secret;
+use kube::Resource;
 use kube_common::backoff::BackoffPolicy;
 use secret_monitor::{MonitorErrorKind, ObjectEvent, ObjectKey, TaggedSink};
 use tokio::sync::{mpsc, watch};
@@ -43,7 +43,7 @@ use crate::machine::{
     RouteMachine, SecretChange, SecretLookup, SecretVersion, SecretVersionId,
 };
 use crate::route::RouteKey;
-use crate::tls::{TlsRejection, TlsValidator, ValidatedTls};
+use crate::tls::{TlsRejection, TlsSecret, TlsValidator, ValidatedTls};
 
 /// Options of a [`RoutePipeline`].
 #[derive(Clone, Debug)]
@@ -87,7 +87,7 @@ pub enum PipelineError {
 }
 
 /// A secret event, tagged with the route and registration it was delivered to.
-type SecretEvent = ((RouteKey, RegistrationId), ObjectEvent<Secret>);
+type SecretEvent = ((RouteKey, RegistrationId), ObjectEvent<TlsSecret>);
 
 /// The pipeline. Build it with [`RoutePipeline::new`], drive it with
 /// [`RoutePipeline::run`].
@@ -334,7 +334,7 @@ impl RoutePipeline {
     fn secret_input(
         &self,
         (route, registration): (RouteKey, RegistrationId),
-        event: ObjectEvent<Secret>,
+        event: ObjectEvent<TlsSecret>,
     ) -> Input {
         let change = match event {
             ObjectEvent::Added(object) | ObjectEvent::Updated { new: object, .. } => {
@@ -422,12 +422,12 @@ impl Validations {
     /// The validated version of `secret`: the recorded validation of this version
     /// (unless its certificate became valid or expired since), or one made now and
     /// recorded (unless another was recorded meanwhile, which wins).
-    fn version(&self, secret: &Arc<Secret>) -> SecretVersion {
+    fn version(&self, secret: &Arc<TlsSecret>) -> SecretVersion {
         let now = Timestamp::now();
-        let id = SecretVersionId::of(secret);
+        let id = SecretVersionId::of(secret.as_ref());
         let key = ObjectKey::new(
-            secret.metadata.namespace.clone().unwrap_or_default(),
-            secret.metadata.name.clone().unwrap_or_default(),
+            secret.meta().namespace.clone().unwrap_or_default(),
+            secret.meta().name.clone().unwrap_or_default(),
         );
         let current = |found: &Validation| match &found.result {
             Ok(tls) => validity_at(tls, found.at) == validity_at(tls, now),

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
+use kube::Resource;
 use kube_common::Verb;
 
 use super::effects::Preparation;
@@ -141,11 +141,13 @@ pub struct SecretVersionId {
 }
 
 impl SecretVersionId {
-    /// The version of `secret`, when it has both fields.
-    pub fn of(secret: &Secret) -> Option<Self> {
+    /// The version of `secret` (a `Secret` or a
+    /// [`TlsSecret`](crate::tls::TlsSecret)), when it has both fields.
+    pub fn of(secret: &impl Resource) -> Option<Self> {
+        let metadata = secret.meta();
         Some(Self {
-            uid: secret.metadata.uid.clone()?,
-            resource_version: secret.metadata.resource_version.clone()?,
+            uid: metadata.uid.clone()?,
+            resource_version: metadata.resource_version.clone()?,
         })
     }
 }

@@ -18,7 +18,7 @@ use kube::runtime::watcher;
 use kube_common::backoff::BackoffPolicy;
 use kube_sim::{LatencyConfig, RequestRecord, SimConfig, Simulator};
 use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy};
-use route_secrets::api::manager::SecretManager;
+use route_secrets::api::manager::{SecretManager, TlsSecretMonitor};
 use route_secrets::api::pipeline::{
     AdmittedRoute, PipelineError, PipelineOptions, Readiness, RejectedRoute, RouteOutcome,
     RoutePipeline,
@@ -28,7 +28,7 @@ use route_secrets::api::status_writer::StatusWriter;
 use route_secrets::reason::Reason;
 use route_secrets::route::admission::{RouterIdentity, admitted_condition, router_ingress};
 use route_secrets::route::{Route, RouteIngressCondition, RouteKey};
-use secret_monitor::{MonitorOptions, SecretMonitor};
+use secret_monitor::MonitorOptions;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -167,7 +167,7 @@ impl Harness {
             .with_test_writer()
             .try_init();
         let client = client(sim, "router").await;
-        let monitor = SecretMonitor::with_options(client.clone(), options.monitor);
+        let monitor = TlsSecretMonitor::with_options(client.clone(), options.monitor);
         let manager = SecretManager::new(monitor);
         let access = AccessChecker::with_options(client.clone(), options.access);
         let status = options

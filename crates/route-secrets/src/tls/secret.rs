@@ -1,0 +1,497 @@
+//! [`TlsSecret`]: a Secret as serving it needs it, decoded straight from the API
+//! server's JSON.
+//!
+//! The secret monitor caches every watched secret for the process's life, and at
+//! 10,000 routes it decodes 10,000 of them in the start-up burst. Decoded as a full
+//! `k8s_openapi` `Secret`, each one allocates every metadata map (labels, annotations,
+//! managed fields) only to drop them, and keeps its two TLS entries in a `BTreeMap`
+//! whose one leaf (544 bytes) outweighs the key. This type reads only what serving reads:
+//! `metadata.name`, `namespace`, `uid` and `resourceVersion`, the `type`, and the
+//! `tls.crt` and `tls.key` entries. The deserializer passes over everything else
+//! without allocating it.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+
+use super::{SECRET_TYPE_TLS, TLS_CERT_ENTRY, TLS_KEY_ENTRY, TlsMaterial};
+
+/// A `v1` Secret reduced to its identity and TLS material.
+///
+/// Implements `kube::Resource` (as a `Secret`: same API path and kind), so it can be
+/// watched with [`ObjectMonitor`](secret_monitor::ObjectMonitor) and listed with
+/// `kube::Api`. Its metadata holds `name`, `namespace`, `uid` and `resourceVersion`
+/// only. `Debug` shows the lengths of the entries, never their bytes.
+#[derive(Clone, Default, PartialEq)]
+pub struct TlsSecret {
+    metadata: ObjectMeta,
+    /// The secret's `type`; the TLS type is held without an allocation.
+    secret_type: Option<Cow<'static, str>>,
+    /// `data["tls.crt"]`, decoded.
+    certificate: Option<Box<[u8]>>,
+    /// `data["tls.key"]`, decoded.
+    key: Option<Box<[u8]>>,
+}
+
+impl TlsSecret {
+    /// A secret with the given metadata (reduced to the four fields kept), type and
+    /// entries.
+    pub fn new(
+        metadata: ObjectMeta,
+        secret_type: Option<&str>,
+        certificate: Option<Vec<u8>>,
+        key: Option<Vec<u8>>,
+    ) -> Self {
+        Self {
+            metadata: ObjectMeta {
+                name: metadata.name,
+                namespace: metadata.namespace,
+                uid: metadata.uid,
+                resource_version: metadata.resource_version,
+                ..ObjectMeta::default()
+            },
+            secret_type: secret_type.map(secret_type_of),
+            certificate: certificate.map(Vec::into_boxed_slice),
+            key: key.map(Vec::into_boxed_slice),
+        }
+    }
+
+    /// The secret's `type`.
+    pub fn secret_type(&self) -> Option<&str> {
+        self.secret_type.as_deref()
+    }
+
+    /// The bytes of an entry of `data`: [`TLS_CERT_ENTRY`] or [`TLS_KEY_ENTRY`] (any
+    /// other entry is not kept, and reads as absent).
+    pub fn entry(&self, entry: &str) -> Option<&[u8]> {
+        match entry {
+            TLS_CERT_ENTRY => self.certificate.as_deref(),
+            TLS_KEY_ENTRY => self.key.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// What validation reads: the type and the two entries.
+    pub fn material(&self) -> TlsMaterial<'_> {
+        TlsMaterial {
+            secret_type: self.secret_type(),
+            certificate: self.certificate.as_deref(),
+            key: self.key.as_deref(),
+        }
+    }
+}
+
+/// The type as kept: the TLS type (nearly every secret here) without an allocation.
+fn secret_type_of(found: &str) -> Cow<'static, str> {
+    if found == SECRET_TYPE_TLS {
+        Cow::Borrowed(SECRET_TYPE_TLS)
+    } else {
+        Cow::Owned(found.to_owned())
+    }
+}
+
+impl From<&Secret> for TlsSecret {
+    fn from(secret: &Secret) -> Self {
+        let entry = |name: &str| {
+            secret
+                .data
+                .as_ref()
+                .and_then(|data| data.get(name))
+                .map(|value| value.0.clone())
+        };
+        Self::new(
+            secret.metadata.clone(),
+            secret.type_.as_deref(),
+            entry(TLS_CERT_ENTRY),
+            entry(TLS_KEY_ENTRY),
+        )
+    }
+}
+
+impl From<&TlsSecret> for Secret {
+    fn from(secret: &TlsSecret) -> Self {
+        let data: std::collections::BTreeMap<String, ByteString> = [
+            (TLS_CERT_ENTRY, &secret.certificate),
+            (TLS_KEY_ENTRY, &secret.key),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| Some((name.to_owned(), ByteString(value.as_deref()?.to_vec()))))
+        .collect();
+        Secret {
+            metadata: secret.metadata.clone(),
+            type_: secret.secret_type().map(str::to_owned),
+            data: (!data.is_empty()).then_some(data),
+            ..Secret::default()
+        }
+    }
+}
+
+impl k8s_openapi::Resource for TlsSecret {
+    const API_VERSION: &'static str = <Secret as k8s_openapi::Resource>::API_VERSION;
+    const GROUP: &'static str = <Secret as k8s_openapi::Resource>::GROUP;
+    const KIND: &'static str = <Secret as k8s_openapi::Resource>::KIND;
+    const VERSION: &'static str = <Secret as k8s_openapi::Resource>::VERSION;
+    const URL_PATH_SEGMENT: &'static str = <Secret as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+    type Scope = <Secret as k8s_openapi::Resource>::Scope;
+}
+
+impl k8s_openapi::ListableResource for TlsSecret {
+    const LIST_KIND: &'static str = <Secret as k8s_openapi::ListableResource>::LIST_KIND;
+}
+
+impl k8s_openapi::Metadata for TlsSecret {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Lengths only: the key's bytes never reach a log.
+impl fmt::Debug for TlsSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsSecret")
+            .field("namespace", &self.metadata.namespace)
+            .field("name", &self.metadata.name)
+            .field("uid", &self.metadata.uid)
+            .field("resource_version", &self.metadata.resource_version)
+            .field("type", &self.secret_type)
+            .field(
+                "certificate_len",
+                &self.certificate.as_ref().map(|c| c.len()),
+            )
+            .field("key_len", &self.key.as_ref().map(|k| k.len()))
+            .finish()
+    }
+}
+
+/// As the API server writes a Secret (for tests and tools that serve one).
+impl Serialize for TlsSecret {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        Secret::from(self).serialize(serializer)
+    }
+}
+
+/// A top-level field of a Secret, as far as this type cares.
+enum SecretField {
+    Metadata,
+    Type,
+    Data,
+    Other,
+}
+
+/// A field of `metadata`, as far as this type cares.
+enum MetadataField {
+    Name,
+    Namespace,
+    Uid,
+    ResourceVersion,
+    Other,
+}
+
+/// An entry of `data`, as far as this type cares.
+enum DataEntry {
+    Certificate,
+    Key,
+    Other,
+}
+
+/// Reads an object key without allocating it (a borrowed or transient `&str` is all
+/// that is compared), mapped by `pick`.
+struct KeyVisitor<T>(fn(&str) -> T);
+
+impl<T> Visitor<'_> for KeyVisitor<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_str<E: de::Error>(self, name: &str) -> Result<T, E> {
+        Ok((self.0)(name))
+    }
+}
+
+macro_rules! key_from_str {
+    ($type:ty, $pick:expr) => {
+        impl<'de> Deserialize<'de> for $type {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                deserializer.deserialize_identifier(KeyVisitor($pick))
+            }
+        }
+    };
+}
+
+key_from_str!(SecretField, |name| match name {
+    "metadata" => SecretField::Metadata,
+    "type" => SecretField::Type,
+    "data" => SecretField::Data,
+    _ => SecretField::Other,
+});
+
+key_from_str!(MetadataField, |name| match name {
+    "name" => MetadataField::Name,
+    "namespace" => MetadataField::Namespace,
+    "uid" => MetadataField::Uid,
+    "resourceVersion" => MetadataField::ResourceVersion,
+    _ => MetadataField::Other,
+});
+
+key_from_str!(DataEntry, |name| match name {
+    TLS_CERT_ENTRY => DataEntry::Certificate,
+    TLS_KEY_ENTRY => DataEntry::Key,
+    _ => DataEntry::Other,
+});
+
+impl<'de> Deserialize<'de> for TlsSecret {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(SecretVisitor)
+    }
+}
+
+struct SecretVisitor;
+
+impl<'de> Visitor<'de> for SecretVisitor {
+    type Value = TlsSecret;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a Secret")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TlsSecret, A::Error> {
+        let mut secret = TlsSecret::default();
+        while let Some(field) = map.next_key::<SecretField>()? {
+            match field {
+                SecretField::Metadata => {
+                    secret.metadata = map.next_value::<KeptMetadata>()?.0;
+                }
+                SecretField::Type => {
+                    secret.secret_type = map.next_value::<Option<KeptType>>()?.map(|kept| kept.0);
+                }
+                SecretField::Data => {
+                    if let Some(data) = map.next_value::<Option<KeptData>>()? {
+                        secret.certificate = data.certificate;
+                        secret.key = data.key;
+                    }
+                }
+                SecretField::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(secret)
+    }
+}
+
+/// The `type`, read without a transient copy (serde reads a `Cow<str>` as owned).
+struct KeptType(Cow<'static, str>);
+
+impl<'de> Deserialize<'de> for KeptType {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_str(KeyVisitor(secret_type_of))
+            .map(KeptType)
+    }
+}
+
+/// `metadata` with only the four fields kept; the rest is passed over.
+struct KeptMetadata(ObjectMeta);
+
+impl<'de> Deserialize<'de> for KeptMetadata {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MetadataVisitor;
+
+        impl<'de> Visitor<'de> for MetadataVisitor {
+            type Value = KeptMetadata;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("object metadata")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<KeptMetadata, A::Error> {
+                let mut metadata = ObjectMeta::default();
+                while let Some(field) = map.next_key::<MetadataField>()? {
+                    let slot = match field {
+                        MetadataField::Name => &mut metadata.name,
+                        MetadataField::Namespace => &mut metadata.namespace,
+                        MetadataField::Uid => &mut metadata.uid,
+                        MetadataField::ResourceVersion => &mut metadata.resource_version,
+                        MetadataField::Other => {
+                            map.next_value::<IgnoredAny>()?;
+                            continue;
+                        }
+                    };
+                    *slot = map.next_value()?;
+                }
+                Ok(KeptMetadata(metadata))
+            }
+        }
+
+        deserializer.deserialize_map(MetadataVisitor)
+    }
+}
+
+/// The two TLS entries of `data`; other entries are passed over undecoded.
+struct KeptData {
+    certificate: Option<Box<[u8]>>,
+    key: Option<Box<[u8]>>,
+}
+
+impl<'de> Deserialize<'de> for KeptData {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct DataVisitor;
+
+        impl<'de> Visitor<'de> for DataVisitor {
+            type Value = KeptData;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of base64 entries")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<KeptData, A::Error> {
+                let mut data = KeptData {
+                    certificate: None,
+                    key: None,
+                };
+                while let Some(entry) = map.next_key::<DataEntry>()? {
+                    let slot = match entry {
+                        DataEntry::Certificate => &mut data.certificate,
+                        DataEntry::Key => &mut data.key,
+                        DataEntry::Other => {
+                            map.next_value::<IgnoredAny>()?;
+                            continue;
+                        }
+                    };
+                    // `ByteString` decodes base64 as the full Secret does (null: empty).
+                    *slot = Some(map.next_value::<ByteString>()?.0.into_boxed_slice());
+                }
+                Ok(data)
+            }
+        }
+
+        deserializer.deserialize_map(DataVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json_secret() -> serde_json::Value {
+        serde_json::json!({
+            "kind": "Secret",
+            "apiVersion": "v1",
+            "metadata": {
+                "name": "shop-tls",
+                "namespace": "shop",
+                "uid": "0b6c-uid",
+                "resourceVersion": "42",
+                "labels": {"app": "shop"},
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+                "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:data": {}}}],
+                "creationTimestamp": "2026-12-01T00:00:00Z"
+            },
+            "immutable": false,
+            "data": {
+                "ca.crt": "Y2E=",
+                "tls.crt": "Y2VydA==",
+                "tls.key": "a2V5"
+            },
+            "type": "kubernetes.io/tls"
+        })
+    }
+
+    #[test]
+    fn keeps_identity_type_and_the_two_entries_only() {
+        let secret: TlsSecret = serde_json::from_value(json_secret()).unwrap();
+        let meta = &secret.metadata;
+        assert_eq!(meta.name.as_deref(), Some("shop-tls"));
+        assert_eq!(meta.namespace.as_deref(), Some("shop"));
+        assert_eq!(meta.uid.as_deref(), Some("0b6c-uid"));
+        assert_eq!(meta.resource_version.as_deref(), Some("42"));
+        assert_eq!(
+            (meta.labels.as_ref(), meta.annotations.as_ref()),
+            (None, None)
+        );
+        assert!(meta.managed_fields.is_none() && meta.creation_timestamp.is_none());
+        assert_eq!(secret.secret_type(), Some(SECRET_TYPE_TLS));
+        assert!(matches!(secret.secret_type, Some(Cow::Borrowed(_))));
+        assert_eq!(secret.entry(TLS_CERT_ENTRY), Some(&b"cert"[..]));
+        assert_eq!(secret.entry(TLS_KEY_ENTRY), Some(&b"key"[..]));
+        assert_eq!(secret.entry("ca.crt"), None);
+    }
+
+    #[test]
+    fn reads_alike_from_a_slice_and_through_a_watch_event() {
+        let text = serde_json::to_vec(&json_secret()).unwrap();
+        let from_slice: TlsSecret = serde_json::from_slice(&text).unwrap();
+        // A watch event's object comes through serde's buffered content when `type`
+        // follows `object`.
+        let event = format!(
+            r#"{{"object":{},"type":"ADDED"}}"#,
+            String::from_utf8(text).unwrap()
+        );
+        let event: kube::core::WatchEvent<TlsSecret> = serde_json::from_str(&event).unwrap();
+        let kube::core::WatchEvent::Added(from_event) = event else {
+            panic!("not an ADDED event: {event:?}");
+        };
+        assert_eq!(from_event, from_slice);
+    }
+
+    #[test]
+    fn matches_the_full_secret_it_was_reduced_from() {
+        let full: Secret = serde_json::from_value(json_secret()).unwrap();
+        let compact: TlsSecret = serde_json::from_value(json_secret()).unwrap();
+        assert_eq!(TlsSecret::from(&full), compact);
+        let round_trip: TlsSecret =
+            serde_json::from_value(serde_json::to_value(&compact).unwrap()).unwrap();
+        assert_eq!(round_trip, compact);
+    }
+
+    #[test]
+    fn missing_null_and_other_types_read_as_the_full_secret_reads_them() {
+        let secret: TlsSecret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "opaque", "namespace": null},
+            "type": "Opaque",
+            "data": {"tls.crt": null}
+        }))
+        .unwrap();
+        assert_eq!(secret.secret_type(), Some("Opaque"));
+        assert_eq!(secret.metadata.namespace, None);
+        assert_eq!(secret.entry(TLS_CERT_ENTRY), Some(&b""[..]));
+        assert_eq!(secret.entry(TLS_KEY_ENTRY), None);
+        let bare: TlsSecret =
+            serde_json::from_value(serde_json::json!({"metadata": {}, "data": null})).unwrap();
+        assert_eq!(bare.material().secret_type, None);
+        assert_eq!(bare.material().certificate, None);
+        let broken = serde_json::from_value::<TlsSecret>(serde_json::json!({
+            "data": {"tls.key": "not base64!"}
+        }));
+        assert!(broken.is_err());
+    }
+
+    #[test]
+    fn debug_shows_lengths_never_bytes() {
+        let secret = TlsSecret::new(
+            ObjectMeta {
+                name: Some("s".into()),
+                ..ObjectMeta::default()
+            },
+            Some(SECRET_TYPE_TLS),
+            Some(b"CERTBYTES".to_vec()),
+            Some(b"PRIVATEKEYBYTES".to_vec()),
+        );
+        let shown = format!("{secret:?}");
+        assert!(!shown.contains("PRIVATEKEYBYTES") && !shown.contains("CERTBYTES"));
+        assert!(shown.contains("key_len: Some(15)"), "{shown}");
+    }
+}

@@ -314,12 +314,7 @@ async fn manager_contract() {
     let first = manager.register(NS, "s1", tx.clone()).await.unwrap();
     assert!(matches!(events.recv().await, Some(ObjectEvent::Added(_))));
     assert_eq!(first.key().name, "s1");
-    assert_eq!(
-        kube::Resource::meta(first.secret().unwrap().as_ref())
-            .name
-            .as_deref(),
-        Some("s1")
-    );
+    assert_eq!(first.secret().unwrap().name(), Some("s1"));
 
     // Two registrations, one secret: one watch, closed when the last one goes.
     let second = manager.register(NS, "s1", tx.clone()).await.unwrap();

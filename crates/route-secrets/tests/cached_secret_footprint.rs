@@ -114,15 +114,16 @@ fn a_cached_tls_secret_costs_far_less_to_decode_and_to_keep() {
     for (full, compact) in full.cache.iter().zip(&compact.cache) {
         assert_eq!(&TlsSecret::from(full.as_ref()), compact.as_ref());
     }
-    // Kept: the material, the four metadata strings and the object; no map, no type
-    // string. (Measured: see docs/BENCHMARKS.md, "The cached Secrets, compact".)
+    // Kept: the material, the four metadata strings and the object (120 bytes, no
+    // `ObjectMeta`); no map, no type string. Measured: 1,867 against 2,780 bytes (see
+    // docs/BENCHMARKS.md, "The cached Secrets, compact").
     assert!(
-        compact.kept_bytes_per_secret + 500 <= full.kept_bytes_per_secret,
+        compact.kept_bytes_per_secret + 800 <= full.kept_bytes_per_secret,
         "kept {} vs {} bytes per secret",
         compact.kept_bytes_per_secret,
         full.kept_bytes_per_secret
     );
-    assert!(compact.kept_bytes_per_secret < material + 600);
+    assert!(compact.kept_bytes_per_secret < material + 250);
     // Decoded: the Arc, the four metadata strings, and each entry's base64 decoded
     // into a buffer that is then fitted to its length (an allocation and a realloc);
     // labels, annotations and managed fields are never allocated.

@@ -1393,15 +1393,15 @@ fn a_secret_kept_to_its_tls_material_validates_alike_and_is_still_shared() {
     let compact: tls::TlsSecret =
         serde_json::from_value(serde_json::to_value(&full).unwrap()).unwrap();
     assert_eq!(compact, tls::TlsSecret::from(&slim));
-    let meta = kube::Resource::meta(&compact);
     assert_eq!(
-        (meta.name.as_deref(), meta.namespace.as_deref()),
+        (compact.name(), compact.namespace()),
         (Some("s"), Some("ns"))
     );
     assert_eq!(
-        (meta.uid.as_deref(), meta.resource_version.as_deref()),
+        (compact.uid(), compact.resource_version()),
         (Some("uid-1"), Some("7"))
     );
+    let meta = compact.metadata();
     assert!(meta.labels.is_none() && meta.annotations.is_none());
     assert!(meta.managed_fields.is_none());
     assert_eq!(compact.secret_type(), full.type_.as_deref());

@@ -59,6 +59,7 @@ mod key;
 mod lock;
 mod machine;
 mod monitor;
+mod object;
 mod options;
 mod reconcile;
 mod registry;
@@ -71,6 +72,7 @@ pub use error::{MonitorError, MonitorErrorKind};
 pub use event::{EventSink, EventStream, ObjectEvent, TaggedSink};
 pub use key::ObjectKey;
 pub use monitor::{EventHandler, ObjectMonitor, Registration};
+pub use object::WatchedObject;
 pub use options::{InitialList, MonitorObserver, MonitorOptions};
 pub use registry::{HandlerHandle, KeyStatus};
 

@@ -37,12 +37,11 @@
 
 use std::time::Duration;
 
-use kube::Resource;
 use kube::core::{Status, WatchEvent};
 use kube_common::Verb;
 
-use crate::MonitorErrorKind;
 use crate::reconcile::{Event, Reconciler, Step};
+use crate::{MonitorErrorKind, WatchedObject};
 
 /// The annotation of the bookmark that ends a streaming list's initial events.
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
@@ -202,7 +201,7 @@ pub(crate) struct Machine<K> {
     attempts: u32,
 }
 
-impl<K: Resource> Machine<K> {
+impl<K: WatchedObject> Machine<K> {
     /// A machine for the object called `name`; `streaming` says whether to start with a
     /// streaming list; a first sync fails after `attempts` transient failures.
     pub(crate) fn new(name: impl Into<String>, streaming: bool, attempts: u32) -> Self {
@@ -361,7 +360,7 @@ impl<K: Resource> Machine<K> {
                         return Output::next(Next::Read);
                     }
                 };
-                match object.meta().resource_version.as_deref() {
+                match object.object_resource_version() {
                     Some(rv) if !rv.is_empty() => rv.clone_into(resource_version),
                     // Nowhere to resume from: start over.
                     _ => {

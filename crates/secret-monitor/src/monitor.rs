@@ -4,8 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::{self, Debug};
 use std::sync::Arc;
 
-use kube::core::NamespaceResourceScope;
-use kube::{Client, Resource};
+use kube::Client;
 use serde::de::DeserializeOwned;
 
 use crate::event::{EventSink, EventStream, ObjectEvent};
@@ -13,7 +12,7 @@ use crate::lock::StdLocks;
 use crate::options::MonitorOptions;
 use crate::registry::{HandlerHandle, KeyStatus, Registry};
 use crate::watch::{self, Transform, WatchContext};
-use crate::{MonitorError, MonitorErrorKind, ObjectKey};
+use crate::{MonitorError, MonitorErrorKind, ObjectKey, WatchedObject};
 
 /// Watches individual namespaced objects, one shared watch per object.
 ///
@@ -86,13 +85,7 @@ pub trait EventHandler<K>: Send + 'static {
 
 impl<K> ObjectMonitor<K>
 where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + Debug
-        + Send
-        + Sync
-        + 'static,
+    K: WatchedObject + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     /// A monitor with default options.
     pub fn new(client: Client) -> Self {
@@ -125,7 +118,7 @@ where
     }
 
     fn build(client: Client, options: MonitorOptions, transform: Option<Transform<K>>) -> Self {
-        let resource = K::plural(&()).into_owned();
+        let resource = K::resource_plural().into_owned();
         Self {
             inner: Arc::new(MonitorInner {
                 registry: Registry::new(resource.clone()),

@@ -16,9 +16,7 @@
 
 use std::sync::Arc;
 
-use kube::Resource;
-
-use crate::ObjectEvent;
+use crate::{ObjectEvent, WatchedObject};
 
 /// What the watch protocol learned about the object, in the order it learned it.
 #[derive(Debug)]
@@ -60,7 +58,7 @@ pub(crate) struct Reconciler<K> {
     relist: Option<Option<Arc<K>>>,
 }
 
-impl<K: Resource> Reconciler<K> {
+impl<K: WatchedObject> Reconciler<K> {
     /// A reconciler for the object called `name`.
     pub(crate) fn new(name: impl Into<String>) -> Self {
         Self {
@@ -86,7 +84,7 @@ impl<K: Resource> Reconciler<K> {
             Event::InitApply(object) => {
                 // The field selector already restricts the list to one name; checking
                 // again guards against a server that ignores it.
-                if object.meta().name.as_deref() == Some(self.name.as_str()) {
+                if object.object_name() == Some(self.name.as_str()) {
                     self.relist = Some(Some(Arc::new(object)));
                 }
                 Step::Unchanged
@@ -102,14 +100,13 @@ impl<K: Resource> Reconciler<K> {
                 }
             }
             Event::Apply(object) => {
-                if object.meta().name.as_deref() != Some(self.name.as_str()) {
+                if object.object_name() != Some(self.name.as_str()) {
                     return Step::Unchanged;
                 }
                 self.transition(Some(Arc::new(object)))
             }
             Event::Delete(object) => {
-                if self.seen.is_none() || object.meta().name.as_deref() != Some(self.name.as_str())
-                {
+                if self.seen.is_none() || object.object_name() != Some(self.name.as_str()) {
                     return Step::Unchanged;
                 }
                 // Report the server's final state of the object rather than our last copy.
@@ -127,12 +124,12 @@ impl<K: Resource> Reconciler<K> {
             (None, None) => Vec::new(),
             (None, Some(new)) => vec![ObjectEvent::Added(Arc::clone(new))],
             (Some(old), None) => vec![ObjectEvent::Deleted(Arc::clone(old))],
-            (Some(old), Some(new)) if old.meta().uid != new.meta().uid => vec![
+            (Some(old), Some(new)) if old.object_uid() != new.object_uid() => vec![
                 ObjectEvent::Deleted(Arc::clone(old)),
                 ObjectEvent::Added(Arc::clone(new)),
             ],
             (Some(old), Some(new))
-                if old.meta().resource_version == new.meta().resource_version =>
+                if old.object_resource_version() == new.object_resource_version() =>
             {
                 Vec::new()
             }

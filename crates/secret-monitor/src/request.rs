@@ -15,13 +15,12 @@ use http_body_util::{BodyExt, Limited};
 use kube::Client;
 use kube::client::Body;
 use kube::core::{ObjectList, Status, WatchEvent};
-use kube::{Resource, ResourceExt};
 use kube_common::Verb;
 use serde::de::DeserializeOwned;
 
-use crate::MonitorErrorKind;
 use crate::decode::{Line, LineDecoder};
 use crate::machine::{self, Failure, Input, Request};
+use crate::{MonitorErrorKind, WatchedObject};
 
 /// The largest error or list response read. A list of one object is one object; an
 /// error is a `Status`.
@@ -101,7 +100,7 @@ pub(crate) fn send<'a, K>(
     send: Send<'_>,
 ) -> impl Future<Output = Answer<K>> + 'a
 where
-    K: Resource + Clone + DeserializeOwned + Debug + std::marker::Send + 'a,
+    K: WatchedObject + Clone + DeserializeOwned + Debug + std::marker::Send + 'a,
 {
     let verb = send.request.verb();
     let kind = send.request;
@@ -149,7 +148,7 @@ fn answer<'a, K>(
     response: Result<http::Response<Body>, String>,
 ) -> future::Either<future::Ready<Answer<K>>, BoxFuture<'a, Answer<K>>>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + std::marker::Send + 'a,
+    K: WatchedObject + Clone + DeserializeOwned + Debug + std::marker::Send + 'a,
 {
     let response = match response {
         Ok(response) => response,
@@ -184,7 +183,7 @@ where
 /// already did that; this guards against a server that ignores it).
 async fn list_response<K>(verb: Verb, name: &str, body: Body) -> Input<K>
 where
-    K: Resource + Clone + DeserializeOwned,
+    K: WatchedObject + Clone + DeserializeOwned,
 {
     let bytes = match read_all(body).await {
         Ok(bytes) => bytes,
@@ -196,7 +195,7 @@ where
             object: list
                 .items
                 .into_iter()
-                .find(|object| object.name_any() == name),
+                .find(|object| object.object_name() == Some(name)),
         },
         Err(error) => Input::Failed(transport(verb, decode_message(&error))),
     }

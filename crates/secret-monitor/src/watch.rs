@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use kube::Client;
 use kube::core::WatchEvent;
-use kube::{Client, Resource};
 use kube_common::adaptive::{AdaptiveLimiter, AdaptivePolicy, Permit, Turn, is_overload_status};
 use kube_common::backoff::{Backoff, BackoffPolicy};
 use serde::de::DeserializeOwned;
@@ -29,7 +29,7 @@ use crate::options::{InitialList, MonitorOptions};
 use crate::reconcile::Step;
 use crate::registry::SyncDriver;
 use crate::request::{self, Answer, EventStream, Target};
-use crate::{MonitorError, MonitorErrorKind, ObjectKey};
+use crate::{MonitorError, MonitorErrorKind, ObjectKey, WatchedObject};
 
 /// The shortest server-side watch timeout when none is configured: client-go's
 /// reflector asks for 5 to 10 minutes, at random, so that watches opened together are
@@ -157,7 +157,7 @@ enum ProbeVerdict {
 /// streaming lists; a refusal turns streaming off before any key asks.
 pub(crate) async fn probe_streaming<K>(ctx: Arc<WatchContext>, path: String, name: String)
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: WatchedObject + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     // Answered when this returns or is dropped (the monitor went away).
     struct Answered<'a>(&'a WatchContext);
@@ -190,7 +190,7 @@ where
 
 async fn probe<K>(ctx: &WatchContext, path: &str, name: &str) -> ProbeVerdict
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: WatchedObject + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let mut machine: Machine<K> = Machine::new(name, true, 1);
     let answer = request::send::<K>(
@@ -248,7 +248,7 @@ struct KeyWatch<K> {
     backoff: Backoff,
 }
 
-impl<K: Resource> KeyWatch<K> {
+impl<K: WatchedObject> KeyWatch<K> {
     /// Feeds `input` to the machine, every object in it reshaped by the transform
     /// first: the cache, the events and the comparisons all see the same shape.
     fn step(&mut self, mut input: Input<K>) -> Output<K> {
@@ -284,7 +284,7 @@ pub(crate) async fn run<K>(
     ctx: Arc<WatchContext>,
     transform: Option<Transform<K>>,
 ) where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: WatchedObject + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let stopped = driver.stopped();
     tokio::select! {
@@ -300,7 +300,7 @@ async fn drive<K>(
     ctx: &WatchContext,
     transform: Option<Transform<K>>,
 ) where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: WatchedObject + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let key = driver.key();
     let mut watch = KeyWatch {
@@ -351,7 +351,7 @@ async fn bounded_first_sync<K>(
     ctx: &WatchContext,
 ) -> Result<(Option<Arc<K>>, Next), MonitorError>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: WatchedObject + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     // The first permit is awaited before the deadline starts: a key waiting for its
     // turn in a long line has not started syncing. Boxed: waiting in line takes the
@@ -432,7 +432,7 @@ async fn first_sync<K>(
     ctx: &WatchContext,
 ) -> Result<(Option<Arc<K>>, Next), MonitorError>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: WatchedObject + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let mut pacing = Pacing {
         permit: Some(permit),
@@ -493,7 +493,7 @@ async fn advance<K>(
     ctx: &WatchContext,
 ) -> Happened<K>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: WatchedObject + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     match next {
         Next::Read if watch.machine.awaits_initial_events() => {
@@ -562,7 +562,7 @@ async fn send<K>(
     ctx: &WatchContext,
 ) -> Happened<K>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: WatchedObject + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     watch.stream = None;
     if request == Request::StreamingList {
@@ -577,7 +577,7 @@ where
             return Happened::StreamingOff;
         }
     }
-    let path = K::url_path(&(), Some(&key.namespace));
+    let path = K::collection_path(&key.namespace);
     let timeout_seconds = watch_timeout_seconds(&ctx.options);
     let sending = request::send::<K>(
         &ctx.client,

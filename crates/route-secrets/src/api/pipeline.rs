@@ -27,7 +27,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::future::{BoxFuture, OptionFuture};
 use futures::{FutureExt, Stream, StreamExt};
 use jiff::Timestamp;
-use kube::Resource;
 use kube_common::backoff::BackoffPolicy;
 use secret_monitor::{MonitorErrorKind, ObjectEvent, ObjectKey, TaggedSink};
 use tokio::sync::{mpsc, watch};
@@ -426,8 +425,8 @@ impl Validations {
         let now = Timestamp::now();
         let id = SecretVersionId::of(secret.as_ref());
         let key = ObjectKey::new(
-            secret.meta().namespace.clone().unwrap_or_default(),
-            secret.meta().name.clone().unwrap_or_default(),
+            secret.namespace().unwrap_or_default(),
+            secret.name().unwrap_or_default(),
         );
         let current = |found: &Validation| match &found.result {
             Ok(tls) => validity_at(tls, found.at) == validity_at(tls, now),

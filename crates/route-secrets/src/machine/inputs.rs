@@ -5,8 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::Resource;
 use kube_common::Verb;
+use secret_monitor::WatchedObject;
 
 use super::effects::Preparation;
 use crate::route::{Route, RouteKey};
@@ -143,11 +143,10 @@ pub struct SecretVersionId {
 impl SecretVersionId {
     /// The version of `secret` (a `Secret` or a
     /// [`TlsSecret`](crate::tls::TlsSecret)), when it has both fields.
-    pub fn of(secret: &impl Resource) -> Option<Self> {
-        let metadata = secret.meta();
+    pub fn of(secret: &impl WatchedObject) -> Option<Self> {
         Some(Self {
-            uid: metadata.uid.clone()?,
-            resource_version: metadata.resource_version.clone()?,
+            uid: secret.object_uid()?.to_owned(),
+            resource_version: secret.object_resource_version()?.to_owned(),
         })
     }
 }

@@ -16,6 +16,7 @@ use std::fmt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use secret_monitor::WatchedObject;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
@@ -23,13 +24,17 @@ use super::{SECRET_TYPE_TLS, TLS_CERT_ENTRY, TLS_KEY_ENTRY, TlsMaterial};
 
 /// A `v1` Secret reduced to its identity and TLS material.
 ///
-/// Implements `kube::Resource` (as a `Secret`: same API path and kind), so it can be
-/// watched with [`ObjectMonitor`](secret_monitor::ObjectMonitor) and listed with
-/// `kube::Api`. Its metadata holds `name`, `namespace`, `uid` and `resourceVersion`
-/// only. `Debug` shows the lengths of the entries, never their bytes.
-#[derive(Clone, Default, PartialEq)]
+/// Implements [`WatchedObject`] (as a `Secret`: same API path), so that
+/// [`ObjectMonitor`](secret_monitor::ObjectMonitor) watches and caches it; it holds
+/// no `ObjectMeta` (whose unused fields alone took 328 bytes per cached secret), only
+/// the metadata the monitor and serving read. `Debug` shows the lengths of the
+/// entries, never their bytes.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct TlsSecret {
-    metadata: ObjectMeta,
+    name: Option<Box<str>>,
+    namespace: Option<Box<str>>,
+    uid: Option<Box<str>>,
+    resource_version: Option<Box<str>>,
     /// The secret's `type`; the TLS type is held without an allocation.
     secret_type: Option<Cow<'static, str>>,
     /// `data["tls.crt"]`, decoded.
@@ -39,8 +44,8 @@ pub struct TlsSecret {
 }
 
 impl TlsSecret {
-    /// A secret with the given metadata (reduced to the four fields kept), type and
-    /// entries.
+    /// A secret with the given metadata (of which the four fields kept are read), type
+    /// and entries.
     pub fn new(
         metadata: ObjectMeta,
         secret_type: Option<&str>,
@@ -48,16 +53,45 @@ impl TlsSecret {
         key: Option<Vec<u8>>,
     ) -> Self {
         Self {
-            metadata: ObjectMeta {
-                name: metadata.name,
-                namespace: metadata.namespace,
-                uid: metadata.uid,
-                resource_version: metadata.resource_version,
-                ..ObjectMeta::default()
-            },
+            name: metadata.name.map(String::into_boxed_str),
+            namespace: metadata.namespace.map(String::into_boxed_str),
+            uid: metadata.uid.map(String::into_boxed_str),
+            resource_version: metadata.resource_version.map(String::into_boxed_str),
             secret_type: secret_type.map(secret_type_of),
             certificate: certificate.map(Vec::into_boxed_slice),
             key: key.map(Vec::into_boxed_slice),
+        }
+    }
+
+    /// `metadata.name`.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// `metadata.namespace`.
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+
+    /// `metadata.uid`.
+    pub fn uid(&self) -> Option<&str> {
+        self.uid.as_deref()
+    }
+
+    /// `metadata.resourceVersion`.
+    pub fn resource_version(&self) -> Option<&str> {
+        self.resource_version.as_deref()
+    }
+
+    /// The secret's metadata: the four fields kept.
+    pub fn metadata(&self) -> ObjectMeta {
+        let owned = |field: &Option<Box<str>>| field.as_deref().map(str::to_owned);
+        ObjectMeta {
+            name: owned(&self.name),
+            namespace: owned(&self.namespace),
+            uid: owned(&self.uid),
+            resource_version: owned(&self.resource_version),
+            ..ObjectMeta::default()
         }
     }
 
@@ -123,7 +157,7 @@ impl From<&TlsSecret> for Secret {
         .filter_map(|(name, value)| Some((name.to_owned(), ByteString(value.as_deref()?.to_vec()))))
         .collect();
         Secret {
-            metadata: secret.metadata.clone(),
+            metadata: secret.metadata(),
             type_: secret.secret_type().map(str::to_owned),
             data: (!data.is_empty()).then_some(data),
             ..Secret::default()
@@ -131,28 +165,25 @@ impl From<&TlsSecret> for Secret {
     }
 }
 
-impl k8s_openapi::Resource for TlsSecret {
-    const API_VERSION: &'static str = <Secret as k8s_openapi::Resource>::API_VERSION;
-    const GROUP: &'static str = <Secret as k8s_openapi::Resource>::GROUP;
-    const KIND: &'static str = <Secret as k8s_openapi::Resource>::KIND;
-    const VERSION: &'static str = <Secret as k8s_openapi::Resource>::VERSION;
-    const URL_PATH_SEGMENT: &'static str = <Secret as k8s_openapi::Resource>::URL_PATH_SEGMENT;
-    type Scope = <Secret as k8s_openapi::Resource>::Scope;
-}
-
-impl k8s_openapi::ListableResource for TlsSecret {
-    const LIST_KIND: &'static str = <Secret as k8s_openapi::ListableResource>::LIST_KIND;
-}
-
-impl k8s_openapi::Metadata for TlsSecret {
-    type Ty = ObjectMeta;
-
-    fn metadata(&self) -> &ObjectMeta {
-        &self.metadata
+impl WatchedObject for TlsSecret {
+    fn resource_plural() -> Cow<'static, str> {
+        Secret::resource_plural()
     }
 
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
+    fn collection_path(namespace: &str) -> String {
+        Secret::collection_path(namespace)
+    }
+
+    fn object_name(&self) -> Option<&str> {
+        self.name()
+    }
+
+    fn object_uid(&self) -> Option<&str> {
+        self.uid()
+    }
+
+    fn object_resource_version(&self) -> Option<&str> {
+        self.resource_version()
     }
 }
 
@@ -160,10 +191,10 @@ impl k8s_openapi::Metadata for TlsSecret {
 impl fmt::Debug for TlsSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TlsSecret")
-            .field("namespace", &self.metadata.namespace)
-            .field("name", &self.metadata.name)
-            .field("uid", &self.metadata.uid)
-            .field("resource_version", &self.metadata.resource_version)
+            .field("namespace", &self.namespace)
+            .field("name", &self.name)
+            .field("uid", &self.uid)
+            .field("resource_version", &self.resource_version)
             .field("type", &self.secret_type)
             .field(
                 "certificate_len",
@@ -272,7 +303,11 @@ impl<'de> Visitor<'de> for SecretVisitor {
         while let Some(field) = map.next_key::<SecretField>()? {
             match field {
                 SecretField::Metadata => {
-                    secret.metadata = map.next_value::<KeptMetadata>()?.0;
+                    let metadata = map.next_value::<KeptMetadata>()?;
+                    secret.name = metadata.name;
+                    secret.namespace = metadata.namespace;
+                    secret.uid = metadata.uid;
+                    secret.resource_version = metadata.resource_version;
                 }
                 SecretField::Type => {
                     secret.secret_type = map.next_value::<Option<KeptType>>()?.map(|kept| kept.0);
@@ -304,7 +339,13 @@ impl<'de> Deserialize<'de> for KeptType {
 }
 
 /// `metadata` with only the four fields kept; the rest is passed over.
-struct KeptMetadata(ObjectMeta);
+#[derive(Default)]
+struct KeptMetadata {
+    name: Option<Box<str>>,
+    namespace: Option<Box<str>>,
+    uid: Option<Box<str>>,
+    resource_version: Option<Box<str>>,
+}
 
 impl<'de> Deserialize<'de> for KeptMetadata {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -318,7 +359,7 @@ impl<'de> Deserialize<'de> for KeptMetadata {
             }
 
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<KeptMetadata, A::Error> {
-                let mut metadata = ObjectMeta::default();
+                let mut metadata = KeptMetadata::default();
                 while let Some(field) = map.next_key::<MetadataField>()? {
                     let slot = match field {
                         MetadataField::Name => &mut metadata.name,
@@ -332,7 +373,7 @@ impl<'de> Deserialize<'de> for KeptMetadata {
                     };
                     *slot = map.next_value()?;
                 }
-                Ok(KeptMetadata(metadata))
+                Ok(metadata)
             }
         }
 
@@ -413,16 +454,25 @@ mod tests {
     #[test]
     fn keeps_identity_type_and_the_two_entries_only() {
         let secret: TlsSecret = serde_json::from_value(json_secret()).unwrap();
-        let meta = &secret.metadata;
-        assert_eq!(meta.name.as_deref(), Some("shop-tls"));
-        assert_eq!(meta.namespace.as_deref(), Some("shop"));
-        assert_eq!(meta.uid.as_deref(), Some("0b6c-uid"));
-        assert_eq!(meta.resource_version.as_deref(), Some("42"));
+        assert_eq!(secret.name(), Some("shop-tls"));
+        assert_eq!(secret.namespace(), Some("shop"));
+        assert_eq!(secret.uid(), Some("0b6c-uid"));
+        assert_eq!(secret.resource_version(), Some("42"));
+        let meta = secret.metadata();
         assert_eq!(
             (meta.labels.as_ref(), meta.annotations.as_ref()),
             (None, None)
         );
         assert!(meta.managed_fields.is_none() && meta.creation_timestamp.is_none());
+        // What the monitor reads.
+        assert_eq!(secret.object_name(), Some("shop-tls"));
+        assert_eq!(secret.object_uid(), Some("0b6c-uid"));
+        assert_eq!(secret.object_resource_version(), Some("42"));
+        assert_eq!(TlsSecret::resource_plural(), "secrets");
+        assert_eq!(
+            TlsSecret::collection_path("shop"),
+            "/api/v1/namespaces/shop/secrets"
+        );
         assert_eq!(secret.secret_type(), Some(SECRET_TYPE_TLS));
         assert!(matches!(secret.secret_type, Some(Cow::Borrowed(_))));
         assert_eq!(secret.entry(TLS_CERT_ENTRY), Some(&b"cert"[..]));
@@ -466,7 +516,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(secret.secret_type(), Some("Opaque"));
-        assert_eq!(secret.metadata.namespace, None);
+        assert_eq!(secret.namespace(), None);
         assert_eq!(secret.entry(TLS_CERT_ENTRY), Some(&b""[..]));
         assert_eq!(secret.entry(TLS_KEY_ENTRY), None);
         let bare: TlsSecret =

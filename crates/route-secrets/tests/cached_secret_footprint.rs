@@ -124,11 +124,12 @@ fn a_cached_tls_secret_costs_far_less_to_decode_and_to_keep() {
         full.kept_bytes_per_secret
     );
     assert!(compact.kept_bytes_per_secret < material + 250);
-    // Decoded: the Arc, the four metadata strings, and each entry's base64 decoded
-    // into a buffer that is then fitted to its length (an allocation and a realloc);
-    // labels, annotations and managed fields are never allocated.
+    // Decoded: the Arc, the four metadata strings and the two entries, each allocated
+    // once at its final size, plus serde_json's small stack for passing over nested
+    // values (the managed fields); labels, annotations and managed fields themselves
+    // are never allocated.
     assert!(
-        compact.allocations_per_secret <= 9,
+        compact.allocations_per_secret <= 8,
         "{} allocations per secret",
         compact.allocations_per_secret
     );

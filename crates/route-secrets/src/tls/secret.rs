@@ -412,14 +412,83 @@ impl<'de> Deserialize<'de> for KeptData {
                             continue;
                         }
                     };
-                    // `ByteString` decodes base64 as the full Secret does (null: empty).
-                    *slot = Some(map.next_value::<ByteString>()?.0.into_boxed_slice());
+                    *slot = Some(map.next_value::<Base64Entry>()?.0);
                 }
                 Ok(data)
             }
         }
 
         deserializer.deserialize_map(DataVisitor)
+    }
+}
+
+/// An entry's value: base64, decoded as the full Secret's `ByteString` decodes it (the
+/// standard alphabet, padded; null is empty), into a buffer of exactly its length
+/// (`ByteString` decodes into a buffer of the estimated length, which keeping it
+/// then reallocates to fit).
+struct Base64Entry(Box<[u8]>);
+
+impl<'de> Deserialize<'de> for Base64Entry {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct EntryVisitor;
+
+        impl<'de> Visitor<'de> for EntryVisitor {
+            type Value = Base64Entry;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a base64-encoded string")
+            }
+
+            fn visit_none<E: de::Error>(self) -> Result<Base64Entry, E> {
+                Ok(Base64Entry(Box::default()))
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<Base64Entry, E> {
+                self.visit_none()
+            }
+
+            fn visit_some<D: Deserializer<'de>>(
+                self,
+                deserializer: D,
+            ) -> Result<Base64Entry, D::Error> {
+                deserializer.deserialize_str(self)
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Base64Entry, E> {
+                decode_base64(text).map(Base64Entry).map_err(E::custom)
+            }
+        }
+
+        deserializer.deserialize_option(EntryVisitor)
+    }
+}
+
+/// Decodes standard, padded base64 into a buffer of exactly the decoded length.
+fn decode_base64(text: &str) -> Result<Box<[u8]>, base64::DecodeError> {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+
+    let bytes = text.as_bytes();
+    // Exact for valid input (a multiple of 4, with its padding); anything else fails
+    // to decode below, whatever the buffer.
+    let padding = bytes
+        .iter()
+        .rev()
+        .take(2)
+        .take_while(|&&b| b == b'=')
+        .count();
+    let exact = (bytes.len() / 4 * 3).saturating_sub(padding);
+    let mut buffer = vec![0; exact];
+    match STANDARD.decode_slice(bytes, &mut buffer) {
+        Ok(written) => {
+            buffer.truncate(written);
+            Ok(buffer.into_boxed_slice())
+        }
+        Err(base64::DecodeSliceError::DecodeError(error)) => Err(error),
+        // Not expected for valid input; decoding into a growing buffer is always right.
+        Err(base64::DecodeSliceError::OutputSliceTooSmall) => {
+            STANDARD.decode(bytes).map(Vec::into_boxed_slice)
+        }
     }
 }
 
@@ -527,6 +596,24 @@ mod tests {
             "data": {"tls.key": "not base64!"}
         }));
         assert!(broken.is_err());
+    }
+
+    #[test]
+    fn base64_decodes_exactly_as_the_full_secret_decodes_it() {
+        use base64::Engine as _;
+        let engine = &base64::engine::general_purpose::STANDARD;
+        for length in 0..64_u8 {
+            let bytes: Vec<u8> = (0..length).map(|b| b.wrapping_mul(37)).collect();
+            let text = engine.encode(&bytes);
+            let decoded = decode_base64(&text).unwrap();
+            assert_eq!(&*decoded, &bytes[..], "{length} bytes");
+            let full: ByteString = serde_json::from_value(serde_json::json!(text)).unwrap();
+            assert_eq!(full.0, bytes);
+        }
+        for broken in ["Y", "YW=", "Y===", "not base64!", "YWJj\n"] {
+            let full = serde_json::from_value::<ByteString>(serde_json::json!(broken));
+            assert_eq!(decode_base64(broken).is_err(), full.is_err(), "{broken:?}");
+        }
     }
 
     #[test]

@@ -221,6 +221,11 @@ impl RouteMachine {
             )
         });
         let present: HashSet<RouteKey> = routes.iter().filter_map(|route| route.key()).collect();
+        // Room for the listing at once: grown step by step, the route map (the
+        // machine's largest) would hold its old and new tables together at each step.
+        let additional = present.len().saturating_sub(self.routes.len());
+        self.routes.reserve(additional);
+        self.claims.reserve(additional);
         let vanished: Vec<RouteKey> = self
             .routes
             .iter()
@@ -503,7 +508,7 @@ impl RouteMachine {
                 &key,
                 &route,
                 Stand::Registered {
-                    secret: secret.clone(),
+                    secret: Arc::from(secret.as_str()),
                     registration: id,
                     seen: SecretSeen::Pending,
                 },
@@ -607,7 +612,7 @@ impl RouteMachine {
             }
             return;
         }
-        let (secret, seen) = (secret.clone(), seen.clone());
+        let (secret, seen) = (Arc::clone(secret), seen.clone());
         if let SecretChange::Present(version) = &change
             && version.id.is_some()
             && seen == SecretSeen::Evaluated(version.id.clone())
@@ -627,7 +632,7 @@ impl RouteMachine {
                 self.set_seen(key, SecretSeen::Deleted);
                 let reason = Reason::ExternalCertificateSecretDeleted {
                     route: key.clone(),
-                    secret,
+                    secret: secret.to_string(),
                 };
                 self.reject(key, reason, effects);
             }
@@ -781,8 +786,8 @@ impl RouteMachine {
             // Removals are sent where they happen; they have no status to record.
             RouteOutcome::Removed(_) => return,
         };
-        if entry.told.as_ref() != Some(&summary) {
-            entry.told = Some(summary);
+        if entry.told.as_deref() != Some(&summary) {
+            entry.told = Some(Box::new(summary));
             if let Some(route) = entry.latest.clone().or_else(|| entry.applied().cloned()) {
                 effects.push(Effect::RecordStatus { route, admission });
             }
@@ -865,7 +870,7 @@ impl RouteMachine {
         };
         let delay = entry
             .backoff
-            .get_or_insert_with(|| Backoff::new(policy))
+            .get_or_insert_with(|| Box::new(Backoff::new(policy)))
             .next_delay_at(now, draw);
         self.schedule_retry(key, now + delay);
     }

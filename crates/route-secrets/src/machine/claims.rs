@@ -73,6 +73,13 @@ pub(super) struct HostClaims {
 }
 
 impl HostClaims {
+    /// Makes room for `additional` more routes' claims (each on its own host, as
+    /// nearly every route's is), so that a listing does not grow the maps step by step.
+    pub fn reserve(&mut self, additional: usize) {
+        self.by_host.reserve(additional);
+        self.of_route.reserve(additional);
+    }
+
     /// Replaces `route`'s claim with `claim` (`None`: the route claims nothing).
     /// Returns whether anything changed.
     pub fn set(&mut self, route: &RouteKey, claim: Option<(String, Claim)>) -> bool {

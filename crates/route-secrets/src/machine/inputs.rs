@@ -132,20 +132,23 @@ pub struct SecretVersion {
 
 /// `(uid, resourceVersion)` of a secret: a new uid is a re-created secret, a new
 /// resourceVersion a changed one.
+///
+/// Shared strings: every route using a secret version keeps its id (what it last
+/// evaluated), and a clone costs no allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SecretVersionId {
     /// `metadata.uid`.
-    pub uid: String,
+    pub uid: Arc<str>,
     /// `metadata.resourceVersion`.
-    pub resource_version: String,
+    pub resource_version: Arc<str>,
 }
 
 impl SecretVersionId {
     /// The version of `secret`, when it has both fields.
     pub fn of(secret: &Secret) -> Option<Self> {
         Some(Self {
-            uid: secret.metadata.uid.clone()?,
-            resource_version: secret.metadata.resource_version.clone()?,
+            uid: Arc::from(secret.metadata.uid.as_deref()?),
+            resource_version: Arc::from(secret.metadata.resource_version.as_deref()?),
         })
     }
 }

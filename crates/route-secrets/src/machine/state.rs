@@ -18,11 +18,13 @@ pub(super) struct RouteEntry {
     pub latest: Option<Arc<Route>>,
     /// Where the route stands.
     pub state: RouteState,
-    /// What the consumer was last told, so that it is not told the same twice.
-    pub told: Option<Told>,
+    /// What the consumer was last told, so that it is not told the same twice. Boxed:
+    /// the map's table keeps room for an entry in each of its (up to twice as many as
+    /// routes) slots, and a told summary is larger than the rest of the entry.
+    pub told: Option<Box<Told>>,
     /// Transient failures back off along this sequence; it lives across states, and
-    /// time (not success) starts it over.
-    pub backoff: Option<Backoff>,
+    /// time (not success) starts it over. Boxed: only routes that failed have one.
+    pub backoff: Option<Box<Backoff>>,
     /// When the route is applied again, if a retry is scheduled.
     pub retry_at: Option<Instant>,
 }
@@ -97,7 +99,7 @@ pub(super) enum Stand {
     /// Registered with the secret's watch; the outcome follows the secret.
     Registered {
         /// The secret's name, in the route's namespace.
-        secret: String,
+        secret: Arc<str>,
         /// The registration.
         registration: RegistrationId,
         /// What is known of the secret.

@@ -82,8 +82,8 @@ fn version(
 ) -> SecretVersion {
     SecretVersion {
         id: Some(SecretVersionId {
-            uid: uid.to_owned(),
-            resource_version: rv.to_string(),
+            uid: uid.into(),
+            resource_version: rv.to_string().into(),
         }),
         validation,
         dates_change_in: None,
@@ -1772,4 +1772,17 @@ proptest! {
         world.check()?;
         world.check_converged()?;
     }
+}
+
+#[test]
+fn a_route_entry_stays_small() {
+    // The route map's table has a slot per route and up to as many spare slots: every
+    // byte of an entry costs about 1.6 bytes per route (26 KB at 10,000 routes).
+    // Before the told summary and the backoff were boxed and the secret name shared:
+    // 344 bytes.
+    let entry = std::mem::size_of::<RouteEntry>();
+    let key = std::mem::size_of::<RouteKey>();
+    println!("route entry: {entry} bytes, key: {key} bytes");
+    assert!(entry <= 128, "a route entry grew to {entry} bytes");
+    assert!(key <= 32, "a route key grew to {key} bytes");
 }

@@ -504,11 +504,17 @@ impl RouteMachine {
             return;
         };
         if let (Some(id), PreparedOutcome::Ready(_)) = (register, &outcome) {
+            // The applied copy names this secret (the apply asked for it): its name is
+            // shared rather than copied.
+            let name = match &route.secret {
+                Some(named) if **named == *secret => Arc::clone(named),
+                _ => Arc::from(secret.as_str()),
+            };
             self.set_stand(
                 &key,
                 &route,
                 Stand::Registered {
-                    secret: Arc::from(secret.as_str()),
+                    secret: name,
                     registration: id,
                     seen: SecretSeen::Pending,
                 },

@@ -71,6 +71,9 @@ pub const PRESETS: [&str; 5] = [
     "apf-2000",
 ];
 
+/// Namespaces of the `scale-10000` scenario, as issue #13 states it.
+const SCALE_NAMESPACES: usize = 100;
+
 /// Namespaces for `secrets` secrets when none are given: one per 40 secrets (the
 /// demo's 2,000 routes over 50 namespaces).
 pub fn default_namespaces(secrets: usize) -> usize {
@@ -103,7 +106,12 @@ impl Scenario {
             "seed-1738" => Self::new(name, 1_738, ms(1_414)),
             // The customer: ~2,000 routes failing a 120 s start-up probe.
             "customer-2000" => Self::new(name, 2_000, ms(1_414)),
-            "scale-10000" => Self::new(name, 10_000, ms(1_414)),
+            // Issue #13's scale target: 10,000 routes and secrets in 100 namespaces
+            // (`--routes 10000` alone spreads them over 250, one per 40 secrets).
+            "scale-10000" => Self {
+                namespaces: SCALE_NAMESPACES,
+                ..Self::new(name, 10_000, ms(1_414))
+            },
             // The customer's cluster behind API Priority and Fairness: 50 requests in
             // flight, a queue, 429 beyond it. The product bounds its first syncs to the
             // server's concurrency: more would only wait in the server's queue.
@@ -319,7 +327,9 @@ mod tests {
         assert_eq!(customer.ready_ms, 2 * 1_414 + 1_000);
         assert_eq!(customer.connections, 22);
         assert_eq!(customer.requests, 2 * 2_000 + 50);
-        let scale = Scenario::preset("scale-10000").unwrap().targets();
+        let scale_scenario = Scenario::preset("scale-10000").unwrap();
+        assert_eq!(scale_scenario.namespaces, 100);
+        let scale = scale_scenario.targets();
         assert_eq!(scale.ready_ms, 2 * 1_414 + 2_000);
         assert_eq!(scale.rss_bytes, Some(150 * 1024 * 1024));
         assert_eq!(scale.connections, 102);

@@ -20,6 +20,10 @@ use super::scenario::Scenario;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Interval between polls of `/sim/stats` while waiting for a state.
 const POLL: Duration = Duration::from_millis(100);
+/// The environment variable jemalloc reads its options from at run time.
+const MALLOC_CONF_VAR: &str = "_RJEM_MALLOC_CONF";
+/// jemalloc's default decay (freed pages kept for 10 s) for the simulator process.
+const SIMULATOR_MALLOC_CONF: &str = "dirty_decay_ms:10000,muzzy_decay_ms:10000";
 
 /// What the generator created, as far as the benchmark needs it.
 #[derive(Clone, Debug, Deserialize)]
@@ -62,6 +66,14 @@ impl SimProcess {
             .arg(&kubeconfig);
         if tls {
             command.arg("--tls");
+        }
+        // The binary returns freed pages to the kernel at once (.cargo/config.toml), for
+        // the daemon's peak resident set. The simulator's memory is not measured, and
+        // returning its per-request buffers at once costs it page faults on the cores
+        // the measured client shares: it keeps jemalloc's usual 10 s decay unless the
+        // caller chose options.
+        if std::env::var_os(MALLOC_CONF_VAR).is_none() {
+            command.env(MALLOC_CONF_VAR, SIMULATOR_MALLOC_CONF);
         }
         if let Some(review) = scenario.review_latency {
             command.args([

@@ -135,6 +135,17 @@ fn strategies_make_the_requests_they_model() {
     assert!(number(concurrent, "rss_bytes") > 0);
     assert_eq!(concurrent["targets"]["requests"]["met"], true);
     assert_eq!(concurrent["targets"]["errors"]["met"], true);
+
+    // The daemon's phases come in order: the route list (one latency at least), every
+    // route decided, then ready once the files are written.
+    let daemon = &lines["daemon"];
+    let phases = &daemon["phases"];
+    let listed = number(phases, "routes_listed");
+    let decided = number(phases, "pipeline_ready");
+    assert!(listed >= 10, "the route list takes a latency: {phases}");
+    assert!(listed <= decided, "{phases}");
+    assert!(decided <= number(daemon, "ready_ms"), "{phases}");
+    assert_eq!(number(phases, "ready"), number(daemon, "ready_ms"));
 }
 
 #[test]

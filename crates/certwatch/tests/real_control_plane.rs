@@ -19,7 +19,7 @@ use common::{
     new_tls_data, read_or_empty, rotate_secret,
 };
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube_sim::{GenerateSpec, GeneratedCluster};
 use route_secrets::route::Route;
 use route_secrets::route::admission::{admitted_condition, router_ingress};
@@ -330,16 +330,52 @@ async fn startup_under_a_small_apf_budget_rides_out_429s() {
 }
 
 /// A secret rotated, deleted and re-created: the bundle follows, and the route's status
-/// (written through the real status subresource) says why.
+/// (written through the real status subresource) says why. The status writes keep the
+/// route's labels, annotations and managed fields, though certwatch keeps no managed
+/// fields in its copy of the route.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secret_rotation_deletion_and_recreation() {
     let scenario = Scenario::start(ControlPlaneOptions::from_env(), GenerateSpec::new(4, 2)).await;
+    let route = scenario.cluster.routes[0].clone();
+    let routes: Api<Route> = Api::namespaced(scenario.admin.clone(), &route.namespace);
+    let labelled = routes
+        .patch(
+            &route.route,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {
+                    "labels": {"team": "shop"},
+                    "annotations": {"example.com/owner": "shop-team"}
+                }
+            })),
+        )
+        .await
+        .unwrap();
+    let managers = |route: &Route| -> BTreeSet<(String, String)> {
+        route
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|entry| entry.subresource.is_none())
+            .map(|entry| {
+                let manager = entry.manager.clone().unwrap_or_default();
+                (manager, entry.operation.clone().unwrap_or_default())
+            })
+            .collect()
+    };
+    let spec_managers = managers(&labelled);
+    assert!(!spec_managers.is_empty(), "{:?}", labelled.metadata);
+
     let certwatch = scenario.certwatch(&["--write-status", "--router-name", ROUTER_NAME]);
     wait_ready_within(&certwatch, THROTTLED_PATIENCE).await;
     scenario.assert_every_bundle_written().await;
+    wait_for_admission(&routes, &route.route, true, None).await;
+    let written = routes.get(&route.route).await.unwrap();
+    assert_eq!(written.metadata.labels, labelled.metadata.labels);
+    assert_eq!(written.metadata.annotations, labelled.metadata.annotations);
+    assert_eq!(managers(&written), spec_managers, "{:?}", written.metadata);
     let cert_dir = scenario.cert_dir();
-    let route = scenario.cluster.routes[0].clone();
-    let routes: Api<Route> = Api::namespaced(scenario.admin.clone(), &route.namespace);
     let secrets: Api<Secret> = Api::namespaced(scenario.admin.clone(), &route.namespace);
     let path = bundle(&cert_dir, &route.namespace, &route.route);
 
@@ -388,6 +424,18 @@ async fn secret_rotation_deletion_and_recreation() {
     })
     .await;
     wait_for_admission(&routes, &route.route, true, None).await;
+    let rewritten = routes.get(&route.route).await.unwrap();
+    assert_eq!(rewritten.metadata.labels, labelled.metadata.labels);
+    assert_eq!(
+        rewritten.metadata.annotations,
+        labelled.metadata.annotations
+    );
+    assert_eq!(
+        managers(&rewritten),
+        spec_managers,
+        "{:?}",
+        rewritten.metadata
+    );
     assert_status_writes_accepted(&scenario.audit());
 }
 

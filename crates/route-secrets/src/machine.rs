@@ -60,10 +60,12 @@ pub use inputs::{
     SecretVersionId,
 };
 pub use outcome::{AdmittedRoute, Readiness, RejectedRoute, RouteOutcome, Sni};
-use state::{ApplyQueue, Jitter, RouteEntry, RouteState, SecretSeen, Stand, Startup, Told};
+use state::{
+    ApplyQueue, Jitter, RouteCopy, RouteEntry, RouteState, SecretSeen, Stand, Startup, Told,
+};
 
 use crate::reason::{Reason, ValidationProblem};
-use crate::route::{Route, RouteKey, WildcardPolicy, validate_secret_name};
+use crate::route::{Route, RouteKey, validate_secret_name};
 
 /// Which hosts the router admits, as the router's host admission options.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -93,6 +95,10 @@ pub struct MachineOptions {
     pub denial_recheck_min: Duration,
     /// Seeds the jitter of retry delays.
     pub seed: u64,
+    /// Record outcomes in route status ([`Effect::RecordStatus`]). The machine then
+    /// keeps each route's latest object for that write; without, it keeps only what it
+    /// decides with (a tenth of the memory).
+    pub record_status: bool,
 }
 
 impl Default for MachineOptions {
@@ -104,6 +110,7 @@ impl Default for MachineOptions {
             denial_recheck_min: retry.initial,
             retry,
             seed: 0,
+            record_status: true,
         }
     }
 }
@@ -163,7 +170,7 @@ impl RouteMachine {
         let mut effects = Vec::new();
         match input {
             Input::Listed(routes) => self.listed(routes, &mut effects),
-            Input::Applied(route) => self.accept(Arc::new(route), &mut effects),
+            Input::Applied(route) => self.accept(route, &mut effects),
             Input::Deleted(route) => {
                 if let Some(key) = route.key() {
                     self.forget(key);
@@ -212,7 +219,7 @@ impl RouteMachine {
     }
 
     fn listed(&mut self, routes: Vec<Route>, effects: &mut Vec<Effect>) {
-        let mut routes: Vec<Arc<Route>> = routes.into_iter().map(Arc::new).collect();
+        let mut routes = routes;
         // Oldest first, as a router applies them (ties by name, for determinism).
         routes.sort_by_cached_key(|route| {
             (
@@ -221,6 +228,11 @@ impl RouteMachine {
             )
         });
         let present: HashSet<RouteKey> = routes.iter().filter_map(|route| route.key()).collect();
+        // Room for the listing at once: grown step by step, the route map (the
+        // machine's largest) would hold its old and new tables together at each step.
+        let additional = present.len().saturating_sub(self.routes.len());
+        self.routes.reserve(additional);
+        self.claims.reserve(additional);
         let vanished: Vec<RouteKey> = self
             .routes
             .iter()
@@ -244,12 +256,13 @@ impl RouteMachine {
 
     /// Records the latest copy of a route, queues it, and starts the network work its
     /// apply will need.
-    fn accept(&mut self, route: Arc<Route>, effects: &mut Vec<Effect>) {
+    fn accept(&mut self, route: Route, effects: &mut Vec<Effect>) {
         let Some(key) = route.key() else {
             return;
         };
         self.claim(&key, Claim::of(&route));
-        if let Some(secret) = route.external_certificate_name()
+        let route = Arc::new(RouteCopy::of(route, self.options.record_status));
+        if let Some(secret) = route.secret.as_deref()
             && validate_secret_name(secret).is_ok()
             && !self.refuses_wildcard(&route)
             && self
@@ -280,9 +293,8 @@ impl RouteMachine {
     }
 
     /// Whether the route is a wildcard route this router does not admit.
-    fn refuses_wildcard(&self, route: &Route) -> bool {
-        route.spec.wildcard_policy == Some(WildcardPolicy::Subdomain)
-            && !self.options.hosts.allow_wildcard_routes
+    fn refuses_wildcard(&self, route: &RouteCopy) -> bool {
+        route.wildcard_subdomain && !self.options.hosts.allow_wildcard_routes
     }
 
     /// Queues the route's apply; an apply in flight for it is redone instead.
@@ -365,13 +377,9 @@ impl RouteMachine {
         let previous = entry.applied().cloned();
         // Deleted and created again under the same name is a new object: applied anew
         // (and, as what it was told names the old object, told anew).
-        let same_object = previous
+        let unchanged = previous
             .as_ref()
-            .is_some_and(|applied| applied.metadata.uid == route.metadata.uid);
-        let unchanged = same_object
-            && previous
-                .as_ref()
-                .is_some_and(|applied| applied.spec == route.spec)
+            .is_some_and(|applied| applied.same_object_and_spec(&route))
             && (entry.registration().is_some() || entry.told.is_some());
         if let RouteState::Applied { route: applied, .. } = &mut entry.state {
             *applied = Arc::clone(&route);
@@ -382,7 +390,7 @@ impl RouteMachine {
         }
         self.cancel_retry(&key);
 
-        let Some(secret) = route.external_certificate_name().map(str::to_owned) else {
+        let Some(secret) = route.secret.as_deref().map(str::to_owned) else {
             self.release(&key, effects);
             self.set_stand(&key, &route, Stand::Unmanaged);
             if self
@@ -427,10 +435,7 @@ impl RouteMachine {
             self.reject_validation(&key, &secret, problem, effects);
             return;
         }
-        let inline = route.spec.tls.as_ref().is_some_and(|tls| {
-            tls.certificate.as_deref().is_some_and(|c| !c.is_empty()) || tls.key.is_some()
-        });
-        if inline {
+        if route.inline_certificate {
             self.refuse(&key, &route, effects);
             let problem = ValidationProblem::InlineCertificateConflict;
             self.reject_validation(&key, &secret, problem, effects);
@@ -499,11 +504,17 @@ impl RouteMachine {
             return;
         };
         if let (Some(id), PreparedOutcome::Ready(_)) = (register, &outcome) {
+            // The applied copy names this secret (the apply asked for it): its name is
+            // shared rather than copied.
+            let name = match &route.secret {
+                Some(named) if **named == *secret => Arc::clone(named),
+                _ => Arc::from(secret.as_str()),
+            };
             self.set_stand(
                 &key,
                 &route,
                 Stand::Registered {
-                    secret: secret.clone(),
+                    secret: name,
                     registration: id,
                     seen: SecretSeen::Pending,
                 },
@@ -607,7 +618,7 @@ impl RouteMachine {
             }
             return;
         }
-        let (secret, seen) = (secret.clone(), seen.clone());
+        let (secret, seen) = (Arc::clone(secret), seen.clone());
         if let SecretChange::Present(version) = &change
             && version.id.is_some()
             && seen == SecretSeen::Evaluated(version.id.clone())
@@ -627,7 +638,7 @@ impl RouteMachine {
                 self.set_seen(key, SecretSeen::Deleted);
                 let reason = Reason::ExternalCertificateSecretDeleted {
                     route: key.clone(),
-                    secret,
+                    secret: secret.to_string(),
                 };
                 self.reject(key, reason, effects);
             }
@@ -654,7 +665,7 @@ impl RouteMachine {
         self.set_seen(key, SecretSeen::Evaluated(version.id));
         match version.validation {
             Ok(tls) => {
-                let host = route.host().map(str::to_owned);
+                let host = route.host.as_deref().map(str::to_owned);
                 let mut warnings = tls.warnings().to_vec();
                 warnings.extend(host.as_deref().and_then(|host| tls.host_warning(host)));
                 let reason = recreated.then(|| Reason::ExternalCertificateSecretRecreated {
@@ -663,9 +674,9 @@ impl RouteMachine {
                 });
                 let admitted = AdmittedRoute {
                     route: key.clone(),
-                    sni: Sni::of(&route),
+                    sni: route.sni(),
                     host,
-                    created: route.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                    created: route.created,
                     secret,
                     tls,
                     warnings,
@@ -739,7 +750,7 @@ impl RouteMachine {
             .routes
             .get(key)
             .and_then(|entry| entry.latest.as_ref())
-            .and_then(|route| route.host())
+            .and_then(|route| route.host.as_deref())
             .map(str::to_owned);
         let rejected = RejectedRoute {
             route: key.clone(),
@@ -755,17 +766,20 @@ impl RouteMachine {
         let Some(entry) = self.routes.get_mut(key) else {
             return;
         };
-        let object = entry
-            .latest
-            .as_ref()
-            .and_then(|route| route.metadata.uid.clone());
+        let object = entry.latest.as_ref().and_then(|route| route.uid.clone());
+        // An admission is decided with the copy applied: its host and wildcard policy
+        // are the outcome's host and SNI (the policy matters only with a host).
+        let applied = entry.applied();
+        let host = applied.and_then(|route| route.host.clone());
+        let wildcard_subdomain =
+            host.is_some() && applied.is_some_and(|route| route.wildcard_subdomain);
         let (summary, admission) = match &outcome {
             RouteOutcome::Admitted(admitted) => (
                 Told::Admitted {
                     object,
                     fingerprint: admitted.tls.fingerprint().0,
-                    host: admitted.host.clone(),
-                    sni: admitted.sni.clone(),
+                    host,
+                    wildcard_subdomain,
                     warnings: admitted.warnings.iter().map(ToString::to_string).collect(),
                 },
                 admitted.admission(),
@@ -781,9 +795,10 @@ impl RouteMachine {
             // Removals are sent where they happen; they have no status to record.
             RouteOutcome::Removed(_) => return,
         };
-        if entry.told.as_ref() != Some(&summary) {
-            entry.told = Some(summary);
-            if let Some(route) = entry.latest.clone().or_else(|| entry.applied().cloned()) {
+        if entry.told.as_deref() != Some(&summary) {
+            entry.told = Some(Box::new(summary));
+            let copy = entry.latest.as_ref().or_else(|| entry.applied());
+            if let Some(route) = copy.and_then(|copy| copy.object.clone()) {
                 effects.push(Effect::RecordStatus { route, admission });
             }
             effects.push(Effect::Emit(Box::new(outcome)));
@@ -807,7 +822,7 @@ impl RouteMachine {
     }
 
     /// The route holds nothing now: it was rejected before registering.
-    fn refuse(&mut self, key: &RouteKey, route: &Arc<Route>, effects: &mut Vec<Effect>) {
+    fn refuse(&mut self, key: &RouteKey, route: &Arc<RouteCopy>, effects: &mut Vec<Effect>) {
         self.release(key, effects);
         self.set_stand(key, route, Stand::Refused);
     }
@@ -825,7 +840,7 @@ impl RouteMachine {
         }
     }
 
-    fn set_stand(&mut self, key: &RouteKey, route: &Arc<Route>, stand: Stand) {
+    fn set_stand(&mut self, key: &RouteKey, route: &Arc<RouteCopy>, stand: Stand) {
         if let Some(entry) = self.routes.get_mut(key) {
             entry.state = RouteState::Applied {
                 route: Arc::clone(route),
@@ -865,7 +880,7 @@ impl RouteMachine {
         };
         let delay = entry
             .backoff
-            .get_or_insert_with(|| Backoff::new(policy))
+            .get_or_insert_with(|| Box::new(Backoff::new(policy)))
             .next_delay_at(now, draw);
         self.schedule_retry(key, now + delay);
     }

@@ -1,13 +1,17 @@
 //! The `daemon` strategy: the whole `certwatch run` daemon ([`crate::run::Daemon`]),
 //! writing every admitted route's bundle and the crt-list into a temporary cert
-//! directory (under `/dev/shm` where it exists, as `certwatch demo` does). Ready is the daemon's own: every route present at start-up decided and
-//! written. The time the pipeline alone became ready is reported as a phase, so the
-//! cost of the outputs shows.
+//! directory (under `/dev/shm` where it exists, as `certwatch demo` does). Ready is the
+//! daemon's own: every route present at start-up decided and written. The moments the
+//! routes were listed (`routes_listed`) and the pipeline had decided every route
+//! (`pipeline_ready`) are reported as phases, so that the first round trip and the
+//! cost of the outputs show.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::BenchError;
+use route_secrets::api::pipeline::Readiness;
+
 use super::protocol::{ClientSpec, ErrorLog, ReadyReport};
 use crate::run::{Daemon, DaemonOptions};
 
@@ -58,23 +62,32 @@ pub async fn run(
         .await
         .map_err(|e| failed(e.to_string()))?;
 
+    // The pipeline's milestones as they happen, while the outputs write behind it.
+    let mut pipeline = daemon.pipeline_readiness();
+    let milestones = tokio::spawn(async move {
+        pipeline.wait_for(|readiness| readiness.listed).await.ok()?;
+        let listed_ms = ms_since(started);
+        let decided = *pipeline.wait_for(Readiness::is_ready).await.ok()?;
+        Some((listed_ms, ms_since(started), decided))
+    });
     let mut status = daemon.status();
-    let pipeline_ready = status
-        .wait_for(|status| status.readiness.is_ready())
-        .await
-        .map_err(|_| failed("the daemon stopped before it was ready".to_owned()))?
-        .readiness;
-    let pipeline_ready_ms = ms_since(started);
     let ready = *status
         .wait_for(|status| status.ready)
         .await
         .map_err(|_| failed("the daemon stopped before it was ready".to_owned()))?;
     let ready_ms = ms_since(started);
+    // Ready implies decided, so the milestones are in (or about to be).
+    let (routes_listed_ms, pipeline_ready_ms, pipeline_ready) = milestones
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(|| failed("the pipeline stopped before it was ready".to_owned()))?;
     for _ in 0..ready.rejected {
         errors.record("a route was rejected (see the daemon's log)");
     }
     let (watched, _synced) = daemon.secret_counts();
     let mut phases = BTreeMap::new();
+    phases.insert("routes_listed".to_owned(), routes_listed_ms);
     phases.insert("pipeline_ready".to_owned(), pipeline_ready_ms);
     phases.insert("ready".to_owned(), ready_ms);
     Ok((

@@ -19,7 +19,9 @@ use kube_common::adaptive::{AdaptiveLimiter, LimiterSnapshot};
 use kube_h2::{ClientOptions, PoolHandle, PoolStats};
 use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy, AccessStats};
 use route_secrets::api::manager::{SecretManager, TlsSecretMonitor};
-use route_secrets::api::pipeline::{HostPolicy, PipelineError, PipelineOptions, RoutePipeline};
+use route_secrets::api::pipeline::{
+    HostPolicy, PipelineError, PipelineOptions, Readiness, RoutePipeline,
+};
 use route_secrets::api::status_writer::StatusWriter;
 use route_secrets::route::Route;
 use route_secrets::route::admission::RouterIdentity;
@@ -145,6 +147,8 @@ pub enum DaemonError {
 /// A running daemon. Stop it with [`Daemon::shutdown`].
 pub struct Daemon {
     status: watch::Receiver<DaemonStatus>,
+    /// The pipeline's own start-up progress, ahead of the outputs' `status`.
+    pipeline_readiness: watch::Receiver<Readiness>,
     /// Counts re-synchronisation requests (SIGHUP) for the outputs task.
     resync: watch::Sender<u64>,
     metrics: Arc<Metrics>,
@@ -296,6 +300,7 @@ impl Daemon {
                 Arc::clone(&metrics),
             )
         });
+        let pipeline_readiness = pipeline_outputs.readiness.clone();
         let (status_sender, status) = watch::channel(DaemonStatus::default());
         let (resync, resync_requests) = watch::channel(0);
         let outputs = tokio::spawn(
@@ -340,6 +345,7 @@ impl Daemon {
 
         Ok(Self {
             status,
+            pipeline_readiness,
             resync,
             metrics,
             pool,
@@ -368,6 +374,13 @@ impl Daemon {
     /// The daemon's state now, and its changes.
     pub fn status(&self) -> watch::Receiver<DaemonStatus> {
         self.status.clone()
+    }
+
+    /// The route pipeline's start-up progress as it happens: routes listed, and every
+    /// route present at start-up decided. The daemon is ready later, once the outputs
+    /// have written what the pipeline decided ([`Daemon::status`]).
+    pub fn pipeline_readiness(&self) -> watch::Receiver<Readiness> {
+        self.pipeline_readiness.clone()
     }
 
     /// Waits until the daemon is ready.

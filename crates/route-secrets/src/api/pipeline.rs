@@ -140,6 +140,8 @@ impl RoutePipeline {
             denial_recheck_min: options.retry.initial,
             retry: options.retry,
             seed: rand::random(),
+            // Without a status writer the machine need not keep whole routes.
+            record_status: status.is_some(),
         });
         let pipeline = Self {
             machine,

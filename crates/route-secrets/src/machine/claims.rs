@@ -16,6 +16,7 @@
 //!   deleted, or changes host or path), it takes over.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use jiff::Timestamp;
 
@@ -67,49 +68,68 @@ pub(super) struct HostClaims {
     /// Claims per host, oldest first, without duplicates. A sorted `Vec`, not a
     /// `BTreeSet`: nearly every host has one claim, and a B-tree node holds room for
     /// eleven (about 1 KB per host at 10,000 routes).
-    by_host: HashMap<String, Vec<Claim>>,
-    /// Each route's current claim.
-    of_route: HashMap<RouteKey, (String, Claim)>,
+    by_host: HashMap<Arc<str>, Vec<Claim>>,
+    /// The host each route claims (its claim is in `by_host`): one copy of each claim,
+    /// and one of each host's name.
+    of_route: HashMap<RouteKey, Arc<str>>,
 }
 
 impl HostClaims {
+    /// Makes room for `additional` more routes' claims (each on its own host, as
+    /// nearly every route's is), so that a listing does not grow the maps step by step.
+    pub fn reserve(&mut self, additional: usize) {
+        self.by_host.reserve(additional);
+        self.of_route.reserve(additional);
+    }
+
     /// Replaces `route`'s claim with `claim` (`None`: the route claims nothing).
     /// Returns whether anything changed.
     pub fn set(&mut self, route: &RouteKey, claim: Option<(String, Claim)>) -> bool {
-        if self.of_route.get(route) == claim.as_ref() {
+        let current = self.claim_of(route);
+        if current == claim.as_ref().map(|(host, claim)| (host.as_str(), claim)) {
             return false;
         }
-        if let Some((host, old)) = self.of_route.remove(route)
+        if let Some(host) = self.of_route.remove(route)
             && let Some(claims) = self.by_host.get_mut(&host)
         {
-            if let Ok(index) = claims.binary_search(&old) {
-                claims.remove(index);
-            }
+            claims.retain(|claim| claim.route != *route);
             if claims.is_empty() {
                 self.by_host.remove(&host);
             }
         }
         if let Some((host, new)) = claim {
-            match self.by_host.get_mut(&host) {
-                Some(claims) => {
-                    if let Err(index) = claims.binary_search(&new) {
-                        claims.insert(index, new.clone());
-                    }
-                }
+            let host = match self.by_host.get_key_value(host.as_str()) {
+                Some((shared, _)) => Arc::clone(shared),
+                None => Arc::from(host),
+            };
+            let claims = self
+                .by_host
+                .entry(Arc::clone(&host))
                 // Exactly one slot: the usual host never gets a second claim.
-                None => {
-                    self.by_host.insert(host.clone(), vec![new.clone()]);
-                }
+                .or_insert_with(|| Vec::with_capacity(1));
+            if let Err(index) = claims.binary_search(&new) {
+                claims.insert(index, new);
             }
-            self.of_route.insert(route.clone(), (host, new));
+            self.of_route.insert(route.clone(), host);
         }
         true
+    }
+
+    /// `route`'s current host and claim.
+    fn claim_of(&self, route: &RouteKey) -> Option<(&str, &Claim)> {
+        let host = self.of_route.get(route)?;
+        let claim = self
+            .by_host
+            .get(host)?
+            .iter()
+            .find(|claim| claim.route == *route)?;
+        Some((host, claim))
     }
 
     /// The other routes claiming `route`'s current host or `host`: those whose answer
     /// to [`blocker`](Self::blocker) a change of `route`'s claim can change.
     pub fn neighbours(&self, route: &RouteKey, host: Option<&str>) -> Vec<RouteKey> {
-        let current = self.of_route.get(route).map(|(host, _)| host.as_str());
+        let current = self.of_route.get(route).map(|host| &**host);
         let mut hosts = vec![current, host];
         hosts.dedup();
         hosts
@@ -124,12 +144,12 @@ impl HostClaims {
 
     /// The older claim that keeps `route` from its host, if any.
     pub fn blocker(&self, route: &RouteKey, namespace_ownership: bool) -> Option<Blocked> {
-        let (host, mine) = self.of_route.get(route)?;
+        let (host, mine) = self.claim_of(route)?;
         let claims = self.by_host.get(host)?;
         let oldest = claims.first()?;
         let blocked_by = |owner: &Claim, by_namespace| Blocked {
             owner: owner.route.clone(),
-            host: host.clone(),
+            host: host.to_owned(),
             by_namespace,
         };
         if namespace_ownership && oldest.route.namespace != mine.route.namespace {
@@ -288,7 +308,9 @@ mod tests {
         assert!(hosts.set(&old_key, None));
         assert_eq!(hosts.blocker(&new_key, true), None);
         // The same claim again changes nothing.
-        let same = hosts.of_route.get(&new_key).cloned();
+        let same = hosts
+            .claim_of(&new_key)
+            .map(|(host, claim)| (host.to_owned(), claim.clone()));
         assert!(!hosts.set(&new_key, same));
         assert_eq!(hosts.len(), 1);
     }

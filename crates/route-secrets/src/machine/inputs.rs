@@ -132,12 +132,15 @@ pub struct SecretVersion {
 
 /// `(uid, resourceVersion)` of a secret: a new uid is a re-created secret, a new
 /// resourceVersion a changed one.
+///
+/// Shared strings: every route using a secret version keeps its id (what it last
+/// evaluated), and a clone costs no allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SecretVersionId {
     /// `metadata.uid`.
-    pub uid: String,
+    pub uid: Arc<str>,
     /// `metadata.resourceVersion`.
-    pub resource_version: String,
+    pub resource_version: Arc<str>,
 }
 
 impl SecretVersionId {
@@ -145,8 +148,8 @@ impl SecretVersionId {
     /// [`TlsSecret`](crate::tls::TlsSecret)), when it has both fields.
     pub fn of(secret: &impl WatchedObject) -> Option<Self> {
         Some(Self {
-            uid: secret.object_uid()?.to_owned(),
-            resource_version: secret.object_resource_version()?.to_owned(),
+            uid: Arc::from(secret.object_uid()?),
+            resource_version: Arc::from(secret.object_resource_version()?),
         })
     }
 }

@@ -89,10 +89,17 @@ impl Sni {
     /// The names an admitted `route` is served for, by its host and wildcard policy (a
     /// wildcard route is only admitted when wildcard routes are allowed).
     pub fn of(route: &Route) -> Self {
-        let Some(host) = route.host() else {
+        let wildcard_subdomain = route.spec.wildcard_policy == Some(WildcardPolicy::Subdomain);
+        Self::for_host(route.host(), wildcard_subdomain)
+    }
+
+    /// The names for a route's non-empty `host` and whether its wildcard policy is
+    /// `Subdomain`.
+    pub(crate) fn for_host(host: Option<&str>, wildcard_subdomain: bool) -> Self {
+        let Some(host) = host else {
             return Self::NoHost;
         };
-        if route.spec.wildcard_policy == Some(WildcardPolicy::Subdomain) {
+        if wildcard_subdomain {
             return match host.split_once('.') {
                 Some((_, domain)) if !domain.is_empty() => Self::Subdomain {
                     domain: domain.to_owned(),

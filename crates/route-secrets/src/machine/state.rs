@@ -1,34 +1,129 @@
 //! The machine's memory: one entry per route, the apply queue, start-up progress.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hasher;
 use std::sync::Arc;
 use std::time::Instant;
 
+use jiff::Timestamp;
 use kube_common::backoff::Backoff;
 
 use super::inputs::{RegistrationId, SecretVersionId};
 use super::outcome::Sni;
-use crate::route::{Route, RouteKey};
+use crate::route::{Route, RouteKey, RouteSpec, WildcardPolicy};
+
+/// The machine's copy of one version of a route: what it decides with, and the object
+/// itself only when the route's status is written from it.
+///
+/// A whole `Route` is about 900 bytes before its strings (every struct of it has room
+/// for fields it does not model); the machine reads a handful of them.
+#[derive(Debug)]
+pub(super) struct RouteCopy {
+    /// `metadata.uid`: another uid under the same name is another object. Shared with
+    /// the told summary.
+    pub uid: Option<Arc<str>>,
+    /// `metadata.creationTimestamp`: older routes win host conflicts.
+    pub created: Option<Timestamp>,
+    /// `spec.host`, when set and non-empty.
+    pub host: Option<Arc<str>>,
+    /// `spec.wildcardPolicy` is `Subdomain`.
+    pub wildcard_subdomain: bool,
+    /// The secret named by `spec.tls.externalCertificate`, for a termination whose
+    /// certificate the router serves ([`Route::external_certificate_name`]), as written.
+    pub secret: Option<Arc<str>>,
+    /// The route also carries an inline certificate or key.
+    pub inline_certificate: bool,
+    /// A digest of the whole spec: a later copy of the same object with the same
+    /// digest changed nothing the router reads (e.g. the router's own status write).
+    /// `None` when the spec could not be digested; such a copy never counts as
+    /// unchanged.
+    pub spec_digest: Option<u64>,
+    /// The whole object, without its managed fields, kept for the status write
+    /// ([`Effect::RecordStatus`](super::Effect::RecordStatus)) when the machine records
+    /// status; `None` otherwise.
+    pub object: Option<Arc<Route>>,
+}
+
+impl RouteCopy {
+    /// The copy of `route`; keeps the object itself when `keep_object`.
+    pub fn of(mut route: Route, keep_object: bool) -> Self {
+        let tls = route.spec.tls.as_ref();
+        let copy = Self {
+            uid: route.metadata.uid.as_deref().map(Arc::from),
+            created: route.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            host: route.host().map(Arc::from),
+            wildcard_subdomain: route.spec.wildcard_policy == Some(WildcardPolicy::Subdomain),
+            secret: route.external_certificate_name().map(Arc::from),
+            inline_certificate: tls.is_some_and(|tls| {
+                tls.certificate.as_deref().is_some_and(|c| !c.is_empty()) || tls.key.is_some()
+            }),
+            spec_digest: spec_digest(&route.spec),
+            object: None,
+        };
+        if !keep_object {
+            return copy;
+        }
+        // A status update without managed fields leaves the stored ones as they are
+        // (the API server's field manager takes the live object's when a request has
+        // none), and they are often the largest part of a route.
+        route.metadata.managed_fields = None;
+        Self {
+            object: Some(Arc::new(route)),
+            ..copy
+        }
+    }
+
+    /// Whether `self` and `other` are the same object with the same spec.
+    pub fn same_object_and_spec(&self, other: &Self) -> bool {
+        self.uid == other.uid && self.spec_digest.is_some() && self.spec_digest == other.spec_digest
+    }
+
+    /// The server names an admission of this copy is served for.
+    pub fn sni(&self) -> Sni {
+        Sni::for_host(self.host.as_deref(), self.wildcard_subdomain)
+    }
+}
+
+/// A 64-bit digest of `spec`'s JSON form (deterministic: maps are ordered). Two
+/// different specs of one route share a digest with a chance of about 2^-64.
+fn spec_digest(spec: &RouteSpec) -> Option<u64> {
+    /// Feeds what is written to a hasher.
+    struct Digest(std::hash::DefaultHasher);
+    impl std::io::Write for Digest {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.write(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut digest = Digest(std::hash::DefaultHasher::new());
+    serde_json::to_writer(&mut digest, spec).ok()?;
+    Some(digest.0.finish())
+}
 
 /// Everything the machine knows about one route.
 #[derive(Debug)]
 pub(super) struct RouteEntry {
     /// The latest copy from the route watch; `None` once the route is deleted (its
     /// teardown then waits in the queue, behind the routes before it).
-    pub latest: Option<Arc<Route>>,
+    pub latest: Option<Arc<RouteCopy>>,
     /// Where the route stands.
     pub state: RouteState,
-    /// What the consumer was last told, so that it is not told the same twice.
-    pub told: Option<Told>,
+    /// What the consumer was last told, so that it is not told the same twice. Boxed:
+    /// the map's table keeps room for an entry in each of its (up to twice as many as
+    /// routes) slots, and a told summary is larger than the rest of the entry.
+    pub told: Option<Box<Told>>,
     /// Transient failures back off along this sequence; it lives across states, and
-    /// time (not success) starts it over.
-    pub backoff: Option<Backoff>,
+    /// time (not success) starts it over. Boxed: only routes that failed have one.
+    pub backoff: Option<Box<Backoff>>,
     /// When the route is applied again, if a retry is scheduled.
     pub retry_at: Option<Instant>,
 }
 
 impl RouteEntry {
-    pub fn new(route: Arc<Route>) -> Self {
+    pub fn new(route: Arc<RouteCopy>) -> Self {
         Self {
             latest: Some(route),
             state: RouteState::Pending,
@@ -61,7 +156,7 @@ impl RouteEntry {
     }
 
     /// The copy of the route last applied.
-    pub fn applied(&self) -> Option<&Arc<Route>> {
+    pub fn applied(&self) -> Option<&Arc<RouteCopy>> {
         match &self.state {
             RouteState::Pending => None,
             RouteState::Applied { route, .. } => Some(route),
@@ -78,7 +173,7 @@ pub(super) enum RouteState {
     Applied {
         /// The copy applied. A later copy with the same uid and spec changed nothing
         /// the router cares about (e.g. the router's own status write).
-        route: Arc<Route>,
+        route: Arc<RouteCopy>,
         /// What the apply led to.
         stand: Stand,
     },
@@ -97,7 +192,7 @@ pub(super) enum Stand {
     /// Registered with the secret's watch; the outcome follows the secret.
     Registered {
         /// The secret's name, in the route's namespace.
-        secret: String,
+        secret: Arc<str>,
         /// The registration.
         registration: RegistrationId,
         /// What is known of the secret.
@@ -123,14 +218,15 @@ pub(super) enum SecretSeen {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Told {
     Admitted {
-        object: Option<String>,
+        object: Option<Arc<str>>,
         fingerprint: [u8; 32],
-        host: Option<String>,
-        sni: Sni,
+        /// The host and wildcard policy of the copy admitted (they decide its SNI).
+        host: Option<Arc<str>>,
+        wildcard_subdomain: bool,
         warnings: Vec<String>,
     },
     Rejected {
-        object: Option<String>,
+        object: Option<Arc<str>>,
         reason: &'static str,
         message: String,
     },

@@ -606,3 +606,84 @@ async fn servers_without_streaming_lists_refuse_as_kube_apiserver_does() {
     assert_eq!(w.next_event().await.unwrap()["type"], "BOOKMARK");
     sim.shutdown().await;
 }
+
+/// Objects are encoded once when written; what lists and streaming lists send from
+/// that encoding is byte for byte what serializing the object gives (a GET), and a
+/// list of an older version never gets a newer version's JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_encodings_are_sent_as_serialized() {
+    let sim = start().await;
+    let token = sim.token("admin").unwrap();
+    let conn = H2Connection::connect(sim.addr(), &token).await.unwrap();
+    sim.store()
+        .create("secrets", opaque_secret("default", "e0", &[("v", "0")]))
+        .unwrap();
+    sim.store()
+        .create("secrets", opaque_secret("default", "e1", &[("v", "0")]))
+        .unwrap();
+    let before = sim.store().resource_version();
+    sim.store()
+        .merge_patch("secrets", "default", "e1", json!({"data": {"v": b64("1")}}))
+        .unwrap();
+    let get_raw = |name: &str| {
+        let path = format!("/api/v1/namespaces/default/secrets/{name}");
+        let conn = &conn;
+        async move {
+            let (status, body) = conn.request(Method::GET, &path, None).await.unwrap();
+            assert_eq!(status, 200);
+            body
+        }
+    };
+    let (e0, e1) = (get_raw("e0").await, get_raw("e1").await);
+
+    // A streaming list: each ADDED line is the object's GET body in an event.
+    let mut w = conn
+        .watch("/api/v1/namespaces/default/secrets?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true")
+        .await
+        .unwrap();
+    for object in [&e0, &e1] {
+        let mut expected = b"{\"type\":\"ADDED\",\"object\":".to_vec();
+        expected.extend_from_slice(object);
+        expected.push(b'}');
+        let line = w.next_line().await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&line),
+            String::from_utf8_lossy(&expected)
+        );
+    }
+
+    // A list: the items are the GET bodies.
+    let (status, body) = conn
+        .request(Method::GET, "/api/v1/namespaces/default/secrets", None)
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let text = String::from_utf8_lossy(&body);
+    let items = format!(
+        ",\"items\":[{},{}]}}",
+        String::from_utf8_lossy(&e0),
+        String::from_utf8_lossy(&e1)
+    );
+    assert!(text.ends_with(&items), "{text}");
+
+    // The list at the version before the patch: e1 as it was, not the stored JSON.
+    let (status, old) = conn
+        .request(
+            Method::GET,
+            &format!("/api/v1/namespaces/default/secrets?resourceVersion={before}&resourceVersionMatch=Exact"),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let old: Value = serde_json::from_slice(&old).unwrap();
+    let old_e1 = &old["items"][1];
+    assert_eq!(old_e1["metadata"]["name"], "e1");
+    assert_eq!(old_e1["data"]["v"], b64("0"));
+    assert_eq!(rv_of(old_e1), before);
+    assert_eq!(
+        old["items"][0],
+        serde_json::from_slice::<Value>(&e0).unwrap()
+    );
+    sim.shutdown().await;
+}

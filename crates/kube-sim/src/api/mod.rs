@@ -885,6 +885,7 @@ async fn resource(
                 .store
                 .delete_collection(rr.id, &filter, write_options(rr)?)?;
             let page = ListPage {
+                encoded: Vec::new(),
                 items: gone,
                 rv: shared.store.current_rv(),
                 continue_token: None,
@@ -938,7 +939,12 @@ fn list_json(def: &ResourceDef, page: &ListPage) -> Bytes {
         if i > 0 {
             buf.push(b',');
         }
-        let _ = serde_json::to_writer(&mut buf, &**item);
+        match page.encoded.get(i).and_then(Option::as_ref) {
+            Some(json) => buf.extend_from_slice(json),
+            None => {
+                let _ = serde_json::to_writer(&mut buf, &**item);
+            }
+        }
     }
     buf.extend_from_slice(b"]}");
     Bytes::from(buf)

@@ -21,7 +21,7 @@ use crate::objects::meta::meta_str;
 use crate::resources::ResourceDef;
 use crate::state::Shared;
 use crate::storage::store::{InitialItem, Subscription};
-use crate::storage::watch::{DeliveryItem, encode_event};
+use crate::storage::watch::{DeliveryItem, encode_event, encode_event_json};
 use crate::transport::body::SimBody;
 
 /// The annotation that marks the end of the initial events of a streaming list.
@@ -143,9 +143,14 @@ impl WatchState {
         self.shared.faults.wait_while_hanging().await;
         if let Some(item) = self.sub.initial.pop_front() {
             let line = match item {
-                InitialItem::Current(obj) => {
+                InitialItem::Current(obj, json) => {
                     self.last_rv = self.last_rv.max(rv_of(&obj));
-                    self.encode("ADDED", &obj)
+                    match json {
+                        Some(json) if self.opts.table.is_none() => {
+                            encode_event_json("ADDED", &json)
+                        }
+                        _ => self.encode("ADDED", &obj),
+                    }
                 }
                 InitialItem::Replay(event, delivery) => self.encode_live((event, delivery)),
             };

@@ -4,17 +4,21 @@
 //! One mutex guards all of it so that a commit, its history entry and its delivery
 //! to watchers happen in resourceVersion order, and a watch registers at an exact
 //! point of that order (no gap, no duplicate). Work done under the lock is bounded
-//! and never waits: delivery uses `try_send`, and serialization to JSON happens
-//! outside (lazily, once per event).
+//! and never waits: delivery uses `try_send`, and serialization of events to JSON
+//! happens outside (lazily, once per event). The one serialization under the lock is
+//! a written object's own JSON (bounded by the object's size), kept with it so that
+//! lists and streaming lists send it without serializing it again, as kube-apiserver
+//! encodes an object once when it stores it.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -115,6 +119,8 @@ impl ContinueToken {
 /// One page of a list.
 pub(crate) struct ListPage {
     pub items: Vec<Arc<Value>>,
+    /// Each item's JSON where it was encoded when written (`None`: serialize it).
+    pub encoded: Vec<Option<Bytes>>,
     pub rv: u64,
     pub continue_token: Option<String>,
     pub remaining: Option<u64>,
@@ -140,8 +146,9 @@ pub(crate) enum WatchStartError {
 
 /// Something the watch sends before live events.
 pub(crate) enum InitialItem {
-    /// A current object, sent as a synthetic ADDED.
-    Current(Arc<Value>),
+    /// A current object, sent as a synthetic ADDED, with its JSON when it was encoded
+    /// when written.
+    Current(Arc<Value>, Option<Bytes>),
     /// A historical event after the requested version.
     Replay(Arc<StoredEvent>, Delivery),
 }
@@ -184,12 +191,31 @@ struct StoreState {
     rv: u64,
     /// Objects per resource (indexed by `ResourceId`), ordered by (namespace, name).
     objects: Vec<BTreeMap<Key, Arc<Value>>>,
+    /// The current objects' JSON, per resource like `objects`.
+    encoded: Vec<HashMap<Key, EncodedObject>>,
     /// Recent events in resourceVersion order.
     history: VecDeque<Arc<StoredEvent>>,
     history_limit: usize,
     /// Every event with a resourceVersion above `floor` is in `history`.
     floor: u64,
     watchers: WatchIndex,
+}
+
+/// A stored object's JSON, encoded once when it was written.
+struct EncodedObject {
+    /// The object encoded: a reader holding another version gets no JSON from here.
+    object: Arc<Value>,
+    json: Bytes,
+}
+
+impl StoreState {
+    /// The JSON of `object`, stored at `key`, if it is the current version.
+    fn encoded(&self, id: ResourceId, key: &Key, object: &Arc<Value>) -> Option<Bytes> {
+        self.encoded[id.0]
+            .get(key)
+            .filter(|encoded| Arc::ptr_eq(&encoded.object, object))
+            .map(|encoded| encoded.json.clone())
+    }
 }
 
 /// The store. See the module documentation for its locking discipline.
@@ -279,6 +305,7 @@ impl Store {
             state: Mutex::new(StoreState {
                 rv: 0,
                 objects: (0..resources::count()).map(|_| BTreeMap::new()).collect(),
+                encoded: (0..resources::count()).map(|_| HashMap::new()).collect(),
                 history: VecDeque::new(),
                 history_limit,
                 floor: 0,
@@ -329,9 +356,17 @@ impl Store {
         match change {
             ChangeKind::Deleted => {
                 st.objects[id.0].remove(&key);
+                st.encoded[id.0].remove(&key);
             }
             ChangeKind::Added | ChangeKind::Modified => {
                 st.objects[id.0].insert(key.clone(), obj.clone());
+                // Serializing a `Value` into a Vec cannot fail.
+                let json = Bytes::from(serde_json::to_vec(&*obj).unwrap_or_default());
+                let encoded = EncodedObject {
+                    object: obj.clone(),
+                    json,
+                };
+                st.encoded[id.0].insert(key.clone(), encoded);
             }
         }
         let event = Arc::new(StoredEvent::new(
@@ -783,6 +818,7 @@ impl Store {
         let limit = limit.filter(|l| *l > 0);
         let count_remaining = filter.fields.is_empty() && filter.labels.is_empty();
         let mut items = Vec::new();
+        let mut encoded = Vec::new();
         let mut last: Option<&Key> = None;
         let mut more = false;
         let mut remaining = 0u64;
@@ -792,6 +828,7 @@ impl Store {
             }
             if limit.is_none_or(|l| items.len() < l) {
                 items.push(v.clone());
+                encoded.push(st.encoded(id, k, v));
                 last = Some(k);
             } else {
                 more = true;
@@ -814,6 +851,7 @@ impl Store {
         };
         Ok(ListPage {
             items,
+            encoded,
             rv: snapshot_rv,
             continue_token,
             remaining: (more && count_remaining).then_some(remaining),
@@ -831,9 +869,10 @@ impl Store {
         let mut initial = VecDeque::new();
         let start_rv = match start {
             WatchStart::CurrentWithState => {
-                for (_, v) in scan(&st.objects[id.0], &filter, None) {
+                for (k, v) in scan(&st.objects[id.0], &filter, None) {
                     if filter.matches(v) {
-                        initial.push_back(InitialItem::Current(v.clone()));
+                        let json = st.encoded(id, k, v);
+                        initial.push_back(InitialItem::Current(v.clone(), json));
                     }
                 }
                 st.rv

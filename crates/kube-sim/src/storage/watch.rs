@@ -131,14 +131,32 @@ impl StoredEvent {
     }
 }
 
+/// One watch event line around an object already encoded as JSON.
+pub(crate) fn encode_event_json(event_type: &str, object_json: &[u8]) -> Bytes {
+    event_line(event_type, object_json.len(), |buf| {
+        buf.extend_from_slice(object_json);
+    })
+}
+
 /// Encodes one watch event line.
 pub(crate) fn encode_event(event_type: &str, object: &impl serde::Serialize) -> Bytes {
-    let mut buf = Vec::with_capacity(256);
+    // Serializing a `Value` or a `Status` (string keys only) into a Vec cannot fail.
+    event_line(event_type, 256, |buf| {
+        let _ = serde_json::to_writer(buf, object);
+    })
+}
+
+/// `{"type":"<event_type>","object":<what write_object writes>}` and a newline.
+fn event_line(
+    event_type: &str,
+    size_hint: usize,
+    write_object: impl FnOnce(&mut Vec<u8>),
+) -> Bytes {
+    let mut buf = Vec::with_capacity(size_hint + 32);
     buf.extend_from_slice(b"{\"type\":\"");
     buf.extend_from_slice(event_type.as_bytes());
     buf.extend_from_slice(b"\",\"object\":");
-    // Serializing a `Value` or a `Status` (string keys only) into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut buf, object);
+    write_object(&mut buf);
     buf.extend_from_slice(b"}\n");
     Bytes::from(buf)
 }

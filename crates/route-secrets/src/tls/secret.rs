@@ -17,7 +17,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use secret_monitor::WatchedObject;
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
 use super::{SECRET_TYPE_TLS, TLS_CERT_ENTRY, TLS_KEY_ENTRY, TlsMaterial};
@@ -212,119 +212,64 @@ impl Serialize for TlsSecret {
     }
 }
 
-/// A top-level field of a Secret, as far as this type cares.
-enum SecretField {
-    Metadata,
-    Type,
-    Data,
-    Other,
-}
-
-/// A field of `metadata`, as far as this type cares.
-enum MetadataField {
-    Name,
-    Namespace,
-    Uid,
-    ResourceVersion,
-    Other,
-}
-
-/// An entry of `data`, as far as this type cares.
-enum DataEntry {
-    Certificate,
-    Key,
-    Other,
-}
-
-/// Reads an object key without allocating it (a borrowed or transient `&str` is all
-/// that is compared), mapped by `pick`.
-struct KeyVisitor<T>(fn(&str) -> T);
-
-impl<T> Visitor<'_> for KeyVisitor<T> {
-    type Value = T;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a string")
-    }
-
-    fn visit_str<E: de::Error>(self, name: &str) -> Result<T, E> {
-        Ok((self.0)(name))
-    }
-}
-
-macro_rules! key_from_str {
-    ($type:ty, $pick:expr) => {
-        impl<'de> Deserialize<'de> for $type {
-            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                deserializer.deserialize_identifier(KeyVisitor($pick))
-            }
-        }
-    };
-}
-
-key_from_str!(SecretField, |name| match name {
-    "metadata" => SecretField::Metadata,
-    "type" => SecretField::Type,
-    "data" => SecretField::Data,
-    _ => SecretField::Other,
-});
-
-key_from_str!(MetadataField, |name| match name {
-    "name" => MetadataField::Name,
-    "namespace" => MetadataField::Namespace,
-    "uid" => MetadataField::Uid,
-    "resourceVersion" => MetadataField::ResourceVersion,
-    _ => MetadataField::Other,
-});
-
-key_from_str!(DataEntry, |name| match name {
-    TLS_CERT_ENTRY => DataEntry::Certificate,
-    TLS_KEY_ENTRY => DataEntry::Key,
-    _ => DataEntry::Other,
-});
-
 impl<'de> Deserialize<'de> for TlsSecret {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(SecretVisitor)
+        let wire = WireSecret::deserialize(deserializer)?;
+        let metadata = wire.metadata.unwrap_or_default();
+        let data = wire.data.unwrap_or_default();
+        Ok(TlsSecret {
+            name: metadata.name,
+            namespace: metadata.namespace,
+            uid: metadata.uid,
+            resource_version: metadata.resource_version,
+            secret_type: wire.secret_type.map(|kept| kept.0),
+            certificate: data.certificate,
+            key: data.key,
+        })
     }
 }
 
-struct SecretVisitor;
+/// A Secret as the API server writes it, with only the fields kept named: serde's
+/// derived field matching passes over every other key and value (as `IgnoredAny`)
+/// without allocating it.
+#[derive(Deserialize)]
+struct WireSecret {
+    #[serde(default)]
+    metadata: Option<KeptMetadata>,
+    #[serde(rename = "type", default)]
+    secret_type: Option<KeptType>,
+    #[serde(default)]
+    data: Option<KeptData>,
+}
 
-impl<'de> Visitor<'de> for SecretVisitor {
-    type Value = TlsSecret;
+/// `metadata` with only the four fields kept.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct KeptMetadata {
+    #[serde(default)]
+    name: Option<Box<str>>,
+    #[serde(default)]
+    namespace: Option<Box<str>>,
+    #[serde(default)]
+    uid: Option<Box<str>>,
+    #[serde(default)]
+    resource_version: Option<Box<str>>,
+}
 
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a Secret")
-    }
+/// The two TLS entries of `data`. An entry present as null is present and empty, as
+/// the full Secret's `ByteString` reads it.
+#[derive(Default, Deserialize)]
+struct KeptData {
+    #[serde(rename = "tls.crt", default, deserialize_with = "present_entry")]
+    certificate: Option<Box<[u8]>>,
+    #[serde(rename = "tls.key", default, deserialize_with = "present_entry")]
+    key: Option<Box<[u8]>>,
+}
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TlsSecret, A::Error> {
-        let mut secret = TlsSecret::default();
-        while let Some(field) = map.next_key::<SecretField>()? {
-            match field {
-                SecretField::Metadata => {
-                    let metadata = map.next_value::<KeptMetadata>()?;
-                    secret.name = metadata.name;
-                    secret.namespace = metadata.namespace;
-                    secret.uid = metadata.uid;
-                    secret.resource_version = metadata.resource_version;
-                }
-                SecretField::Type => {
-                    secret.secret_type = map.next_value::<Option<KeptType>>()?.map(|kept| kept.0);
-                }
-                SecretField::Data => {
-                    if let Some(data) = map.next_value::<Option<KeptData>>()? {
-                        secret.certificate = data.certificate;
-                        secret.key = data.key;
-                    }
-                }
-                SecretField::Other => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(secret)
-    }
+fn present_entry<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Box<[u8]>>, D::Error> {
+    Base64Entry::deserialize(deserializer).map(|entry| Some(entry.0))
 }
 
 /// The `type`, read without a transient copy (serde reads a `Cow<str>` as owned).
@@ -332,93 +277,21 @@ struct KeptType(Cow<'static, str>);
 
 impl<'de> Deserialize<'de> for KeptType {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer
-            .deserialize_str(KeyVisitor(secret_type_of))
-            .map(KeptType)
-    }
-}
+        struct TypeVisitor;
 
-/// `metadata` with only the four fields kept; the rest is passed over.
-#[derive(Default)]
-struct KeptMetadata {
-    name: Option<Box<str>>,
-    namespace: Option<Box<str>>,
-    uid: Option<Box<str>>,
-    resource_version: Option<Box<str>>,
-}
-
-impl<'de> Deserialize<'de> for KeptMetadata {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct MetadataVisitor;
-
-        impl<'de> Visitor<'de> for MetadataVisitor {
-            type Value = KeptMetadata;
+        impl Visitor<'_> for TypeVisitor {
+            type Value = KeptType;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("object metadata")
+                f.write_str("a secret type")
             }
 
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<KeptMetadata, A::Error> {
-                let mut metadata = KeptMetadata::default();
-                while let Some(field) = map.next_key::<MetadataField>()? {
-                    let slot = match field {
-                        MetadataField::Name => &mut metadata.name,
-                        MetadataField::Namespace => &mut metadata.namespace,
-                        MetadataField::Uid => &mut metadata.uid,
-                        MetadataField::ResourceVersion => &mut metadata.resource_version,
-                        MetadataField::Other => {
-                            map.next_value::<IgnoredAny>()?;
-                            continue;
-                        }
-                    };
-                    *slot = map.next_value()?;
-                }
-                Ok(metadata)
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<KeptType, E> {
+                Ok(KeptType(secret_type_of(text)))
             }
         }
 
-        deserializer.deserialize_map(MetadataVisitor)
-    }
-}
-
-/// The two TLS entries of `data`; other entries are passed over undecoded.
-struct KeptData {
-    certificate: Option<Box<[u8]>>,
-    key: Option<Box<[u8]>>,
-}
-
-impl<'de> Deserialize<'de> for KeptData {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct DataVisitor;
-
-        impl<'de> Visitor<'de> for DataVisitor {
-            type Value = KeptData;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a map of base64 entries")
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<KeptData, A::Error> {
-                let mut data = KeptData {
-                    certificate: None,
-                    key: None,
-                };
-                while let Some(entry) = map.next_key::<DataEntry>()? {
-                    let slot = match entry {
-                        DataEntry::Certificate => &mut data.certificate,
-                        DataEntry::Key => &mut data.key,
-                        DataEntry::Other => {
-                            map.next_value::<IgnoredAny>()?;
-                            continue;
-                        }
-                    };
-                    *slot = Some(map.next_value::<Base64Entry>()?.0);
-                }
-                Ok(data)
-            }
-        }
-
-        deserializer.deserialize_map(DataVisitor)
+        deserializer.deserialize_str(TypeVisitor)
     }
 }
 

@@ -1,8 +1,8 @@
 //! The machine's memory: one entry per route, the apply queue, start-up progress.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::Hasher;
-use std::sync::Arc;
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use jiff::Timestamp;
@@ -84,8 +84,14 @@ impl RouteCopy {
     }
 }
 
-/// A 64-bit digest of `spec`'s JSON form (deterministic: maps are ordered). Two
-/// different specs of one route share a digest with a chance of about 2^-64.
+/// The digest's keys, drawn once per process: a route's author who could compute the
+/// digest could craft a changed spec with the old one's digest, and the change would be
+/// ignored.
+static SPEC_DIGEST_KEYS: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+
+/// A 64-bit keyed digest of `spec`'s JSON form (deterministic within the process: maps
+/// are ordered). Two different specs of one route share a digest with a chance of about
+/// 2^-64.
 fn spec_digest(spec: &RouteSpec) -> Option<u64> {
     /// Feeds what is written to a hasher.
     struct Digest(std::hash::DefaultHasher);
@@ -98,7 +104,7 @@ fn spec_digest(spec: &RouteSpec) -> Option<u64> {
             Ok(())
         }
     }
-    let mut digest = Digest(std::hash::DefaultHasher::new());
+    let mut digest = Digest(SPEC_DIGEST_KEYS.build_hasher());
     serde_json::to_writer(&mut digest, spec).ok()?;
     Some(digest.0.finish())
 }

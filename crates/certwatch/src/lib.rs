@@ -1,40 +1,65 @@
-//! certwatch: serves the certificates of OpenShift routes whose TLS material lives in
-//! Kubernetes secrets (`spec.tls.externalCertificate`) to an ingress proxy.
+//! certwatch: the daemon that serves the certificates of OpenShift routes whose TLS
+//! material lives in Kubernetes secrets (`spec.tls.externalCertificate`) to an ingress
+//! proxy, with one shared watch per secret.
 //!
-//! - [`run`]: the daemon (`certwatch run`): one shared watch per secret, every route's
-//!   bundle in a cert directory with a crt-list, a debounced reload command, HAProxy's
-//!   runtime API, `/healthz`, `/readyz`, `/metrics`. [`run::Daemon`] is the same daemon
-//!   as a library.
-//! - [`demo`]: `certwatch demo`, the seed's scale against the embedded simulator.
-//! - [`logging`]: text or JSON logs that stay clear of the progress bar.
+//! This crate is the production build: the `certwatch` binary and [`Daemon`], the same
+//! daemon as a library. The simulator, the demo and the benchmarks are the lab's
+//! (`tools/lab`, the `certwatch-lab` binary); `certwatch demo`, `sim` and `bench` hand
+//! over to it when it is installed beside this binary.
+//!
+//! - [`cli`]: `certwatch run` as a process (signals, the address line); [`args`]: its
+//!   command line.
+//! - [`daemon`]: [`Daemon`], the wiring of the route pipeline to the outputs, on one
+//!   kube client over a pool of HTTP/2 connections ([`connect`]: the configuration).
+//! - [`scope`]: namespace list, namespace selector and route selector;
+//!   [`selector`]: their syntax, checked at start-up.
+//! - [`outputs`]: from route outcomes to the proxy, and readiness.
+//! - [`cert_dir`] and [`files`]: bundles, links and the crt-list on disk.
+//! - [`reload`]: the debounced, single-flight reload command.
+//! - [`haproxy`]: HAProxy's runtime API client and the synchronisation over it.
+//! - [`metrics`] and [`process`]: the Prometheus metrics; `http`: `/healthz`,
+//!   `/readyz`, `/metrics`.
+//! - [`progress`]: the start-up progress bar or log lines; [`logging`]: text or JSON
+//!   logs that stay clear of it.
 //!
 //! # Example
 //!
-//! The daemon against a simulated cluster, in-process:
+//! The daemon against the cluster of the current kubeconfig context, until it is
+//! ready:
 //!
 //! ```no_run
-//! use certwatch::run::{Daemon, DaemonOptions};
-//! use kube_sim::{GenerateSpec, SimConfig, Simulator};
+//! use certwatch::{Daemon, DaemonOptions};
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-//! let simulator = Simulator::start(SimConfig::default()).await?;
-//! simulator.generate(&GenerateSpec::new(100, 5))?;
-//!
-//! let cert_dir = tempfile::tempdir()?;
-//! let daemon = Daemon::start(
-//!     simulator.client_config("router").await?,
-//!     DaemonOptions::new(cert_dir.path()),
-//! )
-//! .await?;
+//! let config = kube::Config::infer().await?;
+//! let daemon = Daemon::start(config, DaemonOptions::new("/run/certwatch")).await?;
 //! let status = daemon.wait_ready().await?;
-//! assert_eq!(status.admitted, 100);
-//! assert!(cert_dir.path().join("app-0:route-0.pem").exists());
+//! println!("{} routes served, {} rejected", status.admitted, status.rejected);
 //! daemon.shutdown().await;
 //! # Ok(())
 //! # }
 //! ```
 
-pub mod bench;
-pub mod demo;
+pub mod args;
+pub mod cert_dir;
+pub mod cli;
+pub mod connect;
+pub mod daemon;
+pub mod files;
+pub mod haproxy;
+mod http;
 pub mod logging;
-pub mod run;
+pub mod metrics;
+pub mod outputs;
+pub mod process;
+pub mod progress;
+pub mod reload;
+pub mod scope;
+pub mod selector;
+pub mod signals;
+mod throttle;
+
+pub use args::RunArgs;
+pub use cli::RunError;
+pub use daemon::{Daemon, DaemonError, DaemonOptions};
+pub use outputs::DaemonStatus;

@@ -1,7 +1,10 @@
 //! certwatch: watches the per-route Kubernetes TLS secrets that ingress routes
-//! reference and serves them to a proxy. This file only wires subcommands to the
-//! crates that implement them.
+//! reference and serves them to a proxy. This file only wires the command line to the
+//! library; the lab's commands (`demo`, `sim`, `bench`, an embedded run) are handed to
+//! the `certwatch-lab` binary, which the production build does not contain.
 
+use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -14,11 +17,17 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// The lab's binary, looked for beside this one, then on PATH.
+const LAB_BINARY: &str = "certwatch-lab";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "certwatch",
     version,
-    about = "Watches per-route Kubernetes TLS secrets and serves them to an ingress proxy"
+    about = "Watches per-route Kubernetes TLS secrets and serves them to an ingress proxy",
+    after_help = "demo, sim and bench are the lab's (certwatch-lab, built with \
+`cargo build --release -p certwatch-lab`): this binary runs certwatch-lab with the same \
+arguments when it is installed beside it or on PATH. So does `certwatch run --embedded`."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -27,62 +36,108 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    Sim(kube_sim::cli::SimArgs),
-    Run(certwatch::run::RunArgs),
-    Demo(certwatch::demo::DemoArgs),
-    Bench(certwatch::bench::BenchArgs),
-    /// One strategy run of `certwatch bench`, in a process of its own.
-    #[command(hide = true)]
-    BenchClient(certwatch::bench::ClientArgs),
+    Run(certwatch::RunArgs),
+    /// The seed's scale against the embedded simulator (lab: certwatch-lab demo).
+    #[command(disable_help_flag = true)]
+    Demo(LabArgs),
+    /// The Kubernetes API simulator on its own (lab: certwatch-lab sim).
+    #[command(disable_help_flag = true)]
+    Sim(LabArgs),
+    /// Start-up benchmarks (lab: certwatch-lab bench).
+    #[command(disable_help_flag = true)]
+    Bench(LabArgs),
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+/// A lab command's arguments, passed on as they are.
+#[derive(Debug, clap::Args)]
+struct LabArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    args: Vec<OsString>,
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match &cli.command {
-        // kube-runtime's watcher logs every 403 it retries with a Debug dump of the
-        // error; certwatch reports those failures itself (once per change, counted in
-        // /metrics), so only the watcher's errors are kept. RUST_LOG overrides this.
-        Command::Run(args) => {
-            certwatch::logging::init(args.log_format, "info,kube_runtime::watcher=error");
-        }
-        Command::Demo(args) => certwatch::logging::init(args.log_format, "warn"),
-        _ => init_tracing(),
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    if is_embedded_run(&argv) {
+        return hand_to_lab(&argv);
     }
+    let cli = Cli::parse();
+    let args = match cli.command {
+        Command::Run(args) => args,
+        Command::Demo(_) | Command::Sim(_) | Command::Bench(_) => return hand_to_lab(&argv),
+    };
+    // kube-runtime's watcher logs every 403 it retries with a Debug dump of the error;
+    // certwatch reports those failures itself (once per change, counted in /metrics),
+    // so only the watcher's errors are kept. RUST_LOG overrides this.
+    certwatch::logging::init(args.log_format, "info,kube_runtime::watcher=error");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("certwatch: cannot start the async runtime: {e}");
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("certwatch: cannot start the async runtime: {error}");
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Sim(args) => kube_sim::cli::run(args).await.map_err(|e| e.to_string()),
-            Command::Run(args) => certwatch::run::main(args).await.map_err(|e| e.to_string()),
-            Command::Demo(args) => certwatch::demo::main(args).await.map_err(|e| e.to_string()),
-            Command::Bench(args) => certwatch::bench::run(args).await.map_err(|e| e.to_string()),
-            Command::BenchClient(args) => certwatch::bench::run_client(args)
-                .await
-                .map_err(|e| e.to_string()),
-        }
-    });
-    match result {
+    match runtime.block_on(certwatch::cli::run(args)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("certwatch: {e}");
+        Err(error) => {
+            eprintln!("certwatch: {error}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// `certwatch run` with an `--embedded*` flag, or `CERTWATCH_EMBEDDED` set: a run
+/// against the lab's simulator.
+fn is_embedded_run(argv: &[OsString]) -> bool {
+    if argv.get(1).map(OsString::as_os_str) != Some(OsStr::new("run")) {
+        return false;
+    }
+    let flagged = argv[2..].iter().any(|arg| {
+        arg.to_str()
+            .is_some_and(|arg| arg.starts_with("--embedded"))
+    });
+    let from_env = std::env::var("CERTWATCH_EMBEDDED").is_ok_and(|value| {
+        matches!(
+            value.to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on" | "y"
+        )
+    });
+    flagged || from_env
+}
+
+/// Replaces this process with `certwatch-lab` and the same arguments (same pid, so
+/// signals reach the lab's command as they would have reached this one).
+fn hand_to_lab(argv: &[OsString]) -> ExitCode {
+    use std::os::unix::process::CommandExt as _;
+    let command = argv
+        .get(1)
+        .map_or_else(String::new, |arg| arg.to_string_lossy().into_owned());
+    let Some(lab) = find_lab() else {
+        eprintln!(
+            "certwatch: `certwatch {command}` is a lab command, and {LAB_BINARY} is neither \
+beside this binary nor on PATH: the production build contains the daemon only. Build the lab \
+with `cargo build --release -p certwatch-lab`, or run `cargo run --release -p certwatch-lab -- \
+{command} ...` from the source tree."
+        );
+        return ExitCode::from(2);
+    };
+    let error = std::process::Command::new(&lab).args(&argv[1..]).exec();
+    eprintln!("certwatch: cannot run {}: {error}", lab.display());
+    ExitCode::FAILURE
+}
+
+fn find_lab() -> Option<PathBuf> {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join(LAB_BINARY)));
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join(LAB_BINARY));
+    beside
+        .into_iter()
+        .chain(on_path)
+        .find(|path| path.is_file())
 }

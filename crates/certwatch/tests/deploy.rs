@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 
 use base64::Engine as _;
-use certwatch::run::{Daemon, DaemonOptions};
+use certwatch::{Daemon, DaemonOptions};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube_sim::{SimConfig, SimUser, Simulator};
 use route_secrets::testing::{LeafSpec, Pki};

@@ -221,9 +221,7 @@ async fn haproxy_accepts_the_files_after_every_step() {
 
     let long_name = "r".repeat(253);
     let long_route = route_secrets::route::RouteKey::new("app-0", &long_name);
-    let long_link = certwatch::run::files::bundle_names(&long_route)
-        .unwrap()
-        .link;
+    let long_link = certwatch::files::bundle_names(&long_route).unwrap().link;
     assert!(
         long_link.len() < 255 && long_link.contains('~'),
         "{long_link}"

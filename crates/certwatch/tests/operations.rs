@@ -333,49 +333,6 @@ async fn a_token_file_ending_in_a_newline_works() {
     assert_eq!(certwatch.terminate().code(), Some(0));
 }
 
-/// `certwatch demo` ignores `run`'s CERTWATCH_CERT_DIR: a directory holding a real
-/// bundle is left exactly as it was.
-#[test]
-fn the_demo_stays_in_its_own_directory() {
-    let temp = tempfile::tempdir().unwrap();
-    let real = temp.path().join("real");
-    std::fs::create_dir(&real).unwrap();
-    std::fs::write(real.join("prod:shop.pem"), b"REAL BUNDLE").unwrap();
-    let output = run_to_exit(
-        &[
-            "demo",
-            "--routes",
-            "4",
-            "--namespaces",
-            "2",
-            "--latency",
-            "0s",
-            "--jitter",
-            "0s",
-            "--progress",
-            "off",
-        ],
-        &[("CERTWATCH_CERT_DIR", real.to_str().unwrap())],
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let names: Vec<String> = std::fs::read_dir(&real)
-        .unwrap()
-        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(names, ["prod:shop.pem"]);
-    assert_eq!(
-        std::fs::read(real.join("prod:shop.pem")).unwrap(),
-        b"REAL BUNDLE"
-    );
-    assert!(!stdout.contains(real.to_str().unwrap()), "{stdout}");
-    assert!(stdout.contains("matches the new certificate"), "{stdout}");
-}
-
 /// A route decided the same way again and again is logged once, not once per
 /// decision: here a certificate that does not cover the route's host (served, with a
 /// warning), rotated four times to another certificate for the same wrong host.

@@ -708,7 +708,6 @@ fn help_names_every_option_and_variable() {
     assert!(output.status.success());
     let help = String::from_utf8(output.stdout).unwrap();
     for flag in [
-        "embedded",
         "kubeconfig",
         "context",
         "namespace",
@@ -737,9 +736,53 @@ fn help_names_every_option_and_variable() {
     for endpoint in ["/healthz", "/readyz", "/metrics"] {
         assert!(help.contains(endpoint), "{endpoint} missing");
     }
-    let output = std::process::Command::new(certwatch_binary())
-        .args(["demo", "--help"])
+    assert!(!help.contains("--embedded"), "{help}");
+}
+
+/// The production binary holds the daemon only: the lab's commands go to
+/// `certwatch-lab` beside it, with the same arguments (here a stand-in script that
+/// prints them), and without it they fail with a message that says where they are.
+#[test]
+fn lab_commands_go_to_the_lab_binary() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let temp = tempfile::tempdir().unwrap();
+    let alone = temp.path().join("alone");
+    std::fs::create_dir(&alone).unwrap();
+    std::fs::copy(certwatch_binary(), alone.join("certwatch")).unwrap();
+    let output = std::process::Command::new(alone.join("certwatch"))
+        .args(["demo", "--routes", "4"])
+        .env("PATH", "")
         .output()
         .unwrap();
-    assert!(output.status.success());
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("certwatch-lab"), "{stderr}");
+    assert!(
+        stderr.contains("cargo build --release -p certwatch-lab"),
+        "{stderr}"
+    );
+
+    let lab = alone.join("certwatch-lab");
+    std::fs::write(&lab, "#!/bin/sh\necho \"lab: $*\"\n").unwrap();
+    std::fs::set_permissions(&lab, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (args, expected) in [
+        (&["demo", "--routes", "4"][..], "lab: demo --routes 4"),
+        (
+            &["sim", "--listen", "127.0.0.1:0"][..],
+            "lab: sim --listen 127.0.0.1:0",
+        ),
+        (&["bench", "--help"][..], "lab: bench --help"),
+        (
+            &["run", "--embedded", "--cert-dir", "/tmp/x"][..],
+            "lab: run --embedded --cert-dir /tmp/x",
+        ),
+    ] {
+        let output = std::process::Command::new(alone.join("certwatch"))
+            .args(args)
+            .env("PATH", "")
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), expected);
+    }
 }

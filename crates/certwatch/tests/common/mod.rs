@@ -1,5 +1,5 @@
-//! Helpers for the end-to-end tests: `certwatch sim` and `certwatch run` as child
-//! processes, HTTP over plain sockets, metrics parsing, certificates.
+//! Helpers for the end-to-end tests: the simulator in the test process, `certwatch run`
+//! as a child process, HTTP over plain sockets, metrics parsing, certificates.
 
 #![allow(dead_code)]
 // Test helpers: a failure here is a test failure, reported by the panic.
@@ -57,13 +57,23 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(80)..].join("\n")
 }
 
-/// `certwatch sim` as a child process.
+/// The simulator (kube-sim), started from `certwatch sim`'s command line inside the
+/// test process, on a thread and runtime of its own (so that it keeps answering while
+/// a test blocks, and stops as a whole when dropped). The daemon under test is the
+/// production binary, which does not contain the simulator.
 pub struct SimProcess {
-    child: Child,
     pub url: String,
     pub addr: SocketAddr,
     pub kubeconfig: PathBuf,
-    log: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// `certwatch sim`'s arguments, parsed as the lab's command line parses them.
+#[derive(clap::Parser)]
+struct SimCommandLine {
+    #[command(flatten)]
+    sim: kube_sim::cli::SimArgs,
 }
 
 impl SimProcess {
@@ -74,29 +84,51 @@ impl SimProcess {
 
     /// Starts the simulator listening on `listen`.
     pub fn start_on(dir: &Path, listen: &str, args: &[&str]) -> Self {
+        use clap::Parser as _;
         let kubeconfig = dir.join("sim.kubeconfig");
-        let log = dir.join("sim.log");
-        let mut child = Command::new(certwatch_binary())
-            .arg("sim")
-            .args(["--listen", listen])
-            .arg("--write-kubeconfig")
-            .arg(&kubeconfig)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start certwatch sim");
-        let rest = read_until(&mut child, "kube-sim listening on ", "certwatch sim");
-        let url = rest.split_whitespace().next().unwrap().to_owned();
+        let command_line = ["sim", "--listen", listen, "--write-kubeconfig"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain([kubeconfig.display().to_string()])
+            .chain(args.iter().map(|arg| (*arg).to_owned()));
+        let sim_args = SimCommandLine::try_parse_from(command_line)
+            .expect("simulator arguments")
+            .sim;
+        let (started, url) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("kube-sim".to_owned())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .expect("the simulator's runtime");
+                runtime.block_on(async move {
+                    let sim = match kube_sim::cli::start(&sim_args).await {
+                        Ok(sim) => sim,
+                        Err(error) => {
+                            let _ = started.send(Err(error.to_string()));
+                            return;
+                        }
+                    };
+                    let _ = started.send(Ok(sim.url()));
+                    let _ = stopped.await;
+                    sim.shutdown().await;
+                });
+            })
+            .expect("start the simulator's thread");
+        let url = url
+            .recv()
+            .expect("the simulator's thread ended")
+            .unwrap_or_else(|error| panic!("the simulator did not start: {error}"));
         let addr = url.trim_start_matches("http://").parse().unwrap();
         Self {
-            child,
             url,
             addr,
             kubeconfig,
-            log,
+            stop: Some(stop),
+            thread: Some(thread),
         }
     }
 
@@ -140,18 +172,19 @@ impl SimProcess {
         http_request(self.addr, method, path, body)
     }
 
-    /// Stops the simulator.
+    /// Stops the simulator: its connections close, its port is free again.
     pub fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
 impl Drop for SimProcess {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("--- certwatch sim log ---\n{}", tail(&self.log));
-        }
         self.stop();
     }
 }

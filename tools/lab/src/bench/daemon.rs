@@ -1,4 +1,4 @@
-//! The `daemon` strategy: the whole `certwatch run` daemon ([`crate::run::Daemon`]),
+//! The `daemon` strategy: the whole `certwatch run` daemon ([`certwatch::Daemon`]),
 //! writing every admitted route's bundle and the crt-list into a temporary cert
 //! directory (under `/dev/shm` where it exists, as `certwatch demo` does). Ready is the
 //! daemon's own: every route present at start-up decided and written. The moments the
@@ -13,7 +13,7 @@ use super::BenchError;
 use route_secrets::api::pipeline::Readiness;
 
 use super::protocol::{ClientSpec, ErrorLog, ReadyReport};
-use crate::run::{Daemon, DaemonOptions};
+use certwatch::{Daemon, DaemonOptions};
 
 /// A running daemon and its cert directory; dropping it stops the daemon's tasks
 /// with the process.
@@ -47,7 +47,7 @@ pub async fn run(
     // Memory-backed where the system has /dev/shm, as the deployment's emptyDir
     // should be (bundles hold keys; a disk adds its metadata cost to every file).
     let cert_dir =
-        crate::run::files::memory_backed_tempdir("certwatch-bench-certs-").map_err(|source| {
+        certwatch::files::memory_backed_tempdir("certwatch-bench-certs-").map_err(|source| {
             BenchError::Io {
                 what: "creating the cert directory".to_owned(),
                 source,

@@ -32,16 +32,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
-use super::cert_dir::CertDir;
-use super::files::LINKS_DIR;
-use super::haproxy::{HaproxyOptions, HaproxySync};
-use super::http;
-use super::metrics::Metrics;
-use super::outputs::{DaemonStatus, Outputs};
-use super::progress::{self, ProgressMode};
-use super::reload::{ReloadOptions, Reloader};
-use super::scope::{RouteScope, scoped_route_events};
-use super::throttle;
+use crate::cert_dir::CertDir;
+use crate::files::LINKS_DIR;
+use crate::haproxy::{HaproxyOptions, HaproxySync};
+use crate::http;
+use crate::metrics::Metrics;
+use crate::outputs::{DaemonStatus, Outputs};
+use crate::progress::{self, ProgressMode};
+use crate::reload::{ReloadOptions, Reloader};
+use crate::scope::{RouteScope, scoped_route_events};
+use crate::throttle;
 
 /// The route name the streaming probe ([`secret_monitor::ObjectMonitor::probe_streaming`])
 /// asks about: one no route has, so the answer carries no object.

@@ -250,9 +250,9 @@ async fn wait_for_signal() {
     }
 }
 
-/// Starts the simulator, seeds it, writes the kubeconfig, prints where everything
-/// is, and serves until SIGINT/SIGTERM.
-pub async fn run(args: SimArgs) -> Result<(), SimError> {
+/// Starts the simulator, seeds it and generates what the arguments ask (saying so on
+/// stdout), and writes the kubeconfig: everything [`run`] does before it serves.
+pub async fn start(args: &SimArgs) -> Result<Simulator, SimError> {
     let sim = Simulator::start(args.config()).await?;
     for path in &args.seed {
         let text = std::fs::read_to_string(path).map_err(|source| SimError::Read {
@@ -274,6 +274,13 @@ pub async fn run(args: SimArgs) -> Result<(), SimError> {
         );
     }
     sim.write_kubeconfig(&args.write_kubeconfig)?;
+    Ok(sim)
+}
+
+/// Starts the simulator ([`start`]), prints where everything is, and serves until
+/// SIGINT/SIGTERM.
+pub async fn run(args: SimArgs) -> Result<(), SimError> {
+    let sim = start(&args).await?;
     println!(
         "kube-sim listening on {} (HTTP/1.1 and HTTP/2{})",
         sim.url(),

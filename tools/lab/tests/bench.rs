@@ -27,7 +27,7 @@ const KEYS: [&str; 14] = [
 
 /// Runs `certwatch bench --json` with `args`; returns the lines by strategy.
 fn bench(args: &[&str]) -> BTreeMap<String, Value> {
-    let output = Command::new(env!("CARGO_BIN_EXE_certwatch"))
+    let output = Command::new(env!("CARGO_BIN_EXE_certwatch-lab"))
         .args(["bench", "--json"])
         .args(args)
         .output()
@@ -242,7 +242,7 @@ fn the_real_control_plane_sees_the_modelled_requests() {
 
 #[test]
 fn bad_arguments_are_refused_with_the_cause() {
-    let output = Command::new(env!("CARGO_BIN_EXE_certwatch"))
+    let output = Command::new(env!("CARGO_BIN_EXE_certwatch-lab"))
         .args(["bench", "--scenarios", "no-such-scenario"])
         .output()
         .expect("certwatch runs");

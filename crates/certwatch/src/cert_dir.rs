@@ -33,7 +33,7 @@ use route_secrets::route::RouteKey;
 use route_secrets::tls::ValidatedTls;
 use tracing::debug;
 
-use super::files::{self, BundleNames, CRT_LIST_FILE, LINKS_DIR};
+use crate::files::{self, BundleNames, CRT_LIST_FILE, LINKS_DIR};
 
 /// A route to serve, with its certificate.
 #[derive(Clone, Debug)]

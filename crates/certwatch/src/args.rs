@@ -5,16 +5,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use kube_sim::GenerateSpec;
 use route_secrets::api::access::AccessPolicy;
 
-use super::daemon::DaemonOptions;
-use super::haproxy::HaproxyOptions;
-use super::progress::ProgressMode;
-use super::reload::ReloadOptions;
-use super::scope::RouteScope;
-use super::selector;
+use crate::daemon::DaemonOptions;
+use crate::haproxy::HaproxyOptions;
 use crate::logging::LogFormat;
+use crate::progress::ProgressMode;
+use crate::reload::ReloadOptions;
+use crate::scope::RouteScope;
+use crate::selector;
 
 fn duration_arg(text: &str) -> Result<Duration, String> {
     kube_common::duration::parse(text).map_err(|error| error.to_string())
@@ -49,11 +48,6 @@ fn listen_arg(text: &str) -> Result<SocketAddr, String> {
 /// Boolean flags also read `1`/`0`, `yes`/`no`, `on`/`off` from their variable.
 fn boolish() -> clap::builder::BoolishValueParser {
     clap::builder::BoolishValueParser::new()
-}
-
-fn generate_arg(text: &str) -> Result<GenerateSpec, String> {
-    text.parse::<GenerateSpec>()
-        .map_err(|error| error.to_string())
 }
 
 /// How the router identity's access to each secret is checked.
@@ -94,47 +88,16 @@ route's certificate chain and key to --cert-dir as <namespace>:<route>.pem, plus
 for HAProxy. After changes, run --reload-command (debounced) and/or update a running HAProxy \
 through its runtime API (--haproxy-socket), without a reload.\n\n\
 Connects through the usual Kubernetes configuration (--kubeconfig/--context, $KUBECONFIG, \
-~/.kube/config, or the in-cluster service account), or with --embedded to a simulated cluster \
-started in-process. Every option can also be set through the CERTWATCH_* variable shown.",
+~/.kube/config, or the in-cluster service account). Every option can also be set through the CERTWATCH_* variable shown.",
     after_long_help = "Endpoints (--listen): /healthz (200 while the process runs), /readyz (200 once \
 every route present at start-up is admitted or rejected and its files are written; 503 before), \
 /metrics (Prometheus text format).\n\n\
 Examples:\n  certwatch run --cert-dir /var/lib/certwatch --haproxy-socket /run/haproxy/admin.sock\n  \
 certwatch run --namespace-selector router=public --route-selector shard=a --cert-dir /certs \\\n      \
---reload-command 'systemctl reload haproxy'\n  certwatch run --embedded --cert-dir /tmp/certs"
+--reload-command 'systemctl reload haproxy'\n\n\
+A simulated cluster started in-process is in the lab build: certwatch-lab run --embedded --cert-dir /tmp/certs"
 )]
 pub struct RunArgs {
-    /// Start a simulated Kubernetes API server (kube-sim) in-process with a generated
-    /// cluster, and connect to it as the router identity (with real RBAC).
-    #[arg(long, env = "CERTWATCH_EMBEDDED", value_parser = boolish(), help_heading = "Cluster")]
-    pub embedded: bool,
-
-    /// With --embedded: what to generate: routes=N,namespaces=K[,secrets=S]
-    /// [,host=PATTERN][,validity=90d][,shards=2].
-    #[arg(
-        long,
-        env = "CERTWATCH_EMBEDDED_GENERATE",
-        value_name = "SPEC",
-        value_parser = generate_arg,
-        default_value = "routes=2000,namespaces=20",
-        help_heading = "Cluster"
-    )]
-    pub embedded_generate: GenerateSpec,
-
-    /// With --embedded: the simulated API server's latency per request.
-    #[arg(long, env = "CERTWATCH_EMBEDDED_LATENCY", value_name = "D", value_parser = duration_arg, default_value = "0s", help_heading = "Cluster")]
-    pub embedded_latency: Duration,
-
-    /// With --embedded: write an admin/router kubeconfig for the simulated cluster
-    /// here (to look at it with kubectl).
-    #[arg(
-        long,
-        env = "CERTWATCH_EMBEDDED_KUBECONFIG",
-        value_name = "PATH",
-        help_heading = "Cluster"
-    )]
-    pub embedded_kubeconfig: Option<PathBuf>,
-
     /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then the in-cluster
     /// service account).
     #[arg(

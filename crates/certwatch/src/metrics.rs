@@ -58,7 +58,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
-use super::process::{ProcessSample, start_time_seconds};
+use crate::process::{ProcessSample, start_time_seconds};
 use route_secrets::reason::{Reason, RejectionCause};
 use route_secrets::route::RouteKey;
 use secret_monitor::{MonitorError, MonitorErrorKind, MonitorObserver, ObjectKey};

@@ -35,7 +35,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::metrics::Metrics;
+use crate::metrics::Metrics;
 
 /// Settings of the reload command.
 #[derive(Clone, Debug)]

@@ -20,10 +20,10 @@ use kube::api::{Api, Patch, PatchParams};
 use kube_sim::{GenerateSpec, LatencyConfig, SimConfig, Simulator};
 use route_secrets::tls::Sha256Fingerprint;
 
-use crate::logging::LogFormat;
-use crate::run::daemon::{Daemon, DaemonError, DaemonOptions};
-use crate::run::files;
-use crate::run::progress::ProgressMode;
+use certwatch::daemon::{Daemon, DaemonError, DaemonOptions};
+use certwatch::files;
+use certwatch::logging::LogFormat;
+use certwatch::progress::ProgressMode;
 
 /// The seed's measurement: secrets and minutes of the reference router's start-up.
 const SEED_SECRETS: usize = 1_738;

@@ -14,8 +14,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::{CONTENT_TYPE, Metrics};
-use super::outputs::DaemonStatus;
+use crate::metrics::{CONTENT_TYPE, Metrics};
+use crate::outputs::DaemonStatus;
 
 /// Refreshes gauges that are read from elsewhere (secret counts, connections) right
 /// before a scrape.

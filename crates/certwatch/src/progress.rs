@@ -11,9 +11,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::outputs::DaemonStatus;
-use super::throttle;
 use crate::logging;
+use crate::outputs::DaemonStatus;
+use crate::throttle;
 
 /// How start-up progress is shown.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -27,11 +27,11 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::cert_dir::{CertDir, FlushReport, ServedCert};
-use super::haproxy::HaproxySync;
-use super::metrics::{Metrics, RouteState, RouteStates};
-use super::reload::Reloader;
+use crate::cert_dir::{CertDir, FlushReport, ServedCert};
+use crate::haproxy::HaproxySync;
 use crate::logging::{Repeats, Seen, StateLog};
+use crate::metrics::{Metrics, RouteState, RouteStates};
+use crate::reload::Reloader;
 
 /// How often a lasting condition (failing writes, a route rejected the same way again)
 /// is logged again, with a count.
@@ -77,7 +77,7 @@ pub(crate) struct Outputs {
     pub(crate) haproxy: Option<HaproxySync>,
     pub(crate) status: watch::Sender<DaemonStatus>,
     pub(crate) started: Instant,
-    /// Re-synchronisation requests ([`super::Daemon::resync`]).
+    /// Re-synchronisation requests ([`crate::Daemon::resync`]).
     pub(crate) resync: watch::Receiver<u64>,
 }
 

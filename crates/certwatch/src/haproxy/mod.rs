@@ -41,9 +41,9 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use self::client::{CrtListLine, HaproxyError, Instance, RuntimeApi};
-use super::cert_dir::CrtEntry;
-use super::files::first_certificate_der;
-use super::metrics::Metrics;
+use crate::cert_dir::CrtEntry;
+use crate::files::first_certificate_der;
+use crate::metrics::Metrics;
 
 /// Settings of the HAProxy synchronisation.
 #[derive(Clone, Debug)]

@@ -122,7 +122,7 @@ pub async fn run(
     // As the daemon does: one streaming probe, sent with the route listing.
     monitor.probe_streaming(
         <Route as kube::Resource>::url_path(&(), None),
-        crate::run::daemon::STREAMING_PROBE_NAME,
+        certwatch::daemon::STREAMING_PROBE_NAME,
     );
     let manager = SecretManager::new(monitor);
     let access = AccessChecker::new(client.clone(), AccessPolicy::SelfRules, ACCESS_TTL);

@@ -7,7 +7,7 @@ use tracing::info;
 
 use crate::args::{self, RunArgs};
 use crate::connect;
-use crate::daemon::{Daemon, DaemonError};
+use crate::daemon::{Daemon, DaemonError, DaemonOptions};
 use crate::logging::LogFormat;
 use crate::signals;
 
@@ -32,16 +32,26 @@ pub enum RunError {
 /// (`--kubeconfig`/`--context`, `$KUBECONFIG`, `~/.kube/config`, or the in-cluster
 /// service account) until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> Result<(), RunError> {
+    // Options that do not fit together are refused before anything is connected.
+    let options = args.daemon_options()?;
     let config = connect::kube_config(args.kubeconfig.as_deref(), args.context.as_deref()).await?;
-    run_with_config(args, config).await
+    serve(&args, options, config).await
 }
 
 /// Runs the daemon against the cluster `config` reaches (the lab's embedded simulator,
 /// for example) until SIGTERM or SIGINT; the arguments' Kubernetes configuration
 /// options are not read.
 pub async fn run_with_config(args: RunArgs, config: kube::Config) -> Result<(), RunError> {
-    let mut hangups = signals::hangups().map_err(RunError::Signals)?;
     let options = args.daemon_options()?;
+    serve(&args, options, config).await
+}
+
+async fn serve(
+    args: &RunArgs,
+    options: DaemonOptions,
+    config: kube::Config,
+) -> Result<(), RunError> {
+    let mut hangups = signals::hangups().map_err(RunError::Signals)?;
     let daemon = Daemon::start(config, options).await?;
     if let Some(addr) = daemon.http_addr() {
         match args.log_format {

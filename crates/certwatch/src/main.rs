@@ -36,7 +36,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    Run(certwatch::RunArgs),
+    Run(Box<certwatch::RunArgs>),
     /// The seed's scale against the embedded simulator (lab: certwatch-lab demo).
     #[command(disable_help_flag = true)]
     Demo(LabArgs),
@@ -79,7 +79,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(certwatch::cli::run(args)) {
+    match runtime.block_on(certwatch::cli::run(*args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("certwatch: {error}");

@@ -681,6 +681,7 @@ impl RouteMachine {
                     tls,
                     warnings,
                     reason,
+                    routing: Arc::clone(&route.routing),
                 };
                 self.emit(key, RouteOutcome::Admitted(admitted), effects);
                 // The certificate becomes valid or expires: applied again then, so that
@@ -781,6 +782,7 @@ impl RouteMachine {
                     host,
                     wildcard_subdomain,
                     warnings: admitted.warnings.iter().map(ToString::to_string).collect(),
+                    routing: Arc::clone(&admitted.routing),
                 },
                 admitted.admission(),
             ),

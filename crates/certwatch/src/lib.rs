@@ -17,6 +17,8 @@
 //! - [`cert_dir`] and [`files`]: bundles, links and the crt-list on disk.
 //! - [`reload`]: the debounced, single-flight reload command.
 //! - [`haproxy`]: HAProxy's runtime API client and the synchronisation over it.
+//! - [`routing`]: HAProxy's whole configuration for the served routes (frontends,
+//!   maps, a backend per route with its servers from the services' EndpointSlices).
 //! - [`metrics`] and [`process`]: the Prometheus metrics; `http`: `/healthz`,
 //!   `/readyz`, `/metrics`.
 //! - [`progress`]: the start-up progress bar or log lines; [`logging`]: text or JSON
@@ -54,6 +56,7 @@ pub mod outputs;
 pub mod process;
 pub mod progress;
 pub mod reload;
+pub mod routing;
 pub mod scope;
 pub mod selector;
 pub mod signals;

@@ -1,0 +1,67 @@
+//! Routing real traffic: HAProxy's whole configuration for the served routes, with the
+//! OpenShift router's semantics, their servers from the services' EndpointSlices.
+//!
+//! - [`endpoints`]: services' endpoints from their EndpointSlices (pure).
+//! - [`model`]: served routes, and each route's backend: servers and weights (pure).
+//! - [`render`]: `haproxy.cfg` and its maps from both (pure), checked by `haproxy -c`.
+//! - [`write_config`]: the rendered files on disk, each replaced atomically.
+
+pub mod endpoints;
+pub mod model;
+pub mod render;
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub use self::render::{RenderOptions, RenderedConfig, render};
+
+/// The configuration file's name in the configuration directory.
+pub const CONFIG_FILE: &str = "haproxy.cfg";
+
+/// Writes `path` through a temporary file in the same directory, renamed into place,
+/// so that a reader sees the old content or the new, never a part.
+fn replace(path: &Path, content: &[u8]) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut file = tempfile::NamedTempFile::new_in(dir)?;
+    io::Write::write_all(&mut file, content)?;
+    file.persist(path).map_err(|error| error.error)?;
+    Ok(())
+}
+
+/// Writes a rendered configuration into its directory: the error pages, the destination
+/// CA files, the maps, then `haproxy.cfg` (last, so that a configuration on disk never
+/// names a file that is not there yet). Returns the configuration file's path.
+pub fn write_config(rendered: &RenderedConfig, options: &RenderOptions) -> io::Result<PathBuf> {
+    let dir = &options.config_dir;
+    std::fs::create_dir_all(dir.join("run"))?;
+    std::fs::create_dir_all(dir.join("cacerts"))?;
+    for (name, page) in render::ERROR_PAGES {
+        let path = dir.join(name);
+        if std::fs::read(&path).ok().as_deref() != Some(page.as_bytes()) {
+            replace(&path, page.as_bytes())?;
+        }
+    }
+    let wanted: std::collections::HashSet<&Path> = rendered
+        .ca_files
+        .iter()
+        .map(|(path, _)| path.as_path())
+        .collect();
+    for (path, pem) in &rendered.ca_files {
+        if std::fs::read(path).ok().as_deref() != Some(pem.as_bytes()) {
+            replace(path, pem.as_bytes())?;
+        }
+    }
+    for (name, text) in &rendered.maps {
+        replace(&dir.join(name), text.as_bytes())?;
+    }
+    let config = dir.join(CONFIG_FILE);
+    replace(&config, rendered.config.as_bytes())?;
+    // CA files of routes no longer rendered go once the configuration names them no more.
+    for entry in std::fs::read_dir(dir.join("cacerts"))? {
+        let path = entry?.path();
+        if !wanted.contains(path.as_path()) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    Ok(config)
+}

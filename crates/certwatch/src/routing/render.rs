@@ -1,0 +1,750 @@
+//! HAProxy's whole configuration for the served routes, as a pure function
+//! ([`render`]): `haproxy.cfg` and the map files its frontends look routes up in, with
+//! the OpenShift router's semantics (its `haproxy-config.template` and the map entries
+//! of `pkg/router/template/util/haproxy`, read for the rules; nothing is copied).
+//!
+//! - `frontend public` (plain HTTP): a route whose insecure policy is `Redirect` is
+//!   redirected to HTTPS (302, `os_route_http_redirect.map`); plain routes, and edge and
+//!   reencrypt routes with `Allow`, are looked up by host and path in `os_http_be.map`;
+//!   anything else reaches `openshift_default`, which has no server (503).
+//! - `frontend public_ssl` (TLS, not terminated): a server name of a passthrough route
+//!   (`os_sni_passthrough.map`) goes to its TCP backend (`os_tcp_be.map`); any other
+//!   server name is terminated by `fe_sni` (the crt-list's certificates, the default
+//!   certificate otherwise), a hello without one by `fe_no_sni` (the default
+//!   certificate); both look the route up in `os_edge_reencrypt_be.map`.
+//! - One backend per route ([`super::model`]), its servers from the services'
+//!   endpoints, plus spare servers in maintenance (`_dynamic-pod-<n>`) that endpoint
+//!   changes take at run time without a reload ([`super::dynamic`]).
+//!
+//! Map keys are anchored regular expressions of the host (optional trailing dot and
+//! port) and path; each map is sorted as the router sorts it: reverse lexical order
+//! (longer paths of a host first), wildcard routes last.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use md5::{Digest, Md5};
+use route_secrets::route::routing::{InsecurePolicy, Termination};
+
+use super::endpoints::EndpointTable;
+use super::model::{BackendPlan, RoutingTable, ServedRoute};
+
+/// The name spare servers get, numbered from 1 (the router's dynamic servers' name).
+pub const SPARE_SERVER_PREFIX: &str = "_dynamic-pod-";
+
+/// Where a spare server points until it is given an endpoint (never contacted: it is
+/// in maintenance).
+pub const SPARE_SERVER_ADDRESS: &str = "127.0.0.1:1";
+
+/// The map files, in the order they are written.
+pub const MAP_FILES: [&str; 5] = [
+    "os_http_be.map",
+    "os_edge_reencrypt_be.map",
+    "os_route_http_redirect.map",
+    "os_tcp_be.map",
+    "os_sni_passthrough.map",
+];
+
+/// What the configuration needs besides the routes.
+#[derive(Clone, Debug)]
+pub struct RenderOptions {
+    /// The plain HTTP listener (`:80`, `127.0.0.1:8080`).
+    pub http_bind: String,
+    /// The TLS listener.
+    pub https_bind: String,
+    /// The directory of the configuration: its maps, the destination CA files
+    /// (`cacerts/`), error pages and the internal sockets (`run/`).
+    pub config_dir: PathBuf,
+    /// The crt-list with the routes' certificates.
+    pub crt_list: PathBuf,
+    /// The certificate served for names no route has (chain and key, PEM).
+    pub default_certificate: PathBuf,
+    /// The runtime API socket (`stats socket ... level admin`).
+    pub admin_socket: PathBuf,
+    /// `maxconn` (the router's `ROUTER_MAX_CONNECTIONS`, 50000).
+    pub max_connections: u32,
+    /// `nbthread`, when set.
+    pub threads: Option<u32>,
+    /// Spare servers per backend for endpoints added at run time.
+    pub spare_servers: usize,
+    /// The CA that verifies reencrypt backends of routes without a
+    /// `destinationCACertificate` (the service CA); `None`: not verified, as the router
+    /// does without one.
+    pub default_destination_ca: Option<PathBuf>,
+    /// No HTTP/2 towards reencrypt backends (the router's `ROUTER_DISABLE_HTTP2`).
+    pub disable_http2: bool,
+    /// The balance algorithm of HTTP backends with one active service (the router's
+    /// `ROUTER_LOAD_BALANCE_ALGORITHM`, `random`).
+    pub load_balance_algorithm: String,
+    /// The balance algorithm of passthrough backends with one active service
+    /// (`ROUTER_TCP_BALANCE_SCHEME`, `source`).
+    pub tcp_balance_scheme: String,
+    /// Health check interval of servers of backends with several endpoints
+    /// (`ROUTER_BACKEND_CHECK_INTERVAL`, `5000ms`).
+    pub health_check_interval: String,
+}
+
+impl RenderOptions {
+    /// The router's defaults for a configuration in `config_dir`.
+    pub fn new(
+        config_dir: impl Into<PathBuf>,
+        crt_list: impl Into<PathBuf>,
+        default_certificate: impl Into<PathBuf>,
+        admin_socket: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            http_bind: ":80".into(),
+            https_bind: ":443".into(),
+            config_dir: config_dir.into(),
+            crt_list: crt_list.into(),
+            default_certificate: default_certificate.into(),
+            admin_socket: admin_socket.into(),
+            max_connections: 50_000,
+            threads: None,
+            spare_servers: 5,
+            default_destination_ca: None,
+            disable_http2: false,
+            load_balance_algorithm: "random".into(),
+            tcp_balance_scheme: "source".into(),
+            health_check_interval: "5000ms".into(),
+        }
+    }
+
+    /// The file of a route's destination CA (`cacerts/<namespace>:<route>.pem`).
+    pub fn destination_ca_file(&self, route: &ServedRoute) -> PathBuf {
+        self.config_dir
+            .join("cacerts")
+            .join(format!("{}:{}.pem", route.key.namespace, route.key.name))
+    }
+
+    fn map(&self, name: &str) -> PathBuf {
+        self.config_dir.join(name)
+    }
+}
+
+/// The rendered configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderedConfig {
+    /// `haproxy.cfg`.
+    pub config: String,
+    /// Map file name → content.
+    pub maps: Vec<(&'static str, String)>,
+    /// Destination CA files (path → PEM) of reencrypt routes that have one.
+    pub ca_files: Vec<(PathBuf, String)>,
+    /// Each backend's servers as rendered, spare ones included: what the runtime API
+    /// starts from after HAProxy loads this configuration.
+    pub backends: Vec<RenderedBackend>,
+}
+
+/// A backend as rendered: its servers' names and what each points at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderedBackend {
+    /// The backend's name.
+    pub name: String,
+    /// Its servers, in order.
+    pub servers: Vec<RenderedServer>,
+    /// Whether its servers are health-checked.
+    pub checked: bool,
+}
+
+/// A server as rendered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderedServer {
+    /// The server's name in its backend.
+    pub name: String,
+    /// What it serves; `None` for a spare server (in maintenance).
+    pub target: Option<ServerTarget>,
+}
+
+/// Where a server sends traffic, and how much.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ServerTarget {
+    /// Address, as a server line takes it.
+    pub ip: String,
+    /// Port.
+    pub port: u16,
+    /// Weight.
+    pub weight: u16,
+}
+
+/// The error page files (name → HTTP response) the configuration refers to.
+pub const ERROR_PAGES: [(&str, &str); 2] = [
+    (
+        "error-page-503.http",
+        "HTTP/1.0 503 Service Unavailable\r\nPragma: no-cache\r\nCache-Control: private, max-age=0, no-cache, no-store\r\nConnection: close\r\nContent-Type: text/html\r\n\r\n<html><body><h1>Application is not available</h1><p>No route serves this host and path, or its service has no ready endpoint.</p></body></html>\n",
+    ),
+    (
+        "error-page-404.http",
+        "HTTP/1.0 404 Not Found\r\nPragma: no-cache\r\nCache-Control: private, max-age=0, no-cache, no-store\r\nConnection: close\r\nContent-Type: text/html\r\n\r\n<html><body><h1>Not found</h1></body></html>\n",
+    ),
+];
+
+/// Escapes the regular expression metacharacters Go's `regexp.QuoteMeta` escapes.
+fn quote_meta(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The host part of a key: the host, or any first label of its domain.
+fn host_regex(host: &str, wildcard: bool) -> String {
+    if wildcard && let Some((_, domain)) = host.split_once('.') {
+        return format!("[^\\.]*{}", quote_meta(&format!(".{domain}")));
+    }
+    quote_meta(host)
+}
+
+/// A map key matching a request's `base` (host, optional port, path).
+pub fn route_regex(host: &str, path: Option<&str>, wildcard: bool) -> String {
+    let path = path.unwrap_or("");
+    let (path_re, subpath) = if path.trim_end_matches('/').is_empty() {
+        (String::new(), "(/.*)?")
+    } else if path.ends_with('/') {
+        (quote_meta(path), "(.*)?")
+    } else {
+        (quote_meta(path), "(/.*)?")
+    };
+    // A map file separates key and value by white space.
+    let path_re = path_re
+        .replace(' ', "\\x20")
+        .replace('\t', "\\t")
+        .replace('\r', "\\r")
+        .replace('\n', "\\n");
+    format!(
+        "^{}\\.?(:[0-9]+)?{path_re}{subpath}$",
+        host_regex(host, wildcard)
+    )
+}
+
+/// A map key matching a TLS server name.
+pub fn sni_regex(host: &str, wildcard: bool) -> String {
+    format!("^{}$", host_regex(host, wildcard))
+}
+
+/// Sorts map lines as the router does: reverse lexical order, lines of wildcard routes
+/// (keys starting `^[^\.]*\.`) after the others.
+fn sort_map(lines: &mut [String]) {
+    const WILDCARD: &str = "^[^\\.]*\\.";
+    lines.sort_by(|a, b| {
+        let (wa, wb) = (a.starts_with(WILDCARD), b.starts_with(WILDCARD));
+        wa.cmp(&wb).then_with(|| b.cmp(a))
+    });
+}
+
+/// The name of a route's cookie: the router's routing key, the MD5 of
+/// `" <namespace>:<route>"`, in hex.
+pub fn routing_key(route: &ServedRoute) -> String {
+    let digest = Md5::digest(format!(" {}:{}", route.key.namespace, route.key.name));
+    digest.iter().fold(String::with_capacity(32), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
+}
+
+/// A time value as the router accepts it from an annotation (`[1-9][0-9]*` with an
+/// optional unit `us|ms|s|m|h|d`), clipped to HAProxy's largest.
+fn time_value(value: Option<&str>) -> Option<String> {
+    let value = value?;
+    let digits_end = value
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(value.len());
+    let (digits, unit) = value.split_at(digits_end);
+    if digits.is_empty() || digits.starts_with('0') {
+        return None;
+    }
+    let micros_per: u128 = match unit {
+        "" | "ms" => 1_000,
+        "us" => 1,
+        "s" => 1_000_000,
+        "m" => 60_000_000,
+        "h" => 3_600_000_000,
+        "d" => 86_400_000_000,
+        _ => return None,
+    };
+    let micros = digits.parse::<u128>().ok()?.checked_mul(micros_per);
+    const MAX_MICROS: u128 = 2_147_483_647 * 1_000;
+    match micros {
+        Some(micros) if micros <= MAX_MICROS => Some(value.to_owned()),
+        _ => Some("2147483647ms".to_owned()),
+    }
+}
+
+/// The annotation's value if it is one of `allowed` (a `|`-separated list).
+fn one_of<'a>(value: Option<&'a str>, allowed: &str) -> Option<&'a str> {
+    value.filter(|value| allowed.split('|').any(|a| a == *value))
+}
+
+/// The `Strict-Transport-Security` value of an annotation, when it is one the router
+/// accepts (a `max-age`, optionally with `includeSubDomains` and `preload`).
+fn hsts(value: Option<&str>) -> Option<&str> {
+    let value = value?;
+    let mut max_age = false;
+    for part in value.split(';') {
+        let part = part.trim();
+        let lower = part.to_ascii_lowercase();
+        if let Some(rest) = lower.strip_prefix("max-age") {
+            let rest = rest.trim_start().strip_prefix('=')?.trim();
+            let digits = rest.trim_matches('"');
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            max_age = true;
+        } else if lower != "includesubdomains" && lower != "preload" {
+            return None;
+        }
+    }
+    (max_age && !value.contains('\'')).then_some(value)
+}
+
+/// Renders the configuration for `routes` with the endpoints of `endpoints`.
+pub fn render(
+    routes: &RoutingTable,
+    endpoints: &EndpointTable,
+    options: &RenderOptions,
+) -> RenderedConfig {
+    let mut out = String::with_capacity(16 * 1024 + routes.len() * 1024);
+    global_and_frontends(&mut out, options);
+    let mut maps: [Vec<String>; 5] = Default::default();
+    let mut ca_files = Vec::new();
+    let mut backends = Vec::with_capacity(routes.len());
+    for route in routes.routes() {
+        map_entries(route, &mut maps);
+        let Some(plan) = RoutingTable::plan(route, endpoints) else {
+            continue;
+        };
+        let ca_file = route
+            .routing
+            .destination_ca_certificate
+            .as_deref()
+            .filter(|_| route.routing.termination == Termination::Reencrypt)
+            .map(|pem| {
+                let path = options.destination_ca_file(route);
+                ca_files.push((path.clone(), pem.to_owned()));
+                path
+            });
+        backends.push(backend(&mut out, route, &plan, ca_file.as_deref(), options));
+    }
+    let maps = MAP_FILES
+        .iter()
+        .zip(maps)
+        .map(|(name, mut lines)| {
+            sort_map(&mut lines);
+            let mut text = lines.join("\n");
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            (*name, text)
+        })
+        .collect();
+    RenderedConfig {
+        config: out,
+        maps,
+        ca_files,
+        backends,
+    }
+}
+
+/// A route's lines in each map (indexed as [`MAP_FILES`]).
+fn map_entries(route: &ServedRoute, maps: &mut [Vec<String>; 5]) {
+    let routing = &route.routing;
+    let Some(host) = routing.host.as_deref() else {
+        return;
+    };
+    let path = routing.path.as_deref();
+    let wildcard = route.wildcard;
+    let key = route_regex(host, path, wildcard);
+    let backend = route.backend_name();
+    let termination = &routing.termination;
+    let terminated = matches!(termination, Termination::Edge | Termination::Reencrypt);
+    if let Some(backend) = &backend {
+        let http = *termination == Termination::Http
+            || (terminated && routing.insecure_policy == InsecurePolicy::Allow);
+        if http {
+            maps[0].push(format!("{key} {backend}"));
+        }
+        if terminated {
+            maps[1].push(format!("{key} {backend}"));
+        }
+    }
+    let redirect = u8::from(routing.insecure_policy == InsecurePolicy::Redirect);
+    maps[2].push(format!("{key} {redirect}"));
+    let passthrough = *termination == Termination::Passthrough;
+    if path.is_none()
+        && (passthrough || *termination == Termination::Reencrypt)
+        && let Some(backend) = &backend
+    {
+        maps[3].push(format!("{} {backend}", route_regex(host, None, wildcard)));
+    }
+    if path.is_none() && passthrough {
+        maps[4].push(format!("{} 1", sni_regex(host, wildcard)));
+    }
+}
+
+fn global_and_frontends(out: &mut String, options: &RenderOptions) {
+    let dir = &options.config_dir;
+    let run = dir.join("run");
+    let sni_socket = run.join("haproxy-sni.sock");
+    let no_sni_socket = run.join("haproxy-no-sni.sock");
+    let map = |name: &str| options.map(name).display().to_string();
+    let _ = writeln!(
+        out,
+        "# Written by certwatch for the routes it serves; rewritten whole on every change.\n\
+         global\n  no strict-limits\n  maxconn {maxconn}",
+        maxconn = options.max_connections
+    );
+    if let Some(threads) = options.threads {
+        let _ = writeln!(out, "  nbthread {threads}");
+    }
+    let _ = writeln!(
+        out,
+        "  ca-base /etc/ssl\n  crt-base /etc/ssl\n  \
+         stats socket {socket} mode 600 level admin expose-fd listeners\n  stats timeout 2m\n  \
+         tune.maxrewrite 8192\n  tune.bufsize 32768\n  \
+         ssl-default-bind-options ssl-min-ver TLSv1.2\n  tune.ssl.default-dh-param 2048\n  \
+         ssl-default-bind-ciphers {ciphers}\n",
+        socket = options.admin_socket.display(),
+        ciphers = INTERMEDIATE_CIPHERS,
+    );
+    let _ = writeln!(
+        out,
+        "defaults\n  maxconn {maxconn}\n  \
+         errorfile 503 {e503}\n  errorfile 404 {e404}\n  \
+         timeout connect 5s\n  timeout client 30s\n  timeout client-fin 1s\n  \
+         timeout server 30s\n  timeout server-fin 1s\n  timeout http-request 10s\n  \
+         timeout http-keep-alive 300s\n  timeout tunnel 1h\n",
+        maxconn = options.max_connections,
+        e503 = dir.join(ERROR_PAGES[0].0).display(),
+        e404 = dir.join(ERROR_PAGES[1].0).display(),
+    );
+    let _ = writeln!(
+        out,
+        "frontend public\n  bind {http}\n  mode http\n  \
+         tcp-request inspect-delay 5s\n  tcp-request content accept if HTTP\n",
+        http = options.http_bind,
+    );
+    request_hygiene(out);
+    let _ = writeln!(
+        out,
+        "  acl secure_redirect base,map_reg_int({redirect}) -m bool\n  \
+         http-request redirect location https://%[req.hdr(host),regsub(:[0-9]+$,,)]%[url] code 302 if secure_redirect\n  \
+         use_backend %[base,map_reg({http_be})]\n  default_backend openshift_default\n",
+        redirect = map("os_route_http_redirect.map"),
+        http_be = map("os_http_be.map"),
+    );
+    let _ = writeln!(
+        out,
+        "frontend public_ssl\n  bind {https}\n  \
+         tcp-request inspect-delay 5s\n  tcp-request content accept if {{ req_ssl_hello_type 1 }}\n  \
+         acl sni req.ssl_sni -m found\n  \
+         acl sni_passthrough req.ssl_sni,lower,map_reg({passthrough}) -m found\n  \
+         use_backend %[req.ssl_sni,lower,map_reg({tcp_be})] if sni sni_passthrough\n  \
+         use_backend be_sni if sni\n  default_backend be_no_sni\n",
+        https = options.https_bind,
+        passthrough = map("os_sni_passthrough.map"),
+        tcp_be = map("os_tcp_be.map"),
+    );
+    for (name, socket, crt_list) in [
+        ("sni", &sni_socket, Some(&options.crt_list)),
+        ("no_sni", &no_sni_socket, None),
+    ] {
+        let crt_list = crt_list
+            .map(|list| format!(" crt-list {}", list.display()))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "backend be_{name}\n  server fe_{name} unix@{socket} weight 1 send-proxy\n\n\
+             frontend fe_{name}\n  bind unix@{socket} ssl crt {default}{crt_list} accept-proxy\n  mode http",
+            socket = socket.display(),
+            default = options.default_certificate.display(),
+        );
+        request_hygiene(out);
+        let _ = writeln!(
+            out,
+            "  use_backend %[base,map_reg({edge})]\n  default_backend openshift_default\n",
+            edge = map("os_edge_reencrypt_be.map"),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "backend openshift_default\n  mode http\n  option forwardfor\n  option http-pretend-keepalive\n"
+    );
+}
+
+/// What every HTTP frontend does to a request before routing it: refuse an empty
+/// `Content-Length`, drop `Proxy` and client-certificate headers a client could forge,
+/// and lower-case the host (DNS names are case-insensitive).
+fn request_hygiene(out: &mut String) {
+    out.push_str(
+        "  http-request deny if { hdr_len(content-length) 0 }\n  http-request del-header Proxy\n",
+    );
+    for header in [
+        "X-SSL",
+        "X-SSL-Client-CN",
+        "X-SSL-Client-DER",
+        "X-SSL-Client-DN",
+        "X-SSL-Client-NotAfter",
+        "X-SSL-Client-NotBefore",
+        "X-SSL-Client-SHA1",
+        "X-SSL-Client-Serial",
+        "X-SSL-Client-Subject",
+        "X-SSL-Client-Verify",
+        "X-SSL-Client-Version",
+        "X-SSL-Issuer",
+    ] {
+        let _ = writeln!(out, "  http-request del-header {header}");
+    }
+    out.push_str("  http-request set-header Host %[req.hdr(Host),lower]\n");
+}
+
+/// Mozilla's intermediate suite, the router's default (`ROUTER_CIPHERS=intermediate`).
+const INTERMEDIATE_CIPHERS: &str = "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305:ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:DHE-RSA-AES128-GCM-SHA256:DHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-AES128-SHA256:ECDHE-RSA-AES128-SHA256:ECDHE-ECDSA-AES128-SHA:ECDHE-RSA-AES256-SHA384:ECDHE-RSA-AES128-SHA:ECDHE-ECDSA-AES256-SHA384:ECDHE-ECDSA-AES256-SHA:ECDHE-RSA-AES256-SHA:DHE-RSA-AES128-SHA256:DHE-RSA-AES128-SHA:DHE-RSA-AES256-SHA256:DHE-RSA-AES256-SHA:ECDHE-ECDSA-DES-CBC3-SHA:ECDHE-RSA-DES-CBC3-SHA:EDH-RSA-DES-CBC3-SHA:AES128-GCM-SHA256:AES256-GCM-SHA384:AES128-SHA256:AES256-SHA256:AES128-SHA:AES256-SHA:DES-CBC3-SHA:!DSS";
+
+/// One route's backend section; returns its servers as rendered.
+fn backend(
+    out: &mut String,
+    route: &ServedRoute,
+    plan: &BackendPlan,
+    ca_file: Option<&Path>,
+    options: &RenderOptions,
+) -> RenderedBackend {
+    let routing = &route.routing;
+    let annotation = |name: &str| routing.annotation(name);
+    let balance = one_of(
+        annotation("haproxy.router.openshift.io/balance"),
+        "roundrobin|leastconn|source|random",
+    );
+    let interval = time_value(annotation(
+        "router.openshift.io/haproxy.health.check.interval",
+    ))
+    .unwrap_or_else(|| options.health_check_interval.clone());
+    let checked = plan.active_endpoints > 1;
+    let max_connections = annotation("haproxy.router.openshift.io/pod-concurrent-connections")
+        .filter(|value| value.parse::<i64>().is_ok());
+    let passthrough = routing.termination == Termination::Passthrough;
+    let _ = writeln!(out, "backend {}", plan.name);
+    if passthrough {
+        let balance = balance.map(str::to_owned).unwrap_or_else(|| {
+            if plan.active_services > 1 {
+                "roundrobin".into()
+            } else {
+                options.tcp_balance_scheme.clone()
+            }
+        });
+        let _ = writeln!(out, "  balance {balance}");
+        let tunnel = time_value(annotation("haproxy.router.openshift.io/timeout-tunnel"))
+            .or_else(|| time_value(annotation("haproxy.router.openshift.io/timeout")));
+        if let Some(tunnel) = tunnel {
+            let _ = writeln!(out, "  timeout tunnel  {tunnel}");
+        }
+        out.push_str("  hash-type consistent\n  timeout check 5000ms\n");
+    } else {
+        out.push_str("  mode http\n  option redispatch\n");
+        let forwarded = one_of(
+            annotation("haproxy.router.openshift.io/set-forwarded-headers"),
+            "append|replace|if-none|never",
+        )
+        .unwrap_or("append");
+        match forwarded {
+            "append" => out.push_str("  option forwardfor\n"),
+            "if-none" => out.push_str("  option forwardfor if-none\n"),
+            _ => {}
+        }
+        let balance = balance.map(str::to_owned).unwrap_or_else(|| {
+            if plan.active_services > 1 {
+                "roundrobin".into()
+            } else {
+                options.load_balance_algorithm.clone()
+            }
+        });
+        let _ = writeln!(out, "  balance {balance}");
+        if let Some(timeout) = time_value(annotation("haproxy.router.openshift.io/timeout")) {
+            let _ = writeln!(out, "  timeout server  {timeout}");
+        }
+        if let Some(tunnel) = time_value(annotation("haproxy.router.openshift.io/timeout-tunnel")) {
+            let _ = writeln!(out, "  timeout tunnel  {tunnel}");
+        }
+        out.push_str("  timeout check 5000ms\n");
+        forwarded_headers(out, forwarded);
+        let cookies = annotation("haproxy.router.openshift.io/disable_cookies")
+            .is_none_or(|value| !matches!(value, "true" | "TRUE" | "True" | "1" | "t" | "T"));
+        let terminated = matches!(
+            routing.termination,
+            Termination::Edge | Termination::Reencrypt
+        );
+        let key = routing_key(route);
+        if cookies {
+            let name = annotation("router.openshift.io/cookie_name")
+                .filter(|name| {
+                    !name.is_empty()
+                        && name
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+                })
+                .unwrap_or(&key);
+            let _ = write!(out, "  cookie {name} insert indirect nocache httponly");
+            if terminated && routing.insecure_policy != InsecurePolicy::Allow {
+                let same_site = one_of(
+                    annotation("router.openshift.io/cookie-same-site"),
+                    "Lax|Strict|None",
+                )
+                .unwrap_or("None");
+                let _ = write!(out, " secure attr SameSite={same_site}");
+            }
+            // Cookies follow the server's address, so a server slot given another
+            // endpoint at run time gets that endpoint's cookie.
+            out.push_str(" dynamic\n");
+        }
+        if terminated
+            && let Some(hsts) = hsts(annotation("haproxy.router.openshift.io/hsts_header"))
+        {
+            let _ = writeln!(
+                out,
+                "  http-response set-header Strict-Transport-Security '{hsts}'"
+            );
+        }
+        let _ = writeln!(out, "  dynamic-cookie-key {key}");
+    }
+    let verify_host = routing.termination == Termination::Reencrypt
+        && ca_file.is_none()
+        && options.default_destination_ca.is_some();
+    let server_options = |h2c: bool, service_host: &str| -> String {
+        let mut line = String::new();
+        match &routing.termination {
+            Termination::Reencrypt => {
+                line.push_str(" ssl");
+                if !options.disable_http2 {
+                    line.push_str(" alpn h2,http/1.1");
+                }
+                match (ca_file, &options.default_destination_ca) {
+                    (Some(file), _) => {
+                        let _ = write!(line, " verify required ca-file {}", file.display());
+                    }
+                    (None, Some(default)) => {
+                        if verify_host {
+                            let _ = write!(line, " verifyhost {service_host}");
+                        }
+                        let _ = write!(line, " verify required ca-file {}", default.display());
+                    }
+                    (None, None) => line.push_str(" verify none"),
+                }
+            }
+            Termination::Http | Termination::Edge if h2c => line.push_str(" proto h2"),
+            _ => {}
+        }
+        if checked {
+            let _ = write!(line, " check inter {interval}");
+        }
+        if let Some(max) = max_connections {
+            let _ = write!(line, " maxconn {max}");
+        }
+        line
+    };
+    let mut servers = Vec::with_capacity(plan.servers.len() + options.spare_servers);
+    for server in &plan.servers {
+        let _ = writeln!(
+            out,
+            "  server {} {}:{} weight {}{}",
+            server.id,
+            server.ip,
+            server.port,
+            server.weight,
+            server_options(server.h2c, &server.service_host)
+        );
+        servers.push(RenderedServer {
+            name: server.id.clone(),
+            target: Some(ServerTarget {
+                ip: server.ip.clone(),
+                port: server.port,
+                weight: server.weight,
+            }),
+        });
+    }
+    // Spare servers are verified as the route's primary service (`spec.to`), as the
+    // router's dynamic servers are: an endpoint of another service of a reencrypt
+    // route verified by host needs a reload.
+    let primary_host = primary_service_host(route);
+    for n in 1..=options.spare_servers {
+        let name = format!("{SPARE_SERVER_PREFIX}{n}");
+        let _ = writeln!(
+            out,
+            "  server {name} {SPARE_SERVER_ADDRESS} weight 0 disabled{}",
+            server_options(false, &primary_host)
+        );
+        servers.push(RenderedServer { name, target: None });
+    }
+    out.push('\n');
+    RenderedBackend {
+        name: plan.name.clone(),
+        servers,
+        checked,
+    }
+}
+
+/// The DNS name of a route's primary service (`spec.to`): `<service>.<namespace>.svc`.
+pub fn primary_service_host(route: &ServedRoute) -> String {
+    let service = route
+        .routing
+        .backends
+        .first()
+        .map_or("", |backend| &*backend.name);
+    format!("{service}.{}.svc", route.key.namespace)
+}
+
+/// The `X-Forwarded-*` and `Forwarded` headers a backend adds, by the route's
+/// `set-forwarded-headers` policy.
+fn forwarded_headers(out: &mut String, policy: &str) {
+    let forwarded_v6 =
+        "for=\\\"[%[src]]\\\";host=%[req.hdr(host)];proto=%[req.hdr(X-Forwarded-Proto)]";
+    let forwarded_v4 = "for=%[src];host=%[req.hdr(host)];proto=%[req.hdr(X-Forwarded-Proto)]";
+    match policy {
+        "append" => {
+            let _ = writeln!(
+                out,
+                "  http-request add-header X-Forwarded-Host %[req.hdr(host)]\n  \
+                 http-request add-header X-Forwarded-Port %[dst_port]\n  \
+                 http-request add-header X-Forwarded-Proto http if !{{ ssl_fc }}\n  \
+                 http-request add-header X-Forwarded-Proto https if {{ ssl_fc }}\n  \
+                 http-request add-header X-Forwarded-Proto-Version h2 if {{ ssl_fc_alpn -i h2 }}\n  \
+                 acl ipv6_addr src -m sub :\n  \
+                 http-request add-header Forwarded {forwarded_v6} if ipv6_addr\n  \
+                 http-request add-header Forwarded {forwarded_v4} if !ipv6_addr"
+            );
+        }
+        "replace" => {
+            let _ = writeln!(
+                out,
+                "  http-request set-header X-Forwarded-For %[src]\n  \
+                 http-request set-header X-Forwarded-Host %[req.hdr(host)]\n  \
+                 http-request set-header X-Forwarded-Port %[dst_port]\n  \
+                 http-request set-header X-Forwarded-Proto http if !{{ ssl_fc }}\n  \
+                 http-request set-header X-Forwarded-Proto https if {{ ssl_fc }}\n  \
+                 http-request set-header X-Forwarded-Proto-Version h2 if {{ ssl_fc_alpn -i h2 }}\n  \
+                 acl ipv6_addr src -m sub :\n  \
+                 http-request set-header Forwarded {forwarded_v6} if ipv6_addr\n  \
+                 http-request set-header Forwarded {forwarded_v4} if !ipv6_addr"
+            );
+        }
+        "if-none" => {
+            let _ = writeln!(
+                out,
+                "  http-request set-header X-Forwarded-Host %[req.hdr(host)] if !{{ req.hdr(X-Forwarded-Host) -m found }}\n  \
+                 http-request set-header X-Forwarded-Port %[dst_port] if !{{ req.hdr(X-Forwarded-Port) -m found }}\n  \
+                 http-request set-header X-Forwarded-Proto http if !{{ ssl_fc }} !{{ req.hdr(X-Forwarded-Proto) -m found }}\n  \
+                 http-request set-header X-Forwarded-Proto https if {{ ssl_fc }} !{{ req.hdr(X-Forwarded-Proto) -m found }}\n  \
+                 http-request set-header X-Forwarded-Proto-Version h2 if {{ ssl_fc_alpn -i h2 }} !{{ req.hdr(X-Forwarded-Proto-Version) -m found }}\n  \
+                 acl ipv6_addr src -m sub :\n  \
+                 http-request set-header Forwarded {forwarded_v6} if ipv6_addr !{{ req.hdr(Forwarded) -m found }}\n  \
+                 http-request set-header Forwarded {forwarded_v4} if !ipv6_addr !{{ req.hdr(Forwarded) -m found }}"
+            );
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,560 @@
+//! The renderer against HAProxy itself: every route kind, insecure policy, path,
+//! wildcard, weight and annotation case is rendered, written and checked with
+//! `haproxy -c` (alone and all together), and the maps' lines and order are compared
+//! with the router's rules.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use route_secrets::route::RouteKey;
+use route_secrets::route::routing::{Backend, InsecurePolicy, RouteRouting, Termination};
+use serde_json::json;
+
+use super::*;
+use crate::routing::endpoints::EndpointTable;
+use crate::routing::model::{RoutingTable, ServedRoute};
+use crate::routing::write_config;
+
+fn self_signed(host: &str) -> String {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec![host.to_owned()]).unwrap();
+    let certificate = params.self_signed(&key).unwrap();
+    format!("{}{}", certificate.pem(), key.serialize_pem())
+}
+
+/// Options for a configuration in `dir`, with a default certificate and a crt-list
+/// naming one route certificate.
+fn options_in(dir: &Path) -> RenderOptions {
+    let default = dir.join("default.pem");
+    std::fs::write(&default, self_signed("default.invalid")).unwrap();
+    let cert = dir.join("route.pem");
+    std::fs::write(&cert, self_signed("edge.example")).unwrap();
+    let crt_list = dir.join("crt-list");
+    std::fs::write(
+        &crt_list,
+        format!("{} [alpn h2,http/1.1] edge.example\n", cert.display()),
+    )
+    .unwrap();
+    let mut options = RenderOptions::new(
+        dir.join("haproxy"),
+        crt_list,
+        default,
+        dir.join("admin.sock"),
+    );
+    // `haproxy -c` does not bind: any port will do.
+    options.http_bind = "127.0.0.1:18080".into();
+    options.https_bind = "127.0.0.1:18443".into();
+    options
+}
+
+fn haproxy_check(config: &Path) {
+    let output = Command::new("haproxy")
+        .args(["-c", "-f"])
+        .arg(config)
+        .output()
+        .expect("haproxy must be installed (scripts/test installs it)");
+    let warnings: Vec<String> = String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .chain(String::from_utf8_lossy(&output.stdout).lines())
+        .filter(|line| line.contains("[WARNING]") || line.contains("[ALERT]"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        warnings.is_empty(),
+        "haproxy -c warns about {}:\n{}",
+        config.display(),
+        warnings.join("\n")
+    );
+    assert!(
+        output.status.success(),
+        "haproxy -c refused {}:\n{}{}\n--- configuration ---\n{}",
+        config.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+        std::fs::read_to_string(config).unwrap_or_default()
+    );
+}
+
+fn routing(termination: Termination, policy: InsecurePolicy) -> RouteRouting {
+    RouteRouting {
+        termination,
+        host: Some("shop.example".into()),
+        path: None,
+        wildcard_subdomain: false,
+        backends: vec![Backend {
+            kind: "Service".into(),
+            name: "web".into(),
+            weight: 1,
+        }],
+        target_port: None,
+        insecure_policy: policy,
+        ca_certificate: None,
+        destination_ca_certificate: None,
+        annotations: BTreeMap::new(),
+    }
+}
+
+fn served(name: &str, routing: RouteRouting) -> ServedRoute {
+    ServedRoute {
+        key: RouteKey::new("shop", name),
+        routing: Arc::new(routing),
+        wildcard: false,
+        has_certificate: true,
+    }
+}
+
+fn endpoints() -> EndpointTable {
+    let mut table = EndpointTable::new();
+    for (service, addresses, ports) in [
+        (
+            "web",
+            json!([{"addresses": ["192.0.2.10"]}, {"addresses": ["192.0.2.11"]}]),
+            json!([{"name": "http", "port": 8080}, {"name": "h2", "port": 8081, "appProtocol": "h2c"}]),
+        ),
+        (
+            "canary",
+            json!([{"addresses": ["192.0.2.20"]}]),
+            json!([{"name": "http", "port": 8080}]),
+        ),
+        (
+            "v6",
+            json!([{"addresses": ["2001:db8::1"]}]),
+            json!([{"name": "http", "port": 8080}]),
+        ),
+    ] {
+        let family = if service == "v6" { "IPv6" } else { "IPv4" };
+        table.apply(
+            &serde_json::from_value(json!({
+                "metadata": {"name": format!("{service}-1"), "namespace": "shop",
+                             "labels": {"kubernetes.io/service-name": service}},
+                "addressType": family,
+                "ports": ports,
+                "endpoints": addresses,
+            }))
+            .unwrap(),
+        );
+    }
+    table
+}
+
+/// Every case the renderer distinguishes, each a route.
+fn cases() -> Vec<ServedRoute> {
+    use InsecurePolicy::{Allow, None as Refuse, Redirect};
+    let mut cases = vec![served("plain", routing(Termination::Http, Refuse))];
+    for (termination, name) in [
+        (Termination::Edge, "edge"),
+        (Termination::Reencrypt, "reencrypt"),
+    ] {
+        for policy in [Refuse, Allow, Redirect] {
+            let mut r = routing(termination.clone(), policy);
+            r.host = Some(format!("{name}-{}.example", policy.as_str().to_lowercase()).into());
+            cases.push(served(
+                &format!("{name}-{}", policy.as_str().to_lowercase()),
+                r,
+            ));
+        }
+    }
+    for policy in [Refuse, Redirect] {
+        let mut r = routing(Termination::Passthrough, policy);
+        r.host = Some(format!("tls-{}.example", policy.as_str().to_lowercase()).into());
+        cases.push(served(
+            &format!("pass-{}", policy.as_str().to_lowercase()),
+            r,
+        ));
+    }
+    let mut ca = routing(Termination::Reencrypt, Refuse);
+    ca.host = Some("ca.example".into());
+    ca.destination_ca_certificate = Some(
+        self_signed("ca.invalid")
+            .split("-----BEGIN PRIVATE")
+            .next()
+            .unwrap()
+            .into(),
+    );
+    cases.push(served("reencrypt-ca", ca));
+    for (name, path) in [
+        ("root", "/"),
+        ("cart", "/cart"),
+        ("cart-dir", "/cart/"),
+        ("space", "/a b"),
+    ] {
+        let mut r = routing(Termination::Edge, Refuse);
+        r.path = Some(path.into());
+        cases.push(served(&format!("path-{name}"), r));
+    }
+    let mut wildcard = served("wildcard", routing(Termination::Edge, Allow));
+    wildcard.wildcard = true;
+    cases.push(wildcard);
+    let mut weighted = routing(Termination::Http, Refuse);
+    weighted.host = Some("weighted.example".into());
+    weighted.backends.push(Backend {
+        kind: "Service".into(),
+        name: "canary".into(),
+        weight: 3,
+    });
+    weighted.backends.push(Backend {
+        kind: "Service".into(),
+        name: "gone".into(),
+        weight: 5,
+    });
+    weighted.target_port = Some("http".into());
+    cases.push(served("weighted", weighted));
+    let mut no_endpoints = routing(Termination::Edge, Refuse);
+    no_endpoints.host = Some("empty.example".into());
+    no_endpoints.backends[0].name = "nothing".into();
+    cases.push(served("empty", no_endpoints));
+    let mut v6 = routing(Termination::Reencrypt, Refuse);
+    v6.host = Some("v6.example".into());
+    v6.backends[0].name = "v6".into();
+    cases.push(served("v6", v6));
+    let mut annotated = routing(Termination::Edge, Redirect);
+    annotated.host = Some("annotated.example".into());
+    annotated.annotations = BTreeMap::from(
+        [
+            ("haproxy.router.openshift.io/balance", "leastconn"),
+            ("haproxy.router.openshift.io/timeout", "5m"),
+            (
+                "haproxy.router.openshift.io/timeout-tunnel",
+                "99999999999999h",
+            ),
+            (
+                "haproxy.router.openshift.io/hsts_header",
+                "max-age=31536000;includeSubDomains;preload",
+            ),
+            ("router.openshift.io/cookie_name", "shop_session"),
+            ("router.openshift.io/cookie-same-site", "Strict"),
+            (
+                "haproxy.router.openshift.io/set-forwarded-headers",
+                "replace",
+            ),
+            (
+                "haproxy.router.openshift.io/pod-concurrent-connections",
+                "10",
+            ),
+            ("router.openshift.io/haproxy.health.check.interval", "2s"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned())),
+    );
+    cases.push(served("annotated", annotated));
+    let mut odd = routing(Termination::Passthrough, Refuse);
+    odd.host = Some("odd.example".into());
+    odd.annotations = BTreeMap::from(
+        [
+            ("haproxy.router.openshift.io/balance", "nonsense"),
+            ("haproxy.router.openshift.io/timeout", "0s"),
+            (
+                "haproxy.router.openshift.io/hsts_header",
+                "max-age=1'; evil",
+            ),
+            ("router.openshift.io/cookie_name", "bad name!"),
+            (
+                "haproxy.router.openshift.io/set-forwarded-headers",
+                "if-none",
+            ),
+            ("haproxy.router.openshift.io/disable_cookies", "true"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned())),
+    );
+    cases.push(served("odd", odd));
+    let mut never = routing(Termination::Edge, Refuse);
+    never.host = Some("never.example".into());
+    never.annotations = BTreeMap::from([(
+        "haproxy.router.openshift.io/set-forwarded-headers".to_owned(),
+        "never".to_owned(),
+    )]);
+    cases.push(served("never", never));
+    let mut unknown = routing(Termination::Other("quantum".into()), Refuse);
+    unknown.host = Some("unknown.example".into());
+    cases.push(served("unknown", unknown));
+    let mut hostless = routing(Termination::Edge, Refuse);
+    hostless.host = None;
+    cases.push(served("hostless", hostless));
+    cases
+}
+
+#[test]
+fn every_case_alone_and_all_together_pass_haproxy_check() {
+    let endpoints = endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let mut all = RoutingTable::new();
+    for (i, case) in cases().into_iter().enumerate() {
+        let case_dir = dir.path().join(format!("case-{i}"));
+        std::fs::create_dir_all(&case_dir).unwrap();
+        let mut options = options_in(&case_dir);
+        if case.key.name.as_ref() == "v6" {
+            options.default_destination_ca = Some(case_dir.join("default.pem"));
+        }
+        let mut table = RoutingTable::new();
+        table.upsert(case.clone());
+        all.upsert(case);
+        let rendered = render(&table, &endpoints, &options);
+        haproxy_check(&write_config(&rendered, &options).unwrap());
+    }
+    let mut options = options_in(dir.path());
+    options.threads = Some(2);
+    let rendered = render(&all, &endpoints, &options);
+    haproxy_check(&write_config(&rendered, &options).unwrap());
+    // With a default destination CA too (the service CA).
+    options.default_destination_ca = Some(dir.path().join("default.pem"));
+    options.disable_http2 = true;
+    let rendered = render(&all, &endpoints, &options);
+    haproxy_check(&write_config(&rendered, &options).unwrap());
+    assert!(
+        rendered
+            .config
+            .contains("verifyhost web.shop.svc verify required ca-file")
+    );
+    assert!(!rendered.config.contains("alpn h2,http/1.1"));
+    // No route at all.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let options = options_in(&empty);
+    let rendered = render(&RoutingTable::new(), &endpoints, &options);
+    haproxy_check(&write_config(&rendered, &options).unwrap());
+}
+
+fn map<'a>(rendered: &'a RenderedConfig, name: &str) -> Vec<&'a str> {
+    rendered
+        .maps
+        .iter()
+        .find(|(n, _)| *n == name)
+        .unwrap()
+        .1
+        .lines()
+        .collect()
+}
+
+#[test]
+fn maps_follow_the_routers_entries_and_order() {
+    let endpoints = endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let options = options_in(dir.path());
+    let mut table = RoutingTable::new();
+    for case in cases() {
+        table.upsert(case);
+    }
+    let rendered = render(&table, &endpoints, &options);
+    let http = map(&rendered, "os_http_be.map");
+    assert!(http.contains(&"^shop\\.example\\.?(:[0-9]+)?(/.*)?$ be_http:shop:plain"));
+    assert!(
+        http.contains(&"^edge-allow\\.example\\.?(:[0-9]+)?(/.*)?$ be_edge_http:shop:edge-allow")
+    );
+    assert!(http.contains(
+        &"^reencrypt-allow\\.example\\.?(:[0-9]+)?(/.*)?$ be_secure:shop:reencrypt-allow"
+    ));
+    assert!(
+        !http
+            .iter()
+            .any(|l| l.contains("edge-none") || l.contains("redirect") || l.contains("pass-"))
+    );
+    // Wildcard routes last.
+    assert_eq!(
+        *http.last().unwrap(),
+        "^[^\\.]*\\.example\\.?(:[0-9]+)?(/.*)?$ be_edge_http:shop:wildcard"
+    );
+    let edge = map(&rendered, "os_edge_reencrypt_be.map");
+    // A host's paths in reverse lexical order (a longer path before its prefix).
+    let shop: Vec<&&str> = edge
+        .iter()
+        .filter(|l| l.starts_with("^shop\\.example"))
+        .collect();
+    assert_eq!(
+        shop,
+        [
+            &"^shop\\.example\\.?(:[0-9]+)?/cart/(.*)?$ be_edge_http:shop:path-cart-dir",
+            &"^shop\\.example\\.?(:[0-9]+)?/cart(/.*)?$ be_edge_http:shop:path-cart",
+            &"^shop\\.example\\.?(:[0-9]+)?/a\\x20b(/.*)?$ be_edge_http:shop:path-space",
+            &"^shop\\.example\\.?(:[0-9]+)?(/.*)?$ be_edge_http:shop:path-root",
+        ]
+    );
+    assert!(
+        !edge
+            .iter()
+            .any(|l| l.contains("be_tcp") || l.contains("be_http:"))
+    );
+    let redirect = map(&rendered, "os_route_http_redirect.map");
+    assert!(redirect.contains(&"^edge-redirect\\.example\\.?(:[0-9]+)?(/.*)?$ 1"));
+    assert!(redirect.contains(&"^edge-none\\.example\\.?(:[0-9]+)?(/.*)?$ 0"));
+    assert!(redirect.contains(&"^tls-redirect\\.example\\.?(:[0-9]+)?(/.*)?$ 1"));
+    assert!(redirect.contains(&"^unknown\\.example\\.?(:[0-9]+)?(/.*)?$ 0"));
+    assert!(!redirect.iter().any(|l| l.contains("hostless")));
+    let tcp = map(&rendered, "os_tcp_be.map");
+    assert!(tcp.contains(&"^tls-none\\.example\\.?(:[0-9]+)?(/.*)?$ be_tcp:shop:pass-none"));
+    // Reencrypt routes are in the TCP map too (the router's rule), but not in the
+    // passthrough one, so they are terminated.
+    assert!(
+        tcp.contains(
+            &"^reencrypt-none\\.example\\.?(:[0-9]+)?(/.*)?$ be_secure:shop:reencrypt-none"
+        )
+    );
+    let passthrough = map(&rendered, "os_sni_passthrough.map");
+    assert_eq!(
+        passthrough,
+        [
+            "^tls-redirect\\.example$ 1",
+            "^tls-none\\.example$ 1",
+            "^odd\\.example$ 1"
+        ]
+    );
+}
+
+#[test]
+fn backends_carry_weights_balance_cookies_and_annotations() {
+    let endpoints = endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let options = options_in(dir.path());
+    let mut table = RoutingTable::new();
+    for case in cases() {
+        table.upsert(case);
+    }
+    let rendered = render(&table, &endpoints, &options);
+    let section = |name: &str| -> String {
+        let start = rendered.config.find(&format!("backend {name}\n")).unwrap();
+        let rest = &rendered.config[start..];
+        rest[..rest.find("\n\n").unwrap()].to_owned()
+    };
+    let weighted = section("be_http:shop:weighted");
+    // web (weight 1, 2 endpoints on port http), canary (weight 3, 1 endpoint): shares
+    // 0.5 and 3, scaled to 42 and 256; gone has no endpoints. Services in name order.
+    assert!(weighted.contains("balance roundrobin"), "{weighted}");
+    let servers: Vec<&str> = weighted
+        .lines()
+        .filter(|l| l.contains(" server "))
+        .collect();
+    assert_eq!(
+        servers[..3],
+        [
+            "  server ept:canary:http:192.0.2.20:8080 192.0.2.20:8080 weight 256 check inter 5000ms",
+            "  server ept:web:http:192.0.2.10:8080 192.0.2.10:8080 weight 42 check inter 5000ms",
+            "  server ept:web:http:192.0.2.11:8080 192.0.2.11:8080 weight 42 check inter 5000ms",
+        ],
+        "{weighted}"
+    );
+    assert_eq!(
+        servers[3],
+        "  server _dynamic-pod-1 127.0.0.1:1 weight 0 disabled check inter 5000ms"
+    );
+    assert_eq!(servers.len(), 3 + options.spare_servers);
+    let plain = section("be_http:shop:plain");
+    assert!(plain.contains("balance random"));
+    assert!(
+        plain.contains("192.0.2.10:8081 weight 1 proto h2 check"),
+        "{plain}"
+    );
+    let key = routing_key(&served(
+        "plain",
+        routing(Termination::Http, InsecurePolicy::None),
+    ));
+    assert_eq!(key.len(), 32);
+    assert!(plain.contains(&format!(
+        "cookie {key} insert indirect nocache httponly dynamic"
+    )));
+    assert!(plain.contains(&format!("dynamic-cookie-key {key}")));
+    let edge = section("be_edge_http:shop:edge-none");
+    assert!(edge.contains("secure attr SameSite=None dynamic"), "{edge}");
+    let allow = section("be_edge_http:shop:edge-allow");
+    assert!(!allow.contains("secure attr"), "{allow}");
+    let reencrypt = section("be_secure:shop:reencrypt-none");
+    assert!(
+        reencrypt.contains("weight 1 ssl alpn h2,http/1.1 verify none check inter 5000ms"),
+        "{reencrypt}"
+    );
+    let ca = section("be_secure:shop:reencrypt-ca");
+    assert!(ca.contains("verify required ca-file"), "{ca}");
+    assert_eq!(rendered.ca_files.len(), 1);
+    let tcp = section("be_tcp:shop:pass-none");
+    assert!(
+        tcp.contains("balance source") && tcp.contains("hash-type consistent"),
+        "{tcp}"
+    );
+    assert!(
+        !tcp.contains("mode http") && !tcp.contains("cookie"),
+        "{tcp}"
+    );
+    let annotated = section("be_edge_http:shop:annotated");
+    for line in [
+        "balance leastconn",
+        "timeout server  5m",
+        "timeout tunnel  2147483647ms",
+        "http-response set-header Strict-Transport-Security 'max-age=31536000;includeSubDomains;preload'",
+        "cookie shop_session insert indirect nocache httponly secure attr SameSite=Strict dynamic",
+        "http-request set-header X-Forwarded-For %[src]",
+        "check inter 2s maxconn 10",
+    ] {
+        assert!(annotated.contains(line), "{line} in\n{annotated}");
+    }
+    assert!(!annotated.contains("option forwardfor"), "{annotated}");
+    let odd = section("be_tcp:shop:odd");
+    assert!(
+        odd.contains("balance source") && !odd.contains("timeout tunnel"),
+        "{odd}"
+    );
+    let never = section("be_edge_http:shop:never");
+    assert!(
+        !never.contains("X-Forwarded") && !never.contains("forwardfor"),
+        "{never}"
+    );
+    assert!(!rendered.config.contains("quantum") && !rendered.config.contains(":unknown"));
+    assert!(
+        rendered
+            .config
+            .contains("backend be_edge_http:shop:hostless")
+    );
+    let v6 = section("be_secure:shop:v6");
+    assert!(
+        v6.contains("server ept:v6:http:2001:db8::1:8080 [2001:db8::1]:8080 weight 1 ssl"),
+        "{v6}"
+    );
+    let backend = rendered
+        .backends
+        .iter()
+        .find(|b| b.name == "be_http:shop:weighted")
+        .unwrap();
+    assert!(backend.checked);
+    assert_eq!(
+        backend.servers[0],
+        RenderedServer {
+            name: "ept:canary:http:192.0.2.20:8080".to_owned(),
+            target: Some(ServerTarget {
+                ip: "192.0.2.20".to_owned(),
+                port: 8080,
+                weight: 256
+            })
+        }
+    );
+    assert_eq!(
+        backend.servers[3],
+        RenderedServer {
+            name: "_dynamic-pod-1".to_owned(),
+            target: None
+        }
+    );
+}
+
+#[test]
+fn regexes_quote_what_go_quotes() {
+    assert_eq!(
+        quote_meta("a.b+c*d?e(f)g|h[i]j{k}l^m$n\\o-p/q"),
+        "a\\.b\\+c\\*d\\?e\\(f\\)g\\|h\\[i\\]j\\{k\\}l\\^m\\$n\\\\o-p/q"
+    );
+    assert_eq!(
+        route_regex("a.example", Some("/x"), false),
+        "^a\\.example\\.?(:[0-9]+)?/x(/.*)?$"
+    );
+    assert_eq!(
+        route_regex("a.example", Some("//"), false),
+        "^a\\.example\\.?(:[0-9]+)?(/.*)?$"
+    );
+    assert_eq!(
+        route_regex("www.shop.example", None, true),
+        "^[^\\.]*\\.shop\\.example\\.?(:[0-9]+)?(/.*)?$"
+    );
+    assert_eq!(sni_regex("localhost", true), "^localhost$");
+    assert_eq!(time_value(Some("10")).as_deref(), Some("10"));
+    assert_eq!(time_value(Some("0s")), None);
+    assert_eq!(time_value(Some("5x")), None);
+    assert_eq!(hsts(Some("max-age=\"100\"")), Some("max-age=\"100\""));
+    assert_eq!(hsts(Some("includeSubDomains")), None);
+}

@@ -12,6 +12,7 @@ use crate::haproxy::HaproxyOptions;
 use crate::logging::LogFormat;
 use crate::progress::ProgressMode;
 use crate::reload::ReloadOptions;
+use crate::routing::{RenderOptions, RoutingOptions};
 use crate::scope::RouteScope;
 use crate::selector;
 
@@ -317,7 +318,129 @@ pub struct RunArgs {
         help_heading = "Logging"
     )]
     pub progress: ProgressMode,
+
+    /// Route traffic: write HAProxy's whole configuration for the served routes into
+    /// DIR (frontends for HTTP and HTTPS with the OpenShift router's rules, maps, one
+    /// backend per route with its servers from the services' EndpointSlices) and run
+    /// HAProxy on it (see --run-haproxy). Its runtime API socket is DIR/run/haproxy.sock
+    /// (certificates and endpoint changes go through it, without a reload).
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_CONFIG_DIR",
+        value_name = "DIR",
+        help_heading = "Routing"
+    )]
+    pub haproxy_config_dir: Option<PathBuf>,
+
+    /// Run HAProxy (master-worker, reloaded by certwatch) on --haproxy-config-dir; off:
+    /// only write the files, for an HAProxy run by others.
+    #[arg(
+        long,
+        env = "CERTWATCH_RUN_HAPROXY",
+        value_name = "BOOL",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_parser = boolish(),
+        help_heading = "Routing"
+    )]
+    pub run_haproxy: bool,
+
+    /// The HAProxy binary to run.
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_BINARY",
+        value_name = "PATH",
+        default_value = "haproxy",
+        help_heading = "Routing"
+    )]
+    pub haproxy_binary: PathBuf,
+
+    /// Plain HTTP listener (the router's is :80; certwatch runs unprivileged).
+    #[arg(
+        long,
+        env = "CERTWATCH_HTTP_BIND",
+        value_name = "ADDR",
+        default_value = ":8080",
+        help_heading = "Routing"
+    )]
+    pub http_bind: String,
+
+    /// TLS listener (the router's is :443).
+    #[arg(
+        long,
+        env = "CERTWATCH_HTTPS_BIND",
+        value_name = "ADDR",
+        default_value = ":8443",
+        help_heading = "Routing"
+    )]
+    pub https_bind: String,
+
+    /// The certificate (chain and key, PEM) served for names no route has; default: a
+    /// self-signed one made in --haproxy-config-dir.
+    #[arg(
+        long,
+        env = "CERTWATCH_DEFAULT_CERTIFICATE",
+        value_name = "PATH",
+        help_heading = "Routing"
+    )]
+    pub default_certificate: Option<PathBuf>,
+
+    /// The CA bundle that verifies the backends of reencrypt routes without a
+    /// destinationCACertificate (the service CA); default: the service account's
+    /// service-ca.crt when it exists, else such backends are not verified (as the
+    /// router does).
+    #[arg(
+        long,
+        env = "CERTWATCH_DEFAULT_DESTINATION_CA",
+        value_name = "PATH",
+        help_heading = "Routing"
+    )]
+    pub default_destination_ca: Option<PathBuf>,
+
+    /// Spare servers per backend, for endpoints added without a reload.
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_SPARE_SERVERS",
+        value_name = "N",
+        default_value_t = 5,
+        help_heading = "Routing"
+    )]
+    pub haproxy_spare_servers: usize,
+
+    /// Reloads of HAProxy (route changes, and endpoint changes spare servers cannot
+    /// take) come at most this often, each taking every change since the last.
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_RELOAD_INTERVAL",
+        value_name = "DURATION",
+        value_parser = duration_arg,
+        default_value = "5s",
+        help_heading = "Routing"
+    )]
+    pub haproxy_reload_interval: Duration,
+
+    /// HAProxy's maxconn (the router's ROUTER_MAX_CONNECTIONS).
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_MAX_CONNECTIONS",
+        value_name = "N",
+        default_value_t = 50_000,
+        help_heading = "Routing"
+    )]
+    pub haproxy_max_connections: u32,
+
+    /// HAProxy's nbthread (default: HAProxy's own, one per CPU).
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_THREADS",
+        value_name = "N",
+        help_heading = "Routing"
+    )]
+    pub haproxy_threads: Option<u32>,
 }
+
+/// Where a pod's service account keeps the service CA bundle (OpenShift injects it).
+pub const SERVICE_CA_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount/service-ca.crt";
 
 /// Options that do not fit together.
 #[derive(Debug, thiserror::Error)]
@@ -365,6 +488,37 @@ impl RunArgs {
             ..ReloadOptions::new(command)
         });
         options.haproxy = self.haproxy_socket.clone().map(HaproxyOptions::new);
+        if let Some(dir) = &self.haproxy_config_dir {
+            let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+            let socket = dir.join("run").join("haproxy.sock");
+            let crt_list = std::path::absolute(&self.cert_dir)
+                .unwrap_or_else(|_| self.cert_dir.clone())
+                .join(crate::files::CRT_LIST_FILE);
+            let default_certificate = self
+                .default_certificate
+                .clone()
+                .unwrap_or_else(|| dir.join("default.pem"));
+            let mut render =
+                RenderOptions::new(dir.clone(), crt_list, default_certificate, socket.clone());
+            render.http_bind = self.http_bind.clone();
+            render.https_bind = self.https_bind.clone();
+            render.spare_servers = self.haproxy_spare_servers;
+            render.max_connections = self.haproxy_max_connections;
+            render.threads = self.haproxy_threads;
+            render.default_destination_ca = self.default_destination_ca.clone().or_else(|| {
+                std::path::Path::new(SERVICE_CA_PATH)
+                    .exists()
+                    .then(|| PathBuf::from(SERVICE_CA_PATH))
+            });
+            let mut routing = RoutingOptions::new(render);
+            routing.haproxy_binary = self.run_haproxy.then(|| self.haproxy_binary.clone());
+            routing.reload_interval = self.haproxy_reload_interval;
+            options.routing = Some(routing);
+            // Certificates reach the HAProxy certwatch configures through its socket.
+            if options.haproxy.is_none() {
+                options.haproxy = Some(HaproxyOptions::new(socket));
+            }
+        }
         options.listen = Some(self.listen);
         options.router_name = self.router_name.clone();
         options.write_status = self.write_status;

@@ -40,6 +40,7 @@ use crate::metrics::Metrics;
 use crate::outputs::{DaemonStatus, Outputs};
 use crate::progress::{self, ProgressMode};
 use crate::reload::{ReloadOptions, Reloader};
+use crate::routing::{Routing, RoutingOptions};
 use crate::scope::{RouteScope, scoped_route_events};
 use crate::throttle;
 
@@ -58,6 +59,9 @@ pub struct DaemonOptions {
     pub reload: Option<ReloadOptions>,
     /// HAProxy's runtime API, if any.
     pub haproxy: Option<HaproxyOptions>,
+    /// HAProxy's whole configuration for the served routes (frontends, maps, backends
+    /// with their servers from EndpointSlices), and the HAProxy certwatch runs on it.
+    pub routing: Option<RoutingOptions>,
     /// Address of `/healthz`, `/readyz`, `/metrics`; `None`: no HTTP endpoint.
     pub listen: Option<SocketAddr>,
     /// Router name of the `status.ingress[]` entry.
@@ -99,6 +103,7 @@ impl DaemonOptions {
             cert_dir: cert_dir.into(),
             reload: None,
             haproxy: None,
+            routing: None,
             listen: None,
             router_name: "certwatch".to_owned(),
             write_status: false,
@@ -139,9 +144,43 @@ pub enum DaemonError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The default certificate could not be read or made.
+    #[error("cannot prepare the default certificate {path}: {source}")]
+    DefaultCertificate {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
     /// The daemon stopped before it was ready.
     #[error("the daemon stopped before it was ready")]
     Stopped,
+}
+
+/// Makes a self-signed default certificate at `path` when there is none (as the router
+/// makes one when given none): HAProxy needs one for names no route has.
+fn ensure_default_certificate(path: &Path) -> std::io::Result<()> {
+    if path.exists() {
+        return Ok(());
+    }
+    let key = rcgen::KeyPair::generate().map_err(std::io::Error::other)?;
+    let mut params = rcgen::CertificateParams::new(vec!["certwatch-default.invalid".to_owned()])
+        .map_err(std::io::Error::other)?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "certwatch default certificate");
+    let certificate = params.self_signed(&key).map_err(std::io::Error::other)?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut file = tempfile::NamedTempFile::new_in(path.parent().unwrap_or(Path::new(".")))?;
+    std::io::Write::write_all(
+        &mut file,
+        format!("{}{}", certificate.pem(), key.serialize_pem()).as_bytes(),
+    )?;
+    file.persist(path).map_err(|error| error.error)?;
+    info!(path = %path.display(), "wrote a self-signed default certificate");
+    Ok(())
 }
 
 /// A running daemon. Stop it with [`Daemon::shutdown`].
@@ -300,6 +339,24 @@ impl Daemon {
                 Arc::clone(&metrics),
             )
         });
+        let routing = match options.routing.clone() {
+            Some(mut routing) => {
+                // The crt-list by the path the certificates' synchronisation names it.
+                routing.render.crt_list = crt_list_path.clone();
+                ensure_default_certificate(&routing.render.default_certificate).map_err(
+                    |source| DaemonError::DefaultCertificate {
+                        path: routing.render.default_certificate.clone(),
+                        source,
+                    },
+                )?;
+                // The EndpointSlices' list goes out now, beside the routes': start-up
+                // keeps its round trips. Paced by the same window.
+                let paced =
+                    kube_common::adaptive::sequential_client(client.clone(), limiter.clone());
+                Some(Routing::spawn(paced, routing, Arc::clone(&metrics)))
+            }
+            None => None,
+        };
         let pipeline_readiness = pipeline_outputs.readiness.clone();
         let (status_sender, status) = watch::channel(DaemonStatus::default());
         let (resync, resync_requests) = watch::channel(0);
@@ -312,6 +369,8 @@ impl Daemon {
                 status: status_sender,
                 started,
                 resync: resync_requests,
+                routing,
+                routing_pending: Vec::new(),
             }
             .run(pipeline_outputs.outcomes, pipeline_outputs.readiness),
         );

@@ -456,6 +456,12 @@ impl Metrics {
         self.process_max_fds.set(clamp(sample.max_fds));
     }
 
+    /// Registers more metrics under `certwatch_` (a subsystem's own, e.g. routing's).
+    pub fn register_more(&self, register: impl FnOnce(&mut Registry)) {
+        let mut registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        register(registry.sub_registry_with_prefix("certwatch"));
+    }
+
     /// The metrics in Prometheus text format.
     pub fn encode(&self) -> String {
         let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use kube_common::backoff::{Backoff, BackoffPolicy};
 use route_secrets::api::pipeline::{Readiness, RouteOutcome};
+use route_secrets::machine::Sni;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -32,6 +33,8 @@ use crate::haproxy::HaproxySync;
 use crate::logging::{Repeats, Seen, StateLog};
 use crate::metrics::{Metrics, RouteState, RouteStates};
 use crate::reload::Reloader;
+use crate::routing::model::ServedRoute;
+use crate::routing::{RouteChange, Routing};
 
 /// How often a lasting condition (failing writes, a route rejected the same way again)
 /// is logged again, with a count.
@@ -79,6 +82,11 @@ pub(crate) struct Outputs {
     pub(crate) started: Instant,
     /// Re-synchronisation requests ([`crate::Daemon::resync`]).
     pub(crate) resync: watch::Receiver<u64>,
+    /// HAProxy's routes' configuration, when certwatch runs it.
+    pub(crate) routing: Option<Routing>,
+    /// Route changes for `routing`, sent once the flush that writes their files is done
+    /// (so that a reload loads a crt-list that names their certificates).
+    pub(crate) routing_pending: Vec<RouteChange>,
 }
 
 /// The outputs task's own state besides its parts.
@@ -161,6 +169,10 @@ impl Outputs {
                 self.cert_dir.mark_complete();
                 progress.decided = true;
                 self.flush(&mut progress).await;
+                // The crt-list HAProxy's configuration names is written now.
+                if let Some(routing) = &self.routing {
+                    routing.send(RouteChange::Decided);
+                }
             }
             self.publish_status(&mut progress, pipeline);
         }
@@ -169,6 +181,9 @@ impl Outputs {
         }
         if let Some(haproxy) = self.haproxy.take() {
             haproxy.close().await;
+        }
+        if let Some(routing) = self.routing.take() {
+            routing.close().await;
         }
     }
 
@@ -255,6 +270,14 @@ impl Outputs {
                 progress
                     .states
                     .set(&self.metrics, &admitted.route, Some(RouteState::Admitted));
+                if self.routing.is_some() {
+                    self.routing_pending.push(RouteChange::Served(ServedRoute {
+                        key: admitted.route.clone(),
+                        routing: Arc::clone(&admitted.routing),
+                        wildcard: matches!(admitted.sni, Sni::Subdomain { .. }),
+                        has_certificate: true,
+                    }));
+                }
                 let served = ServedCert {
                     route: admitted.route,
                     sni: admitted.sni.crt_list_filter(),
@@ -295,6 +318,10 @@ impl Outputs {
                     &rejected.route,
                     Some(RouteState::Rejected { reason, cause }),
                 );
+                if self.routing.is_some() {
+                    self.routing_pending
+                        .push(RouteChange::Gone(rejected.route.clone()));
+                }
                 self.cert_dir.remove(&rejected.route);
             }
             RouteOutcome::Removed(route) => {
@@ -303,6 +330,9 @@ impl Outputs {
                 progress.route_log.forget(&route);
                 self.metrics.route_removed(&route);
                 progress.states.set(&self.metrics, &route, None);
+                if self.routing.is_some() {
+                    self.routing_pending.push(RouteChange::Gone(route.clone()));
+                }
                 self.cert_dir.remove(&route);
             }
         }
@@ -331,6 +361,11 @@ impl Outputs {
             progress
                 .retry_at
                 .get_or_insert_with(|| Instant::now() + delay);
+        }
+        if let Some(routing) = &self.routing {
+            for change in self.routing_pending.drain(..) {
+                routing.send(change);
+            }
         }
         if let (Some(haproxy), Some(entries)) = (&self.haproxy, report.entries) {
             // Only once start-up is decided: a half-built set must not remove anything

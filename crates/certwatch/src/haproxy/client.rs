@@ -353,6 +353,41 @@ impl RuntimeApi {
             .await
             .map(drop)
     }
+
+    /// Runs payload-free commands (`set server ...`) on one connection, separated by
+    /// `;` as the CLI reads them. Those commands answer nothing, or a line saying what
+    /// changed, on success; any answer naming a problem fails the batch (the commands
+    /// before it have run).
+    pub async fn run_commands(&self, commands: &[String]) -> Result<(), HaproxyError> {
+        // One request per 100 commands keeps each within HAProxy's line buffer.
+        for batch in commands.chunks(100) {
+            let line = batch.join("; ");
+            let label = format!("{} ({} commands)", batch[0], batch.len());
+            let answer = self.execute(&label, &line, None).await?;
+            let failed = answer.lines().find(|line| {
+                [
+                    "No such",
+                    "Require",
+                    "Invalid",
+                    "Unknown",
+                    "Can't",
+                    "cannot",
+                    "not allowed",
+                    "Permission denied",
+                    "expects",
+                ]
+                .iter()
+                .any(|marker| line.contains(marker))
+            });
+            if let Some(failed) = failed {
+                return Err(HaproxyError::Refused {
+                    command: label,
+                    message: sanitize(failed),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// HAProxy's answer for an error message: one line, PEM-looking content dropped.

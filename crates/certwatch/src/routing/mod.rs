@@ -5,15 +5,23 @@
 //! - [`model`]: served routes, and each route's backend: servers and weights (pure).
 //! - [`render`]: `haproxy.cfg` and its maps from both (pure), checked by `haproxy -c`.
 //! - [`write_config`]: the rendered files on disk, each replaced atomically.
+//! - [`dynamic`]: endpoint changes as runtime API commands on server slots (pure).
+//! - [`supervisor`]: the HAProxy process certwatch runs (master-worker, reloads).
+//! - [`task`]: the task that ties them: the EndpointSlice watch, the served routes,
+//!   loads and reloads at a bounded rate, endpoint changes without a reload.
 
+pub mod dynamic;
 pub mod endpoints;
 pub mod model;
 pub mod render;
+pub mod supervisor;
+pub mod task;
 
 use std::io;
 use std::path::{Path, PathBuf};
 
 pub use self::render::{RenderOptions, RenderedConfig, render};
+pub use self::task::{RouteChange, Routing, RoutingOptions};
 
 /// The configuration file's name in the configuration directory.
 pub const CONFIG_FILE: &str = "haproxy.cfg";

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod haproxy;
+pub mod traffic;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -1,0 +1,310 @@
+//! Endpoint changes without a reload: a loaded backend's servers are slots, each
+//! serving one endpoint or spare (in maintenance), and a backend's new servers are
+//! reached by runtime API commands on those slots, as the router's dynamic
+//! configuration manager does:
+//!
+//! - an endpoint that stays keeps its slot; a changed weight is `set server <b>/<s>
+//!   weight <w>`;
+//! - an endpoint that goes puts its slot in maintenance (`state maint`): the slot is
+//!   spare again;
+//! - an endpoint that comes takes a spare slot: `addr <ip> port <port>`, its weight,
+//!   `state ready` (and, for a health-checked backend, `health up`: it serves at once,
+//!   and its checks take over).
+//!
+//! What the slots cannot take needs a reload ([`NeedsReload`]): more endpoints than
+//! spare slots, an endpoint speaking HTTP/2 in clear (`proto h2` is a server option),
+//! or, for a reencrypt route verified by host name, an endpoint of another service than
+//! the primary one (the slots verify the primary service's name).
+//!
+//! Pure: [`LoadedBackend::update`] says which commands bring HAProxy to a new plan, and
+//! records that HAProxy holds it once they are sent.
+
+use super::model::BackendPlan;
+use super::render::{RenderedBackend, RenderedServer, ServerTarget};
+
+/// Why a backend's new servers need a reload.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NeedsReload {
+    /// More endpoints than slots.
+    #[error("backend {backend}: {wanted} servers wanted, {slots} slots")]
+    NoSpareSlot {
+        /// The backend.
+        backend: String,
+        /// Servers the plan has.
+        wanted: usize,
+        /// Slots the backend has.
+        slots: usize,
+    },
+    /// An endpoint a slot's options cannot serve.
+    #[error("backend {backend}: server {server} needs options its slots do not have ({why})")]
+    Options {
+        /// The backend.
+        backend: String,
+        /// The endpoint.
+        server: String,
+        /// Which option.
+        why: &'static str,
+    },
+}
+
+/// A backend as HAProxy holds it now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadedBackend {
+    /// Its name.
+    pub name: String,
+    /// Its servers (slots), as rendered or as changed since.
+    pub slots: Vec<RenderedServer>,
+    /// Whether its servers are health-checked.
+    pub checked: bool,
+    /// The service name its spare slots verify (reencrypt routes verified by host), if
+    /// they verify one.
+    pub verified_host: Option<String>,
+}
+
+impl LoadedBackend {
+    /// A backend as the configuration HAProxy loaded renders it.
+    pub fn loaded(rendered: &RenderedBackend, verified_host: Option<String>) -> Self {
+        Self {
+            name: rendered.name.clone(),
+            slots: rendered.servers.clone(),
+            checked: rendered.checked,
+            verified_host,
+        }
+    }
+
+    /// The commands that bring this backend to `plan`, or why they cannot; on success
+    /// the slots are updated as if the commands ran.
+    pub fn update(&mut self, plan: &BackendPlan) -> Result<Vec<String>, NeedsReload> {
+        let wanted: Vec<ServerTarget> = plan
+            .servers
+            .iter()
+            .map(|server| ServerTarget {
+                ip: server.ip.clone(),
+                port: server.port,
+                weight: server.weight,
+            })
+            .collect();
+        if wanted.len() > self.slots.len() {
+            return Err(NeedsReload::NoSpareSlot {
+                backend: self.name.clone(),
+                wanted: wanted.len(),
+                slots: self.slots.len(),
+            });
+        }
+        let mut slots = self.slots.clone();
+        let mut matched = vec![false; wanted.len()];
+        let mut commands = Vec::new();
+        let backend = &self.name;
+        for slot in &mut slots {
+            let Some(target) = &slot.target else {
+                continue;
+            };
+            let found = wanted
+                .iter()
+                .enumerate()
+                .find(|(i, w)| !matched[*i] && w.ip == target.ip && w.port == target.port);
+            match found {
+                Some((i, w)) => {
+                    matched[i] = true;
+                    if w.weight != target.weight {
+                        commands.push(format!(
+                            "set server {backend}/{} weight {}",
+                            slot.name, w.weight
+                        ));
+                        slot.target = Some(w.clone());
+                    }
+                }
+                None => {
+                    commands.push(format!("set server {backend}/{} state maint", slot.name));
+                    slot.target = None;
+                }
+            }
+        }
+        for (i, server) in plan.servers.iter().enumerate() {
+            if matched[i] {
+                continue;
+            }
+            if server.h2c {
+                return Err(NeedsReload::Options {
+                    backend: backend.clone(),
+                    server: server.id.clone(),
+                    why: "proto h2",
+                });
+            }
+            if let Some(host) = &self.verified_host
+                && *host != server.service_host
+            {
+                return Err(NeedsReload::Options {
+                    backend: backend.clone(),
+                    server: server.id.clone(),
+                    why: "verifyhost of another service",
+                });
+            }
+            let Some(slot) = slots.iter_mut().find(|slot| slot.target.is_none()) else {
+                return Err(NeedsReload::NoSpareSlot {
+                    backend: backend.clone(),
+                    wanted: wanted.len(),
+                    slots: self.slots.len(),
+                });
+            };
+            let target = &wanted[i];
+            commands.push(format!(
+                "set server {backend}/{} addr {} port {}",
+                slot.name,
+                target.ip.trim_start_matches('[').trim_end_matches(']'),
+                target.port
+            ));
+            commands.push(format!(
+                "set server {backend}/{} weight {}",
+                slot.name, target.weight
+            ));
+            commands.push(format!("set server {backend}/{} state ready", slot.name));
+            if self.checked {
+                commands.push(format!("set server {backend}/{} health up", slot.name));
+            }
+            slot.target = Some(target.clone());
+        }
+        self.slots = slots;
+        Ok(commands)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::model::Server;
+
+    fn plan(servers: &[(&str, u16, u16)]) -> BackendPlan {
+        BackendPlan {
+            name: "be_http:shop:r".into(),
+            servers: servers
+                .iter()
+                .map(|(ip, port, weight)| Server {
+                    id: format!("ept:web:http:{ip}:{port}"),
+                    ip: (*ip).into(),
+                    port: *port,
+                    weight: *weight,
+                    h2c: false,
+                    service_host: "web.shop.svc".into(),
+                })
+                .collect(),
+            active_endpoints: servers.len(),
+            active_services: 1,
+        }
+    }
+
+    fn loaded(servers: &[(&str, u16, u16)], spare: usize) -> LoadedBackend {
+        let mut slots: Vec<RenderedServer> = servers
+            .iter()
+            .map(|(ip, port, weight)| RenderedServer {
+                name: format!("ept:web:http:{ip}:{port}"),
+                target: Some(ServerTarget {
+                    ip: (*ip).into(),
+                    port: *port,
+                    weight: *weight,
+                }),
+            })
+            .collect();
+        for n in 1..=spare {
+            slots.push(RenderedServer {
+                name: format!("_dynamic-pod-{n}"),
+                target: None,
+            });
+        }
+        LoadedBackend {
+            name: "be_http:shop:r".into(),
+            slots,
+            checked: false,
+            verified_host: None,
+        }
+    }
+
+    #[test]
+    fn endpoints_move_into_spare_slots_and_out_again() {
+        let mut backend = loaded(&[("10.0.0.1", 80, 1)], 2);
+        let commands = backend
+            .update(&plan(&[("10.0.0.1", 80, 1), ("10.0.0.2", 80, 1)]))
+            .unwrap();
+        assert_eq!(
+            commands,
+            [
+                "set server be_http:shop:r/_dynamic-pod-1 addr 10.0.0.2 port 80",
+                "set server be_http:shop:r/_dynamic-pod-1 weight 1",
+                "set server be_http:shop:r/_dynamic-pod-1 state ready",
+            ]
+        );
+        // The same plan again: nothing to do.
+        assert!(
+            backend
+                .update(&plan(&[("10.0.0.1", 80, 1), ("10.0.0.2", 80, 1)]))
+                .unwrap()
+                .is_empty()
+        );
+        // The first endpoint goes, a weight changes, another comes into its slot.
+        let commands = backend
+            .update(&plan(&[("10.0.0.2", 80, 7), ("10.0.0.3", 80, 7)]))
+            .unwrap();
+        assert_eq!(
+            commands,
+            [
+                "set server be_http:shop:r/ept:web:http:10.0.0.1:80 state maint",
+                "set server be_http:shop:r/_dynamic-pod-1 weight 7",
+                "set server be_http:shop:r/ept:web:http:10.0.0.1:80 addr 10.0.0.3 port 80",
+                "set server be_http:shop:r/ept:web:http:10.0.0.1:80 weight 7",
+                "set server be_http:shop:r/ept:web:http:10.0.0.1:80 state ready",
+            ]
+        );
+        // Everything goes.
+        let commands = backend.update(&plan(&[])).unwrap();
+        assert_eq!(commands.len(), 2);
+        assert!(backend.slots.iter().all(|slot| slot.target.is_none()));
+    }
+
+    #[test]
+    fn what_slots_cannot_take_needs_a_reload_and_changes_nothing() {
+        let mut backend = loaded(&[], 1);
+        let before = backend.clone();
+        let error = backend
+            .update(&plan(&[("10.0.0.1", 80, 1), ("10.0.0.2", 80, 1)]))
+            .unwrap_err();
+        assert!(matches!(
+            error,
+            NeedsReload::NoSpareSlot {
+                wanted: 2,
+                slots: 1,
+                ..
+            }
+        ));
+        assert_eq!(backend, before);
+        let mut h2c = plan(&[("10.0.0.1", 80, 1)]);
+        h2c.servers[0].h2c = true;
+        assert!(matches!(
+            backend.update(&h2c),
+            Err(NeedsReload::Options {
+                why: "proto h2",
+                ..
+            })
+        ));
+        let mut verified = loaded(&[], 2);
+        verified.verified_host = Some("web.shop.svc".into());
+        verified.checked = true;
+        let mut other = plan(&[("10.0.0.1", 80, 1), ("10.0.0.9", 80, 1)]);
+        other.servers[1].service_host = "canary.shop.svc".into();
+        assert!(matches!(
+            verified.update(&other),
+            Err(NeedsReload::Options { .. })
+        ));
+        let commands = verified.update(&plan(&[("10.0.0.1", 80, 1)])).unwrap();
+        assert_eq!(
+            commands.last().unwrap(),
+            "set server be_http:shop:r/_dynamic-pod-1 health up"
+        );
+        // An IPv6 endpoint's address goes without brackets.
+        let mut v6 = loaded(&[], 1);
+        let commands = v6.update(&plan(&[("[2001:db8::1]", 80, 1)])).unwrap();
+        assert_eq!(
+            commands[0],
+            "set server be_http:shop:r/_dynamic-pod-1 addr 2001:db8::1 port 80"
+        );
+    }
+}

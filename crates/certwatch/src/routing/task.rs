@@ -1,0 +1,528 @@
+//! The task that keeps HAProxy routing what certwatch serves: one cluster-wide
+//! list/watch of EndpointSlices (as the router has), the served routes from the
+//! outputs, and HAProxy itself.
+//!
+//! - Nothing is written before start-up is decided (every route present at start-up
+//!   has its outcome and the crt-list is written) and the EndpointSlices are listed:
+//!   then the configuration is rendered, written and HAProxy started (or reloaded) on
+//!   it once. The slices' list goes out with the routes' own, so start-up keeps its
+//!   two round trips.
+//! - An endpoint change reaches the running HAProxy through its runtime API, on the
+//!   backends' server slots ([`super::dynamic`]), without a reload.
+//! - A change the slots cannot take, and any change of the routes themselves (added,
+//!   removed, another host, path, termination, backend, weight or annotation), is
+//!   written to the files and loaded by a reload; reloads come at most once per
+//!   `reload_interval`, each taking every change since the last.
+//! - A failed write, reload or command is retried with [`kube_common::backoff`] by a
+//!   full render and reload.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use std::sync::atomic::AtomicU64;
+
+use futures::StreamExt;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube_common::backoff::{Backoff, BackoffPolicy};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use route_secrets::route::RouteKey;
+use route_secrets::route::routing::Termination;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::dynamic::LoadedBackend;
+use super::endpoints::{EndpointTable, ServiceKey};
+use super::model::{RoutingTable, ServedRoute};
+use super::render::{RenderOptions, primary_service_host, render};
+use super::supervisor::HaproxyProcess;
+use super::write_config;
+use crate::haproxy::client::{Instance, RuntimeApi};
+use crate::metrics::Metrics;
+
+/// How certwatch runs HAProxy's configuration.
+#[derive(Clone, Debug)]
+pub struct RoutingOptions {
+    /// What the configuration is made of and where it goes.
+    pub render: RenderOptions,
+    /// The HAProxy binary certwatch runs on the configuration; `None`: the files are
+    /// written, and whoever runs HAProxy reloads it.
+    pub haproxy_binary: Option<PathBuf>,
+    /// Reloads come at most this often.
+    pub reload_interval: Duration,
+    /// Deadline of each runtime API exchange.
+    pub command_timeout: Duration,
+    /// How long a (re)started HAProxy may take to answer on its socket (it loads every
+    /// certificate first).
+    pub load_timeout: Duration,
+}
+
+impl RoutingOptions {
+    /// Defaults for `render`: HAProxy run by certwatch (`haproxy` on `PATH`), reloads
+    /// at most every 5 s (the router's reload interval).
+    pub fn new(render: RenderOptions) -> Self {
+        Self {
+            render,
+            haproxy_binary: Some(PathBuf::from("haproxy")),
+            reload_interval: Duration::from_secs(5),
+            command_timeout: Duration::from_secs(10),
+            load_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What the outputs tell the routing task.
+#[derive(Debug)]
+pub enum RouteChange {
+    /// The route is served (added or changed).
+    Served(ServedRoute),
+    /// The route is no longer served.
+    Gone(RouteKey),
+    /// Start-up is decided and the crt-list is written.
+    Decided,
+}
+
+/// Handle of the routing task.
+#[derive(Debug)]
+pub struct Routing {
+    changes: mpsc::UnboundedSender<RouteChange>,
+    task: JoinHandle<()>,
+}
+
+impl Routing {
+    /// Starts the task: its EndpointSlice watch through `client` at once.
+    pub fn spawn(client: kube::Client, options: RoutingOptions, metrics: Arc<Metrics>) -> Self {
+        let (changes, inputs) = mpsc::unbounded_channel();
+        let slices = slice_events(client, Arc::clone(&metrics));
+        let worker = Worker::new(options, &metrics);
+        let task = tokio::spawn(worker.run(inputs, slices));
+        Self { changes, task }
+    }
+
+    /// Tells the task of a route change.
+    pub fn send(&self, change: RouteChange) {
+        let _ = self.changes.send(change);
+    }
+
+    /// Stops the task (and the HAProxy it runs) once it has taken what was sent.
+    pub async fn close(self) {
+        drop(self.changes);
+        let _ = self.task.await;
+    }
+}
+
+/// What the EndpointSlice watch tells.
+enum SliceEvent {
+    Listed(Vec<EndpointSlice>),
+    Applied(EndpointSlice),
+    Deleted(EndpointSlice),
+}
+
+fn slice_events(
+    client: kube::Client,
+    metrics: Arc<Metrics>,
+) -> futures::stream::BoxStream<'static, SliceEvent> {
+    // One list from the watch cache, unpaged, as the route watch lists.
+    let mut config = watcher::Config::default().any_semantic();
+    config.page_size = None;
+    let mut listing: Option<Vec<EndpointSlice>> = None;
+    watcher::watcher(Api::<EndpointSlice>::all(client), config)
+        .default_backoff()
+        .filter_map(move |item| {
+            let event = match item {
+                Ok(Event::Init) => {
+                    listing = Some(Vec::new());
+                    None
+                }
+                Ok(Event::InitApply(slice)) => {
+                    listing.get_or_insert_with(Vec::new).push(slice);
+                    None
+                }
+                Ok(Event::InitDone) => Some(SliceEvent::Listed(listing.take().unwrap_or_default())),
+                Ok(Event::Apply(slice)) => Some(SliceEvent::Applied(slice)),
+                Ok(Event::Delete(slice)) => Some(SliceEvent::Deleted(slice)),
+                Err(error) => {
+                    warn!(%error, "EndpointSlice watch failed; retrying");
+                    metrics.watcher_error("endpointslices", &error);
+                    None
+                }
+            };
+            std::future::ready(event)
+        })
+        .boxed()
+}
+
+/// The routing task's metrics (`certwatch_routing_*`).
+#[derive(Clone, Debug, Default)]
+struct RoutingMetrics {
+    loads: Counter,
+    load_failures: Counter,
+    load_seconds: Gauge<f64, AtomicU64>,
+    routes: Gauge,
+    commands: Family<ResultLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+impl RoutingMetrics {
+    fn registered(metrics: &Metrics) -> Self {
+        let counters = Self::default();
+        for result in ["ok", "error"] {
+            drop(counters.commands.get_or_create(&ResultLabels { result }));
+        }
+        metrics.register_more(|registry| {
+            registry.register(
+                "routing_loads",
+                "HAProxy loads of the routes' configuration (start or reload)",
+                counters.loads.clone(),
+            );
+            registry.register(
+                "routing_load_failures",
+                "Failed writes, starts or reloads of the routes' configuration (retried)",
+                counters.load_failures.clone(),
+            );
+            registry.register(
+                "routing_last_load_seconds",
+                "Time the last load took, from rendering to HAProxy answering",
+                counters.load_seconds.clone(),
+            );
+            registry.register(
+                "routing_routes",
+                "Routes in HAProxy's configuration",
+                counters.routes.clone(),
+            );
+            registry.register(
+                "routing_server_commands",
+                "Runtime API commands that moved endpoints into or out of server slots, by result",
+                counters.commands.clone(),
+            );
+        });
+        counters
+    }
+
+    fn loaded(&self, took: Duration, routes: usize) {
+        self.loads.inc();
+        self.load_seconds.set(took.as_secs_f64());
+        self.routes.set(i64::try_from(routes).unwrap_or(i64::MAX));
+    }
+
+    fn commands(&self, count: usize, result: &'static str) {
+        self.commands
+            .get_or_create(&ResultLabels { result })
+            .inc_by(u64::try_from(count).unwrap_or(u64::MAX));
+    }
+}
+
+struct Worker {
+    options: RoutingOptions,
+    counters: RoutingMetrics,
+    api: RuntimeApi,
+    table: RoutingTable,
+    endpoints: EndpointTable,
+    listed: bool,
+    decided: bool,
+    process: Option<HaproxyProcess>,
+    /// What the running HAProxy holds, per backend; empty until it has loaded a
+    /// configuration certwatch wrote.
+    loaded: HashMap<String, LoadedBackend>,
+    /// The instance that loaded it.
+    instance: Option<Instance>,
+    /// Routes changed since the last load: a reload is due.
+    structure_dirty: bool,
+    /// Services whose endpoints changed since HAProxy last heard.
+    dirty_services: HashSet<ServiceKey>,
+    last_load: Option<Instant>,
+    due: Option<Instant>,
+    backoff: Backoff,
+}
+
+impl Worker {
+    fn new(options: RoutingOptions, metrics: &Metrics) -> Self {
+        let api = RuntimeApi::new(options.render.admin_socket.clone(), options.command_timeout);
+        Self {
+            options,
+            counters: RoutingMetrics::registered(metrics),
+            api,
+            table: RoutingTable::new(),
+            endpoints: EndpointTable::new(),
+            listed: false,
+            decided: false,
+            process: None,
+            loaded: HashMap::new(),
+            instance: None,
+            structure_dirty: true,
+            dirty_services: HashSet::new(),
+            last_load: None,
+            due: None,
+            backoff: Backoff::new(BackoffPolicy::default()),
+        }
+    }
+
+    async fn run(
+        mut self,
+        mut inputs: mpsc::UnboundedReceiver<RouteChange>,
+        mut slices: futures::stream::BoxStream<'static, SliceEvent>,
+    ) {
+        loop {
+            tokio::select! {
+                biased;
+                input = inputs.recv() => {
+                    let Some(input) = input else { break };
+                    self.take(input);
+                    while let Ok(input) = inputs.try_recv() {
+                        self.take(input);
+                    }
+                }
+                event = slices.next() => {
+                    let Some(event) = event else { break };
+                    self.take_slices(event);
+                }
+                () = sleep_until(self.due), if self.due.is_some() => {
+                    self.due = None;
+                }
+            }
+            self.step().await;
+        }
+        if let Some(process) = self.process.take() {
+            process.stop(Duration::from_secs(5)).await;
+        }
+    }
+
+    fn take(&mut self, change: RouteChange) {
+        match change {
+            RouteChange::Served(route) => {
+                if self.table.upsert(route) {
+                    self.structure_dirty = true;
+                }
+            }
+            RouteChange::Gone(key) => {
+                if self.table.remove(&key) {
+                    self.structure_dirty = true;
+                }
+            }
+            RouteChange::Decided => self.decided = true,
+        }
+    }
+
+    fn take_slices(&mut self, event: SliceEvent) {
+        let changed = match event {
+            SliceEvent::Listed(slices) => {
+                self.listed = true;
+                debug!(slices = slices.len(), "EndpointSlices listed");
+                self.endpoints.replace_all(&slices)
+            }
+            SliceEvent::Applied(slice) => self.endpoints.apply(&slice),
+            SliceEvent::Deleted(slice) => {
+                let namespace = slice.namespace().unwrap_or_default();
+                self.endpoints.remove(&namespace, &slice.name_any())
+            }
+        };
+        self.dirty_services.extend(changed);
+    }
+
+    /// Brings HAProxy to the current routes and endpoints, as far as is due now.
+    async fn step(&mut self) {
+        if !(self.decided && self.listed) {
+            return;
+        }
+        let running = self.process.as_mut().is_none_or(HaproxyProcess::running);
+        if !running {
+            warn!("HAProxy is not running: starting it again");
+            self.process = None;
+            self.loaded.clear();
+            self.structure_dirty = true;
+        }
+        if self.loaded.is_empty() || self.structure_dirty {
+            let now = Instant::now();
+            let due = self
+                .last_load
+                .map(|last| last + self.options.reload_interval)
+                .filter(|due| *due > now && !self.loaded.is_empty());
+            if let Some(due) = due {
+                self.due = Some(due);
+                return;
+            }
+            self.load().await;
+            return;
+        }
+        if self.dirty_services.is_empty() {
+            return;
+        }
+        let services: Vec<ServiceKey> = self.dirty_services.drain().collect();
+        let mut commands = Vec::new();
+        let mut seen = HashSet::new();
+        for service in &services {
+            for route in self.table.routes_of(service) {
+                if !seen.insert(route.key.clone()) {
+                    continue;
+                }
+                let Some(plan) = RoutingTable::plan(route, &self.endpoints) else {
+                    continue;
+                };
+                let Some(backend) = self.loaded.get_mut(&plan.name) else {
+                    self.structure_dirty = true;
+                    continue;
+                };
+                match backend.update(&plan) {
+                    Ok(more) => commands.extend(more),
+                    Err(why) => {
+                        info!(%why, "an endpoint change needs a reload");
+                        self.structure_dirty = true;
+                    }
+                }
+            }
+        }
+        if !commands.is_empty() {
+            match self.api.run_commands(&commands).await {
+                Ok(()) => {
+                    self.counters.commands(commands.len(), "ok");
+                    debug!(
+                        commands = commands.len(),
+                        "endpoint changes sent to HAProxy"
+                    );
+                }
+                Err(error) => {
+                    self.counters.commands(commands.len(), "error");
+                    warn!(%error, "HAProxy refused endpoint changes; reloading instead");
+                    self.structure_dirty = true;
+                }
+            }
+        }
+        if self.structure_dirty {
+            // Taken by the next step (now or when the interval allows).
+            self.due = Some(Instant::now());
+        }
+    }
+
+    /// Renders, writes and (re)loads the whole configuration.
+    async fn load(&mut self) {
+        let started = Instant::now();
+        let rendered = render(&self.table, &self.endpoints, &self.options.render);
+        let config = match write_config(&rendered, &self.options.render) {
+            Ok(config) => config,
+            Err(error) => {
+                warn!(%error, dir = %self.options.render.config_dir.display(), "cannot write HAProxy's configuration; will retry");
+                self.retry_later();
+                return;
+            }
+        };
+        self.structure_dirty = false;
+        self.dirty_services.clear();
+        self.last_load = Some(started);
+        let Some(binary) = self.options.haproxy_binary.clone() else {
+            // Someone else runs HAProxy: the files are the hand-off.
+            self.loaded = loaded_backends(&self.table, &rendered, &self.options.render);
+            self.counters.loaded(started.elapsed(), self.table.len());
+            return;
+        };
+        let previous = self.instance;
+        let result = match &mut self.process {
+            Some(process) => process.reload().map(|()| "reloaded"),
+            None => HaproxyProcess::start(&binary, &config).map(|process| {
+                self.process = Some(process);
+                "started"
+            }),
+        };
+        let what = match result {
+            Ok(what) => what,
+            Err(error) => {
+                warn!(%error, "cannot run HAProxy; will retry");
+                self.process = None;
+                self.retry_later();
+                return;
+            }
+        };
+        match self.wait_for_load(previous).await {
+            Some(instance) => {
+                self.instance = Some(instance);
+                self.loaded = loaded_backends(&self.table, &rendered, &self.options.render);
+                self.backoff = Backoff::new(BackoffPolicy::default());
+                self.counters.loaded(started.elapsed(), self.table.len());
+                info!(
+                    routes = self.table.len(),
+                    services = self.endpoints.services(),
+                    pid = instance.pid,
+                    elapsed = ?started.elapsed(),
+                    "HAProxy {what} on the routes' configuration"
+                );
+            }
+            None => {
+                warn!("HAProxy did not answer on its socket after loading; will retry");
+                self.retry_later();
+            }
+        }
+    }
+
+    /// Waits until a process other than `previous` answers on the admin socket.
+    async fn wait_for_load(&mut self, previous: Option<Instance>) -> Option<Instance> {
+        let deadline = Instant::now() + self.options.load_timeout;
+        while Instant::now() < deadline {
+            if let Some(process) = &mut self.process
+                && !process.running()
+            {
+                return None;
+            }
+            if let Ok(instance) = self.api.instance().await
+                && previous.is_none_or(|previous| !previous.same_as(&instance))
+            {
+                return Some(instance);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
+    fn retry_later(&mut self) {
+        self.counters.load_failures.inc();
+        self.structure_dirty = true;
+        self.loaded.clear();
+        self.due = Some(Instant::now() + self.backoff.next_delay());
+    }
+}
+
+/// The backends a loaded configuration holds, with what their spare slots verify.
+fn loaded_backends(
+    table: &RoutingTable,
+    rendered: &super::RenderedConfig,
+    options: &RenderOptions,
+) -> HashMap<String, LoadedBackend> {
+    let mut verified: HashMap<String, String> = HashMap::new();
+    for route in table.routes() {
+        let verifies = route.routing.termination == Termination::Reencrypt
+            && route.routing.destination_ca_certificate.is_none()
+            && options.default_destination_ca.is_some();
+        if verifies && let Some(name) = route.backend_name() {
+            verified.insert(name, primary_service_host(route));
+        }
+    }
+    rendered
+        .backends
+        .iter()
+        .map(|backend| {
+            (
+                backend.name.clone(),
+                LoadedBackend::loaded(backend, verified.get(&backend.name).cloned()),
+            )
+        })
+        .collect()
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

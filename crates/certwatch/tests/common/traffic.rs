@@ -1,0 +1,407 @@
+//! Real traffic for the routing tests: small HTTP and HTTPS backends that say who they
+//! are, registered as Services and EndpointSlices, and clients that send a request
+//! through an HAProxy and report the status, who answered, the certificate served and
+//! the ALPN negotiated.
+//!
+//! Backends listen on the machine's own non-loopback address: kube-apiserver (and so
+//! kube-sim) refuses loopback and link-local addresses in EndpointSlices.
+
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// This machine's address on its default route: where the backends listen.
+pub fn backend_ip() -> IpAddr {
+    let socket = UdpSocket::bind("0.0.0.0:0").unwrap();
+    // A UDP connect sends nothing: it only picks the source address of the route.
+    socket.connect("203.0.113.1:9").expect(
+        "the routing tests need a non-loopback IPv4 address with a default route \
+         (kube-apiserver refuses loopback addresses in EndpointSlices)",
+    );
+    let ip = socket.local_addr().unwrap().ip();
+    assert!(!ip.is_loopback() && !ip.is_unspecified(), "{ip}");
+    ip
+}
+
+/// A backend: a name it answers with, where it listens, and what it was asked.
+pub struct Backend {
+    pub name: String,
+    pub addr: SocketAddr,
+    /// Requests served: (Host header, path).
+    pub seen: Arc<Mutex<Vec<(String, String)>>>,
+    /// The leaf certificate (DER) of a TLS backend.
+    pub certificate: Option<Vec<u8>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The answer a backend gives: `200`, `x-backend: <name>`, body `<name>`.
+fn answer(name: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\nx-backend: {name}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{name}",
+        name.len()
+    )
+}
+
+async fn serve_one<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    name: &str,
+    seen: &Mutex<Vec<(String, String)>>,
+) {
+    let mut request = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => request.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&request);
+    let path = text
+        .lines()
+        .next()
+        .and_then(|line| line.split(' ').nth(1))
+        .unwrap_or("")
+        .to_owned();
+    let host = text
+        .lines()
+        .find_map(|line| {
+            line.split_once(':')
+                .filter(|(k, _)| k.eq_ignore_ascii_case("host"))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_default();
+    seen.lock().unwrap().push((host, path));
+    let _ = stream.write_all(answer(name).as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
+impl Backend {
+    /// A plain HTTP backend.
+    pub async fn http(name: &str) -> Self {
+        let listener = TcpListener::bind((backend_ip(), 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (task_name, task_seen) = (name.to_owned(), Arc::clone(&seen));
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (name, seen) = (task_name.clone(), Arc::clone(&task_seen));
+                tokio::spawn(async move { serve_one(stream, &name, &seen).await });
+            }
+        });
+        Self {
+            name: name.to_owned(),
+            addr,
+            seen,
+            certificate: None,
+            task,
+        }
+    }
+
+    /// A TLS backend with its own self-signed certificate for `host` (HTTP/1.1 inside).
+    pub async fn https(name: &str, host: &str) -> Self {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec![host.to_owned()]).unwrap();
+        let certificate = params.self_signed(&key).unwrap();
+        let der = certificate.der().to_vec();
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from(der.clone())],
+            PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+        )
+        .unwrap();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind((backend_ip(), 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (task_name, task_seen) = (name.to_owned(), Arc::clone(&seen));
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (name, seen, acceptor) =
+                    (task_name.clone(), Arc::clone(&task_seen), acceptor.clone());
+                tokio::spawn(async move {
+                    if let Ok(stream) = acceptor.accept(stream).await {
+                        serve_one(stream, &name, &seen).await;
+                    }
+                });
+            }
+        });
+        Self {
+            name: name.to_owned(),
+            addr,
+            seen,
+            certificate: Some(der),
+            task,
+        }
+    }
+
+    /// Requests served so far.
+    pub fn served(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+}
+
+/// Creates Service `name` (port `http` 80 → target `http`) in `namespace`.
+pub async fn create_service(admin: &kube::Client, namespace: &str, name: &str) {
+    let service: Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &service)
+        .await
+        .unwrap();
+}
+
+/// Creates or replaces EndpointSlice `<service>-1` naming `backends` as the service's
+/// ready endpoints (port name `http`).
+pub async fn set_endpoints(
+    admin: &kube::Client,
+    namespace: &str,
+    service: &str,
+    backends: &[&Backend],
+) {
+    let port = backends.first().map_or(80, |b| b.addr.port());
+    assert!(
+        backends.iter().all(|b| b.addr.port() == port) || backends.len() <= 1,
+        "one slice, one port"
+    );
+    let endpoints: Vec<serde_json::Value> = backends
+        .iter()
+        .map(|b| serde_json::json!({"addresses": [b.addr.ip().to_string()], "conditions": {"ready": true}}))
+        .collect();
+    let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{service}-1"), "namespace": namespace,
+                     "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        "endpoints": endpoints,
+    }))
+    .unwrap();
+    Api::<EndpointSlice>::namespaced(admin.clone(), namespace)
+        .patch(
+            &format!("{service}-1"),
+            &PatchParams::apply("certwatch-test").force(),
+            &Patch::Apply(&slice),
+        )
+        .await
+        .unwrap();
+}
+
+/// Creates or replaces EndpointSlice `<service>-<n>` with one endpoint per backend,
+/// each on its own port: one slice per backend.
+pub async fn set_endpoints_each(
+    admin: &kube::Client,
+    namespace: &str,
+    service: &str,
+    backends: &[&Backend],
+) {
+    let slices = Api::<EndpointSlice>::namespaced(admin.clone(), namespace);
+    for (n, backend) in backends.iter().enumerate() {
+        let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{service}-{n}"), "namespace": namespace,
+                         "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": backend.addr.port(), "protocol": "TCP"}],
+            "endpoints": [{"addresses": [backend.addr.ip().to_string()], "conditions": {"ready": true}}],
+        }))
+        .unwrap();
+        slices
+            .patch(
+                &format!("{service}-{n}"),
+                &PatchParams::apply("certwatch-test").force(),
+                &Patch::Apply(&slice),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// What a request through the proxy got.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    /// The `x-backend` header: who answered (`None`: the proxy itself).
+    pub backend: Option<String>,
+    /// The `location` header.
+    pub location: Option<String>,
+    /// The leaf certificate (DER) the TLS handshake presented (HTTPS only).
+    pub certificate: Option<Vec<u8>>,
+    /// The ALPN protocol negotiated (HTTPS only).
+    pub alpn: Option<String>,
+}
+
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    host: &str,
+    path: &str,
+) -> Option<(u16, Option<String>, Option<String>)> {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        stream.read_to_end(&mut response),
+    )
+    .await
+    .ok()?;
+    let text = String::from_utf8_lossy(&response);
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let header = |name: &str| {
+        text.split("\r\n\r\n").next().and_then(|head| {
+            head.lines().find_map(|line| {
+                line.split_once(':')
+                    .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+                    .map(|(_, v)| v.trim().to_owned())
+            })
+        })
+    };
+    Some((status, header("x-backend"), header("location")))
+}
+
+/// A plain HTTP request for `host` + `path` to `addr`.
+pub async fn http_get(addr: SocketAddr, host: &str, path: &str) -> Option<Response> {
+    let stream = TcpStream::connect(addr).await.ok()?;
+    let (status, backend, location) = exchange(stream, host, path).await?;
+    Some(Response {
+        status,
+        backend,
+        location,
+        certificate: None,
+        alpn: None,
+    })
+}
+
+/// Accepts any server certificate and remembers the end-entity one.
+#[derive(Debug)]
+struct Recorder {
+    provider: Arc<CryptoProvider>,
+    seen: Mutex<Option<Vec<u8>>>,
+}
+
+impl ServerCertVerifier for Recorder {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        *self.seen.lock().unwrap() = Some(end_entity.to_vec());
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// An HTTPS request with SNI `sni` (and `Host: sni`) for `path` to `addr`, offering
+/// ALPN `http/1.1` only when `h2` is false, `h2` and `http/1.1` otherwise (the request
+/// itself is HTTP/1.1 either way: with `h2` negotiated only the handshake is reported).
+pub async fn https_get(addr: SocketAddr, sni: &str, path: &str, h2: bool) -> Option<Response> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let recorder = Arc::new(Recorder {
+        provider: Arc::clone(&provider),
+        seen: Mutex::new(None),
+    });
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(recorder.clone())
+        .with_no_client_auth();
+    config.alpn_protocols = if h2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let stream = TcpStream::connect(addr).await.ok()?;
+    let name = ServerName::try_from(sni.to_owned()).ok()?;
+    let stream = connector.connect(name, stream).await.ok()?;
+    let alpn = stream
+        .get_ref()
+        .1
+        .alpn_protocol()
+        .map(|p| String::from_utf8_lossy(p).into_owned());
+    let certificate = recorder.seen.lock().unwrap().clone();
+    if alpn.as_deref() == Some("h2") {
+        return Some(Response {
+            status: 0,
+            backend: None,
+            location: None,
+            certificate,
+            alpn,
+        });
+    }
+    let (status, backend, location) = exchange(stream, sni, path).await?;
+    Some(Response {
+        status,
+        backend,
+        location,
+        certificate,
+        alpn,
+    })
+}

@@ -1,0 +1,341 @@
+//! Real traffic through the HAProxy certwatch configures and runs
+//! (`--haproxy-config-dir`), the binary against the simulator: HTTP and HTTPS (with SNI)
+//! requests reach the routes' backends (real servers on this machine, registered as
+//! Services and EndpointSlices), by termination and insecure policy, with the route's
+//! certificate; weights split the traffic; an endpoint change reaches HAProxy without a
+//! reload, a new route with one.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use common::haproxy::{info_field, leaf_of};
+use common::traffic::{
+    Backend, create_service, http_get, https_get, set_endpoints, set_endpoints_each,
+};
+use common::{Certwatch, SimProcess, create_tls_secret, eventually_async, free_port, grant_secret};
+use kube::api::{Api, PostParams};
+use route_secrets::route::Route;
+
+const NS: &str = "app-0";
+
+async fn create_route(admin: &kube::Client, name: &str, spec: serde_json::Value) {
+    let route: Route = serde_json::from_value(serde_json::json!({
+        "apiVersion": "route.openshift.io/v1", "kind": "Route",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    }))
+    .unwrap();
+    Api::<Route>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &route)
+        .await
+        .unwrap();
+}
+
+/// The secret of route `name`, for `host`, created and granted.
+async fn route_secret(admin: &kube::Client, name: &str, host: &str) {
+    let secret = format!("{name}-tls");
+    create_tls_secret(admin, NS, &secret, host).await;
+    grant_secret(admin, NS, &secret).await;
+}
+
+/// A route with its own secret (created and granted) for `host`.
+async fn tls_route(
+    admin: &kube::Client,
+    name: &str,
+    host: &str,
+    termination: &str,
+    policy: &str,
+    to: serde_json::Value,
+) {
+    route_secret(admin, name, host).await;
+    tls_route_only(admin, name, host, termination, policy, to).await;
+}
+
+/// A route whose secret [`route_secret`] made.
+async fn tls_route_only(
+    admin: &kube::Client,
+    name: &str,
+    host: &str,
+    termination: &str,
+    policy: &str,
+    to: serde_json::Value,
+) {
+    let secret = format!("{name}-tls");
+    let mut spec = serde_json::json!({
+        "host": host,
+        "to": to,
+        "tls": {"termination": termination, "externalCertificate": {"name": secret}},
+    });
+    if !policy.is_empty() {
+        spec["tls"]["insecureEdgeTerminationPolicy"] = policy.into();
+    }
+    create_route(admin, name, spec).await;
+}
+
+fn to(service: &str) -> serde_json::Value {
+    serde_json::json!({"kind": "Service", "name": service})
+}
+
+/// Sends `count` HTTPS requests for `sni` and counts who answered.
+async fn spread(https: SocketAddr, sni: &str, count: usize) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for _ in 0..count {
+        let response = https_get(https, sni, "/", false).await.expect("an answer");
+        *counts
+            .entry(
+                response
+                    .backend
+                    .unwrap_or_else(|| format!("status {}", response.status)),
+            )
+            .or_default() += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_reach_each_routes_backends_through_the_haproxy_certwatch_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
+    let admin = sim.client("admin").await;
+
+    let blue = [Backend::http("blue-1").await, Backend::http("blue-2").await];
+    let green = Backend::http("green-1").await;
+    let secure = Backend::https("secure-1", "secure.app-0.svc").await;
+    for service in ["blue", "green", "secure"] {
+        create_service(&admin, NS, service).await;
+    }
+    set_endpoints_each(&admin, NS, "blue", &[&blue[0], &blue[1]]).await;
+    set_endpoints(&admin, NS, "green", &[&green]).await;
+    set_endpoints(&admin, NS, "secure", &[&secure]).await;
+
+    tls_route(&admin, "edge-none", "edge.example", "edge", "", to("blue")).await;
+    tls_route(
+        &admin,
+        "edge-redirect",
+        "redirect.example",
+        "edge",
+        "Redirect",
+        to("blue"),
+    )
+    .await;
+    tls_route(
+        &admin,
+        "edge-allow",
+        "allow.example",
+        "edge",
+        "Allow",
+        to("green"),
+    )
+    .await;
+    tls_route(
+        &admin,
+        "weighted",
+        "weighted.example",
+        "edge",
+        "None",
+        serde_json::json!({"kind": "Service", "name": "blue", "weight": 1}),
+    )
+    .await;
+    // blue: weight 1 over 2 endpoints, green: weight 3 over 1: per-endpoint weights
+    // 42, 42 and 256 (the router's scaling), so green gets 256/340 of the requests.
+    let mut weighted: Route = Api::<Route>::namespaced(admin.clone(), NS)
+        .get("weighted")
+        .await
+        .unwrap();
+    weighted.spec.alternate_backends = Some(vec![
+        serde_json::from_value(
+            serde_json::json!({"kind": "Service", "name": "green", "weight": 3}),
+        )
+        .unwrap(),
+    ]);
+    Api::<Route>::namespaced(admin.clone(), NS)
+        .replace("weighted", &PostParams::default(), &weighted)
+        .await
+        .unwrap();
+    tls_route(
+        &admin,
+        "reencrypt",
+        "secure.example",
+        "reencrypt",
+        "",
+        to("secure"),
+    )
+    .await;
+    // Granted before certwatch asks about the namespace (its access answers are cached).
+    route_secret(&admin, "late", "late.example").await;
+
+    let (http_port, https_port) = (free_port(), free_port());
+    let config_dir = dir.path().join("haproxy");
+    let cert_dir = dir.path().join("certs");
+    let http_bind = format!("127.0.0.1:{http_port}");
+    let https_bind = format!("127.0.0.1:{https_port}");
+    let certwatch = Certwatch::start(
+        &sim.kubeconfig,
+        &cert_dir,
+        &dir.path().join("certwatch.log"),
+        &[
+            "--haproxy-config-dir",
+            config_dir.to_str().unwrap(),
+            "--http-bind",
+            &http_bind,
+            "--https-bind",
+            &https_bind,
+            "--haproxy-reload-interval",
+            "1s",
+            // Within the test machine's descriptor limit.
+            "--haproxy-max-connections",
+            "2000",
+        ],
+    );
+    certwatch.wait_ready().await;
+    let http: SocketAddr = http_bind.parse().unwrap();
+    let https: SocketAddr = https_bind.parse().unwrap();
+
+    // HTTPS with SNI: the route's certificate, its backend.
+    let edge = eventually_async("edge.example served over HTTPS", || async {
+        https_get(https, "edge.example", "/", false)
+            .await
+            .filter(|r| r.status == 200)
+    })
+    .await;
+    assert!(
+        edge.backend
+            .as_deref()
+            .is_some_and(|b| b.starts_with("blue-")),
+        "{edge:?}"
+    );
+    assert_eq!(
+        edge.certificate,
+        Some(leaf_of(&admin, NS, "edge-none-tls").await)
+    );
+    // The crt-list's lines name no ALPN: none is negotiated.
+    assert_eq!(edge.alpn, None);
+    // Plain HTTP: None refuses (no route), Redirect sends to HTTPS, Allow serves.
+    let refused = http_get(http, "edge.example", "/").await.unwrap();
+    assert_eq!(
+        (refused.status, refused.backend.as_deref()),
+        (503, None),
+        "{refused:?}"
+    );
+    let redirected = http_get(http, "redirect.example", "/cart?x=1")
+        .await
+        .unwrap();
+    assert_eq!(redirected.status, 302, "{redirected:?}");
+    assert_eq!(
+        redirected.location.as_deref(),
+        Some("https://redirect.example/cart?x=1")
+    );
+    let allowed = http_get(http, "allow.example", "/").await.unwrap();
+    assert_eq!(
+        (allowed.status, allowed.backend.as_deref()),
+        (200, Some("green-1"))
+    );
+    let allowed_tls = https_get(https, "allow.example", "/", false).await.unwrap();
+    assert_eq!(allowed_tls.backend.as_deref(), Some("green-1"));
+    assert_eq!(
+        allowed_tls.certificate,
+        Some(leaf_of(&admin, NS, "edge-allow-tls").await)
+    );
+    // A name no route has: the default certificate, and no backend.
+    let unknown = https_get(https, "unknown.example", "/", false)
+        .await
+        .unwrap();
+    assert_eq!((unknown.status, unknown.backend.as_deref()), (503, None));
+    assert_ne!(unknown.certificate, edge.certificate);
+    // Reencrypt: HAProxy opens its own TLS connection to the backend.
+    let reencrypted = https_get(https, "secure.example", "/r", false)
+        .await
+        .unwrap();
+    assert_eq!(
+        (reencrypted.status, reencrypted.backend.as_deref()),
+        (200, Some("secure-1"))
+    );
+    assert_eq!(
+        reencrypted.certificate,
+        Some(leaf_of(&admin, NS, "reencrypt-tls").await)
+    );
+    assert_eq!(secure.seen.lock().unwrap().last().unwrap().1, "/r");
+    // Weights, over many requests (round robin: exact proportions per cycle).
+    let counts = spread(https, "weighted.example", 340).await;
+    let green_share = counts.get("green-1").copied().unwrap_or(0);
+    assert!((230..=280).contains(&green_share), "{counts:?}");
+    assert_eq!(counts.values().sum::<usize>(), 340, "{counts:?}");
+
+    // An endpoint change reaches HAProxy without a reload: the worker stays the same.
+    let socket = config_dir.join("run/haproxy.sock");
+    let worker = info_field(&socket, "Pid");
+    let loads = certwatch.metric("certwatch_routing_loads_total").unwrap();
+    let blue_3 = Backend::http("blue-3").await;
+    set_endpoints_each(&admin, NS, "blue", &[&blue[0], &blue[1], &blue_3]).await;
+    eventually_async("the new endpoint gets traffic", || async {
+        let counts = spread(https, "edge.example", 9).await;
+        counts.contains_key("blue-3").then_some(())
+    })
+    .await;
+    assert_eq!(
+        info_field(&socket, "Pid"),
+        worker,
+        "no reload for an endpoint change"
+    );
+    assert_eq!(
+        certwatch.metric("certwatch_routing_loads_total"),
+        Some(loads)
+    );
+    // An endpoint that goes gets no more requests.
+    Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(admin.clone(), NS)
+        .delete("blue-0", &Default::default())
+        .await
+        .unwrap();
+    eventually_async("the removed endpoint gets no traffic", || async {
+        let counts = spread(https, "edge.example", 12).await;
+        (!counts.contains_key("blue-1") && counts.contains_key("blue-2")).then_some(())
+    })
+    .await;
+    assert_eq!(
+        info_field(&socket, "Pid"),
+        worker,
+        "no reload for an endpoint removal"
+    );
+    assert!(
+        certwatch
+            .metric("certwatch_routing_server_commands_total{result=\"ok\"}")
+            .unwrap()
+            > 0.0
+    );
+    assert_eq!(
+        certwatch.metric("certwatch_routing_server_commands_total{result=\"error\"}"),
+        Some(0.0)
+    );
+
+    // A new route is loaded by a reload.
+    tls_route_only(&admin, "late", "late.example", "edge", "", to("green")).await;
+    let late = eventually_async("the new route served", || async {
+        https_get(https, "late.example", "/", false)
+            .await
+            .filter(|r| r.status == 200)
+    })
+    .await;
+    assert_eq!(late.backend.as_deref(), Some("green-1"));
+    assert_eq!(
+        late.certificate,
+        Some(leaf_of(&admin, NS, "late-tls").await)
+    );
+    assert!(certwatch.metric("certwatch_routing_loads_total").unwrap() > loads);
+
+    // HAProxy outlives no certwatch, even one killed outright.
+    certwatch.signal("KILL");
+    eventually_async("HAProxy gone with certwatch", || async {
+        std::os::unix::net::UnixStream::connect(&socket)
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        http_get(http, "allow.example", "/").await.is_none(),
+        "HAProxy still listens after certwatch was killed"
+    );
+}

@@ -277,7 +277,7 @@ impl Daemon {
                 &options.scope,
                 &limiter,
                 move |source, error| {
-                    metrics.watcher_error(source, error);
+                    metrics.api.watcher_error(source, error);
                 },
             )
             .take_until(shutdown.clone().cancelled_owned())
@@ -501,12 +501,14 @@ fn refresher(
         limiter.clone(),
     );
     Arc::new(move || {
-        metrics.set_limiter(&limiter.snapshot());
+        metrics.limiter.set(&limiter.snapshot());
         let (watched, synced) = secret_counts(&manager);
-        metrics.set_secrets(watched, synced);
-        metrics.set_registered_routes(manager.route_count());
+        metrics.secrets.set_counts(watched, synced);
+        metrics.secrets.set_registered_routes(manager.route_count());
         let stats = pool.stats();
-        metrics.set_api_connections(stats.http2_connections_open, stats.http1_connections_open);
-        metrics.refresh_process();
+        metrics
+            .api
+            .set_connections(stats.http2_connections_open, stats.http1_connections_open);
+        metrics.process.refresh();
     })
 }

@@ -30,8 +30,7 @@
 //!   `ExternalCertificateSecretDeleted`, and the registration kept so that a
 //!   re-creation re-admits the route (`ExternalCertificateSecretRecreated`).
 //! * Admitted with a certificate that is not valid yet or will expire: applied again
-//!   when that changes ([`SecretVersion::dates_change_in`]), so that its status
-//!   message follows the dates.
+//!   when that changes ([`dates`]), so that its status message follows the dates.
 //! * A missing or invalid secret is rejected but stays registered, so fixing the secret
 //!   admits the route. Transient failures are retried along
 //!   [`kube_common::backoff`]; a denial is checked again when it stops being trusted.
@@ -40,6 +39,7 @@
 //! keeps registrations by [`RegistrationId`] only, and the secret manager not at all.
 
 mod claims;
+pub mod dates;
 mod effects;
 mod inputs;
 mod outcome;
@@ -665,6 +665,10 @@ impl RouteMachine {
         self.set_seen(key, SecretSeen::Evaluated(version.id));
         match version.validation {
             Ok(tls) => {
+                // The certificate becomes valid or expires: applied again then, so that
+                // the status message follows (the shell validates the version anew).
+                let dates_change = dates::dates_change_in(&tls, version.as_of)
+                    .and_then(|delay| now.checked_add(delay));
                 let host = route.host.as_deref().map(str::to_owned);
                 let mut warnings = tls.warnings().to_vec();
                 warnings.extend(host.as_deref().and_then(|host| tls.host_warning(host)));
@@ -683,12 +687,7 @@ impl RouteMachine {
                     reason,
                 };
                 self.emit(key, RouteOutcome::Admitted(admitted), effects);
-                // The certificate becomes valid or expires: applied again then, so that
-                // the status message follows (the shell validates the version anew).
-                if let Some(at) = version
-                    .dates_change_in
-                    .and_then(|delay| now.checked_add(delay))
-                {
+                if let Some(at) = dates_change {
                     self.schedule_retry(key, at);
                 }
             }

@@ -36,6 +36,7 @@ use crate::api::access::AccessChecker;
 use crate::api::manager::{SecretManager, SecretRegistration};
 use crate::api::route_watch::{RouteEvent, RouteWatchError};
 use crate::api::status_writer::StatusWriter;
+use crate::machine::dates::validation_holds;
 pub use crate::machine::{AdmittedRoute, HostPolicy, Readiness, RejectedRoute, RouteOutcome, Sni};
 use crate::machine::{
     Effect, Input, MachineOptions, Preparation, Prepared, PreparedOutcome, RegistrationId,
@@ -366,45 +367,9 @@ struct Validations {
 struct Validation {
     version: SecretVersionId,
     result: Result<Arc<ValidatedTls>, TlsRejection>,
-    /// When it was validated: its date warnings hold until the certificate becomes
-    /// valid or expires.
+    /// When it was validated: it holds until the certificate becomes valid or expires
+    /// ([`validation_holds`]).
     at: Timestamp,
-}
-
-/// The validity of a certificate at `at`, as its date warnings tell it: not yet valid,
-/// valid, or expired.
-fn validity_at(tls: &ValidatedTls, at: Timestamp) -> std::cmp::Ordering {
-    if at < tls.not_before() {
-        std::cmp::Ordering::Less
-    } else if at > tls.not_after() {
-        std::cmp::Ordering::Greater
-    } else {
-        std::cmp::Ordering::Equal
-    }
-}
-
-/// The longest wait before a route is evaluated again for its certificate's dates: a
-/// certificate valid for years is looked at again after this, and waits again (timers
-/// far in the future are clamped by tokio anyway).
-const DATES_RECHECK_MAX: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
-
-/// How long after `now` the date warnings of `validation` may change: until the
-/// certificate becomes valid, or until it expires (a second past either, so that the
-/// change has happened when the route is evaluated again), at most
-/// [`DATES_RECHECK_MAX`].
-fn dates_change_in(
-    validation: &Result<Arc<ValidatedTls>, TlsRejection>,
-    now: Timestamp,
-) -> Option<std::time::Duration> {
-    let tls = validation.as_ref().ok()?;
-    let next = match validity_at(tls, now) {
-        std::cmp::Ordering::Less => tls.not_before(),
-        std::cmp::Ordering::Equal => tls.not_after(),
-        std::cmp::Ordering::Greater => return None,
-    };
-    let delay = now.duration_until(next) + jiff::SignedDuration::from_secs(1);
-    let delay = std::time::Duration::try_from(delay).ok()?;
-    Some(delay.min(DATES_RECHECK_MAX))
 }
 
 impl Validations {
@@ -430,14 +395,11 @@ impl Validations {
             secret.namespace().unwrap_or_default(),
             secret.name().unwrap_or_default(),
         );
-        let current = |found: &Validation| match &found.result {
-            Ok(tls) => validity_at(tls, found.at) == validity_at(tls, now),
-            Err(_) => true,
-        };
+        let current = |found: &Validation| validation_holds(&found.result, found.at, now);
         let handed_over = |id, validation| SecretVersion {
-            dates_change_in: dates_change_in(&validation, now),
             id,
             validation,
+            as_of: now,
         };
         if let Some(id) = &id
             && let Some(found) = self.map().get(&key)
@@ -488,47 +450,5 @@ async fn sleep_until(at: Option<std::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
         None => std::future::pending().await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testing::{LeafSpec, Pki};
-    use jiff::SignedDuration;
-
-    #[test]
-    fn a_route_is_looked_at_again_when_its_certificate_dates_pass() {
-        // Whole seconds, as certificate dates are.
-        let now = Timestamp::from_second(Timestamp::now().as_second()).expect("now");
-        let pki = Pki::new(now);
-        let validation = |spec: LeafSpec| {
-            let secret = pki.issue(&spec).secret("ns", "s");
-            TlsValidator::default()
-                .validate_secret(&secret, None, now)
-                .map(Arc::new)
-        };
-        let spec = || LeafSpec::new("r.example", now);
-        let seconds = |hours: i64| std::time::Duration::from_secs(hours as u64 * 3600 + 1);
-        let in_an_hour = spec().valid(
-            now - SignedDuration::from_hours(1),
-            now + SignedDuration::from_hours(1),
-        );
-        assert_eq!(
-            dates_change_in(&validation(in_an_hour), now),
-            Some(seconds(1))
-        );
-        assert_eq!(
-            dates_change_in(&validation(spec().not_yet_valid(now)), now),
-            Some(seconds(24)),
-            "becomes valid a day from now"
-        );
-        assert_eq!(dates_change_in(&validation(spec().expired(now)), now), None);
-        let for_years = spec().valid(now, now + SignedDuration::from_hours(5 * 365 * 24));
-        assert_eq!(
-            dates_change_in(&validation(for_years), now),
-            Some(DATES_RECHECK_MAX)
-        );
-        assert_eq!(dates_change_in(&Err(TlsRejection::KeyEmpty), now), None);
     }
 }

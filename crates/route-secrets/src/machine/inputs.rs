@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use jiff::Timestamp;
 use kube_common::Verb;
 use secret_monitor::WatchedObject;
 
@@ -123,11 +124,12 @@ pub struct SecretVersion {
     pub id: Option<SecretVersionId>,
     /// The validation of its TLS material.
     pub validation: Result<Arc<ValidatedTls>, TlsRejection>,
-    /// How long until the validation's date warnings may change (the certificate
-    /// becomes valid, or expires), from when the version is handed over; `None` when
-    /// they never will. A route admitted with it is evaluated again then (with the
-    /// version validated anew), so that its status message follows the dates.
-    pub dates_change_in: Option<Duration>,
+    /// The wall-clock time at which the validation was found to hold (see
+    /// [`dates::validation_holds`](super::dates::validation_holds)). A route admitted
+    /// with it is evaluated again when its certificate's validity changes, counted from
+    /// this time ([`dates::dates_change_in`](super::dates::dates_change_in)), so that
+    /// its status message follows the dates.
+    pub as_of: Timestamp,
 }
 
 /// `(uid, resourceVersion)` of a secret: a new uid is a re-created secret, a new

@@ -14,6 +14,7 @@
 //!   the results back.
 
 pub mod access;
+mod mailbox;
 pub mod manager;
 mod paced;
 pub mod pipeline;

@@ -1,7 +1,6 @@
 //! What the machine is told: route changes from the route watch, the results of the
 //! network work it asked for, secret changes, and the passing of time.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,21 +8,9 @@ use jiff::Timestamp;
 use kube_common::Verb;
 use secret_monitor::WatchedObject;
 
-use super::effects::Preparation;
+use super::effects::{Preparation, RegistrationId};
 use crate::route::{Route, RouteKey};
 use crate::tls::{TlsRejection, ValidatedTls};
-
-/// Identifies one registration of a route on its secret's watch. A route that
-/// registers again (another secret, or after a failure) gets a new id, so that events
-/// and results of a registration it has since dropped are recognised and ignored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RegistrationId(pub(crate) u64);
-
-impl fmt::Display for RegistrationId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "registration #{}", self.0)
-    }
-}
 
 /// One input to [`RouteMachine::step`](super::RouteMachine::step).
 #[derive(Clone, Debug)]

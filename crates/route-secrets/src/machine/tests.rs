@@ -134,6 +134,8 @@ struct Driver {
     last_status: BTreeMap<RouteKey, Admission>,
     /// Secrets prefetched and not released.
     prefetched: BTreeSet<(String, String)>,
+    /// Every prefetch asked for, in order.
+    prefetches: Vec<(String, String)>,
     readiness: Readiness,
 }
 
@@ -155,6 +157,7 @@ impl Driver {
             statuses: Vec::new(),
             last_status: BTreeMap::new(),
             prefetched: BTreeSet::new(),
+            prefetches: Vec::new(),
             readiness: Readiness::default(),
         }
     }
@@ -164,6 +167,7 @@ impl Driver {
         for effect in effects {
             match effect {
                 Effect::Prefetch { namespace, secret } => {
+                    self.prefetches.push((namespace.clone(), secret.clone()));
                     self.prefetched.insert((namespace, secret));
                 }
                 Effect::ReleasePrefetched => self.prefetched.clear(),
@@ -1118,6 +1122,30 @@ fn a_wildcard_route_is_refused_by_default_without_touching_its_secret() {
         admitted_sni(&d),
         vec![Sni::Host("www.shop.example".to_owned())]
     );
+}
+
+/// The checks made on the route alone are the same ahead of the queue and at its
+/// apply: a route that carries an inline certificate besides its secret is refused
+/// without its secret being prefetched, watched or checked.
+#[test]
+fn a_route_refused_on_its_own_is_never_prefetched() {
+    let mut inline = route("r", Some("s"), "r.example", 10, "uid-r");
+    inline.spec.tls.as_mut().expect("tls").certificate = Some("-----BEGIN".to_owned());
+    let bad_name = route("b", Some("Not_A_Name"), "b.example", 11, "uid-b");
+    let mut d = Driver::new();
+    d.step(Input::Listed(vec![inline, bad_name]));
+    assert_eq!(
+        d.said_to("r"),
+        vec![Said::Rejected("ExternalCertificateValidationFailed")]
+    );
+    assert_eq!(
+        d.said_to("b"),
+        vec![Said::Rejected("ExternalCertificateValidationFailed")]
+    );
+    assert_eq!(d.prefetches, []);
+    assert!(d.preparing.is_none());
+    assert_eq!(d.held_by("r") + d.held_by("b"), 0);
+    assert!(d.readiness.is_ready());
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! | `certwatch_routes_admitted` | gauge | | routes served now |
 //! | `certwatch_routes_rejected` | gauge | `reason`, `cause` | routes rejected now, by reason and cause class (`rbac`, `secret_missing`, `bad_pem`, ...: see docs/daemon.md) |
 //! | `certwatch_route_outcomes_total` | counter | `outcome`, `reason` | every decision (`admitted`, `rejected`, `removed`) |
-//! | `certwatch_certificate_expiration_timestamp_seconds` | gauge | `namespace`, `route`, `secret` | `notAfter` of the certificate last served for each route; stays while the route exists, also while it is rejected |
+//! | `certwatch_certificate_expiration_timestamp_seconds` | gauge | `route_namespace`, `route`, `secret` | `notAfter` of the certificate last served for each route; stays while the route exists, also while it is rejected |
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -34,7 +34,10 @@ struct OutcomeLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CertificateLabels {
-    namespace: String,
+    /// Not `namespace`: a scrape with `honor_labels: false` (what a ServiceMonitor
+    /// generates) renames that `exported_namespace` and puts the namespace certwatch
+    /// runs in in its place.
+    route_namespace: String,
     route: String,
     secret: String,
 }
@@ -170,7 +173,7 @@ impl RouteMetrics {
     /// `secret` (replacing the series of an earlier secret).
     pub fn certificate_served(&self, route: &RouteKey, secret: &str, not_after: Timestamp) {
         let labels = |secret: String| CertificateLabels {
-            namespace: route.namespace.to_string(),
+            route_namespace: route.namespace.to_string(),
             route: route.name.to_string(),
             secret,
         };
@@ -197,7 +200,7 @@ impl RouteMetrics {
             .remove(route);
         if let Some(secret) = previous {
             self.expiration.remove(&CertificateLabels {
-                namespace: route.namespace.to_string(),
+                route_namespace: route.namespace.to_string(),
                 route: route.name.to_string(),
                 secret,
             });
@@ -271,7 +274,7 @@ mod tests {
         let at = Timestamp::from_second(2_000_000_000).unwrap();
         let series = |secret: &str| {
             format!(
-                "certwatch_certificate_expiration_timestamp_seconds{{namespace=\"ns\",route=\"shop\",secret=\"{secret}\"}} 2000000000\n"
+                "certwatch_certificate_expiration_timestamp_seconds{{route_namespace=\"ns\",route=\"shop\",secret=\"{secret}\"}} 2000000000\n"
             )
         };
         metrics.routes.certificate_served(&route, "old", at);

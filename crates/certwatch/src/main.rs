@@ -23,7 +23,7 @@ const LAB_BINARY: &str = "certwatch-lab";
 #[derive(Debug, Parser)]
 #[command(
     name = "certwatch",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("CERTWATCH_COMMIT"), ")"),
     about = "Watches per-route Kubernetes TLS secrets and serves them to an ingress proxy",
     after_help = "demo, sim and bench are the lab's (certwatch-lab, built with \
 `cargo build --release -p certwatch-lab`): this binary runs certwatch-lab with the same \

@@ -4,7 +4,7 @@
 //! |---|---|---|---|
 //! | `certwatch_ready` | gauge | | 1 once every route present at start-up is decided and its files are written |
 //! | `certwatch_startup_duration_seconds` | gauge | | time from start to ready |
-//! | `certwatch_build_info` | gauge | `version` | always 1 |
+//! | `certwatch_build_info` | gauge | `version`, `commit` | always 1; `commit` is the git commit built from (`unknown` when the source had no git and the build was not told it) |
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -17,7 +17,11 @@ use prometheus_client::registry::{Registry, Unit};
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
+    commit: &'static str,
 }
+
+/// The git commit this binary is built from, or `unknown` (see `build.rs`).
+pub const COMMIT: &str = env!("CERTWATCH_COMMIT");
 
 /// Readiness, start-up time and build information.
 #[derive(Debug)]
@@ -33,6 +37,7 @@ impl DaemonMetrics {
         build_info
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION"),
+                commit: COMMIT,
             })
             .set(1);
         Self {
@@ -56,7 +61,7 @@ impl DaemonMetrics {
         );
         registry.register(
             "build_info",
-            "certwatch's version; always 1",
+            "certwatch's version and the git commit it is built from; always 1",
             self.build_info.clone(),
         );
     }

@@ -259,8 +259,9 @@ async fn full_cert_dir_at_start_up() {
 }
 
 /// OpenShift's restricted-v2: a random UID with group 0, in a volume owned by root
-/// with mode 2777 (an `emptyDir`). certwatch writes its files there without trying
-/// to change the directory's mode.
+/// with mode 3777 (a memory-backed `emptyDir`: a tmpfs, 1777, with the `fsGroup`'s
+/// setgid bit). certwatch writes its files there without trying to change the
+/// directory's mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_uid_with_group_0_in_a_root_owned_volume() {
     must_be_root("running certwatch as another UID");
@@ -273,7 +274,7 @@ async fn random_uid_with_group_0_in_a_root_owned_volume() {
     std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
     let cert_dir = temp.path().join("certs");
     std::fs::create_dir(&cert_dir).unwrap();
-    std::fs::set_permissions(&cert_dir, std::fs::Permissions::from_mode(0o2777)).unwrap();
+    std::fs::set_permissions(&cert_dir, std::fs::Permissions::from_mode(0o3777)).unwrap();
     let uid = 1_000_650_000;
 
     let mut certwatch = Certwatch::launch(
@@ -283,7 +284,7 @@ async fn random_uid_with_group_0_in_a_root_owned_volume() {
     let dir = std::fs::metadata(&cert_dir).unwrap();
     assert_eq!(
         (dir.uid(), dir.mode() & 0o7777),
-        (0, 0o2777),
+        (0, 0o3777),
         "left as it was"
     );
     let bundle = std::fs::metadata(cert_dir.join("app-0:route-0.pem")).unwrap();
@@ -299,6 +300,62 @@ async fn random_uid_with_group_0_in_a_root_owned_volume() {
             .count(),
         3
     );
+    assert_eq!(certwatch.terminate().code(), Some(0));
+}
+
+/// A cert dir that every user may write, without the sticky bit (a disk-backed
+/// `emptyDir`: root-owned 0777, 2777 with an `fsGroup`), is refused before anything
+/// is written, with a message that says how to fix it; one certwatch creates, or owns,
+/// is restricted to 0700 instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_world_writable_cert_dir_without_the_sticky_bit_is_refused() {
+    use std::os::unix::process::CommandExt as _;
+    must_be_root("running certwatch as another UID");
+    let temp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(temp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sim = SimProcess::start(temp.path(), &["--generate", "routes=2,namespaces=1"]);
+    let kubeconfig = temp.path().join("readable.kubeconfig");
+    std::fs::copy(&sim.kubeconfig, &kubeconfig).unwrap();
+    std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let uid = 1_000_650_000;
+    for mode in [0o777, 0o2777] {
+        let cert_dir = temp.path().join(format!("certs-{mode:o}"));
+        std::fs::create_dir(&cert_dir).unwrap();
+        std::fs::set_permissions(&cert_dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        let output = Command::new(certwatch_binary())
+            .args(["run", "--listen", "127.0.0.1:0", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .arg("--cert-dir")
+            .arg(&cert_dir)
+            .uid(uid)
+            .gid(0)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        for words in [
+            format!("cannot prepare the cert directory {}", cert_dir.display()),
+            "writable by every user and has no sticky bit".to_owned(),
+            format!("mode {mode:04o}, owner uid 0"),
+            format!("chmod +t {}", cert_dir.display()),
+        ] {
+            assert!(stderr.contains(&words), "{words:?} in {stderr}");
+        }
+        assert_eq!(std::fs::read_dir(&cert_dir).unwrap().count(), 0, "{stderr}");
+        let dir = std::fs::metadata(&cert_dir).unwrap();
+        assert_eq!(dir.mode() & 0o7777, mode, "left as it was");
+    }
+
+    // Its own, world-writable: fixed.
+    let own = temp.path().join("own");
+    std::fs::create_dir(&own).unwrap();
+    std::os::unix::fs::chown(&own, Some(uid), Some(0)).unwrap();
+    std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut certwatch = Certwatch::launch(
+        Launch::new(&kubeconfig, &own, &temp.path().join("own.log")).user(uid, 0),
+    );
+    certwatch.wait_ready().await;
+    assert_eq!(std::fs::metadata(&own).unwrap().mode() & 0o7777, 0o700);
     assert_eq!(certwatch.terminate().code(), Some(0));
 }
 

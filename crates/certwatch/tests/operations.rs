@@ -157,6 +157,74 @@ async fn json_logs_only() {
     );
 }
 
+/// `--log-format json` holds for the errors that end the process too: a kubeconfig
+/// that cannot be read, a port in use, a bad option value (with the format given as
+/// a flag or through `CERTWATCH_LOG_FORMAT`). Each writes one JSON `ERROR` event
+/// naming the cause, nothing else, and nothing on stdout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fatal_errors_are_json_in_json_mode() {
+    let temp = tempfile::tempdir().unwrap();
+    let sim = SimProcess::start(temp.path(), &["--generate", "routes=1,namespaces=1"]);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = format!("127.0.0.1:{}", taken.local_addr().unwrap().port());
+    let certs = temp.path().join("certs");
+    let kubeconfig = sim.kubeconfig.to_str().unwrap();
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str, i32);
+    let cases: &[Case] = &[
+        (
+            &[
+                "--kubeconfig",
+                "/nonexistent/kubeconfig",
+                "--log-format",
+                "json",
+            ],
+            &[],
+            "cannot read the kubeconfig /nonexistent/kubeconfig",
+            1,
+        ),
+        (
+            &[
+                "--kubeconfig",
+                kubeconfig,
+                "--listen",
+                &port,
+                "--log-format=json",
+            ],
+            &[],
+            &format!("cannot listen on {port}"),
+            1,
+        ),
+        (
+            &["--kubeconfig", kubeconfig, "--listen", "nowhere"],
+            &[("CERTWATCH_LOG_FORMAT", "json")],
+            "invalid value 'nowhere' for '--listen <ADDR>'",
+            2,
+        ),
+    ];
+    for (args, env, cause, status) in cases {
+        let mut full = vec!["run", "--cert-dir", certs.to_str().unwrap()];
+        full.extend_from_slice(args);
+        let output = run_to_exit(&full, env);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(*status), "{args:?}: {stderr}");
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "", "{args:?}");
+        let events: Vec<serde_json::Value> = stderr
+            .lines()
+            .map(|line| {
+                serde_json::from_str(line)
+                    .unwrap_or_else(|error| panic!("{args:?}: not JSON ({error}): {line}"))
+            })
+            .collect();
+        let last = events
+            .last()
+            .unwrap_or_else(|| panic!("{args:?}: no event"));
+        assert_eq!(last["level"], "ERROR", "{args:?}: {stderr}");
+        let error = last["error"].as_str().unwrap_or_default();
+        assert!(error.contains(cause), "{args:?}: {cause:?} in {stderr}");
+    }
+    drop(taken);
+}
+
 /// Unmounts a test tmpfs, also when the test fails.
 struct Mount(PathBuf);
 

@@ -199,6 +199,7 @@ pub struct Launch {
     listen: String,
     user: Option<(u32, u32)>,
     json: bool,
+    default_log_level: bool,
 }
 
 impl Launch {
@@ -214,7 +215,15 @@ impl Launch {
             listen: "127.0.0.1:0".to_owned(),
             user: None,
             json: false,
+            default_log_level: false,
         }
+    }
+
+    /// The log level a deployment has (no `RUST_LOG`), instead of the tests' debug
+    /// level for certwatch.
+    pub fn default_log_level(mut self) -> Self {
+        self.default_log_level = true;
+        self
     }
 
     /// More arguments.
@@ -283,6 +292,9 @@ impl Certwatch {
             .stderr(std::fs::File::create(&launch.log).unwrap());
         if let Some((uid, gid)) = launch.user {
             command.uid(uid).gid(gid);
+        }
+        if launch.default_log_level {
+            command.env_remove("RUST_LOG");
         }
         if launch.json {
             command.stdout(std::fs::File::create(launch.log.with_extension("stdout")).unwrap());

@@ -194,8 +194,9 @@ mod tests {
             "certwatch_secret_first_sync_failures_total 0\n",
             "certwatch_startup_refusals_total 0\n",
             &format!(
-                "certwatch_build_info{{version=\"{}\"}} 1\n",
-                env!("CARGO_PKG_VERSION")
+                "certwatch_build_info{{version=\"{}\",commit=\"{}\"}} 1\n",
+                env!("CARGO_PKG_VERSION"),
+                daemon::COMMIT,
             ),
         ] {
             assert!(text.contains(sample), "{sample}in\n{text}");

@@ -21,8 +21,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::atomic::AtomicU64;
-
 use futures::StreamExt;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
@@ -30,10 +28,6 @@ use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube_common::backoff::{Backoff, BackoffPolicy};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use route_secrets::route::RouteKey;
 use route_secrets::route::routing::Termination;
 use tokio::sync::mpsc;
@@ -104,7 +98,8 @@ impl Routing {
     pub fn spawn(client: kube::Client, options: RoutingOptions, metrics: Arc<Metrics>) -> Self {
         let (changes, inputs) = mpsc::unbounded_channel();
         let slices = slice_events(client, Arc::clone(&metrics));
-        let worker = Worker::new(options, &metrics);
+        metrics.register_routing();
+        let worker = Worker::new(options, metrics);
         let task = tokio::spawn(worker.run(inputs, slices));
         Self { changes, task }
     }
@@ -153,7 +148,7 @@ fn slice_events(
                 Ok(Event::Delete(slice)) => Some(SliceEvent::Deleted(slice)),
                 Err(error) => {
                     warn!(%error, "EndpointSlice watch failed; retrying");
-                    metrics.watcher_error("endpointslices", &error);
+                    metrics.api.watcher_error("endpointslices", &error);
                     None
                 }
             };
@@ -162,73 +157,9 @@ fn slice_events(
         .boxed()
 }
 
-/// The routing task's metrics (`certwatch_routing_*`).
-#[derive(Clone, Debug, Default)]
-struct RoutingMetrics {
-    loads: Counter,
-    load_failures: Counter,
-    load_seconds: Gauge<f64, AtomicU64>,
-    routes: Gauge,
-    commands: Family<ResultLabels, Counter>,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ResultLabels {
-    result: &'static str,
-}
-
-impl RoutingMetrics {
-    fn registered(metrics: &Metrics) -> Self {
-        let counters = Self::default();
-        for result in ["ok", "error"] {
-            drop(counters.commands.get_or_create(&ResultLabels { result }));
-        }
-        metrics.register_more(|registry| {
-            registry.register(
-                "routing_loads",
-                "HAProxy loads of the routes' configuration (start or reload)",
-                counters.loads.clone(),
-            );
-            registry.register(
-                "routing_load_failures",
-                "Failed writes, starts or reloads of the routes' configuration (retried)",
-                counters.load_failures.clone(),
-            );
-            registry.register(
-                "routing_last_load_seconds",
-                "Time the last load took, from rendering to HAProxy answering",
-                counters.load_seconds.clone(),
-            );
-            registry.register(
-                "routing_routes",
-                "Routes in HAProxy's configuration",
-                counters.routes.clone(),
-            );
-            registry.register(
-                "routing_server_commands",
-                "Runtime API commands that moved endpoints into or out of server slots, by result",
-                counters.commands.clone(),
-            );
-        });
-        counters
-    }
-
-    fn loaded(&self, took: Duration, routes: usize) {
-        self.loads.inc();
-        self.load_seconds.set(took.as_secs_f64());
-        self.routes.set(i64::try_from(routes).unwrap_or(i64::MAX));
-    }
-
-    fn commands(&self, count: usize, result: &'static str) {
-        self.commands
-            .get_or_create(&ResultLabels { result })
-            .inc_by(u64::try_from(count).unwrap_or(u64::MAX));
-    }
-}
-
 struct Worker {
     options: RoutingOptions,
-    counters: RoutingMetrics,
+    metrics: Arc<Metrics>,
     api: RuntimeApi,
     table: RoutingTable,
     endpoints: EndpointTable,
@@ -250,11 +181,11 @@ struct Worker {
 }
 
 impl Worker {
-    fn new(options: RoutingOptions, metrics: &Metrics) -> Self {
+    fn new(options: RoutingOptions, metrics: Arc<Metrics>) -> Self {
         let api = RuntimeApi::new(options.render.admin_socket.clone(), options.command_timeout);
         Self {
             options,
-            counters: RoutingMetrics::registered(metrics),
+            metrics,
             api,
             table: RoutingTable::new(),
             endpoints: EndpointTable::new(),
@@ -388,14 +319,14 @@ impl Worker {
         if !commands.is_empty() {
             match self.api.run_commands(&commands).await {
                 Ok(()) => {
-                    self.counters.commands(commands.len(), "ok");
+                    self.metrics.routing.server_commands(commands.len(), true);
                     debug!(
                         commands = commands.len(),
                         "endpoint changes sent to HAProxy"
                     );
                 }
                 Err(error) => {
-                    self.counters.commands(commands.len(), "error");
+                    self.metrics.routing.server_commands(commands.len(), false);
                     warn!(%error, "HAProxy refused endpoint changes; reloading instead");
                     self.structure_dirty = true;
                 }
@@ -425,7 +356,9 @@ impl Worker {
         let Some(binary) = self.options.haproxy_binary.clone() else {
             // Someone else runs HAProxy: the files are the hand-off.
             self.loaded = loaded_backends(&self.table, &rendered, &self.options.render);
-            self.counters.loaded(started.elapsed(), self.table.len());
+            self.metrics
+                .routing
+                .loaded(started.elapsed(), self.table.len());
             return;
         };
         let previous = self.instance;
@@ -450,7 +383,9 @@ impl Worker {
                 self.instance = Some(instance);
                 self.loaded = loaded_backends(&self.table, &rendered, &self.options.render);
                 self.backoff = Backoff::new(BackoffPolicy::default());
-                self.counters.loaded(started.elapsed(), self.table.len());
+                self.metrics
+                    .routing
+                    .loaded(started.elapsed(), self.table.len());
                 info!(
                     routes = self.table.len(),
                     services = self.endpoints.services(),
@@ -486,7 +421,7 @@ impl Worker {
     }
 
     fn retry_later(&mut self) {
-        self.counters.load_failures.inc();
+        self.metrics.routing.load_failed();
         self.structure_dirty = true;
         self.loaded.clear();
         self.due = Some(Instant::now() + self.backoff.next_delay());

@@ -1,0 +1,422 @@
+//! Judged by the real router: the same routes, secrets, Services and EndpointSlices on
+//! the real control plane (testenv), served by the real OpenShift router
+//! (`../shared/tools/openshift-router`, its own HAProxy) and by certwatch
+//! (`--haproxy-config-dir`, the HAProxy it runs), each under its own router name; the
+//! same HTTP and HTTPS (SNI) requests go through both to real backends on this machine,
+//! and per route the status, who answered (and how weights split the requests), the
+//! certificate served, the ALPN negotiated and the redirect are compared.
+//!
+//! Every difference is either none or one of [`DELIBERATE`], listed in docs/daemon.md
+//! with its reason; a difference not in the list fails the test, and so does a listed
+//! one that no longer happens (the list cannot grow or go stale silently).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::traffic::{
+    Backend, Response, create_service, http_get, https_get, set_endpoints, set_endpoints_each,
+};
+use common::{Certwatch, create_tls_secret, eventually_async, free_port};
+use kube::api::{Api, PostParams};
+use route_secrets::route::Route;
+use testenv::{ControlPlane, ControlPlaneOptions, Installer};
+
+const NS: &str = "shop";
+
+/// Differences between the router's answers and certwatch's that are deliberate or
+/// known, by (route, request): what each says. Mirrored in docs/daemon.md ("Traffic
+/// compared with the real router").
+const DELIBERATE: &[(&str, &str, &str)] = &[
+    // The router's crt-list offers `h2,http/1.1` per certificate; certwatch's crt-list
+    // lines carry no ALPN yet (the crt-list is the certificates' hand-off, issue 23).
+    ("edge-none", "https alpn", "router h2, certwatch none"),
+    ("edge-redirect", "https alpn", "router h2, certwatch none"),
+    ("edge-allow", "https alpn", "router h2, certwatch none"),
+    ("weighted", "https alpn", "router h2, certwatch none"),
+    ("reencrypt", "https alpn", "router h2, certwatch none"),
+];
+
+/// The real router, from the shared tool, on a control plane; stopped when dropped.
+struct RealRouter {
+    tool: PathBuf,
+    dir: PathBuf,
+    env: BTreeMap<String, String>,
+}
+
+impl RealRouter {
+    fn tool() -> PathBuf {
+        std::env::var_os("CERTWATCH_TEST_OPENSHIFT_ROUTER")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/openshift-router")
+            })
+    }
+
+    fn start(kubeconfig: &Path, dir: &Path, name: &str) -> Self {
+        let tool = Self::tool();
+        assert!(
+            tool.join("start").exists(),
+            "the real router's tool is missing at {} (set CERTWATCH_TEST_OPENSHIFT_ROUTER)",
+            tool.display()
+        );
+        let output = Command::new(tool.join("start"))
+            .arg(dir)
+            .env("KUBECONFIG", kubeconfig)
+            .env("ROUTER_NAME", name)
+            .env("ROUTER_MAX_CONNECTIONS", "2000")
+            .output()
+            .expect("run the router tool's start");
+        assert!(
+            output.status.success(),
+            "the real router did not start: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let env = std::fs::read_to_string(dir.join("env"))
+            .unwrap()
+            .lines()
+            .filter_map(|line| line.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        Self {
+            tool,
+            dir: dir.to_owned(),
+            env,
+        }
+    }
+
+    fn port(&self, name: &str) -> u16 {
+        self.env[name].parse().unwrap()
+    }
+
+    fn ready(&self) -> bool {
+        let addr: SocketAddr = format!("127.0.0.1:{}", self.port("ROUTER_STATS_PORT"))
+            .parse()
+            .unwrap();
+        common::http_request(addr, "GET", "/healthz/ready", "").0 == 200
+    }
+}
+
+impl Drop for RealRouter {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.dir.join("router.log")).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            eprintln!(
+                "--- router log ---\n{}",
+                lines[lines.len().saturating_sub(60)..].join("\n")
+            );
+        }
+        let _ = Command::new(self.tool.join("stop")).arg(&self.dir).output();
+    }
+}
+
+/// Applies the router's cluster rights (the tool's rbac.yaml) as admin.
+fn apply_router_rbac(kubeconfig: &Path) {
+    let output = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--context", "admin", "apply", "--server-side", "-f"])
+        .arg(RealRouter::tool().join("rbac.yaml"))
+        .output()
+        .expect("kubectl must be installed (scripts/test installs it)");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+async fn create_route(admin: &kube::Client, name: &str, spec: serde_json::Value) {
+    let route: Route = serde_json::from_value(serde_json::json!({
+        "apiVersion": "route.openshift.io/v1", "kind": "Route",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    }))
+    .unwrap();
+    Api::<Route>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &route)
+        .await
+        .unwrap();
+}
+
+/// What one request through one router got, as compared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Seen {
+    status: Option<u16>,
+    location: Option<String>,
+    certificate: Option<String>,
+    alpn: Option<String>,
+    backends: BTreeSet<String>,
+}
+
+/// Names a certificate: the route's secret it is, or `default`.
+fn certificate_name(der: &Option<Vec<u8>>, leaves: &BTreeMap<Vec<u8>, String>) -> Option<String> {
+    der.as_ref().map(|der| {
+        leaves
+            .get(der)
+            .cloned()
+            .unwrap_or_else(|| "default".to_owned())
+    })
+}
+
+fn seen(responses: &[Option<Response>], leaves: &BTreeMap<Vec<u8>, String>) -> Seen {
+    let first = responses.first().cloned().flatten();
+    Seen {
+        status: first.as_ref().map(|r| r.status),
+        location: first.as_ref().and_then(|r| r.location.clone()),
+        certificate: first
+            .as_ref()
+            .and_then(|r| certificate_name(&r.certificate, leaves)),
+        alpn: first.as_ref().and_then(|r| r.alpn.clone()),
+        backends: responses
+            .iter()
+            .flatten()
+            .filter_map(|r| r.backend.clone())
+            .collect(),
+    }
+}
+
+/// Sends the comparison's requests for `host` through one router's HAProxy.
+async fn requests(
+    http: SocketAddr,
+    https: SocketAddr,
+    host: &str,
+    leaves: &BTreeMap<Vec<u8>, String>,
+) -> Vec<(&'static str, Seen)> {
+    let mut out = Vec::new();
+    let mut plain = Vec::new();
+    let mut tls = Vec::new();
+    for _ in 0..8 {
+        plain.push(http_get(http, host, "/a/b?c=1").await);
+        tls.push(https_get(https, host, "/a/b?c=1", false).await);
+    }
+    out.push(("http", seen(&plain, leaves)));
+    let tls_seen = seen(&tls, leaves);
+    out.push((
+        "https status",
+        Seen {
+            alpn: None,
+            ..tls_seen.clone()
+        },
+    ));
+    let h2 = https_get(https, host, "/", true).await;
+    out.push((
+        "https alpn",
+        Seen {
+            status: None,
+            location: None,
+            certificate: None,
+            alpn: h2.as_ref().and_then(|r| r.alpn.clone()),
+            backends: BTreeSet::new(),
+        },
+    ));
+    out
+}
+
+/// The share of requests `backend` answered, out of `count` HTTPS requests.
+async fn share(https: SocketAddr, host: &str, backend: &str, count: usize) -> f64 {
+    let mut hits = 0;
+    for _ in 0..count {
+        if https_get(https, host, "/", false)
+            .await
+            .and_then(|r| r.backend)
+            .as_deref()
+            == Some(backend)
+        {
+            hits += 1;
+        }
+    }
+    f64::from(hits) / count as f64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traffic_through_certwatch_matches_the_real_router() {
+    let dir = tempfile::tempdir().unwrap();
+    let control_plane = ControlPlane::start_with(ControlPlaneOptions::from_env())
+        .await
+        .unwrap();
+    let admin = control_plane.admin_client().await.unwrap();
+    let kubeconfig = control_plane.kubeconfig_path().to_owned();
+    apply_router_rbac(&kubeconfig);
+    let installer = Installer::new(admin.clone());
+    // The router identity's cluster role for certwatch (routes, status, reviews,
+    // services and EndpointSlices) and the namespace.
+    installer
+        .generate(&kube_sim::GenerateSpec::new(1, 1))
+        .await
+        .unwrap();
+    installer.namespace(NS).await.unwrap();
+
+    let blue = [Backend::http("blue-1").await, Backend::http("blue-2").await];
+    let green = Backend::http("green-1").await;
+    let secure = Backend::https("secure-1", "secure.shop.svc").await;
+    for service in ["blue", "green", "secure"] {
+        create_service(&admin, NS, service).await;
+    }
+    set_endpoints_each(&admin, NS, "blue", &[&blue[0], &blue[1]]).await;
+    set_endpoints(&admin, NS, "green", &[&green]).await;
+    set_endpoints(&admin, NS, "secure", &[&secure]).await;
+
+    let cases: &[(&str, &str, &str, &str, serde_json::Value)] = &[
+        (
+            "edge-none",
+            "edge.example",
+            "edge",
+            "None",
+            serde_json::json!({"kind": "Service", "name": "blue"}),
+        ),
+        (
+            "edge-redirect",
+            "redirect.example",
+            "edge",
+            "Redirect",
+            serde_json::json!({"kind": "Service", "name": "blue"}),
+        ),
+        (
+            "edge-allow",
+            "allow.example",
+            "edge",
+            "Allow",
+            serde_json::json!({"kind": "Service", "name": "green"}),
+        ),
+        (
+            "weighted",
+            "weighted.example",
+            "edge",
+            "None",
+            serde_json::json!({"kind": "Service", "name": "blue", "weight": 1}),
+        ),
+        (
+            "reencrypt",
+            "secure.example",
+            "reencrypt",
+            "None",
+            serde_json::json!({"kind": "Service", "name": "secure"}),
+        ),
+    ];
+    let mut leaves = BTreeMap::new();
+    let mut secrets = Vec::new();
+    for (name, host, _, _, _) in cases {
+        let secret = format!("{name}-tls");
+        let created = create_tls_secret(&admin, NS, &secret, host).await;
+        leaves.insert(
+            common::haproxy::leaf_der(&common::tls_of(&created).0),
+            (*name).to_owned(),
+        );
+        secrets.push(secret);
+    }
+    let names: Vec<&str> = secrets.iter().map(String::as_str).collect();
+    installer.grant_router_secrets(NS, &names).await.unwrap();
+    for (name, host, termination, policy, to) in cases {
+        let mut spec = serde_json::json!({
+            "host": host, "to": to,
+            "tls": {"termination": termination, "insecureEdgeTerminationPolicy": policy,
+                    "externalCertificate": {"name": format!("{name}-tls")}},
+        });
+        if *name == "weighted" {
+            spec["alternateBackends"] =
+                serde_json::json!([{"kind": "Service", "name": "green", "weight": 3}]);
+        }
+        create_route(&admin, name, spec).await;
+    }
+
+    let router = RealRouter::start(&kubeconfig, &dir.path().join("router"), "real");
+    let (http_port, https_port) = (free_port(), free_port());
+    let config_dir = dir.path().join("haproxy");
+    let certwatch = Certwatch::start(
+        &kubeconfig,
+        &dir.path().join("certs"),
+        &dir.path().join("certwatch.log"),
+        &[
+            "--router-name",
+            "certwatch",
+            "--haproxy-config-dir",
+            config_dir.to_str().unwrap(),
+            "--http-bind",
+            &format!("127.0.0.1:{http_port}"),
+            "--https-bind",
+            &format!("127.0.0.1:{https_port}"),
+            "--haproxy-max-connections",
+            "2000",
+        ],
+    );
+    certwatch.wait_ready().await;
+    eventually_async("the real router ready", || async {
+        router.ready().then_some(())
+    })
+    .await;
+    let ours = (
+        SocketAddr::from(([127, 0, 0, 1], http_port)),
+        SocketAddr::from(([127, 0, 0, 1], https_port)),
+    );
+    let theirs = (
+        SocketAddr::from(([127, 0, 0, 1], router.port("ROUTER_HTTP_PORT"))),
+        SocketAddr::from(([127, 0, 0, 1], router.port("ROUTER_HTTPS_PORT"))),
+    );
+    // Both serve every route before anything is compared.
+    for (addr, who) in [(ours.1, "certwatch"), (theirs.1, "the router")] {
+        for (name, host, ..) in cases {
+            let name = (*name).to_owned();
+            let leaves = &leaves;
+            eventually_async(&format!("{who} serves {host} with its certificate"), || {
+                let name = name.clone();
+                async move {
+                    https_get(addr, host, "/", false).await.filter(|r| {
+                        r.status == 200 && certificate_name(&r.certificate, leaves) == Some(name)
+                    })
+                }
+            })
+            .await;
+        }
+    }
+
+    let mut differences: BTreeSet<(String, String, String)> = BTreeSet::new();
+    let mut hosts: Vec<(&str, &str)> = cases.iter().map(|(n, h, ..)| (*n, *h)).collect();
+    hosts.push(("unknown", "unknown.example"));
+    for (name, host) in hosts {
+        let on_router = requests(theirs.0, theirs.1, host, &leaves).await;
+        let on_certwatch = requests(ours.0, ours.1, host, &leaves).await;
+        for ((what, r), (_, c)) in on_router.iter().zip(&on_certwatch) {
+            eprintln!("{name} {what}: router {r:?} / certwatch {c:?}");
+            if r != c {
+                let said = match *what {
+                    "https alpn" => format!(
+                        "router {}, certwatch {}",
+                        r.alpn.as_deref().unwrap_or("none"),
+                        c.alpn.as_deref().unwrap_or("none")
+                    ),
+                    _ => format!("router {r:?}, certwatch {c:?}"),
+                };
+                differences.insert((name.to_owned(), (*what).to_owned(), said));
+            }
+        }
+    }
+    // Weights: the same split through both (round robin over 42, 42 and 256).
+    let router_green = share(theirs.1, "weighted.example", "green-1", 170).await;
+    let certwatch_green = share(ours.1, "weighted.example", "green-1", 170).await;
+    eprintln!("weighted: green's share router {router_green:.3}, certwatch {certwatch_green:.3}");
+    assert!(
+        (router_green - certwatch_green).abs() < 0.08,
+        "{router_green} vs {certwatch_green}"
+    );
+    assert!((0.65..0.85).contains(&certwatch_green), "{certwatch_green}");
+
+    let expected: BTreeSet<(String, String, String)> = DELIBERATE
+        .iter()
+        .map(|(a, b, c)| ((*a).to_owned(), (*b).to_owned(), (*c).to_owned()))
+        .collect();
+    let unexpected: Vec<_> = differences.difference(&expected).collect();
+    let stale: Vec<_> = expected.difference(&differences).collect();
+    assert!(
+        unexpected.is_empty() && stale.is_empty(),
+        "differences not listed as deliberate: {unexpected:#?}\nlisted but not seen: {stale:#?}"
+    );
+    drop(certwatch);
+}

@@ -4,7 +4,8 @@
 //! (`--haproxy-config-dir`, the HAProxy it runs), each under its own router name; the
 //! same HTTP and HTTPS (SNI) requests go through both to real backends on this machine,
 //! and per route the status, who answered (and how weights split the requests), the
-//! certificate served, the ALPN negotiated and the redirect are compared.
+//! certificate served, the ALPN negotiated and the redirect are compared; then an
+//! endpoint is added and one removed, and both must send to the same backends.
 //!
 //! Every difference is either none or one of [`DELIBERATE`], listed in docs/daemon.md
 //! with its reason; a difference not in the list fails the test, and so does a listed
@@ -407,6 +408,48 @@ async fn traffic_through_certwatch_matches_the_real_router() {
         "{router_green} vs {certwatch_green}"
     );
     assert!((0.65..0.85).contains(&certwatch_green), "{certwatch_green}");
+
+    // Endpoint changes: both follow an endpoint added, then one removed.
+    let blue_3 = Backend::http("blue-3").await;
+    set_endpoints_each(&admin, NS, "blue", &[&blue[0], &blue[1], &blue_3]).await;
+    let answering = |addr: SocketAddr| async move {
+        let mut seen = BTreeSet::new();
+        for _ in 0..12 {
+            if let Some(backend) = https_get(addr, "edge.example", "/", false)
+                .await
+                .and_then(|r| r.backend)
+            {
+                seen.insert(backend);
+            }
+        }
+        seen
+    };
+    let three: BTreeSet<String> = ["blue-1", "blue-2", "blue-3"].map(str::to_owned).into();
+    for (addr, who) in [(ours.1, "certwatch"), (theirs.1, "the router")] {
+        let three = three.clone();
+        eventually_async(&format!("{who} sends to the added endpoint"), || {
+            let three = three.clone();
+            async move { (answering(addr).await == three).then_some(()) }
+        })
+        .await;
+    }
+    Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(admin.clone(), NS)
+        .delete("blue-0", &Default::default())
+        .await
+        .unwrap();
+    let two: BTreeSet<String> = ["blue-2", "blue-3"].map(str::to_owned).into();
+    for (addr, who) in [(ours.1, "certwatch"), (theirs.1, "the router")] {
+        let two = two.clone();
+        eventually_async(
+            &format!("{who} stops sending to the removed endpoint"),
+            || {
+                let two = two.clone();
+                async move { (answering(addr).await == two).then_some(()) }
+            },
+        )
+        .await;
+    }
+    assert_eq!(answering(ours.1).await, answering(theirs.1).await);
 
     let expected: BTreeSet<(String, String, String)> = DELIBERATE
         .iter()

@@ -7,7 +7,10 @@
 //! registering one secret at a time costs the reference at that latency (each
 //! registration its latency rounded up to the next 100 ms poll, as the reference code
 //! measured; the seed: 1,738 secrets took 40.9 minutes). Then rotates one certificate through the API and
-//! shows the new one reach its file.
+//! shows the new one reach its file. With `haproxy` on `PATH`, the daemon also runs
+//! HAProxy on the routes' configuration (`--haproxy-config-dir`), one route's service
+//! gets a real backend (registered as its EndpointSlice), and the demo ends with an
+//! HTTPS request through HAProxy to it: who answered, under which certificate.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -112,6 +115,9 @@ pub enum DemoError {
     /// There is nothing to demonstrate.
     #[error("--routes and --namespaces must be at least 1")]
     Empty,
+    /// The request through HAProxy did not reach its backend.
+    #[error("traffic through HAProxy: {0}")]
+    Traffic(String),
 }
 
 /// `1234567` → `1,234,567`.
@@ -201,6 +207,7 @@ pub async fn main(args: DemoArgs) -> Result<(), DemoError> {
         }
     };
     let mut options = DaemonOptions::new(&cert_dir);
+    let serving = prepare_traffic(&simulator, &cluster, &mut options).await?;
     options.listen = args.listen;
     options.progress = args.progress;
     options.identity = kube_sim::ROUTER_USER.to_owned();
@@ -248,21 +255,151 @@ pub async fn main(args: DemoArgs) -> Result<(), DemoError> {
         serial.as_secs_f64() / ready_after.as_secs_f64().max(0.001),
     ));
 
-    let result = rotate(&simulator, &daemon, &cluster).await;
+    let mut result = rotate(&simulator, &daemon, &cluster).await;
+    if let (Ok(rotated), Some(serving)) = (&result, &serving) {
+        result = serve(serving, *rotated).await.map(|()| *rotated);
+    }
     daemon.shutdown().await;
     simulator.shutdown().await;
-    result
+    result.map(drop)
+}
+
+/// What the demo's HTTPS request needs.
+struct Serving {
+    https: std::net::SocketAddr,
+    host: String,
+    backend: crate::traffic::DemoBackend,
+    _config: tempfile::TempDir,
+}
+
+/// The first file called `name` on `PATH`.
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(name))
+            .find(|candidate| candidate.is_file())
+    })
+}
+
+/// With `haproxy` on `PATH` and an address for a backend: a backend for the route the
+/// demo rotates, registered as its service's endpoint, and the daemon told to run
+/// HAProxy on the routes' configuration.
+async fn prepare_traffic(
+    simulator: &Simulator,
+    cluster: &kube_sim::GeneratedCluster,
+    options: &mut DaemonOptions,
+) -> Result<Option<Serving>, DemoError> {
+    let Some(haproxy) = on_path("haproxy") else {
+        say("  (no haproxy on PATH: no traffic through HAProxy at the end)");
+        return Ok(None);
+    };
+    let Some(ip) = crate::traffic::backend_ip() else {
+        say("  (no non-loopback address for a backend: no traffic through HAProxy at the end)");
+        return Ok(None);
+    };
+    let index = cluster.routes.len() / 2;
+    let Some(route) = cluster.routes.get(index) else {
+        return Ok(None);
+    };
+    let traffic = |message: String| DemoError::Traffic(message);
+    let backend = crate::traffic::DemoBackend::start("demo-backend", ip)
+        .await
+        .map_err(|error| traffic(error.to_string()))?;
+    let admin = simulator.client("admin").await?;
+    // The generated routes send to `svc-<index>`, target port `https`.
+    crate::traffic::register(
+        &admin,
+        &route.namespace,
+        &format!("svc-{index}"),
+        "https",
+        &backend,
+    )
+    .await
+    .map_err(|error| traffic(error.to_string()))?;
+    let config = tempfile::tempdir().map_err(DemoError::TempDir)?;
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map_err(|error| traffic(error.to_string()))
+    };
+    let (http, https) = (free()?, free()?);
+    let dir = config.path().join("haproxy");
+    let socket = dir.join("run").join("haproxy.sock");
+    let mut render = certwatch::routing::RenderOptions::new(
+        &dir,
+        PathBuf::new(),
+        dir.join("default.pem"),
+        &socket,
+    );
+    render.http_bind = http.to_string();
+    render.https_bind = https.to_string();
+    // Within a login shell's descriptor limit.
+    render.max_connections = 2_000;
+    let mut routing = certwatch::routing::RoutingOptions::new(render);
+    routing.haproxy_binary = Some(haproxy.clone());
+    options.routing = Some(routing);
+    options.haproxy = Some(certwatch::haproxy::HaproxyOptions::new(&socket));
+    say(format!(
+        "  haproxy: {} on {} (configuration in {}); route {}/{} → service svc-{index} → {} at {}",
+        haproxy.display(),
+        https,
+        dir.display(),
+        route.namespace,
+        route.route,
+        backend.name,
+        backend.addr
+    ));
+    Ok(Some(Serving {
+        https,
+        host: route.host.clone(),
+        backend,
+        _config: config,
+    }))
+}
+
+/// Sends an HTTPS request for the rotated route's host through HAProxy until the
+/// backend answers under the rotated certificate, and says so.
+async fn serve(serving: &Serving, rotated: Sha256Fingerprint) -> Result<(), DemoError> {
+    let started = Instant::now();
+    let timeout = Duration::from_secs(120);
+    loop {
+        let answer = crate::traffic::https_get(serving.https, &serving.host).await;
+        if let Some(answer) = &answer
+            && answer.status == 200
+            && answer.certificate == Some(rotated)
+        {
+            say(format!(
+                "HTTPS request https://{}/ through HAProxy ({}, SNI {}): {} from {} ({}): \"{}\", under certificate {} (the rotated one)",
+                serving.host,
+                serving.https,
+                serving.host,
+                answer.status,
+                answer.backend.as_deref().unwrap_or("HAProxy itself"),
+                serving.backend.addr,
+                answer.body,
+                short(answer.certificate),
+            ));
+            return Ok(());
+        }
+        if started.elapsed() > timeout {
+            return Err(DemoError::Traffic(format!(
+                "no answer from {} through HAProxy under the rotated certificate within {timeout:?} (last: {answer:?})",
+                serving.backend.name
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Writes a new certificate into one route's secret and waits for its bundle to
-/// change to it.
+/// change to it; returns the new certificate's fingerprint.
 async fn rotate(
     simulator: &Simulator,
     daemon: &Daemon,
     cluster: &kube_sim::GeneratedCluster,
-) -> Result<(), DemoError> {
+) -> Result<Sha256Fingerprint, DemoError> {
     let Some(route) = cluster.routes.get(cluster.routes.len() / 2) else {
-        return Ok(());
+        return Err(DemoError::Empty);
     };
     let failed = |message: String| DemoError::Rotate {
         namespace: route.namespace.clone(),
@@ -323,7 +460,7 @@ async fn rotate(
                 short(now),
                 human(started.elapsed())
             ));
-            return Ok(());
+            return Ok(expected);
         }
         if started.elapsed() > timeout {
             return Err(DemoError::RotationNotSeen {

@@ -8,6 +8,7 @@
 //! - [`bench`]: `certwatch-lab bench`, start-up scenarios (the reference behaviour,
 //!   certwatch's pipeline, the whole daemon) against the simulator or a real control
 //!   plane.
+//! - [`traffic`]: the demo's backend and its HTTPS request through HAProxy.
 //! - `certwatch-lab sim`: the simulator on its own ([`kube_sim::cli`]).
 //!
 //! The production binary hands `certwatch demo`, `certwatch sim`, `certwatch bench` and
@@ -42,3 +43,4 @@
 pub mod bench;
 pub mod demo;
 pub mod embedded;
+pub mod traffic;

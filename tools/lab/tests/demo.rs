@@ -54,4 +54,19 @@ fn the_demo_stays_in_its_own_directory() {
     );
     assert!(!stdout.contains(real.to_str().unwrap()), "{stdout}");
     assert!(stdout.contains("matches the new certificate"), "{stdout}");
+    // With haproxy on PATH (scripts/test installs it), the demo ends with a real HTTPS
+    // request through the HAProxy certwatch runs, answered by the route's backend under
+    // the certificate just rotated.
+    assert!(
+        !stdout.contains("no haproxy on PATH"),
+        "install haproxy (scripts/test does): {stdout}"
+    );
+    let last = stdout.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("HTTPS request https://")
+            && last.contains(": 200 from demo-backend (")
+            && last.contains("hello from demo-backend")
+            && last.ends_with("(the rotated one)"),
+        "{stdout}"
+    );
 }

@@ -97,7 +97,9 @@ impl HaproxyProcess {
             tokio::spawn(async move {
                 let mut lines = BufReader::new(output).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
-                    if line.contains("[ALERT]") || line.contains("[WARNING]") {
+                    // HAProxy's warnings are mostly its normal life (proxies stopped
+                    // by a reload, servers leaving maintenance): alerts only are ours.
+                    if line.contains("[ALERT]") {
                         warn!(target: "haproxy", "{line}");
                     } else {
                         info!(target: "haproxy", "{line}");

@@ -1,0 +1,223 @@
+//! The demo's traffic: a small HTTP backend that says who it is, registered as a
+//! route's Service and EndpointSlice, and one HTTPS request (with SNI) through the
+//! HAProxy certwatch runs, reporting who answered and under which certificate.
+//!
+//! The backend listens on this machine's address on its default route: Kubernetes
+//! refuses loopback addresses in EndpointSlices (and kube-sim does as it does).
+
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, PostParams};
+use route_secrets::tls::Sha256Fingerprint;
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// This machine's address on its default route, if it has one.
+pub fn backend_ip() -> Option<IpAddr> {
+    let socket = UdpSocket::bind("0.0.0.0:0").ok()?;
+    // A UDP connect sends nothing: it only picks the route's source address.
+    socket.connect("203.0.113.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// A backend answering every request with `200` and its name.
+pub struct DemoBackend {
+    /// Its name, in the answer's body and `x-backend` header.
+    pub name: String,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for DemoBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl DemoBackend {
+    /// Starts one on `ip`.
+    pub async fn start(name: &str, ip: IpAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind((ip, 0)).await?;
+        let addr = listener.local_addr()?;
+        let body = format!("hello from {name} ({addr})\n");
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\nx-backend: {name}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 2048];
+                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let _ = stream.write_all(answer.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        Ok(Self {
+            name: name.to_owned(),
+            addr,
+            task,
+        })
+    }
+}
+
+/// Registers `backend` as the only ready endpoint of Service `service` in `namespace`,
+/// on the port named `port_name`.
+pub async fn register(
+    admin: &kube::Client,
+    namespace: &str,
+    service: &str,
+    port_name: &str,
+    backend: &DemoBackend,
+) -> Result<(), kube::Error> {
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": service, "namespace": namespace},
+        "spec": {"ports": [{"name": port_name, "port": 443, "targetPort": backend.addr.port()}]},
+    }))
+    .map_err(kube::Error::SerdeError)?;
+    Api::<Service>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &svc)
+        .await?;
+    let slice: EndpointSlice = serde_json::from_value(serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{service}-demo"), "namespace": namespace,
+                     "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": port_name, "port": backend.addr.port(), "protocol": "TCP"}],
+        "endpoints": [{"addresses": [backend.addr.ip().to_string()], "conditions": {"ready": true}}],
+    }))
+    .map_err(kube::Error::SerdeError)?;
+    Api::<EndpointSlice>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &slice)
+        .await?;
+    Ok(())
+}
+
+/// Accepts any certificate and keeps the server's.
+#[derive(Debug)]
+struct Keep {
+    provider: Arc<CryptoProvider>,
+    leaf: Mutex<Option<Vec<u8>>>,
+}
+
+impl ServerCertVerifier for Keep {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if let Ok(mut leaf) = self.leaf.lock() {
+            *leaf = Some(end_entity.to_vec());
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// What one HTTPS request through the proxy got.
+#[derive(Debug)]
+pub struct Answer {
+    /// The HTTP status.
+    pub status: u16,
+    /// Who answered (`x-backend`), `None` when the proxy did.
+    pub backend: Option<String>,
+    /// The body's first line.
+    pub body: String,
+    /// The server certificate's SHA-256.
+    pub certificate: Option<Sha256Fingerprint>,
+}
+
+/// `GET /` for `host`, with SNI `host`, to `https` (the certificate is shown, not
+/// verified: the demo's certificates are self-signed).
+pub async fn https_get(https: SocketAddr, host: &str) -> Option<Answer> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let keep = Arc::new(Keep {
+        provider: Arc::clone(&provider),
+        leaf: Mutex::new(None),
+    });
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .dangerous()
+        .with_custom_certificate_verifier(keep.clone())
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let stream = TcpStream::connect(https).await.ok()?;
+    let mut stream = connector
+        .connect(ServerName::try_from(host.to_owned()).ok()?, stream)
+        .await
+        .ok()?;
+    let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response).await;
+    let text = String::from_utf8_lossy(&response);
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let backend = head.lines().find_map(|line| {
+        line.split_once(':')
+            .filter(|(k, _)| k.eq_ignore_ascii_case("x-backend"))
+            .map(|(_, v)| v.trim().to_owned())
+    });
+    let certificate = keep.leaf.lock().ok()?.as_deref().map(Sha256Fingerprint::of);
+    Some(Answer {
+        status,
+        backend,
+        body: body.lines().next().unwrap_or("").to_owned(),
+        certificate,
+    })
+}

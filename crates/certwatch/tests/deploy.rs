@@ -9,6 +9,7 @@
 // Helpers outside #[test] functions unwrap too: a failure is a test failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use base64::Engine as _;
@@ -73,6 +74,34 @@ fn manifests_parse_and_match_the_daemon() {
     assert_eq!(container["startupProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    // certwatch runs HAProxy on the routes' configuration, and the routes' traffic is
+    // published as the router publishes itself: a LoadBalancer Service on 80 and 443.
+    let env: Vec<&str> = container["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert!(env.contains(&"CERTWATCH_HAPROXY_CONFIG_DIR"), "{env:?}");
+    assert_eq!(pod["containers"].as_sequence().unwrap().len(), 1);
+    let ports: BTreeMap<&str, u64> = container["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap(), p["containerPort"].as_u64().unwrap()))
+        .collect();
+    let router = documents("base/deployment.yaml")
+        .into_iter()
+        .find(|doc| doc["kind"] == "Service" && doc["metadata"]["name"] == "certwatch-router")
+        .expect("the routes' Service");
+    assert_eq!(router["spec"]["type"], "LoadBalancer");
+    let published: Vec<(u64, u64)> = router["spec"]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| (p["port"].as_u64().unwrap(), ports[p["targetPort"].as_str().unwrap()]))
+        .collect();
+    assert_eq!(published, [(80, 8080), (443, 8443)]);
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_certwatch"))
         .args(["run", "--help"])
         .output()

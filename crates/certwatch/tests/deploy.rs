@@ -88,7 +88,12 @@ fn manifests_parse_and_match_the_daemon() {
         .as_sequence()
         .unwrap()
         .iter()
-        .map(|p| (p["name"].as_str().unwrap(), p["containerPort"].as_u64().unwrap()))
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap(),
+                p["containerPort"].as_u64().unwrap(),
+            )
+        })
         .collect();
     let router = documents("base/deployment.yaml")
         .into_iter()
@@ -99,7 +104,12 @@ fn manifests_parse_and_match_the_daemon() {
         .as_sequence()
         .unwrap()
         .iter()
-        .map(|p| (p["port"].as_u64().unwrap(), ports[p["targetPort"].as_str().unwrap()]))
+        .map(|p| {
+            (
+                p["port"].as_u64().unwrap(),
+                ports[p["targetPort"].as_str().unwrap()],
+            )
+        })
         .collect();
     assert_eq!(published, [(80, 8080), (443, 8443)]);
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_certwatch"))

@@ -40,6 +40,12 @@ struct Args {
     /// Endpoint changes measured (each an addition and a removal).
     #[arg(long, default_value_t = 5)]
     samples: usize,
+    /// Where certwatch's log goes (default: the run's temporary directory).
+    #[arg(long)]
+    log: Option<PathBuf>,
+    /// certwatch's log filter (`RUST_LOG`).
+    #[arg(long, default_value = "warn")]
+    log_filter: String,
 }
 
 fn free() -> SocketAddr {
@@ -135,10 +141,17 @@ async fn main() {
             "--haproxy-max-connections",
             "4000",
         ])
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", &args.log_filter)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("certwatch.log")).unwrap())
+        .stderr(
+            std::fs::File::create(
+                args.log
+                    .clone()
+                    .unwrap_or_else(|| dir.path().join("certwatch.log")),
+            )
+            .unwrap(),
+        )
         .spawn()
         .unwrap();
     let started = Instant::now();
@@ -260,6 +273,7 @@ async fn main() {
     // the wait for the interval (at most 5 s more).
     tokio::time::sleep(Duration::from_secs(6)).await;
     let at = Instant::now();
+    eprintln!("route added at {}", jiff::Timestamp::now());
     kube::Api::<route_secrets::route::Route>::namespaced(admin.clone(), late_ns)
         .create(&kube::api::PostParams::default(), &route)
         .await

@@ -27,6 +27,7 @@
 //! file; this matters only for two routes claiming one host.
 
 pub mod client;
+pub mod process;
 pub mod runtime;
 
 use std::collections::{BTreeSet, HashMap};

@@ -24,6 +24,7 @@
 //! | `certwatch_haproxy_commands_total` | counter | `command`, `result` | runtime API commands sent (only with `--haproxy-socket`) |
 //! | `certwatch_haproxy_sync_failures_total` | counter | | synchronisations that failed, retried (only with `--haproxy-socket`) |
 //! | `certwatch_haproxy_in_sync` | gauge | | 1 when HAProxy holds exactly the crt-list's certificates (only with `--haproxy-socket`) |
+//! | `certwatch_routes_admitted_not_served`, `certwatch_oldest_unserved_change_age_seconds`, `certwatch_haproxy_*` | | | the HAProxy controller's: see [`crate::haproxy::metrics`] |
 //! | `certwatch_api_errors_total` | counter | `source`, `code` | failed API requests: HTTP code, or `transport`/`timeout` |
 //! | `certwatch_api_connections` | gauge | `protocol` | open connections to the API server |
 //! | `certwatch_api_requests_total` | counter | `resource`, `verb`, `code` | every API request by resource (with subresource), verb (as kube-apiserver names it) and HTTP code (`none`: no response), 429s included |
@@ -410,6 +411,13 @@ impl Metrics {
         );
     }
 
+    /// Registers metrics kept elsewhere (the HAProxy controller's) under the
+    /// `certwatch_` prefix.
+    pub fn register_more(&self, register: impl FnOnce(&mut Registry)) {
+        let mut registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        register(registry.sub_registry_with_prefix("certwatch"));
+    }
+
     /// Label sets known in advance, at 0 from the start.
     fn precreate(&self) {
         for cause in RejectionCause::ALL {
@@ -469,6 +477,12 @@ impl Metrics {
     pub fn set_ready(&self, startup: Duration) {
         self.startup_seconds.set(startup.as_secs_f64());
         self.ready.set(1);
+    }
+
+    /// Whether the daemon is ready now (it can stop being ready while HAProxy does not
+    /// answer).
+    pub fn set_ready_now(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
     }
 
     /// Secrets watched, and how many of them finished their first sync.
@@ -622,6 +636,11 @@ impl Metrics {
             self.haproxy_sync_failures.inc();
         }
         self.haproxy_in_sync.set(i64::from(ok));
+    }
+
+    /// Whether HAProxy holds every certificate as the crt-list says.
+    pub fn haproxy_in_sync(&self, in_sync: bool) {
+        self.haproxy_in_sync.set(i64::from(in_sync));
     }
 
     /// A failed API request from `source` (`routes`, `namespaces`, `secrets`), with its

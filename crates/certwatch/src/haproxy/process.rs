@@ -401,6 +401,8 @@ pub struct HaproxyProcess {
     master: MasterCli,
     options: ProcessOptions,
     tail: LogTail,
+    /// How long the start took (spawn to the first worker serving).
+    start_duration: Duration,
 }
 
 impl HaproxyProcess {
@@ -443,6 +445,7 @@ impl HaproxyProcess {
             master,
             options,
             tail,
+            start_duration: Duration::ZERO,
         };
         let waited = {
             let Self {
@@ -450,6 +453,7 @@ impl HaproxyProcess {
                 master,
                 tail,
                 options,
+                ..
             } = &mut process;
             master
                 .wait_for_worker(
@@ -468,14 +472,21 @@ impl HaproxyProcess {
                 command: "show proc",
                 answer: "no worker".to_owned(),
             })?;
+        process.start_duration = started.elapsed();
         info!(
             pid = process.child.id().unwrap_or(0),
             worker,
-            took = ?started.elapsed(),
+            took = ?process.start_duration,
             config = %process.options.config.display(),
             "HAProxy started"
         );
         Ok((process, worker))
+    }
+
+    /// How long the start took: from spawning HAProxy to its first worker serving
+    /// (HAProxy's own cold load of its files, plus its start).
+    pub fn start_duration(&self) -> Duration {
+        self.start_duration
     }
 
     /// The master CLI.

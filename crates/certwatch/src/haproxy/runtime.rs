@@ -314,6 +314,11 @@ impl Command {
 pub struct Reply(String);
 
 impl Reply {
+    /// An answer of `text` (for tests of what reads answers).
+    pub fn new(text: impl Into<String>) -> Self {
+        Self(text.into())
+    }
+
     /// The answer's text (lines ending with `\n`; empty for commands that print
     /// nothing).
     pub fn text(&self) -> &str {

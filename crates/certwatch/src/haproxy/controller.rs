@@ -608,7 +608,9 @@ impl Controller {
             return;
         }
         self.retry_at = None;
-        if Instant::now() >= self.next_check {
+        // While HAProxy reloads, the connection reaches the old worker on purpose (it
+        // serves until the new one is up); the reload's end says when to move.
+        if Instant::now() >= self.next_check && self.reload_task.is_none() {
             self.next_check = Instant::now() + self.options.check_interval;
             self.check_identity().await;
         }

@@ -888,14 +888,17 @@ async fn read_replies(
     let mut chunk = vec![0u8; 64 * 1024];
     for command in commands {
         let prompts = command.continuation_prompts();
+        // Where the search for the answer's end resumes: a long answer (`show ssl
+        // crt-list` of 10,000 lines) arrives in many reads, and is scanned once.
+        let mut searched = 0;
         loop {
-            match parse_reply(pending, prompts) {
+            match parse_reply_from(pending, prompts, searched) {
                 Ok(Some((reply, used))) => {
                     pending.drain(..used);
                     replies.push(reply);
                     break;
                 }
-                Ok(None) => {}
+                Ok(None) => searched = pending.len(),
                 Err(problem) => {
                     let error = RuntimeError::Protocol {
                         socket: socket.to_owned(),
@@ -938,7 +941,18 @@ async fn read_replies(
 
 /// One answer from the start of `buffer`, after `prompts` continuation prompts:
 /// `Ok(None)` until it is complete; the answer and the bytes it took.
+#[cfg(test)]
 fn parse_reply(buffer: &[u8], prompts: usize) -> Result<Option<(Reply, usize)>, String> {
+    parse_reply_from(buffer, prompts, 0)
+}
+
+/// [`parse_reply`], knowing that the first `searched` bytes of `buffer` hold no end of
+/// the answer (they were looked at before more arrived).
+fn parse_reply_from(
+    buffer: &[u8],
+    prompts: usize,
+    searched: usize,
+) -> Result<Option<(Reply, usize)>, String> {
     let mut start = 0;
     for _ in 0..prompts {
         if buffer.len() < start + 2 {
@@ -957,8 +971,9 @@ fn parse_reply(buffer: &[u8], prompts: usize) -> Result<Option<(Reply, usize)>, 
     let body = &buffer[start..];
     // The answer ends at the first prompt that starts a line: at the very start (an
     // empty answer) or right after a line's end (an empty line, which answers never
-    // contain, then the prompt).
-    let mut from = 0;
+    // contain, then the prompt). A prompt may straddle the bytes searched before, and
+    // the byte before it matters: the search goes back a little.
+    let mut from = searched.saturating_sub(start + PROMPT.len() + 1);
     while let Some(found) = find(&body[from..], PROMPT) {
         let at = from + found;
         if at == 0 || body[at - 1] == b'\n' {
@@ -1010,6 +1025,24 @@ mod tests {
         assert!(parse_reply(b"+ + ", 3).unwrap().is_none());
         // A "> " inside a line is not a prompt.
         assert!(parse_reply(b"a\n> b\n", 0).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_resumed_search_finds_the_same_end() {
+        // `searched` is the length of an earlier read that held no complete end.
+        let stream = b"line one\nline two\n\n> next";
+        for searched in 0..=20 {
+            let (reply, used) = parse_reply_from(stream, 0, searched).unwrap().unwrap();
+            assert_eq!(reply.text(), "line one\nline two\n", "{searched}");
+            assert_eq!(used, stream.len() - 4);
+        }
+        let with_prompts = b"+ + Success!\n\n> ";
+        for searched in 0..with_prompts.len() - 1 {
+            let (reply, _) = parse_reply_from(with_prompts, 2, searched)
+                .unwrap()
+                .unwrap();
+            assert_eq!(reply.text(), "Success!\n");
+        }
     }
 
     #[test]

@@ -184,7 +184,7 @@ async fn requests_reach_each_routes_backends_through_the_haproxy_certwatch_runs(
             &http_bind,
             "--https-bind",
             &https_bind,
-            "--haproxy-reload-interval",
+            "--haproxy-min-reload-interval",
             "1s",
             // Within the test machine's descriptor limit.
             "--haproxy-max-connections",
@@ -212,8 +212,11 @@ async fn requests_reach_each_routes_backends_through_the_haproxy_certwatch_runs(
         edge.certificate,
         Some(leaf_of(&admin, NS, "edge-none-tls").await)
     );
-    // The crt-list's lines name no ALPN: none is negotiated.
-    assert_eq!(edge.alpn, None);
+    // The crt-list offers ALPN `h2,http/1.1` (as the router's): this client offers
+    // HTTP/1.1 only, and gets it; one offering h2 gets h2.
+    assert_eq!(edge.alpn.as_deref(), Some("http/1.1"));
+    let h2 = https_get(https, "edge.example", "/", true).await.unwrap();
+    assert_eq!(h2.alpn.as_deref(), Some("h2"));
     // Plain HTTP: None refuses (no route), Redirect sends to HTTPS, Allow serves.
     let refused = http_get(http, "edge.example", "/").await.unwrap();
     assert_eq!(

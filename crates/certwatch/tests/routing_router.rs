@@ -32,16 +32,8 @@ const NS: &str = "shop";
 
 /// Differences between the router's answers and certwatch's that are deliberate or
 /// known, by (route, request): what each says. Mirrored in docs/daemon.md ("Traffic
-/// compared with the real router").
-const DELIBERATE: &[(&str, &str, &str)] = &[
-    // The router's crt-list offers `h2,http/1.1` per certificate; certwatch's crt-list
-    // lines carry no ALPN yet (the crt-list is the certificates' hand-off, issue 23).
-    ("edge-none", "https alpn", "router h2, certwatch none"),
-    ("edge-redirect", "https alpn", "router h2, certwatch none"),
-    ("edge-allow", "https alpn", "router h2, certwatch none"),
-    ("weighted", "https alpn", "router h2, certwatch none"),
-    ("reencrypt", "https alpn", "router h2, certwatch none"),
-];
+/// compared with the real router"): none today.
+const DELIBERATE: &[(&str, &str, &str)] = &[];
 
 /// The real router, from the shared tool, on a control plane; stopped when dropped.
 struct RealRouter {

@@ -268,7 +268,7 @@ async fn main() {
                  "tls": {"termination": "edge", "externalCertificate": {"name": "late-tls"}}}}))
     .unwrap();
     let expected = route_secrets::tls::Sha256Fingerprint::of(certificate.der());
-    // Reloads come at most every 5 s (--haproxy-reload-interval): the last load is
+    // Reloads come at most every 5 s (--haproxy-min-reload-interval): the last load is
     // left that far behind, so that what is measured is the way to being served, not
     // the wait for the interval (at most 5 s more).
     tokio::time::sleep(Duration::from_secs(6)).await;

@@ -338,7 +338,7 @@ async fn prepare_traffic(
     let mut routing = certwatch::routing::RoutingOptions::new(render);
     routing.haproxy_binary = Some(haproxy.clone());
     options.routing = Some(routing);
-    options.haproxy = Some(certwatch::haproxy::HaproxyOptions::new(&socket));
+    options.haproxy = Some(certwatch::haproxy::HaproxyOptions::external(&socket));
     say(format!(
         "  haproxy: {} on {} (configuration in {}); route {}/{} → service svc-{index} → {} at {}",
         haproxy.display(),

@@ -41,7 +41,7 @@ use super::model::{RoutingTable, ServedRoute};
 use super::render::{RenderOptions, primary_service_host, render};
 use super::supervisor::HaproxyProcess;
 use super::write_config;
-use crate::haproxy::client::{Instance, RuntimeApi};
+use crate::haproxy::runtime::{Instance, RuntimeError, current_instance, one_shot};
 use crate::metrics::Metrics;
 
 /// How certwatch runs HAProxy's configuration.
@@ -160,7 +160,6 @@ fn slice_events(
 struct Worker {
     options: RoutingOptions,
     metrics: Arc<Metrics>,
-    api: RuntimeApi,
     table: RoutingTable,
     endpoints: EndpointTable,
     listed: bool,
@@ -182,11 +181,9 @@ struct Worker {
 
 impl Worker {
     fn new(options: RoutingOptions, metrics: Arc<Metrics>) -> Self {
-        let api = RuntimeApi::new(options.render.admin_socket.clone(), options.command_timeout);
         Self {
             options,
             metrics,
-            api,
             table: RoutingTable::new(),
             endpoints: EndpointTable::new(),
             listed: false,
@@ -317,7 +314,13 @@ impl Worker {
             }
         }
         if !commands.is_empty() {
-            match self.api.run_commands(&commands).await {
+            match run_commands(
+                &self.options.render.admin_socket,
+                &commands,
+                self.options.command_timeout,
+            )
+            .await
+            {
                 Ok(()) => {
                     self.metrics.routing.server_commands(commands.len(), true);
                     debug!(
@@ -410,8 +413,12 @@ impl Worker {
             {
                 return None;
             }
-            if let Ok(instance) = self.api.instance().await
-                && previous.is_none_or(|previous| !previous.same_as(&instance))
+            if let Ok(instance) = current_instance(
+                &self.options.render.admin_socket,
+                self.options.command_timeout,
+            )
+            .await
+                && previous.is_none_or(|previous| previous != instance)
             {
                 return Some(instance);
             }
@@ -453,6 +460,53 @@ fn loaded_backends(
             )
         })
         .collect()
+}
+
+/// Runs payload-free commands (`set server ...`) on connections of their own, a
+/// hundred at a time separated by `;` as the CLI reads them (each request stays within
+/// HAProxy's line buffer). Those commands answer nothing, or a line saying what changed,
+/// on success; an answer naming a problem fails the batch (the commands before it ran).
+async fn run_commands(
+    socket: &std::path::Path,
+    commands: &[String],
+    timeout: Duration,
+) -> Result<(), CommandError> {
+    for batch in commands.chunks(100) {
+        let answer = one_shot(socket, &batch.join("; "), timeout).await?;
+        let refused = answer.lines().find(|line| {
+            [
+                "No such",
+                "Require",
+                "Invalid",
+                "Unknown",
+                "Can't",
+                "cannot",
+                "not allowed",
+                "Permission denied",
+                "expects",
+            ]
+            .iter()
+            .any(|marker| line.contains(marker))
+        });
+        if let Some(refused) = refused {
+            return Err(CommandError::Refused {
+                command: batch[0].clone(),
+                answer: refused.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Why endpoint changes did not reach HAProxy.
+#[derive(Debug, thiserror::Error)]
+enum CommandError {
+    /// The runtime API could not be reached.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// HAProxy refused a command of the batch.
+    #[error("HAProxy refused a batch starting with {command:?}: {answer}")]
+    Refused { command: String, answer: String },
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -614,7 +614,14 @@ impl RunArgs {
             options.routing = Some(routing);
             // Certificates reach the HAProxy certwatch configures through its socket.
             if options.haproxy.is_none() {
-                let mut haproxy = HaproxyOptions::external(socket);
+                // HAProxy's master CLI too, so that a certificate too large for the
+                // runtime API is loaded by a reload (the routing task notices it).
+                let master = self.run_haproxy.then(|| {
+                    crate::routing::supervisor::master_socket(
+                        &dir.join(crate::routing::CONFIG_FILE),
+                    )
+                });
+                let mut haproxy = HaproxyOptions::with_master(socket, master);
                 haproxy.min_reload_interval = self.haproxy_min_reload_interval;
                 haproxy.command_timeout = self.haproxy_command_timeout;
                 options.haproxy = Some(haproxy);

@@ -15,14 +15,22 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tracing::{info, warn};
 
-/// The watchdog: starts HAProxy (`$0` on configuration `$1`, master pid in `$2`),
-/// waits for end-of-file on its stdin, then stops HAProxy softly and waits for it.
+/// The watchdog: starts HAProxy (`$0` on configuration `$1`, master pid in `$2`, master
+/// CLI at `$3`), waits for end-of-file on its stdin, then stops HAProxy softly and
+/// waits for it.
 const WATCHDOG: &str = r#"trap '' INT HUP
-"$0" -W -db -f "$1" -p "$2" <&- &
+"$0" -W -db -S "$3",mode,600 -f "$1" -p "$2" <&- &
 child=$!
 while read -r _; do :; done
 kill -USR1 "$child" 2>/dev/null
 wait "$child""#;
+
+/// Where the master CLI of the HAProxy run on `config` listens (`run/master.sock` beside
+/// it): the certificates' controller reloads HAProxy through it for what its runtime
+/// API cannot carry.
+pub fn master_socket(config: &Path) -> PathBuf {
+    config.with_file_name("run").join("master.sock")
+}
 
 /// A running HAProxy.
 #[derive(Debug)]
@@ -72,6 +80,7 @@ impl HaproxyProcess {
             .arg(binary)
             .arg(config)
             .arg(&pid_file)
+            .arg(master_socket(config))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -289,6 +289,23 @@ impl Worker {
         if self.dirty_services.is_empty() {
             return;
         }
+        // A HAProxy reloaded by someone else (the certificates' controller, for a
+        // certificate too large for its runtime API) loaded the files as they were
+        // written, not the server slots changed since: load them anew instead.
+        if self.options.haproxy_binary.is_some() {
+            let now = current_instance(
+                &self.options.render.admin_socket,
+                self.options.command_timeout,
+            )
+            .await
+            .ok();
+            if now.is_some() && now != self.instance {
+                info!("HAProxy was reloaded by another: loading the routes' configuration again");
+                self.structure_dirty = true;
+                self.due = Some(Instant::now());
+                return;
+            }
+        }
         let services: Vec<ServiceKey> = self.dirty_services.drain().collect();
         let mut commands = Vec::new();
         let mut seen = HashSet::new();

@@ -341,4 +341,14 @@ async fn requests_reach_each_routes_backends_through_the_haproxy_certwatch_runs(
         http_get(http, "allow.example", "/").await.is_none(),
         "HAProxy still listens after certwatch was killed"
     );
+    // And its processes end (softly, or killed after the watchdog's grace).
+    let config = config_dir.join("haproxy.cfg");
+    eventually_async("HAProxy's processes gone", || async {
+        let output = std::process::Command::new("pgrep")
+            .args(["-f", config.to_str().unwrap()])
+            .output()
+            .expect("pgrep (procps) must be installed");
+        output.stdout.is_empty().then_some(())
+    })
+    .await;
 }

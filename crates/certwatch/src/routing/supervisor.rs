@@ -16,13 +16,17 @@ use tokio::process::{Child, Command};
 use tracing::{info, warn};
 
 /// The watchdog: starts HAProxy (`$0` on configuration `$1`, master pid in `$2`, master
-/// CLI at `$3`), waits for end-of-file on its stdin, then stops HAProxy softly and
-/// waits for it.
+/// CLI at `$3`), waits for end-of-file on its stdin, then stops HAProxy softly, and for
+/// good (`SIGKILL` to the master, whose workers follow it) if it has not ended within
+/// 10 s: a soft stop waits for open connections, which may never close.
 const WATCHDOG: &str = r#"trap '' INT HUP
 "$0" -W -db -S "$3",mode,600 -f "$1" -p "$2" <&- &
 child=$!
 while read -r _; do :; done
 kill -USR1 "$child" 2>/dev/null
+i=0
+while kill -0 "$child" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+kill -KILL "$child" 2>/dev/null
 wait "$child""#;
 
 /// Where the master CLI of the HAProxy run on `config` listens (`run/master.sock` beside

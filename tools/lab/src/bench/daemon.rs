@@ -62,26 +62,27 @@ pub async fn run(
         .await
         .map_err(|e| failed(e.to_string()))?;
 
-    // The pipeline's milestones as they happen, while the outputs write behind it.
+    // The milestones are awaited in the order they happen, in this one task, so that each
+    // is observed as soon as the one before it: a spawned observer could be scheduled
+    // after the daemon was already ready and report its phases out of order.
     let mut pipeline = daemon.pipeline_readiness();
-    let milestones = tokio::spawn(async move {
-        pipeline.wait_for(|readiness| readiness.listed).await.ok()?;
-        let listed_ms = ms_since(started);
-        let decided = *pipeline.wait_for(Readiness::is_ready).await.ok()?;
-        Some((listed_ms, ms_since(started), decided))
-    });
     let mut status = daemon.status();
+    let stopped = || failed("the pipeline stopped before it was ready".to_owned());
+    pipeline
+        .wait_for(|readiness| readiness.listed)
+        .await
+        .map_err(|_| stopped())?;
+    let routes_listed_ms = ms_since(started);
+    let pipeline_ready = *pipeline
+        .wait_for(Readiness::is_ready)
+        .await
+        .map_err(|_| stopped())?;
+    let pipeline_ready_ms = ms_since(started);
     let ready = *status
         .wait_for(|status| status.ready)
         .await
         .map_err(|_| failed("the daemon stopped before it was ready".to_owned()))?;
     let ready_ms = ms_since(started);
-    // Ready implies decided, so the milestones are in (or about to be).
-    let (routes_listed_ms, pipeline_ready_ms, pipeline_ready) = milestones
-        .await
-        .ok()
-        .flatten()
-        .ok_or_else(|| failed("the pipeline stopped before it was ready".to_owned()))?;
     for _ in 0..ready.rejected {
         errors.record("a route was rejected (see the daemon's log)");
     }

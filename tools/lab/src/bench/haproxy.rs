@@ -342,14 +342,20 @@ pub async fn run(
         .await
         .map_err(|e| failed(e.to_string()))?;
 
+    // Awaited in the order they happen, in this one task, so each milestone is observed
+    // as soon as the one before it and the phases never come out of order.
     let mut pipeline = daemon.pipeline_readiness();
-    let milestones = tokio::spawn(async move {
-        pipeline.wait_for(|readiness| readiness.listed).await.ok()?;
-        let listed_ms = ms(started.elapsed());
-        let decided = *pipeline.wait_for(Readiness::is_ready).await.ok()?;
-        Some((listed_ms, ms(started.elapsed()), decided))
-    });
     let mut status = daemon.status();
+    pipeline
+        .wait_for(|readiness| readiness.listed)
+        .await
+        .map_err(|_| failed("the pipeline stopped before it was ready"))?;
+    let routes_listed_ms = ms(started.elapsed());
+    let pipeline_ready = *pipeline
+        .wait_for(Readiness::is_ready)
+        .await
+        .map_err(|_| failed("the pipeline stopped before it was ready"))?;
+    let pipeline_ready_ms = ms(started.elapsed());
     status
         .wait_for(|status| status.files_ready)
         .await
@@ -411,11 +417,6 @@ pub async fn run(
     let cold_load_ms = ms(cold_process.start_duration());
     cold_process.stop(Duration::from_secs(10)).await;
 
-    let (routes_listed_ms, pipeline_ready_ms, pipeline_ready) = milestones
-        .await
-        .ok()
-        .flatten()
-        .ok_or_else(|| failed("the pipeline stopped before it was ready"))?;
     for _ in 0..ready.rejected {
         errors.record("a route was rejected (see the daemon's log)");
     }

@@ -12,15 +12,18 @@ use crate::haproxy::HaproxyOptions;
 use crate::logging::LogFormat;
 use crate::progress::ProgressMode;
 use crate::reload::ReloadOptions;
-use crate::selector;
 use route_secrets::api::route_watch::RouteScope;
 
 fn duration_arg(text: &str) -> Result<Duration, String> {
     kube_common::duration::parse(text).map_err(|error| error.to_string())
 }
 
-fn selector_arg(text: &str) -> Result<String, String> {
-    selector::check(text).map_err(|error| error.to_string())?;
+/// A label selector (`--route-selector`, `--namespace-selector`), checked before it
+/// reaches the API server, as the OpenShift router checks it at start-up: a selector
+/// the server would refuse on every watch is a configuration error, reported once with
+/// the flag's name rather than retried forever.
+fn selector_arg(text: &str) -> Result<String, kube_common::labels::SelectorError> {
+    kube_common::labels::LabelSelector::parse(text)?;
     Ok(text.to_owned())
 }
 

@@ -10,6 +10,8 @@
 //! - [`duration`]: durations as Kubernetes users type them (`1m30s`, `1.5h`, `300ms`),
 //!   the syntax of Go's `time.ParseDuration` that kubectl and client-go flags use.
 //! - [`name`]: DNS-1123 label and subdomain checks, with the API server's messages.
+//! - [`labels`]: label keys, values and selectors (parsed and matched), with
+//!   Kubernetes' grammar and the API server's messages.
 //! - [`kubeconfig`]: writing a kubeconfig file that holds credentials (mode 0600).
 //! - [`hint`]: what a caller tells the transport about a request ([`hint::LongLived`]).
 //!
@@ -33,6 +35,7 @@ pub mod backoff;
 pub mod duration;
 pub mod hint;
 pub mod kubeconfig;
+pub mod labels;
 pub mod name;
 pub mod verb;
 

@@ -13,6 +13,8 @@
 //! - [`labels`]: label keys, values and selectors (parsed and matched), with
 //!   Kubernetes' grammar and the API server's messages.
 //! - [`kubeconfig`]: writing a kubeconfig file that holds credentials (mode 0600).
+//! - [`request_info`]: what a request is about (resource, subresource, verb), read from
+//!   its method and URL as kube-apiserver reads it.
 //! - [`hint`]: what a caller tells the transport about a request ([`hint::LongLived`]).
 //!
 //! # Example
@@ -37,6 +39,7 @@ pub mod hint;
 pub mod kubeconfig;
 pub mod labels;
 pub mod name;
+pub mod request_info;
 pub mod verb;
 
 pub use duration::DurationParseError;

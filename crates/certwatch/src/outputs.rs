@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube_common::backoff::{Backoff, BackoffPolicy};
+use kube_common::time::sleep_until;
 use route_secrets::api::pipeline::{Readiness, RouteOutcome};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -365,12 +366,5 @@ impl Outputs {
             }
             _ => {}
         }
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

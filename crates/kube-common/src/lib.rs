@@ -15,6 +15,8 @@
 //! - [`kubeconfig`]: writing a kubeconfig file that holds credentials (mode 0600).
 //! - [`request_info`]: what a request is about (resource, subresource, verb), read from
 //!   its method and URL as kube-apiserver reads it.
+//! - [`sync`]: the poison-ignoring lock helpers; [`time`]: `sleep_until` an optional
+//!   deadline.
 //! - [`hint`]: what a caller tells the transport about a request ([`hint::LongLived`]).
 //!
 //! # Example
@@ -40,6 +42,8 @@ pub mod kubeconfig;
 pub mod labels;
 pub mod name;
 pub mod request_info;
+pub mod sync;
+pub mod time;
 pub mod verb;
 
 pub use duration::DurationParseError;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use kube_common::Verb;
 
-use crate::pool::lock;
+use kube_common::sync::lock;
 
 /// The `Retry-After` of a response (the limiter reads it the same way).
 pub(crate) use kube_common::adaptive::retry_after;

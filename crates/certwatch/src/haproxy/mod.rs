@@ -34,6 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube_common::backoff::{Backoff, BackoffPolicy};
+use kube_common::time::sleep_until;
 use route_secrets::tls::ValidatedTls;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -417,11 +418,4 @@ fn leaf_sha1(tls: &ValidatedTls) -> Option<[u8; 20]> {
     let mut out = [0; 20];
     out.copy_from_slice(digest.as_ref());
     Some(out)
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }

@@ -22,12 +22,13 @@
 
 use std::collections::HashMap;
 use std::pin::pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use futures::future::{BoxFuture, OptionFuture};
 use futures::{FutureExt, Stream, StreamExt};
 use jiff::Timestamp;
 use kube_common::backoff::BackoffPolicy;
+use kube_common::time::sleep_until;
 use secret_monitor::{MonitorErrorKind, ObjectKey};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info};
@@ -191,7 +192,7 @@ impl RoutePipeline {
                     head = None;
                     Received::Input(self.prepared_input(done))
                 }
-                () = sleep_until(wakeup), if wakeup.is_some() => Received::Input(Input::Tick),
+                () = sleep_until(wakeup.map(tokio::time::Instant::from_std)), if wakeup.is_some() => Received::Input(Input::Tick),
                 () = mailbox.ready(), if secrets_turn => Received::Secret,
                 event = events.next() => match event {
                     Some(RouteEvent::Listed(routes)) => Received::Route(Input::Listed(routes)),
@@ -417,7 +418,7 @@ impl Validations {
 
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Validation>> {
         // Every critical section is a single map operation: a poisoned map is intact.
-        self.latest.lock().unwrap_or_else(PoisonError::into_inner)
+        kube_common::sync::lock(&self.latest)
     }
 
     /// The validated version of `secret`: the recorded validation of this version
@@ -478,13 +479,6 @@ fn outcome_name(outcome: &RouteOutcome) -> &'static str {
         RouteOutcome::Admitted(_) => "admitted",
         RouteOutcome::Rejected(rejected) => rejected.reason.name(),
         RouteOutcome::Removed(_) => "removed",
-    }
-}
-
-async fn sleep_until(at: Option<std::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -622,7 +622,7 @@ impl ConnectionOwner for Owner {
             );
         }
         // Last, so that whoever sees the connection gone also sees it counted as lost.
-        Counters::dec(&self.counters.http2_open);
+        self.counters.connection_closed(&self.counters.http2_open);
         drop(removed);
     }
 }

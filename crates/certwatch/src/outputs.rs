@@ -105,7 +105,7 @@ impl Outputs {
     /// last writes, a pending reload and the HAProxy pass in progress.
     pub(crate) async fn run(
         mut self,
-        mut outcomes: mpsc::UnboundedReceiver<RouteOutcome>,
+        mut outcomes: mpsc::Receiver<RouteOutcome>,
         mut readiness: watch::Receiver<Readiness>,
     ) {
         let mut progress = Progress {

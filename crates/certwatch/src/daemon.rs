@@ -34,12 +34,15 @@ use tracing::{debug, info};
 
 use crate::cert_dir::CertDir;
 use crate::files::LINKS_DIR;
-use crate::haproxy::{HaproxyOptions, HaproxySync};
+use crate::haproxy::crt_list::CrtListOptions;
+use crate::haproxy::{Haproxy, HaproxyOptions};
 use crate::http;
 use crate::metrics::Metrics;
 use crate::outputs::{DaemonStatus, Outputs};
 use crate::progress::{self, ProgressMode};
 use crate::reload::{ReloadOptions, Reloader};
+use crate::secure_metrics::auth::AuthStats;
+use crate::secure_metrics::{self, SecureMetrics, SecureMetricsError, SecureMetricsOptions};
 use crate::throttle;
 use route_secrets::api::route_watch::{RouteScope, scoped_route_events};
 
@@ -60,10 +63,16 @@ pub struct DaemonOptions {
     pub cert_dir: PathBuf,
     /// The reload command, if any.
     pub reload: Option<ReloadOptions>,
-    /// HAProxy's runtime API, if any.
+    /// The HAProxy certwatch feeds (its runtime API, and whether certwatch runs it), if
+    /// any.
     pub haproxy: Option<HaproxyOptions>,
-    /// Address of `/healthz`, `/readyz`, `/metrics`; `None`: no HTTP endpoint.
+    /// How crt-list lines are written (ALPN).
+    pub crt_list: CrtListOptions,
+    /// Address of `/healthz`, `/readyz` (and `/metrics` without `secure_metrics`);
+    /// `None`: no HTTP endpoint.
     pub listen: Option<SocketAddr>,
+    /// `/metrics` over HTTPS for authorized scrapers only, instead of on `listen`.
+    pub secure_metrics: Option<SecureMetricsOptions>,
     /// Router name of the `status.ingress[]` entry.
     pub router_name: String,
     /// Record admissions and rejections in route status.
@@ -103,7 +112,9 @@ impl DaemonOptions {
             cert_dir: cert_dir.into(),
             reload: None,
             haproxy: None,
+            crt_list: CrtListOptions::default(),
             listen: None,
+            secure_metrics: None,
             router_name: "certwatch".to_owned(),
             write_status: false,
             status_concurrency: 20,
@@ -143,6 +154,9 @@ pub enum DaemonError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The authorized metrics endpoint could not start.
+    #[error(transparent)]
+    SecureMetrics(#[from] SecureMetricsError),
     /// The daemon stopped before it was ready.
     #[error("the daemon stopped before it was ready")]
     Stopped,
@@ -162,6 +176,7 @@ pub struct Daemon {
     access: AccessChecker,
     cert_dir: PathBuf,
     http_addr: Option<SocketAddr>,
+    secure_metrics: Option<SecureMetrics>,
     shutdown: CancellationToken,
     /// Ends with an error when the route watch was refused for good (e.g. an invalid
     /// route selector).
@@ -212,7 +227,8 @@ impl Parts {
             .map_err(|source| DaemonError::CertDir {
                 path: options.cert_dir.clone(),
                 source,
-            })?;
+            })?
+            .with_crt_list_options(options.crt_list.clone());
         info!(
             cluster = %config.cluster_url,
             cert_dir = %cert_dir.path().display(),
@@ -268,10 +284,10 @@ impl Parts {
         })
     }
 
-    /// Starts the daemon's tasks: the HTTP endpoint first (the one step that can still
-    /// fail, before anything else runs), then the route watches and the pipeline, the
-    /// outputs (cert directory, reload command, HAProxy), the progress display and the
-    /// throttling log.
+    /// Starts the daemon's tasks: the HTTP endpoints first (binding them is the one
+    /// step that can still fail, before anything else runs), then the route watches
+    /// and the pipeline, the outputs (cert directory, reload command, HAProxy), the
+    /// progress display and the throttling log.
     async fn spawn(self, options: &DaemonOptions) -> Result<Daemon, DaemonError> {
         let Self {
             started,
@@ -287,18 +303,38 @@ impl Parts {
         } = self;
         let shutdown = CancellationToken::new();
         let (status_sender, status) = watch::channel(DaemonStatus::default());
+        // The endpoints come first: binding them is what can still fail, and nothing
+        // runs yet that a failure would leave behind.
+        let secure_metrics = match &options.secure_metrics {
+            Some(secure) => Some(
+                secure_metrics::serve(
+                    secure,
+                    client.clone(),
+                    Arc::clone(&metrics),
+                    refresher(&metrics, &manager, &pool, &limiter),
+                    shutdown.clone(),
+                )
+                .await?,
+            ),
+            None => None,
+        };
         let (http_addr, http) = match options.listen {
             Some(addr) => {
                 let refresh = refresher(&metrics, &manager, &pool, &limiter);
                 let (local, task) = http::serve(
                     addr,
                     Arc::clone(&metrics),
+                    secure_metrics.is_none(),
                     status.clone(),
                     refresh,
                     shutdown.clone(),
                 )
                 .await
-                .map_err(|source| DaemonError::Listen { addr, source })?;
+                .map_err(|source| {
+                    // Stops the authorized metrics endpoint, if it was started.
+                    shutdown.cancel();
+                    DaemonError::Listen { addr, source }
+                })?;
                 (Some(local), Some(task))
             }
             None => (None, None),
@@ -318,7 +354,7 @@ impl Parts {
         let events = {
             let metrics = Arc::clone(&metrics);
             scoped_route_events(client, &options.scope, &limiter, move |source, error| {
-                metrics.watcher_error(source, error);
+                metrics.api.watcher_error(source, error);
             })
             .take_until(shutdown.clone().cancelled_owned())
         };
@@ -356,6 +392,7 @@ impl Parts {
             access,
             cert_dir: cert_dir_path,
             http_addr,
+            secure_metrics,
             shutdown,
             pipeline,
             outputs,
@@ -387,7 +424,7 @@ fn spawn_outputs(
         )
     });
     let haproxy = options.haproxy.clone().map(|haproxy| {
-        HaproxySync::spawn(
+        Haproxy::spawn(
             haproxy,
             crt_list_path.to_string_lossy().into_owned(),
             format!("{}/", cert_dir_path.join(LINKS_DIR).display()),
@@ -486,6 +523,18 @@ impl Daemon {
         self.http_addr
     }
 
+    /// Where the authorized metrics endpoint listens (HTTPS), if there is one.
+    pub fn secure_metrics_addr(&self) -> Option<SocketAddr> {
+        self.secure_metrics.as_ref().map(|secure| secure.addr)
+    }
+
+    /// The token and access reviews the authorized metrics endpoint made.
+    pub fn metrics_auth_stats(&self) -> Option<AuthStats> {
+        self.secure_metrics
+            .as_ref()
+            .map(|secure| secure.auth.stats())
+    }
+
     /// The cert directory (absolute).
     pub fn cert_dir(&self) -> &Path {
         &self.cert_dir
@@ -525,6 +574,7 @@ impl Daemon {
             pipeline,
             outputs,
             http,
+            secure_metrics,
             progress,
             throttle_log,
             manager,
@@ -541,6 +591,9 @@ impl Daemon {
         let _ = outputs.await;
         if let Some(http) = http {
             let _ = http.await;
+        }
+        if let Some(secure) = secure_metrics {
+            let _ = secure.task.await;
         }
         if let Some(progress) = progress {
             progress.abort();
@@ -580,12 +633,14 @@ fn refresher(
         limiter.clone(),
     );
     Arc::new(move || {
-        metrics.set_limiter(&limiter.snapshot());
+        metrics.limiter.set(&limiter.snapshot());
         let (watched, synced) = secret_counts(&manager);
-        metrics.set_secrets(watched, synced);
-        metrics.set_registered_routes(manager.route_count());
+        metrics.secrets.set_counts(watched, synced);
+        metrics.secrets.set_registered_routes(manager.route_count());
         let stats = pool.stats();
-        metrics.set_api_connections(stats.http2_connections_open, stats.http1_connections_open);
-        metrics.refresh_process();
+        metrics
+            .api
+            .set_connections(stats.http2_connections_open, stats.http1_connections_open);
+        metrics.process.refresh();
     })
 }

@@ -16,37 +16,49 @@ use crate::reload::ReloadOptions;
 use crate::routing::{RenderOptions, RoutingOptions};
 use crate::secure_metrics::SecureMetricsOptions;
 use crate::secure_metrics::tls::CertFiles;
-use crate::selector;
 use route_secrets::api::route_watch::RouteScope;
 
-fn duration_arg(text: &str) -> Result<Duration, String> {
-    kube_common::duration::parse(text).map_err(|error| error.to_string())
+fn duration_arg(text: &str) -> Result<Duration, kube_common::DurationParseError> {
+    kube_common::duration::parse(text)
 }
 
-fn selector_arg(text: &str) -> Result<String, String> {
-    selector::check(text).map_err(|error| error.to_string())?;
+/// A label selector (`--route-selector`, `--namespace-selector`), checked before it
+/// reaches the API server, as the OpenShift router checks it at start-up: a selector
+/// the server would refuse on every watch is a configuration error, reported once with
+/// the flag's name rather than retried forever.
+fn selector_arg(text: &str) -> Result<String, kube_common::labels::SelectorError> {
+    kube_common::labels::LabelSelector::parse(text)?;
     Ok(text.to_owned())
 }
 
-fn namespace_arg(text: &str) -> Result<String, String> {
-    kube_common::name::label(text).map_err(|error| error.to_string())?;
+fn namespace_arg(text: &str) -> Result<String, kube_common::NameError> {
+    kube_common::name::label(text)?;
     Ok(text.to_owned())
+}
+
+/// Why `--listen` is not an address.
+#[derive(Debug, thiserror::Error)]
+enum ListenError {
+    /// Not `HOST:PORT`, or the host does not resolve.
+    #[error("expected HOST:PORT or :PORT (e.g. :9090, localhost:9090, 0.0.0.0:9090): {0}")]
+    Unresolved(#[source] std::io::Error),
+    /// The host resolves to nothing.
+    #[error("{0} resolves to no address")]
+    NoAddress(String),
 }
 
 /// An address to listen on: `HOST:PORT` with an IP or a name (`localhost:9090`), or
 /// `:PORT` for every interface, as Go programs (and so Kubernetes components) accept.
-fn listen_arg(text: &str) -> Result<SocketAddr, String> {
+fn listen_arg(text: &str) -> Result<SocketAddr, ListenError> {
     use std::net::ToSocketAddrs;
     let spelled = match text.strip_prefix(':') {
         Some(port) => format!("0.0.0.0:{port}"),
         None => text.to_owned(),
     };
-    let mut addresses = spelled.to_socket_addrs().map_err(|error| {
-        format!("expected HOST:PORT or :PORT (e.g. :9090, localhost:9090, 0.0.0.0:9090): {error}")
-    })?;
+    let mut addresses = spelled.to_socket_addrs().map_err(ListenError::Unresolved)?;
     addresses
         .next()
-        .ok_or_else(|| format!("{text} resolves to no address"))
+        .ok_or_else(|| ListenError::NoAddress(text.to_owned()))
 }
 
 /// Boolean flags also read `1`/`0`, `yes`/`no`, `on`/`off` from their variable.

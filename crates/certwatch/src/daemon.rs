@@ -20,7 +20,7 @@ use kube_h2::{ClientOptions, PoolHandle, PoolStats};
 use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy, AccessStats};
 use route_secrets::api::manager::{SecretManager, TlsSecretMonitor};
 use route_secrets::api::pipeline::{
-    HostPolicy, PipelineError, PipelineOptions, Readiness, RoutePipeline,
+    HostPolicy, PipelineError, PipelineOptions, PipelineOutputs, Readiness, RoutePipeline,
 };
 use route_secrets::api::status_writer::StatusWriter;
 use route_secrets::route::Route;
@@ -50,6 +50,10 @@ use route_secrets::api::route_watch::{RouteScope, scoped_route_events};
 /// The route name the streaming probe ([`secret_monitor::ObjectMonitor::probe_streaming`])
 /// asks about: one no route has, so the answer carries no object.
 pub const STREAMING_PROBE_NAME: &str = "certwatch-streaming-list-probe";
+
+/// How long [`Daemon::shutdown`] waits for the API connections to close once the last
+/// watch is released.
+const CLOSE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Everything the daemon can be told.
 #[derive(Clone, Debug)]
@@ -232,12 +236,26 @@ impl std::fmt::Debug for Daemon {
     }
 }
 
-impl Daemon {
-    /// Starts watching routes through `config` and serving their certificates as
-    /// `options` say. Returns once everything is started, long before it is ready
-    /// (see [`Daemon::wait_ready`]); an unreachable API server is retried, not an
-    /// error.
-    pub async fn start(config: kube::Config, options: DaemonOptions) -> Result<Self, DaemonError> {
+/// The daemon's parts, built and wired but not running: everything that depends on
+/// the configuration and can fail on it, before any task of the daemon runs.
+struct Parts {
+    started: Instant,
+    metrics: Arc<Metrics>,
+    cert_dir: CertDir,
+    client: kube::Client,
+    pool: PoolHandle,
+    limiter: AdaptiveLimiter,
+    manager: SecretManager,
+    access: AccessChecker,
+    pipeline: RoutePipeline,
+    pipeline_outputs: PipelineOutputs,
+}
+
+impl Parts {
+    /// Prepares the cert directory and builds the API client, the secret manager, the
+    /// access checker, the status writer and the route pipeline on one adaptive
+    /// limiter.
+    async fn build(config: kube::Config, options: &DaemonOptions) -> Result<Self, DaemonError> {
         let started = Instant::now();
         let metrics = Arc::new(Metrics::new());
         if options.haproxy.is_some() {
@@ -250,50 +268,27 @@ impl Daemon {
                 source,
             })?
             .with_crt_list_options(options.crt_list.clone());
-        let cert_dir_path = cert_dir.path().to_owned();
-        let crt_list_path = cert_dir.crt_list_path();
+        if let Some(routing) = &options.routing {
+            ensure_default_certificate(&routing.render.default_certificate).map_err(|source| {
+                DaemonError::DefaultCertificate {
+                    path: routing.render.default_certificate.clone(),
+                    source,
+                }
+            })?;
+        }
         info!(
             cluster = %config.cluster_url,
-            cert_dir = %cert_dir_path.display(),
+            cert_dir = %cert_dir.path().display(),
             "starting"
         );
-
         let request_observer: Arc<dyn kube_h2::RequestObserver> = metrics.clone();
-        let pooled =
-            kube_h2::build_client(config, options.client.clone().observer(request_observer))?;
-        let pool = pooled.pool().clone();
-        let client = pooled.client();
+        let (client, pool) =
+            kube_h2::build_client(config, options.client.clone().observer(request_observer))?
+                .into_parts();
         // One window per process: every burst of requests (first syncs, access
-        // reviews) draws from what the API server was seen to accept.
+        // reviews, status writes) draws from what the API server was seen to accept.
         let limiter = AdaptiveLimiter::new(options.max_concurrent_syncs);
-        let observer: Arc<dyn MonitorObserver> = metrics.clone();
-        // The cache keeps only what serving reads (the TLS entries and the version),
-        // decoded without labels, annotations, managed fields or other entries:
-        // thousands of secrets are cached for the process's life.
-        let monitor = TlsSecretMonitor::with_options(
-            client.clone(),
-            MonitorOptions {
-                observer: Some(observer),
-                // First syncs are paced by the process's one window.
-                limiter: Some(limiter.clone()),
-                max_concurrent_syncs: options.max_concurrent_syncs,
-                sync_timeout: options.sync_timeout,
-                ..MonitorOptions::default()
-            },
-        );
-        // Whether the server serves streaming lists is asked once, with the routes'
-        // own collection (which this identity lists anyway; the name exists nowhere),
-        // while the routes are being listed: a server without them then refuses one
-        // request, not the first sync of every secret (issue #13: 2N + 100).
-        monitor.probe_streaming(
-            <Route as kube::Resource>::url_path(
-                &(),
-                options.scope.namespaces.first().map(String::as_str),
-            ),
-            STREAMING_PROBE_NAME,
-        );
-        let manager = SecretManager::new(monitor);
-        // Access reviews come in the same start-up burst as first syncs: one window.
+        let manager = secret_manager(&client, options, &metrics, &limiter);
         let access = AccessChecker::with_limiter(
             client.clone(),
             AccessOptions {
@@ -305,7 +300,6 @@ impl Daemon {
             limiter.clone(),
         );
         let status_writer = options.write_status.then(|| {
-            // Status writes follow the start-up burst: the same window paces them.
             StatusWriter::spawn_with_limiter(
                 client.clone(),
                 RouterIdentity::new(options.router_name.clone()),
@@ -323,74 +317,41 @@ impl Daemon {
                 ..PipelineOptions::default()
             },
         );
+        Ok(Self {
+            started,
+            metrics,
+            cert_dir,
+            client,
+            pool,
+            limiter,
+            manager,
+            access,
+            pipeline,
+            pipeline_outputs,
+        })
+    }
 
+    /// Starts the daemon's tasks: the HTTP endpoints first (binding them is the one
+    /// step that can still fail, before anything else runs), then the route watches
+    /// and the pipeline, the outputs (cert directory, reload command, HAProxy), the
+    /// progress display and the throttling log.
+    async fn spawn(self, options: &DaemonOptions) -> Result<Daemon, DaemonError> {
+        let Self {
+            started,
+            metrics,
+            cert_dir,
+            client,
+            pool,
+            limiter,
+            manager,
+            access,
+            pipeline,
+            pipeline_outputs,
+        } = self;
         let shutdown = CancellationToken::new();
-        let events = {
-            let metrics = Arc::clone(&metrics);
-            scoped_route_events(
-                client.clone(),
-                &options.scope,
-                &limiter,
-                move |source, error| {
-                    metrics.api.watcher_error(source, error);
-                },
-            )
-            .take_until(shutdown.clone().cancelled_owned())
-        };
-        let pipeline = tokio::spawn(pipeline.run(events));
-
-        let reloader = options.reload.clone().map(|reload| {
-            Reloader::spawn(
-                reload,
-                cert_dir_path.clone(),
-                crt_list_path.clone(),
-                Arc::clone(&metrics),
-            )
-        });
-        let haproxy = options.haproxy.clone().map(|haproxy| {
-            Haproxy::spawn(
-                haproxy,
-                crt_list_path.to_string_lossy().into_owned(),
-                format!("{}/", cert_dir_path.join(LINKS_DIR).display()),
-                Arc::clone(&metrics),
-            )
-        });
-        let routing = match options.routing.clone() {
-            Some(mut routing) => {
-                // The crt-list by the path the certificates' synchronisation names it.
-                routing.render.crt_list = crt_list_path.clone();
-                ensure_default_certificate(&routing.render.default_certificate).map_err(
-                    |source| DaemonError::DefaultCertificate {
-                        path: routing.render.default_certificate.clone(),
-                        source,
-                    },
-                )?;
-                // The EndpointSlices' list goes out now, beside the routes': start-up
-                // keeps its round trips. Paced by the same window.
-                let paced =
-                    kube_common::adaptive::sequential_client(client.clone(), limiter.clone());
-                Some(Routing::spawn(paced, routing, Arc::clone(&metrics)))
-            }
-            None => None,
-        };
-        let pipeline_readiness = pipeline_outputs.readiness.clone();
         let (status_sender, status) = watch::channel(DaemonStatus::default());
-        let (resync, resync_requests) = watch::channel(0);
-        let outputs = tokio::spawn(
-            Outputs {
-                cert_dir,
-                metrics: Arc::clone(&metrics),
-                reloader,
-                haproxy,
-                status: status_sender,
-                started,
-                resync: resync_requests,
-                routing,
-                routing_pending: Vec::new(),
-            }
-            .run(pipeline_outputs.outcomes, pipeline_outputs.readiness),
-        );
-
+        // The endpoints come first: binding them is what can still fail, and nothing
+        // runs yet that a failure would leave behind.
         let secure_metrics = match &options.secure_metrics {
             Some(secure) => Some(
                 secure_metrics::serve(
@@ -416,11 +377,48 @@ impl Daemon {
                     shutdown.clone(),
                 )
                 .await
-                .map_err(|source| DaemonError::Listen { addr, source })?;
+                .map_err(|source| {
+                    // Stops the authorized metrics endpoint, if it was started.
+                    shutdown.cancel();
+                    DaemonError::Listen { addr, source }
+                })?;
                 (Some(local), Some(task))
             }
             None => (None, None),
         };
+
+        // Whether the server serves streaming lists is asked once, with the routes'
+        // own collection (which this identity lists anyway; the name exists nowhere),
+        // while the routes are being listed: a server without them then refuses one
+        // request, not the first sync of every secret.
+        manager.monitor().probe_streaming(
+            <Route as kube::Resource>::url_path(
+                &(),
+                options.scope.namespaces.first().map(String::as_str),
+            ),
+            STREAMING_PROBE_NAME,
+        );
+        let events = {
+            let metrics = Arc::clone(&metrics);
+            scoped_route_events(client.clone(), &options.scope, &limiter, move |source, error| {
+                metrics.api.watcher_error(source, error);
+            })
+            .take_until(shutdown.clone().cancelled_owned())
+        };
+        let pipeline_readiness = pipeline_outputs.readiness.clone();
+        let pipeline = tokio::spawn(pipeline.run(events));
+
+        let cert_dir_path = cert_dir.path().to_owned();
+        let (outputs, resync) = spawn_outputs(
+            cert_dir,
+            options,
+            &client,
+            &limiter,
+            &metrics,
+            started,
+            status_sender,
+            pipeline_outputs,
+        );
         let progress = {
             let manager = manager.clone();
             progress::spawn(
@@ -432,7 +430,7 @@ impl Daemon {
         };
         let throttle_log = throttle::spawn_log(limiter.clone(), shutdown.clone());
 
-        Ok(Self {
+        Ok(Daemon {
             status,
             pipeline_readiness,
             resync,
@@ -451,6 +449,97 @@ impl Daemon {
             progress: Some(progress),
             throttle_log,
         })
+    }
+}
+
+/// Starts the outputs task (cert directory, reload command, HAProxy, readiness) on the
+/// pipeline's outcomes; returns it with the sender of re-synchronisation requests.
+fn spawn_outputs(
+    cert_dir: CertDir,
+    options: &DaemonOptions,
+    client: &kube::Client,
+    limiter: &AdaptiveLimiter,
+    metrics: &Arc<Metrics>,
+    started: Instant,
+    status: watch::Sender<DaemonStatus>,
+    pipeline: PipelineOutputs,
+) -> (JoinHandle<()>, watch::Sender<u64>) {
+    let cert_dir_path = cert_dir.path().to_owned();
+    let crt_list_path = cert_dir.crt_list_path();
+    let reloader = options.reload.clone().map(|reload| {
+        Reloader::spawn(
+            reload,
+            cert_dir_path.clone(),
+            crt_list_path.clone(),
+            Arc::clone(metrics),
+        )
+    });
+    let haproxy = options.haproxy.clone().map(|haproxy| {
+        Haproxy::spawn(
+            haproxy,
+            crt_list_path.to_string_lossy().into_owned(),
+            format!("{}/", cert_dir_path.join(LINKS_DIR).display()),
+            Arc::clone(metrics),
+        )
+    });
+    let routing = options.routing.clone().map(|mut routing| {
+        // The crt-list by the path the certificates' synchronisation names it.
+        routing.render.crt_list = crt_list_path.clone();
+        // The EndpointSlices' list goes out now, beside the routes': start-up keeps its
+        // round trips. Paced by the same window.
+        let paced = kube_common::adaptive::sequential_client(client.clone(), limiter.clone());
+        Routing::spawn(paced, routing, Arc::clone(metrics))
+    });
+    let (resync, resync_requests) = watch::channel(0);
+    let outputs = tokio::spawn(
+        Outputs {
+            cert_dir,
+            metrics: Arc::clone(metrics),
+            reloader,
+            haproxy,
+            status,
+            started,
+            resync: resync_requests,
+            routing,
+            routing_pending: Vec::new(),
+        }
+        .run(pipeline.outcomes, pipeline.readiness),
+    );
+    (outputs, resync)
+}
+
+/// The secret manager: one shared watch per secret, cached as only what serving reads.
+fn secret_manager(
+    client: &kube::Client,
+    options: &DaemonOptions,
+    metrics: &Arc<Metrics>,
+    limiter: &AdaptiveLimiter,
+) -> SecretManager {
+    let observer: Arc<dyn MonitorObserver> = metrics.clone();
+    // The cache keeps only what serving reads (the TLS entries and the version),
+    // decoded without labels, annotations, managed fields or other entries: thousands
+    // of secrets are cached for the process's life.
+    SecretManager::new(TlsSecretMonitor::with_options(
+        client.clone(),
+        MonitorOptions {
+            observer: Some(observer),
+            // First syncs are paced by the process's one window.
+            limiter: Some(limiter.clone()),
+            max_concurrent_syncs: options.max_concurrent_syncs,
+            sync_timeout: options.sync_timeout,
+            ..MonitorOptions::default()
+        },
+    ))
+}
+
+impl Daemon {
+    /// Starts watching routes through `config` and serving their certificates as
+    /// `options` say: builds the daemon's parts (nothing runs yet; a configuration they
+    /// cannot be built with is an error), then starts their tasks. Returns once
+    /// everything is started, long before it is ready (see [`Daemon::wait_ready`]); an
+    /// unreachable API server is retried, not an error.
+    pub async fn start(config: kube::Config, options: DaemonOptions) -> Result<Self, DaemonError> {
+        Parts::build(config, &options).await?.spawn(&options).await
     }
 
     /// Waits until the start-up progress display is done (it ends when the daemon is
@@ -576,13 +665,11 @@ impl Daemon {
         // its connections once the last client clone is gone.
         drop(access);
         drop(manager);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            let stats = pool.stats();
-            if stats.http2_connections_open + stats.http1_connections_open == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        if tokio::time::timeout(CLOSE_PATIENCE, pool.closed())
+            .await
+            .is_err()
+        {
+            debug!("API connections still open after {CLOSE_PATIENCE:?}; stopping anyway");
         }
         debug!("daemon stopped");
     }

@@ -11,9 +11,6 @@
 //!   command line.
 //! - [`daemon`]: [`Daemon`], the wiring of the route pipeline to the outputs, on one
 //!   kube client over a pool of HTTP/2 connections ([`connect`]: the configuration).
-//! - [`selector`]: the syntax of the namespace and route selectors, checked at
-//!   start-up (which routes are in scope is route-secrets'
-//!   [`route_watch`](route_secrets::api::route_watch)).
 //! - [`outputs`]: from route outcomes to the proxy, and readiness.
 //! - [`cert_dir`] and [`files`]: bundles, links and the crt-list on disk.
 //! - [`reload`]: the debounced, single-flight reload command.
@@ -60,7 +57,6 @@ pub mod progress;
 pub mod reload;
 pub mod routing;
 pub mod secure_metrics;
-pub mod selector;
 pub mod signals;
 mod throttle;
 

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube_common::backoff::{Backoff, BackoffPolicy};
+use kube_common::time::sleep_until;
 use route_secrets::api::pipeline::{Readiness, RouteOutcome};
 use route_secrets::machine::Sni;
 use route_secrets::tls::TlsWarning;
@@ -133,7 +134,7 @@ impl Outputs {
     /// last writes, a pending reload and the HAProxy pass in progress.
     pub(crate) async fn run(
         mut self,
-        mut outcomes: mpsc::UnboundedReceiver<RouteOutcome>,
+        mut outcomes: mpsc::Receiver<RouteOutcome>,
         mut readiness: watch::Receiver<Readiness>,
     ) {
         let mut progress = Progress {
@@ -478,13 +479,6 @@ async fn changed_or_pending(
 ) -> Result<(), watch::error::RecvError> {
     match status {
         Some(status) => status.changed().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }

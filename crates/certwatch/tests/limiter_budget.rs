@@ -1,7 +1,7 @@
 //! The adaptive limiter (`kube_common::adaptive`) against a real server with a tiny
 //! budget: kube-sim at 4 seats without a queue answers 429 at once to every request
 //! beyond 4 in flight. A burst of 300 secret reads through one limiter must all be
-//! answered, with the refusals within issue #14's bound (a quarter of the requests
+//! answered, with the refusals within the budget's bound (a quarter of the requests
 //! needed plus the first window), and every refusal the server sent seen by the
 //! limiter. Counts from `/sim/stats` and the limiter, never from a clock.
 

@@ -271,7 +271,7 @@ async fn startup_without_streaming_lists_costs_at_most_two_requests_per_secret()
             .await;
     let secrets = scenario.cluster.secrets;
     // 429s are the server's load (other control planes of the suite share the machine),
-    // paced and counted by the adaptive limiter (issue #14), not part of this budget.
+    // paced and counted by the adaptive limiter, not part of this budget.
     let answered = requests.total - requests.throttled;
     assert!(
         answered <= 2 * secrets + 100,

@@ -1,4 +1,4 @@
-//! Start-up against an API server with a tiny concurrency budget (issue #14): the
+//! Start-up against an API server with a tiny concurrency budget: the
 //! binary against kube-sim at 4 seats without a queue (every request beyond 4 in flight
 //! is answered 429 at once). Counts come from the simulator's `/sim/stats` and
 //! certwatch's `/metrics`, never from a clock.
@@ -59,7 +59,7 @@ fn count(stats: &serde_json::Value, key: &str) -> u64 {
 
 /// 300 routes through a server that takes 4 requests at once and refuses the rest:
 /// certwatch becomes ready with every route admitted, the refusals stay within the
-/// issue's bound (a quarter of the requests needed, plus the first window), and
+/// budget's bound (a quarter of the requests needed, plus the first window), and
 /// `/metrics` shows them and the window that adapted to them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reaches_ready_through_four_seats_without_a_queue() {

@@ -10,7 +10,13 @@
 //! - [`duration`]: durations as Kubernetes users type them (`1m30s`, `1.5h`, `300ms`),
 //!   the syntax of Go's `time.ParseDuration` that kubectl and client-go flags use.
 //! - [`name`]: DNS-1123 label and subdomain checks, with the API server's messages.
+//! - [`labels`]: label keys, values and selectors (parsed and matched), with
+//!   Kubernetes' grammar and the API server's messages.
 //! - [`kubeconfig`]: writing a kubeconfig file that holds credentials (mode 0600).
+//! - [`request_info`]: what a request is about (resource, subresource, verb), read from
+//!   its method and URL as kube-apiserver reads it.
+//! - [`sync`]: the poison-ignoring lock helpers; [`time`]: `sleep_until` an optional
+//!   deadline.
 //! - [`hint`]: what a caller tells the transport about a request ([`hint::LongLived`]).
 //!
 //! # Example
@@ -33,7 +39,11 @@ pub mod backoff;
 pub mod duration;
 pub mod hint;
 pub mod kubeconfig;
+pub mod labels;
 pub mod name;
+pub mod request_info;
+pub mod sync;
+pub mod time;
 pub mod verb;
 
 pub use duration::DurationParseError;

@@ -1,120 +1,20 @@
 //! Request accounting: every request the client sends, counted by what it asked for
-//! (resource and verb, named as kube-apiserver's request-info names them) and the HTTP
-//! status it got, plus retries.
+//! (resource and verb, named as kube-apiserver's request-info names them:
+//! [`kube_common::request_info`]) and the HTTP status it got, plus retries.
 //!
 //! This is the client's side of the API server's `apiserver_request_total`: nothing is
 //! retried underneath it (there is no retry layer in the stack), so a 429 the server
 //! sent is a 429 counted here, and a retry is a request that whoever retried marked
 //! with [`kube_common::backoff::Retry`].
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{Method, Uri};
 use kube_common::Verb;
 
-use crate::pool::lock;
-
-/// What a request asks for, in kube-apiserver's request-info terms.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct RequestTarget<'a> {
-    /// The resource, with its subresource (`secrets`, `routes/status`); for a request
-    /// that is not about a resource (discovery, `/version`), the URL path.
-    pub(crate) resource: Cow<'a, str>,
-    /// The verb.
-    pub(crate) verb: Verb,
-}
-
-/// Subresources of a namespace: `/api/v1/namespaces/{name}/{status|finalize}`.
-const NAMESPACE_SUBRESOURCES: [&str; 2] = ["status", "finalize"];
-
-impl<'a> RequestTarget<'a> {
-    /// Reads the target of a request the way kube-apiserver's `RequestInfoFactory`
-    /// does: `/api/{version}/...` and `/apis/{group}/{version}/...` are resource
-    /// requests; the verb follows from the method, whether the path names an object,
-    /// and `watch=true`. (The server also reads an exact `metadata.name` field selector
-    /// as the request's name, for authorization; that does not change the verb.)
-    pub(crate) fn of(method: &Method, uri: &'a Uri) -> Self {
-        let path = uri.path();
-        let verb_of_method = match *method {
-            Method::POST => Verb::Create,
-            Method::PUT => Verb::Update,
-            Method::PATCH => Verb::Patch,
-            Method::DELETE => Verb::Delete,
-            // GET, HEAD, and methods the API does not serve (OPTIONS...), which the API
-            // server also files under a read.
-            _ => Verb::Get,
-        };
-        let non_resource = || Self {
-            resource: Cow::Borrowed(path),
-            verb: verb_of_method,
-        };
-        let mut parts = path.trim_matches('/').split('/');
-        // `/api/v1/...` (the core group) or `/apis/{group}/{version}/...`.
-        let prefix_ok = match parts.next() {
-            Some("api") => parts.next().is_some(),
-            Some("apis") => parts.next().is_some() && parts.next().is_some(),
-            _ => false,
-        };
-        // What follows the group and version: at most `watch/namespaces/{ns}/{resource}
-        // /{name}/{subresource}`; later segments say nothing about the target. Held in
-        // an array, as counting every request must not allocate.
-        let mut segments = [""; 6];
-        let mut count = 0;
-        for segment in parts.filter(|p| !p.is_empty()).take(segments.len()) {
-            segments[count] = segment;
-            count += 1;
-        }
-        let mut rest = &segments[..count];
-        if !prefix_ok || rest.is_empty() {
-            return non_resource();
-        }
-        let mut verb = verb_of_method;
-        // The deprecated `/watch/` path prefix.
-        if rest[0] == "watch" {
-            rest = &rest[1..];
-            verb = Verb::Watch;
-            if rest.is_empty() {
-                return non_resource();
-            }
-        }
-        if rest[0] == "namespaces" && rest.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&rest[2]) {
-            rest = &rest[2..];
-        }
-        let resource = rest[0];
-        let has_name = rest.len() > 1;
-        let subresource = rest.get(2).copied();
-        if !has_name && verb == Verb::Get {
-            verb = if query_flag(uri, "watch") {
-                Verb::Watch
-            } else {
-                Verb::List
-            };
-        }
-        if !has_name && verb == Verb::Delete {
-            verb = Verb::DeleteCollection;
-        }
-        let resource = match subresource {
-            Some(sub) => Cow::Owned(format!("{resource}/{sub}")),
-            None => Cow::Borrowed(resource),
-        };
-        Self { resource, verb }
-    }
-}
-
-/// Whether the query sets `name` to a true value (`true` or `1`, as Go's `ParseBool`
-/// also reads `t`/`T`/`TRUE`/`True`).
-fn query_flag(uri: &Uri, name: &str) -> bool {
-    uri.query().is_some_and(|query| {
-        query.split('&').any(|pair| {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            key == name && matches!(value, "1" | "t" | "T" | "true" | "TRUE" | "True")
-        })
-    })
-}
+use kube_common::sync::lock;
 
 /// The `Retry-After` of a response (the limiter reads it the same way).
 pub(crate) use kube_common::adaptive::retry_after;
@@ -313,137 +213,6 @@ impl Accounting {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn target(method: Method, uri: &str) -> (String, Verb) {
-        let uri: Uri = uri.parse().unwrap_or_else(|e| panic!("{uri}: {e}"));
-        let target = RequestTarget::of(&method, &uri);
-        (target.resource.into_owned(), target.verb)
-    }
-
-    /// The cases of kube-apiserver's `TestGetAPIRequestInfo` that a client can send.
-    #[test]
-    fn resource_and_verb_as_the_api_server_reads_them() {
-        let cases = [
-            (
-                Method::GET,
-                "/api/v1/namespaces/ns/secrets",
-                "secrets",
-                Verb::List,
-            ),
-            (
-                Method::GET,
-                "/api/v1/namespaces/ns/secrets?fieldSelector=metadata.name%3Da",
-                "secrets",
-                Verb::List,
-            ),
-            (
-                Method::GET,
-                "/api/v1/namespaces/ns/secrets?watch=true&resourceVersion=5",
-                "secrets",
-                Verb::Watch,
-            ),
-            (
-                Method::GET,
-                "/api/v1/namespaces/ns/secrets?watch=1",
-                "secrets",
-                Verb::Watch,
-            ),
-            (
-                Method::GET,
-                "/api/v1/namespaces/ns/secrets?watch=false",
-                "secrets",
-                Verb::List,
-            ),
-            (
-                Method::GET,
-                "/api/v1/watch/namespaces/ns/secrets",
-                "secrets",
-                Verb::Watch,
-            ),
-            (
-                Method::GET,
-                "/api/v1/namespaces/ns/secrets/a",
-                "secrets",
-                Verb::Get,
-            ),
-            (Method::GET, "/api/v1/secrets", "secrets", Verb::List),
-            (Method::GET, "/api/v1/namespaces", "namespaces", Verb::List),
-            (
-                Method::GET,
-                "/api/v1/namespaces/ns",
-                "namespaces",
-                Verb::Get,
-            ),
-            (
-                Method::PUT,
-                "/api/v1/namespaces/ns/status",
-                "namespaces/status",
-                Verb::Update,
-            ),
-            (
-                Method::PUT,
-                "/api/v1/namespaces/ns/finalize",
-                "namespaces/finalize",
-                Verb::Update,
-            ),
-            (
-                Method::POST,
-                "/api/v1/namespaces/ns/secrets",
-                "secrets",
-                Verb::Create,
-            ),
-            (
-                Method::DELETE,
-                "/api/v1/namespaces/ns/secrets/a",
-                "secrets",
-                Verb::Delete,
-            ),
-            (
-                Method::DELETE,
-                "/api/v1/namespaces/ns/secrets",
-                "secrets",
-                Verb::DeleteCollection,
-            ),
-            (
-                Method::PATCH,
-                "/api/v1/namespaces/ns/secrets/a",
-                "secrets",
-                Verb::Patch,
-            ),
-            (
-                Method::PUT,
-                "/apis/route.openshift.io/v1/namespaces/ns/routes/r/status",
-                "routes/status",
-                Verb::Update,
-            ),
-            (
-                Method::GET,
-                "/apis/route.openshift.io/v1/routes?watch=true",
-                "routes",
-                Verb::Watch,
-            ),
-            (
-                Method::POST,
-                "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
-                "selfsubjectrulesreviews",
-                Verb::Create,
-            ),
-            // Not about a resource: discovery and the like, filed under the path.
-            (Method::GET, "/api", "/api", Verb::Get),
-            (Method::GET, "/api/v1", "/api/v1", Verb::Get),
-            (
-                Method::GET,
-                "/apis/route.openshift.io/v1",
-                "/apis/route.openshift.io/v1",
-                Verb::Get,
-            ),
-            (Method::GET, "/version", "/version", Verb::Get),
-        ];
-        for (method, uri, resource, verb) in cases {
-            let (got_resource, got_verb) = target(method, uri);
-            assert_eq!((got_resource.as_str(), got_verb), (resource, verb), "{uri}");
-        }
-    }
 
     #[test]
     fn counts_by_resource_verb_and_code_and_retries_apart() {

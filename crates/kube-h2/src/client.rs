@@ -80,6 +80,12 @@ impl PoolHandle {
         self.accounting.snapshot()
     }
 
+    /// Returns once no connection to the API server is open (at once if none is): after
+    /// the last clone of the client is dropped, once the pool has closed them all.
+    pub async fn closed(&self) {
+        self.counters.all_closed().await;
+    }
+
     /// The HTTP/2 connections in the pool now, in opening order.
     pub fn connections(&self) -> Vec<ConnectionInfo> {
         self.pool

@@ -87,7 +87,7 @@ pub(crate) struct CountedIo {
 
 impl Drop for CountedIo {
     fn drop(&mut self) {
-        Counters::dec(&self.counters.http1_open);
+        self.counters.connection_closed(&self.counters.http1_open);
     }
 }
 

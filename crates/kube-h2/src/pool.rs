@@ -43,7 +43,7 @@
 use std::{
     collections::HashMap,
     sync::{
-        Arc, Mutex, MutexGuard, PoisonError, Weak,
+        Arc, Mutex, Weak,
         atomic::{AtomicU64, Ordering},
     },
     task::Context,
@@ -51,6 +51,7 @@ use std::{
 
 use bytes::Bytes;
 use h2::client::SendRequest;
+use kube_common::sync::lock;
 use tokio::sync::Notify;
 
 use crate::{
@@ -60,13 +61,6 @@ use crate::{
     stats::{ConnectionInfo, Counters},
     transport::{Connector, Origin, Purpose, with_timeout},
 };
-
-/// Locks a mutex, ignoring poisoning: every critical section in this crate leaves the
-/// guarded state consistent between statements, so a panic elsewhere cannot leave it
-/// half-updated.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// Settings every origin pool shares.
 pub(crate) struct PoolConfig {
@@ -628,7 +622,7 @@ impl ConnectionOwner for Owner {
             );
         }
         // Last, so that whoever sees the connection gone also sees it counted as lost.
-        Counters::dec(&self.counters.http2_open);
+        self.counters.connection_closed(&self.counters.http2_open);
         drop(removed);
     }
 }

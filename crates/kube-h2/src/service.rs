@@ -14,10 +14,11 @@ use futures::{FutureExt, future};
 use http::{HeaderName, Request, Response, Version, header, request::Parts};
 use http_body_util::{BodyExt, Full};
 use kube_common::Verb;
+use kube_common::request_info::RequestInfo;
 use tracing::{Instrument, field::Empty};
 
 use crate::{
-    accounting::{Accounting, RequestTarget, ResponseRecord, retry_after},
+    accounting::{Accounting, ResponseRecord, retry_after},
     body::{ResponseBody, h2_error},
     error::Error,
     http1::{self, Http1Client},
@@ -156,7 +157,7 @@ impl Dispatcher {
         let (method, uri) = (request.method().clone(), request.uri().clone());
         // Connections are planned for watches and for what the caller says stands in
         // for one (a per-object watch's first list).
-        let long_lived = RequestTarget::of(&method, &uri).verb == Verb::Watch
+        let long_lived = RequestInfo::parse(&method, uri.path(), uri.query()).verb() == Verb::Watch
             || request
                 .extensions()
                 .get::<kube_common::hint::LongLived>()
@@ -190,10 +191,10 @@ impl Dispatcher {
                     ),
                     Err(_) => (None, None),
                 };
-                let target = RequestTarget::of(&method, &uri);
+                let target = RequestInfo::parse(&method, uri.path(), uri.query());
                 accounting.record(&ResponseRecord {
-                    resource: &target.resource,
-                    verb: target.verb,
+                    resource: &target.resource_key(),
+                    verb: target.verb(),
                     code,
                     retry,
                     retry_after,

@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use tokio::sync::Notify;
+
 /// Live counters shared by the pool, its connections and its response bodies.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -15,6 +17,8 @@ pub(crate) struct Counters {
     pub(crate) connect_failures: AtomicU64,
     pub(crate) http1_fallbacks: AtomicU64,
     pub(crate) connections_lost: AtomicU64,
+    /// Wakes whoever waits for the last open connection to close.
+    closed: Notify,
 }
 
 impl Counters {
@@ -24,6 +28,29 @@ impl Counters {
 
     pub(crate) fn dec(counter: &AtomicU64) {
         counter.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// A connection counted in `open` (`http2_open` or `http1_open`) closed.
+    pub(crate) fn connection_closed(&self, open: &AtomicU64) {
+        Self::dec(open);
+        self.closed.notify_waiters();
+    }
+
+    /// Returns once no connection is open.
+    pub(crate) async fn all_closed(&self) {
+        loop {
+            // Registered before the check, so that a close between the check and the
+            // wait is not missed.
+            let closed = self.closed.notified();
+            let mut closed = std::pin::pin!(closed);
+            closed.as_mut().enable();
+            let open =
+                self.http2_open.load(Ordering::SeqCst) + self.http1_open.load(Ordering::SeqCst);
+            if open == 0 {
+                return;
+            }
+            closed.await;
+        }
     }
 
     pub(crate) fn snapshot(&self) -> PoolStats {

@@ -9,7 +9,7 @@
 //! and keeps the last good token when a re-read fails (a file removed after start-up).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -86,7 +86,7 @@ impl TokenSource {
     /// once a minute is what client-go does too.
     fn header(&self) -> HeaderValue {
         let stale = {
-            let cached = self.cached.lock().unwrap_or_else(PoisonError::into_inner);
+            let cached = kube_common::sync::lock(&self.cached);
             if cached.read_at.elapsed() < REREAD_AFTER {
                 return cached.header.clone();
             }
@@ -99,7 +99,7 @@ impl TokenSource {
                 stale
             }
         };
-        let mut cached = self.cached.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut cached = kube_common::sync::lock(&self.cached);
         cached.header = fresh.clone();
         cached.read_at = Instant::now();
         fresh

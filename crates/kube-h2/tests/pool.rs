@@ -640,8 +640,16 @@ async fn dropping_the_client_closes_its_connections() {
 
     drop(watches);
     drop(api);
+    let closed = handle.clone();
+    let closed = tokio::spawn(async move { closed.closed().await });
     drop(kube_client);
 
+    // Woken by the last connection's close, not by looking again.
+    tokio::time::timeout(support::PATIENCE, closed)
+        .await
+        .expect("every connection closed in time")
+        .unwrap();
+    assert_eq!(handle.stats().http2_connections_open, 0);
     eventually("server saw every connection close", || {
         server.state.connections_open() == 0
     })

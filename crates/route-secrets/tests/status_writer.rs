@@ -52,7 +52,7 @@ async fn a_write_refused_for_load_is_re_queued_until_it_lands() {
     );
     sim.faults()
         .fail_next(FailRule::new("update", "routes/status", 429, REFUSALS));
-    writer.record(route, Admission::admitted());
+    writer.record(route, Admission::admitted()).await;
     within_patience("the status written", async {
         while limiter.snapshot().succeeded == 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -103,7 +103,7 @@ async fn without_a_limiter_the_same_refusals_give_the_write_up() {
     );
     sim.faults()
         .fail_next(FailRule::new("update", "routes/status", 429, REFUSALS));
-    writer.record(route, Admission::admitted());
+    writer.record(route, Admission::admitted()).await;
     within_patience("the write given up", async {
         while writer.stats().failed == 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -139,8 +139,8 @@ async fn a_route_deleted_before_the_re_read_is_not_a_failure() {
     sim.faults()
         .fail_next(FailRule::new("update", "routes/status", 409, 1));
     delete(&sim, "routes", NS, "shop");
-    writer.record(route, Admission::admitted());
-    writer.record(other, Admission::admitted());
+    writer.record(route, Admission::admitted()).await;
+    writer.record(other, Admission::admitted()).await;
     eventually("the other route written", || writes(&sim, 200) == 1).await;
     assert_eq!(requests(&sim, "list", "routes").len(), 1, "one re-read");
     let stats = writer.stats();

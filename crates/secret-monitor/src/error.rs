@@ -9,6 +9,7 @@
 //! contents, so they are safe to log for Secrets.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube_common::Verb;
@@ -72,16 +73,111 @@ pub enum MonitorErrorKind {
         /// The API server's message.
         message: String,
     },
-    /// The request never got an answer: connection refused or reset, TLS, decoding.
+    /// The request never got a usable answer: connection refused or reset, TLS, a
+    /// broken or undecodable response.
     Transport {
         /// The verb.
         verb: Verb,
         /// What failed.
-        message: String,
+        cause: TransportError,
+    },
+    /// The API server answered without a resourceVersion to watch from (a list
+    /// without one, or the bookmark that ends a streaming list's initial events).
+    NoResourceVersion {
+        /// The verb.
+        verb: Verb,
     },
     /// The monitor shut down before the registration completed.
     Cancelled,
 }
+
+/// Why a request got no usable answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The request could not be sent, or no response arrived (connection refused or
+    /// reset, TLS, timeout).
+    #[error("the request failed: {0}")]
+    Request(#[source] SharedError),
+    /// Reading the response body failed.
+    #[error("reading the response failed: {0}")]
+    Body(#[source] SharedError),
+    /// The response could not be decoded. Described by position only: the decoder's
+    /// own message may quote the value, which for a Secret could be its data.
+    #[error("could not decode the response ({category:?} error at line {line}, column {column})")]
+    Decode {
+        /// What kind of decoding error.
+        category: serde_json::error::Category,
+        /// Where in the response.
+        line: usize,
+        /// Where in the line.
+        column: usize,
+    },
+    /// A watch event longer than `max` bytes arrived.
+    #[error("a watch event longer than {max} bytes arrived")]
+    EventTooLong {
+        /// The longest event read.
+        max: usize,
+    },
+    /// The watch outlived its timeout without the server ending it.
+    #[error("the watch outlived its timeout without the server ending it")]
+    Stalled,
+}
+
+impl TransportError {
+    /// A decoding error, by its position only.
+    pub(crate) fn decode(error: &serde_json::Error) -> Self {
+        Self::Decode {
+            category: error.classify(),
+            line: error.line(),
+            column: error.column(),
+        }
+    }
+}
+
+/// An error shared by every clone of the [`MonitorError`] that carries it (one failed
+/// first sync fails every caller waiting for it with the same error). Two are equal
+/// when they are the same error, or say the same.
+#[derive(Clone)]
+pub struct SharedError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl SharedError {
+    /// Shares `error`.
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Arc::new(error))
+    }
+
+    /// Shares an error already boxed.
+    pub fn from_boxed(error: Box<dyn std::error::Error + Send + Sync>) -> Self {
+        Self(Arc::from(error))
+    }
+}
+
+impl fmt::Display for SharedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Debug for SharedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for SharedError {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for SharedError {}
 
 impl MonitorError {
     /// An error about `key` of the plural `resource` (e.g. `secrets`).
@@ -116,7 +212,8 @@ impl MonitorError {
             MonitorErrorKind::Forbidden { verb, .. }
             | MonitorErrorKind::Unauthorized { verb, .. }
             | MonitorErrorKind::Api { verb, .. }
-            | MonitorErrorKind::Transport { verb, .. } => Some(*verb),
+            | MonitorErrorKind::Transport { verb, .. }
+            | MonitorErrorKind::NoResourceVersion { verb } => Some(*verb),
             _ => None,
         }
     }
@@ -136,7 +233,9 @@ impl MonitorError {
     pub fn is_transient(&self) -> bool {
         match &self.inner.kind {
             MonitorErrorKind::Api { code, .. } => *code == 429 || *code == 410 || *code >= 500,
-            MonitorErrorKind::Transport { .. } | MonitorErrorKind::SyncTimeout { .. } => true,
+            MonitorErrorKind::Transport { .. }
+            | MonitorErrorKind::NoResourceVersion { .. }
+            | MonitorErrorKind::SyncTimeout { .. } => true,
             _ => false,
         }
     }
@@ -177,9 +276,13 @@ impl fmt::Display for MonitorError {
                 f,
                 "API error {code} {reason} on {verb} {resource} {key}: {message}"
             ),
-            MonitorErrorKind::Transport { verb, message } => {
-                write!(f, "transport error on {verb} {resource} {key}: {message}")
+            MonitorErrorKind::Transport { verb, cause } => {
+                write!(f, "transport error on {verb} {resource} {key}: {cause}")
             }
+            MonitorErrorKind::NoResourceVersion { verb } => write!(
+                f,
+                "the {verb} response for {resource} {key} carried no resourceVersion to watch from"
+            ),
             MonitorErrorKind::Cancelled => write!(
                 f,
                 "registration of {resource} {key} was cancelled: the monitor shut down"
@@ -198,7 +301,14 @@ impl fmt::Debug for MonitorError {
     }
 }
 
-impl std::error::Error for MonitorError {}
+impl std::error::Error for MonitorError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.inner.kind {
+            MonitorErrorKind::Transport { cause, .. } => Some(cause),
+            _ => None,
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -209,6 +319,36 @@ mod tests {
         assert_eq!(
             std::mem::size_of::<MonitorError>(),
             std::mem::size_of::<usize>()
+        );
+    }
+
+    #[test]
+    fn a_transport_error_keeps_its_source_and_a_missing_version_no_made_up_code() {
+        let key = || ObjectKey::new("team-a", "shop-tls");
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let error = MonitorError::new(
+            "secrets",
+            key(),
+            MonitorErrorKind::Transport {
+                verb: Verb::Watch,
+                cause: TransportError::Body(SharedError::new(reset)),
+            },
+        );
+        let cause = std::error::Error::source(&error).expect("the transport error");
+        let io = std::error::Error::source(cause).expect("the I/O error");
+        assert_eq!(io.to_string(), "connection reset");
+        assert_eq!(error.status_code(), None);
+        assert!(error.is_transient());
+        let no_version = MonitorError::new(
+            "secrets",
+            key(),
+            MonitorErrorKind::NoResourceVersion { verb: Verb::List },
+        );
+        assert_eq!(no_version.status_code(), None);
+        assert!(no_version.is_transient());
+        assert_eq!(
+            no_version.to_string(),
+            "the list response for secrets team-a/shop-tls carried no resourceVersion to watch from"
         );
     }
 

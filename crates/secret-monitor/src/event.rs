@@ -54,6 +54,11 @@ impl<K> ObjectEvent<K> {
 /// before any later event. It must therefore return at once: hand the event to a
 /// channel or queue, never process it inline. A slow consumer then never blocks the
 /// watch or other handlers.
+///
+/// This is why the channels the crate provides sinks for are unbounded: a sink may not
+/// wait for room, and dropping an event would lose a change. A consumer that needs a
+/// bound keeps the latest change per handler instead (route-secrets' pipeline keeps
+/// one per registration), which a sink of its own can do without waiting.
 pub trait EventSink<K>: Send + 'static {
     /// Hands over one event. The return value is ignored by the monitor; a sink whose
     /// consumer has gone away simply drops events until its handler is removed.

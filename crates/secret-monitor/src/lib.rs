@@ -68,7 +68,7 @@ mod registry_model;
 mod request;
 mod watch;
 
-pub use error::{MonitorError, MonitorErrorKind};
+pub use error::{MonitorError, MonitorErrorKind, SharedError, TransportError};
 pub use event::{EventSink, EventStream, ObjectEvent, TaggedSink};
 pub use key::ObjectKey;
 pub use monitor::{EventHandler, ObjectMonitor, Registration};

@@ -7,8 +7,6 @@
 //! The only way to touch the protected value is [`Lock::with`], whose closure is
 //! synchronous: a guard can never live across an `.await`, by construction.
 
-use std::sync::PoisonError;
-
 /// A mutex that exposes its value only inside a synchronous closure.
 pub(crate) trait Lock<T>: Send + Sync {
     /// Wraps `value`.
@@ -46,7 +44,7 @@ impl<T: Send> Lock<T> for StdLock<T> {
         // A panic inside a critical section cannot leave the registry's maps in a
         // state that is unsafe to read (every mutation is a single insert/remove), so
         // a poisoned lock is recovered rather than propagated to every later caller.
-        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = kube_common::sync::lock(&self.0);
         f(&mut guard)
     }
 }

@@ -301,7 +301,7 @@ impl<K: WatchedObject> Machine<K> {
     fn listed(&mut self, object: Option<K>, resource_version: Option<String>) -> Output<K> {
         let Some(resource_version) = resource_version.filter(|rv| !rv.is_empty()) else {
             return self.failed(Failure {
-                kind: no_resource_version(Verb::List),
+                kind: MonitorErrorKind::NoResourceVersion { verb: Verb::List },
                 retry_after: None,
             });
         };
@@ -330,7 +330,7 @@ impl<K: WatchedObject> Machine<K> {
                 }
                 if bookmark.metadata.resource_version.is_empty() {
                     return self.failed(Failure {
-                        kind: no_resource_version(Verb::Watch),
+                        kind: MonitorErrorKind::NoResourceVersion { verb: Verb::Watch },
                         retry_after: None,
                     });
                 }
@@ -366,7 +366,7 @@ impl<K: WatchedObject> Machine<K> {
                     _ => {
                         return self
                             .relist(true)
-                            .with_error(no_resource_version(Verb::Watch));
+                            .with_error(MonitorErrorKind::NoResourceVersion { verb: Verb::Watch });
                     }
                 }
                 let step = self.reconciler.step(if deleted {
@@ -477,6 +477,7 @@ pub(crate) fn classify(failure: &Failure, initial_events: bool) -> Disposition {
             ..
         }
         | MonitorErrorKind::Transport { .. }
+        | MonitorErrorKind::NoResourceVersion { .. }
         | MonitorErrorKind::SyncTimeout { .. } => Disposition::Transient(failure.retry_after),
         MonitorErrorKind::Api { .. }
         | MonitorErrorKind::NotRegistered { .. }
@@ -510,15 +511,6 @@ pub(crate) fn api_error(status: &Status, verb: Verb) -> MonitorErrorKind {
 pub(crate) fn retry_after(status: &Status) -> Option<Duration> {
     let seconds = status.details.as_ref()?.retry_after_seconds;
     (seconds > 0).then(|| Duration::from_secs(u64::from(seconds)))
-}
-
-fn no_resource_version(verb: Verb) -> MonitorErrorKind {
-    MonitorErrorKind::Api {
-        verb,
-        code: 500,
-        reason: "NoResourceVersion".into(),
-        message: "the response carried no resourceVersion to watch from".into(),
-    }
 }
 
 #[cfg(test)]
@@ -582,7 +574,9 @@ mod tests {
         Input::Failed(Failure {
             kind: MonitorErrorKind::Transport {
                 verb: Verb::Watch,
-                message: "connection reset".into(),
+                cause: crate::TransportError::Body(crate::SharedError::new(std::io::Error::from(
+                    std::io::ErrorKind::ConnectionReset,
+                ))),
             },
             retry_after: None,
         })

@@ -11,7 +11,7 @@ use kube::core::NamespaceResourceScope;
 ///
 /// Every `kube::Resource` of a namespaced type known at compile time implements it (the
 /// `k8s_openapi` types, `#[derive(CustomResource)]` types), so
-/// [`ObjectMonitor`](crate::ObjectMonitor) watches them as before. A type that is not a
+/// [`ObjectMonitor`](crate::ObjectMonitor) watches any of them. A type that is not a
 /// `kube::Resource` can implement it to be watched and cached without a whole
 /// `ObjectMeta`: at thousands of cached objects, the fields it never reads are a
 /// large part of each one (route-secrets' `TlsSecret` keeps four of its fifteen).

@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 
 use crate::decode::{Line, LineDecoder};
 use crate::machine::{self, Failure, Input, Request};
-use crate::{MonitorErrorKind, WatchedObject};
+use crate::{MonitorErrorKind, SharedError, TransportError, WatchedObject};
 
 /// The largest error or list response read. A list of one object is one object; an
 /// error is a `Status`.
@@ -109,18 +109,20 @@ where
     let sending = match build(target, &send) {
         Ok(request) => client
             .send(request)
-            .map(|response| response.map_err(|error| error.to_string()))
+            .map(|response| {
+                response.map_err(|error| TransportError::Request(SharedError::new(error)))
+            })
             .left_future(),
-        Err(message) => future::ready(Err(message)).right_future(),
+        Err(error) => {
+            future::ready(Err(TransportError::Request(SharedError::new(error)))).right_future()
+        }
     };
     sending.then(move |response| answer(verb, kind, target.name, response))
 }
 
 /// The request for `target`.
-fn build(target: Target<'_>, send: &Send<'_>) -> Result<http::Request<Body>, String> {
-    let mut request = http::Request::get(url(target, send))
-        .body(Body::empty())
-        .map_err(|error| error.to_string())?;
+fn build(target: Target<'_>, send: &Send<'_>) -> Result<http::Request<Body>, http::Error> {
+    let mut request = http::Request::get(url(target, send)).body(Body::empty())?;
     let verb = send.request.verb();
     // The span name kube's own requests carry.
     request.extensions_mut().insert(verb.as_str());
@@ -145,15 +147,15 @@ fn answer<'a, K>(
     verb: Verb,
     kind: Request,
     name: &'a str,
-    response: Result<http::Response<Body>, String>,
+    response: Result<http::Response<Body>, TransportError>,
 ) -> future::Either<future::Ready<Answer<K>>, BoxFuture<'a, Answer<K>>>
 where
     K: WatchedObject + Clone + DeserializeOwned + Debug + std::marker::Send + 'a,
 {
     let response = match response {
         Ok(response) => response,
-        Err(message) => {
-            return future::ready(Answer::Input(Input::Failed(transport(verb, message))))
+        Err(cause) => {
+            return future::ready(Answer::Input(Input::Failed(transport(verb, cause))))
                 .left_future();
         }
     };
@@ -187,7 +189,7 @@ where
 {
     let bytes = match read_all(body).await {
         Ok(bytes) => bytes,
-        Err(message) => return Input::Failed(transport(verb, message)),
+        Err(cause) => return Input::Failed(transport(verb, cause)),
     };
     match serde_json::from_slice::<ObjectList<K>>(&bytes) {
         Ok(list) => Input::Listed {
@@ -197,7 +199,7 @@ where
                 .into_iter()
                 .find(|object| object.object_name() == Some(name)),
         },
-        Err(error) => Input::Failed(transport(verb, decode_message(&error))),
+        Err(error) => Input::Failed(transport(verb, TransportError::decode(&error))),
     }
 }
 
@@ -226,30 +228,19 @@ async fn error_response(
     }
 }
 
-async fn read_all(body: Body) -> Result<Bytes, String> {
+async fn read_all(body: Body) -> Result<Bytes, TransportError> {
     Limited::new(body, MAX_RESPONSE)
         .collect()
         .await
         .map(|collected| collected.to_bytes())
-        .map_err(|error| format!("reading the response failed: {error}"))
+        .map_err(|error| TransportError::Body(SharedError::from_boxed(error)))
 }
 
-fn transport(verb: Verb, message: String) -> Failure {
+fn transport(verb: Verb, cause: TransportError) -> Failure {
     Failure {
-        kind: MonitorErrorKind::Transport { verb, message },
+        kind: MonitorErrorKind::Transport { verb, cause },
         retry_after: None,
     }
-}
-
-/// Describes a decoding error by position only: serde's own messages may quote the
-/// offending value, which for a Secret could be its data.
-fn decode_message(error: &serde_json::Error) -> String {
-    format!(
-        "could not decode the response ({:?} error at line {}, column {})",
-        error.classify(),
-        error.line(),
-        error.column()
-    )
 }
 
 /// An open watch response, decoded event by event.
@@ -279,12 +270,10 @@ impl EventStream {
                 Ok(Some(line)) => return decode_event(&line),
                 Ok(None) => {}
                 Err(_too_long) => {
+                    let max = crate::decode::MAX_LINE;
                     return Input::Failed(transport(
                         Verb::Watch,
-                        format!(
-                            "a watch event longer than {} bytes arrived",
-                            crate::decode::MAX_LINE
-                        ),
+                        TransportError::EventTooLong { max },
                     ));
                 }
             }
@@ -303,7 +292,7 @@ impl EventStream {
                 Some(Err(error)) => {
                     return Input::Failed(transport(
                         Verb::Watch,
-                        format!("reading the watch failed: {error}"),
+                        TransportError::Body(SharedError::new(error)),
                     ));
                 }
                 None => self.ended = true,
@@ -315,7 +304,7 @@ impl EventStream {
 fn decode_event<K: DeserializeOwned>(line: &Line) -> Input<K> {
     match serde_json::from_slice::<WatchEvent<K>>(line) {
         Ok(event) => Input::Event(event),
-        Err(error) => Input::Failed(transport(Verb::Watch, decode_message(&error))),
+        Err(error) => Input::Failed(transport(Verb::Watch, TransportError::decode(&error))),
     }
 }
 

@@ -535,7 +535,7 @@ where
         Err(_stalled) => Input::Failed(Failure {
             kind: MonitorErrorKind::Transport {
                 verb: kube_common::Verb::Watch,
-                message: "the watch outlived its timeout without the server ending it".into(),
+                cause: crate::TransportError::Stalled,
             },
             retry_after: None,
         }),

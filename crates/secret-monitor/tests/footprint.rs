@@ -1,7 +1,7 @@
 //! Memory per watched object: what the monitor keeps for one idle, synced watch.
 //!
 //! Ten thousand watches stay open for the daemon's whole life, so bytes per watch is
-//! the monitor's figure of merit (issue #13: the budget is 150 MiB for everything at
+//! the monitor's figure of merit (the budget is 150 MiB for everything at
 //! 10,000 secrets). The heap is counted by a global allocator that tracks live bytes (stats_alloc);
 //! the server is an in-process fake whose answers cost next to nothing, so what is
 //! counted is the monitor's: the spawned watch task, the protocol state, the cached

@@ -121,7 +121,8 @@ pub use generator::generate::{
     ROUTER_NAMESPACE, ROUTER_SECRETS_ROLE, ROUTER_SERVICE_ACCOUNT, SHARD_LABEL,
 };
 pub use generator::loadgen;
+pub use kube_common::labels::LabelSelector;
 pub use kubeconfig::{ADMIN_CONTEXT, CLUSTER_NAME, ROUTER_CONTEXT};
-pub use objects::selectors::{FieldSelector, LabelSelector};
+pub use objects::selectors::{FieldSelector, FieldSelectorError};
 pub use simulator::Simulator;
 pub use storage::handle::{NamespaceArg, StoreHandle};

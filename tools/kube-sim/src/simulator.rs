@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -505,12 +505,7 @@ impl Simulator {
     pub async fn shutdown(self) {
         self.shared.shutdown.cancel();
         self.faults().close_all_watches();
-        let task = self
-            .guard
-            .accept_task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let task = kube_common::sync::lock(&self.guard.accept_task).take();
         if let Some(task) = task {
             let _ = task.await;
         }

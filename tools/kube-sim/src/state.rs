@@ -4,7 +4,7 @@
 //! handlers read it; nothing below them knows it exists.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use kube_common::Verb;
@@ -50,46 +50,31 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn latency_for(&self, verb: Option<Verb>) -> Duration {
-        self.latency
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .sample(verb)
+        kube_common::sync::read(&self.latency).sample(verb)
     }
 
     pub(crate) fn latency(&self) -> LatencyConfig {
-        self.latency
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        kube_common::sync::read(&self.latency).clone()
     }
 
     pub(crate) fn set_latency(&self, latency: LatencyConfig) {
-        *self.latency.write().unwrap_or_else(PoisonError::into_inner) = latency;
+        *kube_common::sync::write(&self.latency) = latency;
     }
 
     pub(crate) fn features(&self) -> ServerFeatures {
-        *self.features.read().unwrap_or_else(PoisonError::into_inner)
+        *kube_common::sync::read(&self.features)
     }
 
     pub(crate) fn set_features(&self, features: ServerFeatures) {
-        *self
-            .features
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = features;
+        *kube_common::sync::write(&self.features) = features;
     }
 
     pub(crate) fn flow_control(&self) -> Option<Arc<FlowControl>> {
-        self.flow_control
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        kube_common::sync::read(&self.flow_control).clone()
     }
 
     pub(crate) fn set_flow_control(&self, config: Option<FlowControlConfig>) {
-        *self
-            .flow_control
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = config.map(FlowControl::new);
+        *kube_common::sync::write(&self.flow_control) = config.map(FlowControl::new);
     }
 
     pub(crate) fn stats_snapshot(&self) -> SimStats {

@@ -106,7 +106,7 @@ proptest! {
         let text = render(&reqs, spaced);
         let parsed = kube_sim::LabelSelector::parse(&text).unwrap();
         prop_assert_eq!(parsed.requirements.len(), reqs.len());
-        prop_assert_eq!(parsed.matches_labels(&labels), reference(&reqs, &labels), "selector {}", text);
+        prop_assert_eq!(parsed.matches(&labels), reference(&reqs, &labels), "selector {}", text);
     }
 
     #[test]

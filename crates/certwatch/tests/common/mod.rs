@@ -172,7 +172,7 @@ impl SimProcess {
     }
 
     /// Starts the simulator with `routes` routes in `namespaces` namespaces behind the
-    /// smallest budget of issue #14: 4 requests at once, no queue (every request beyond
+    /// smallest budget the daemon is held to: 4 requests at once, no queue (every request beyond
     /// is answered 429 at once), 10 ms per request.
     pub fn four_seats_without_a_queue(dir: &Path, routes: usize, namespaces: usize) -> Self {
         let generate = format!("routes={routes},namespaces={namespaces}");

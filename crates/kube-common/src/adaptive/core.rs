@@ -2,7 +2,7 @@
 //! that the model test can substitute shuttle's (which lets its scheduler preempt at
 //! every acquisition). Production uses [`StdLock`].
 
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -31,7 +31,7 @@ impl StateLock for StdLock {
     fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         // Every critical section leaves the state consistent before anything that
         // can panic, so a poisoned lock is recovered instead of failing every caller.
-        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = crate::sync::lock(&self.0);
         f(&mut state)
     }
 }

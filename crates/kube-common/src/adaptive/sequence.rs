@@ -11,7 +11,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -54,19 +54,11 @@ struct Sequence {
 
 impl Sequence {
     fn take_after_failure(&self) -> AfterFailure {
-        std::mem::take(
-            &mut *self
-                .after_failure
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        )
+        std::mem::take(&mut *crate::sync::lock(&self.after_failure))
     }
 
     fn leave_after(&self, left: AfterFailure) {
-        *self
-            .after_failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = left;
+        *crate::sync::lock(&self.after_failure) = left;
     }
 
     async fn send(self, request: Request<Body>) -> Result<Response<Body>, kube::Error> {

@@ -539,6 +539,9 @@ async fn pipe(
     }
 }
 
+/// How long a wait for an event waits before the test fails (not a timing assertion).
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
 /// Polls `condition` every 10 ms until it holds; panics with `what` after ~60 s so a
 /// broken pool fails the test instead of hanging it. Not a timing assertion.
 pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {

@@ -34,7 +34,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -507,11 +507,7 @@ impl AccessChecker {
     ) -> Result<AgedAnswer, ReviewFailure> {
         let now = Instant::now();
         let (id, asked_at, answer) = {
-            let mut cache = self
-                .inner
-                .cache
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut cache = kube_common::sync::lock(&self.inner.cache);
             let fresh = cache
                 .get(&question)
                 .filter(|slot| now.saturating_duration_since(slot.asked_at) < max_age);
@@ -543,11 +539,7 @@ impl AccessChecker {
         };
         let result = answer.await;
         if result.is_err() {
-            let mut cache = self
-                .inner
-                .cache
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut cache = kube_common::sync::lock(&self.inner.cache);
             if cache.get(&question).is_some_and(|slot| slot.id == id) {
                 cache.remove(&question);
             }

@@ -10,7 +10,7 @@
 //! a re-created secret apart (`ExternalCertificateSecretRecreated`).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use secret_monitor::{EventSink, ObjectEvent};
 use tokio::sync::Notify;
@@ -87,7 +87,7 @@ impl SecretMailbox {
     fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
         // Every critical section is one map and queue update that cannot panic
         // half-way: a poisoned mailbox is intact.
-        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+        kube_common::sync::lock(&self.waiting)
     }
 
     /// Files `event` for registration `tag`, folded into the change waiting for it.

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use secret_monitor::{
     EventSink, HandlerHandle, KeyStatus, MonitorError, ObjectEvent, ObjectKey, ObjectMonitor,
@@ -135,10 +135,7 @@ impl SecretManager {
 
     fn prefetched(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Prefetch>> {
         // Every critical section is a single map operation: a poisoned map is intact.
-        self.inner
-            .prefetched
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        kube_common::sync::lock(&self.inner.prefetched)
     }
 
     /// Registers on the watch of the secret `namespace/secret` and returns once its

@@ -22,12 +22,13 @@
 
 use std::collections::HashMap;
 use std::pin::pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use futures::future::{BoxFuture, OptionFuture};
 use futures::{FutureExt, Stream, StreamExt};
 use jiff::Timestamp;
 use kube_common::backoff::BackoffPolicy;
+use kube_common::time::sleep_until;
 use secret_monitor::{MonitorErrorKind, ObjectKey};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info};
@@ -56,6 +57,8 @@ pub struct PipelineOptions {
     pub retry: BackoffPolicy,
     /// Which hosts are admitted (wildcard routes, namespace ownership of hosts).
     pub hosts: HostPolicy,
+    /// How many outcomes wait at most for the consumer ([`OUTCOME_QUEUE`]).
+    pub outcome_queue: usize,
 }
 
 impl Default for PipelineOptions {
@@ -65,15 +68,21 @@ impl Default for PipelineOptions {
             identity: "the router".to_owned(),
             retry: BackoffPolicy::default(),
             hosts: HostPolicy::default(),
+            outcome_queue: OUTCOME_QUEUE,
         }
     }
 }
 
+/// How many outcomes wait at most for the consumer: a start-up's outcomes are taken in
+/// batches of about this size while the consumer writes the previous batch.
+pub const OUTCOME_QUEUE: usize = 1024;
+
 /// What the pipeline produces, for the daemon to consume.
 #[derive(Debug)]
 pub struct PipelineOutputs {
-    /// Every outcome, in the order decided.
-    pub outcomes: mpsc::UnboundedReceiver<RouteOutcome>,
+    /// Every outcome, in the order decided, at most
+    /// [`PipelineOptions::outcome_queue`] waiting.
+    pub outcomes: mpsc::Receiver<RouteOutcome>,
     /// Start-up progress.
     pub readiness: watch::Receiver<Readiness>,
 }
@@ -108,7 +117,7 @@ pub struct RoutePipeline {
     registrations: HashMap<RegistrationId, SecretRegistration>,
     validations: Validations,
     /// The consumer's side.
-    outcomes: mpsc::UnboundedSender<RouteOutcome>,
+    outcomes: mpsc::Sender<RouteOutcome>,
     readiness: watch::Sender<Readiness>,
     /// Where registrations deliver their secret events.
     mailbox: SecretMailbox,
@@ -138,7 +147,7 @@ impl RoutePipeline {
         status: Option<StatusWriter>,
         options: PipelineOptions,
     ) -> (Self, PipelineOutputs) {
-        let (outcomes, outcome_receiver) = mpsc::unbounded_channel();
+        let (outcomes, outcome_receiver) = mpsc::channel(options.outcome_queue.max(1));
         let (readiness, readiness_receiver) = watch::channel(Readiness::default());
         let machine = RouteMachine::new(MachineOptions {
             identity: options.identity,
@@ -191,7 +200,7 @@ impl RoutePipeline {
                     head = None;
                     Received::Input(self.prepared_input(done))
                 }
-                () = sleep_until(wakeup), if wakeup.is_some() => Received::Input(Input::Tick),
+                () = sleep_until(wakeup.map(tokio::time::Instant::from_std)), if wakeup.is_some() => Received::Input(Input::Tick),
                 () = mailbox.ready(), if secrets_turn => Received::Secret,
                 event = events.next() => match event {
                     Some(RouteEvent::Listed(routes)) => Received::Route(Input::Listed(routes)),
@@ -219,7 +228,7 @@ impl RoutePipeline {
             for input in inputs {
                 let now = tokio::time::Instant::now().into_std();
                 for effect in self.machine.step(input, now) {
-                    if let Some(network) = self.perform(effect) {
+                    if let Some(network) = self.perform(effect).await {
                         head = Some(network);
                     }
                 }
@@ -227,8 +236,11 @@ impl RoutePipeline {
         }
     }
 
-    /// Performs one effect; returns the network part of an apply, to be awaited.
-    fn perform(&mut self, effect: Effect) -> Option<BoxFuture<'static, NetworkResult>> {
+    /// Performs one effect; returns the network part of an apply, to be awaited. An
+    /// outcome waits for room in the consumer's queue: a consumer that falls behind
+    /// slows the pipeline down (its secret changes wait in the mailbox, one per
+    /// registration, and its route events in the watch) instead of piling up outcomes.
+    async fn perform(&mut self, effect: Effect) -> Option<BoxFuture<'static, NetworkResult>> {
         match effect {
             Effect::Prefetch { namespace, secret } => {
                 let validations = self.validations.clone();
@@ -252,11 +264,11 @@ impl RoutePipeline {
             Effect::Emit(outcome) => {
                 debug!(route = %outcome.route(), outcome = outcome_name(&outcome), "route decided");
                 // The consumer may be gone (daemon shutting down); nothing to do then.
-                let _ = self.outcomes.send(*outcome);
+                let _ = self.outcomes.send(*outcome).await;
             }
             Effect::RecordStatus { route, admission } => {
                 if let Some(status) = &self.status {
-                    status.record(route, admission);
+                    status.record(route, admission).await;
                 }
             }
             Effect::Readiness(readiness) => {
@@ -417,7 +429,7 @@ impl Validations {
 
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Validation>> {
         // Every critical section is a single map operation: a poisoned map is intact.
-        self.latest.lock().unwrap_or_else(PoisonError::into_inner)
+        kube_common::sync::lock(&self.latest)
     }
 
     /// The validated version of `secret`: the recorded validation of this version
@@ -478,13 +490,6 @@ fn outcome_name(outcome: &RouteOutcome) -> &'static str {
         RouteOutcome::Admitted(_) => "admitted",
         RouteOutcome::Rejected(rejected) => rejected.reason.name(),
         RouteOutcome::Removed(_) => "removed",
-    }
-}
-
-async fn sleep_until(at: Option<std::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -549,114 +554,197 @@ mod tests {
             .expect("role binding");
     }
 
+    /// A pipeline with [`FLOODED`] routes and one more (`extra`) on secret `s`, all
+    /// admitted, its outcomes taken; and what floods it.
+    struct Flooded {
+        /// Keeps the API server up.
+        _sim: Simulator,
+        mailbox: SecretMailbox,
+        routes: stream_channel::UnboundedSender<RouteEvent>,
+        outputs: PipelineOutputs,
+        task: tokio::task::JoinHandle<Result<(), PipelineError>>,
+        extra: Route,
+        /// A new version of `s`, with another certificate.
+        rotated: Arc<TlsSecret>,
+    }
+
+    impl Flooded {
+        async fn start(options: PipelineOptions) -> Self {
+            let sim = Simulator::start(SimConfig::default())
+                .await
+                .expect("simulator");
+            let now = Timestamp::now();
+            let pki = Pki::new(now);
+            let mut stored = serde_json::to_value(
+                pki.issue(&LeafSpec::new("r.app.example", now))
+                    .secret(NS, "s"),
+            )
+            .expect("secret JSON");
+            stored["apiVersion"] = json!("v1");
+            stored["kind"] = json!("Secret");
+            sim.store().upsert("secrets", stored).expect("secret");
+            grant(&sim);
+
+            let client = sim.client("router").await.expect("client");
+            let manager = SecretManager::new(TlsSecretMonitor::new(client.clone()));
+            let access = AccessChecker::with_options(
+                client,
+                AccessOptions {
+                    policy: AccessPolicy::SelfRules,
+                    ttl: Duration::from_secs(600),
+                    denied_ttl: Duration::from_secs(600),
+                },
+            );
+            let (pipeline, mut outputs) = RoutePipeline::new(manager, access, None, options);
+            let mailbox = pipeline.mailbox.clone();
+            let (routes, events) = stream_channel::unbounded();
+            let task = tokio::spawn(pipeline.run(events));
+
+            // Route i is applied i-th (oldest first) and registers as registration
+            // i + 1; `extra` last.
+            let mut listed: Vec<Route> = (0..FLOODED)
+                .map(|i| route(&format!("r{i:03}"), i as i64))
+                .collect();
+            let extra = route("extra", FLOODED as i64);
+            listed.push(extra.clone());
+            routes
+                .unbounded_send(RouteEvent::Listed(listed))
+                .expect("pipeline running");
+            let mut admitted = 0;
+            while admitted < FLOODED + 1 {
+                let outcome = tokio::time::timeout(PATIENCE, outputs.outcomes.recv())
+                    .await
+                    .expect("admitted in time")
+                    .expect("pipeline running");
+                assert!(matches!(outcome, RouteOutcome::Admitted(_)), "{outcome:?}");
+                admitted += 1;
+            }
+            let mut readiness = outputs.readiness.clone();
+            tokio::time::timeout(PATIENCE, readiness.wait_for(Readiness::is_ready))
+                .await
+                .expect("ready in time")
+                .expect("pipeline running");
+
+            let mut rotated = pki
+                .issue(&LeafSpec::new("r.app.example", now))
+                .secret(NS, "s");
+            rotated.metadata.uid = Some("uid-s-rotated".to_owned());
+            rotated.metadata.resource_version = Some("999999".to_owned());
+            Self {
+                _sim: sim,
+                mailbox,
+                routes,
+                outputs,
+                task,
+                extra,
+                rotated: Arc::new(TlsSecret::from(&rotated)),
+            }
+        }
+
+        /// Files a change of `s` for every route but `extra`, without waking anyone
+        /// (the test's one thread is busy with this).
+        fn flood(&self) {
+            for i in 0..FLOODED {
+                let key = RouteKey::new(NS, format!("r{i:03}"));
+                self.mailbox.put(
+                    (key, RegistrationId(i as u64 + 1)),
+                    ObjectEvent::Updated {
+                        old: Arc::clone(&self.rotated),
+                        new: Arc::clone(&self.rotated),
+                    },
+                );
+            }
+            assert_eq!(self.mailbox.len(), FLOODED);
+        }
+
+        /// The next `count` outcomes, in short.
+        async fn told(&mut self, count: usize) -> Vec<String> {
+            let mut told = Vec::new();
+            while told.len() < count {
+                let outcome = tokio::time::timeout(PATIENCE, self.outputs.outcomes.recv())
+                    .await
+                    .expect("outcomes in time")
+                    .expect("pipeline running");
+                told.push(match outcome {
+                    RouteOutcome::Admitted(admitted) => format!("admitted {}", admitted.route),
+                    RouteOutcome::Rejected(rejected) => format!("rejected {}", rejected.route),
+                    RouteOutcome::Removed(route) => format!("removed {route}"),
+                });
+            }
+            told
+        }
+
+        async fn stop(self) {
+            drop(self.routes);
+            self.task
+                .await
+                .expect("pipeline task")
+                .expect("pipeline ends");
+        }
+    }
+
     /// A flood of secret changes, waiting all at once when a route event arrives: the
     /// route event is handled after one change at most, not after the flood. Order
     /// only: what the consumer is told, in the order decided.
     #[tokio::test]
     async fn a_flood_of_secret_changes_does_not_starve_route_events() {
-        let sim = Simulator::start(SimConfig::default())
-            .await
-            .expect("simulator");
-        let now = Timestamp::now();
-        let pki = Pki::new(now);
-        let mut stored = serde_json::to_value(
-            pki.issue(&LeafSpec::new("r.app.example", now))
-                .secret(NS, "s"),
-        )
-        .expect("secret JSON");
-        stored["apiVersion"] = json!("v1");
-        stored["kind"] = json!("Secret");
-        sim.store().upsert("secrets", stored).expect("secret");
-        grant(&sim);
-
-        let client = sim.client("router").await.expect("client");
-        let manager = SecretManager::new(TlsSecretMonitor::new(client.clone()));
-        let access = AccessChecker::with_options(
-            client,
-            AccessOptions {
-                policy: AccessPolicy::SelfRules,
-                ttl: Duration::from_secs(600),
-                denied_ttl: Duration::from_secs(600),
-            },
-        );
-        let (pipeline, mut outputs) =
-            RoutePipeline::new(manager, access, None, PipelineOptions::default());
-        let mailbox = pipeline.mailbox.clone();
-        let (routes, events) = stream_channel::unbounded();
-        let task = tokio::spawn(pipeline.run(events));
-
-        // Route i is applied i-th (oldest first) and registers as registration i + 1;
-        // the last route is the one a route event will remove.
-        let mut listed: Vec<Route> = (0..FLOODED)
-            .map(|i| route(&format!("r{i:03}"), i as i64))
-            .collect();
-        let extra = route("extra", FLOODED as i64);
-        listed.push(extra.clone());
-        routes
-            .unbounded_send(RouteEvent::Listed(listed))
+        let mut flooded = Flooded::start(PipelineOptions::default()).await;
+        // Nothing else runs until this test awaits (one thread): the flood and the
+        // route event are both waiting when the pipeline wakes.
+        flooded.flood();
+        flooded
+            .routes
+            .unbounded_send(RouteEvent::Deleted(flooded.extra.clone()))
             .expect("pipeline running");
-        let mut readiness = outputs.readiness.clone();
-        tokio::time::timeout(PATIENCE, readiness.wait_for(Readiness::is_ready))
-            .await
-            .expect("ready in time")
-            .expect("pipeline running");
-        let mut admitted = 0;
-        while let Ok(outcome) = outputs.outcomes.try_recv() {
-            assert!(matches!(outcome, RouteOutcome::Admitted(_)), "{outcome:?}");
-            admitted += 1;
-        }
-        assert_eq!(admitted, FLOODED + 1);
-
-        // The pipeline waits; nothing runs until this test awaits (one thread): the
-        // flood and the route event are both waiting when it wakes.
-        let mut rotated = pki
-            .issue(&LeafSpec::new("r.app.example", now))
-            .secret(NS, "s");
-        rotated.metadata.uid = Some("uid-s-rotated".to_owned());
-        rotated.metadata.resource_version = Some("999999".to_owned());
-        let rotated = TlsSecret::from(&rotated);
-        let rotated = Arc::new(rotated);
-        for i in 0..FLOODED {
-            let key = RouteKey::new(NS, format!("r{i:03}"));
-            mailbox.put(
-                (key, RegistrationId(i as u64 + 1)),
-                ObjectEvent::Updated {
-                    old: Arc::clone(&rotated),
-                    new: Arc::clone(&rotated),
-                },
-            );
-        }
-        assert_eq!(mailbox.len(), FLOODED);
-        routes
-            .unbounded_send(RouteEvent::Deleted(extra))
-            .expect("pipeline running");
-
-        let mut told = Vec::new();
-        while told.len() < FLOODED + 1 {
-            let outcome = tokio::time::timeout(PATIENCE, outputs.outcomes.recv())
-                .await
-                .expect("outcomes in time")
-                .expect("pipeline running");
-            told.push(match outcome {
-                RouteOutcome::Admitted(admitted) => format!("admitted {}", admitted.route),
-                RouteOutcome::Rejected(rejected) => format!("rejected {}", rejected.route),
-                RouteOutcome::Removed(route) => format!("removed {route}"),
-            });
-        }
+        let told = flooded.told(FLOODED + 1).await;
         let removed = told
             .iter()
             .position(|said| *said == format!("removed {NS}/extra"))
             .expect("the route event was handled");
         assert!(removed <= 1, "after {removed} secret changes: {told:?}");
-        let flooded = told
+        let flooded_routes = told
             .iter()
             .filter(|said| said.starts_with("admitted"))
             .count();
         assert_eq!(
-            flooded, FLOODED,
+            flooded_routes, FLOODED,
             "every flooded route re-admitted: {told:?}"
         );
-        drop(routes);
-        task.await.expect("pipeline task").expect("pipeline ends");
+        flooded.stop().await;
+    }
+
+    /// A consumer that takes no outcomes holds the pipeline at its outcome queue's
+    /// bound: the rest of the flood waits in the mailbox (one change per registration),
+    /// and flows once the consumer takes outcomes again.
+    #[tokio::test]
+    async fn a_consumer_that_falls_behind_holds_the_pipeline_back() {
+        const QUEUE: usize = 8;
+        let mut flooded = Flooded::start(PipelineOptions {
+            outcome_queue: QUEUE,
+            ..PipelineOptions::default()
+        })
+        .await;
+        flooded.flood();
+        // Let the pipeline run until it waits for room (one thread: it runs only while
+        // this test yields).
+        let mut yields = 0;
+        while flooded.outputs.outcomes.len() < QUEUE {
+            yields += 1;
+            assert!(yields < 10_000, "the queue never filled");
+            tokio::task::yield_now().await;
+        }
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(flooded.outputs.outcomes.len(), QUEUE);
+        // The queue's outcomes, and the one waiting to be sent, were taken out.
+        assert_eq!(flooded.mailbox.len(), FLOODED - QUEUE - 1);
+        let told = flooded.told(FLOODED).await;
+        assert!(
+            told.iter().all(|said| said.starts_with("admitted")),
+            "{told:?}"
+        );
+        assert_eq!(flooded.mailbox.len(), 0);
+        flooded.stop().await;
     }
 }

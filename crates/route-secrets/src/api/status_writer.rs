@@ -46,6 +46,9 @@ const WRITE_ATTEMPTS: u32 = 5;
 /// delay), so this is no busy loop, and giving up would lose the route's status.
 const LOAD_REFUSALS: u32 = u32::MAX;
 
+/// How many updates wait at most for the writer to file them.
+const UPDATE_QUEUE: usize = 1024;
+
 /// Counters of a [`StatusWriter`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StatusStats {
@@ -70,7 +73,7 @@ struct Counters {
 /// Records route outcomes in `status.ingress[]` for one router, in the background.
 #[derive(Clone, Debug)]
 pub struct StatusWriter {
-    sender: mpsc::UnboundedSender<Update>,
+    sender: mpsc::Sender<Update>,
     counters: Arc<Counters>,
 }
 
@@ -151,7 +154,7 @@ impl StatusWriter {
         router: RouterIdentity,
         options: StatusWriterOptions,
     ) -> Self {
-        let (sender, receiver) = mpsc::unbounded_channel();
+        let (sender, receiver) = mpsc::channel(UPDATE_QUEUE);
         let counters = Arc::new(Counters::default());
         let worker = Worker {
             client,
@@ -170,18 +173,23 @@ impl StatusWriter {
     }
 
     /// Asks for `admission` to be recorded on `route` (the latest copy the caller has;
-    /// it is re-read on conflict).
-    pub fn record(&self, route: Arc<Route>, admission: Admission) {
+    /// it is re-read on conflict). Waits only while the writer's queue is full: the
+    /// writer files each update at once (the latest per route), whatever its writes
+    /// are doing.
+    pub async fn record(&self, route: Arc<Route>, admission: Admission) {
         let Some(key) = route.key() else {
             return;
         };
         // The worker only stops when every sender is gone, so this cannot fail while
         // `self` exists.
-        let _ = self.sender.send(Update {
-            route,
-            key,
-            admission,
-        });
+        let _ = self
+            .sender
+            .send(Update {
+                route,
+                key,
+                admission,
+            })
+            .await;
     }
 
     /// The writer's counters.
@@ -214,7 +222,7 @@ struct Worker {
 }
 
 impl Worker {
-    async fn run(mut self, mut updates: mpsc::UnboundedReceiver<Update>) {
+    async fn run(mut self, mut updates: mpsc::Receiver<Update>) {
         loop {
             tokio::select! {
                 update = updates.recv() => match update {

@@ -257,7 +257,7 @@ fn decode_block(label: &str, line: usize, body: &[&str]) -> Result<PemBlock, Pem
         lines = &lines[consumed..];
     }
     // Byte by byte, not char by char: whitespace is ASCII, and any other byte goes to
-    // the base64 decoder as it is (which refuses what is not base64, as before).
+    // the base64 decoder as it is (which refuses what is not base64).
     let mut encoded = Vec::with_capacity(lines.iter().map(|l| l.len()).sum());
     for chunk in lines {
         encoded.extend(

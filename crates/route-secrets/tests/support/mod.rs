@@ -103,7 +103,7 @@ pub struct Harness {
     pub manager: SecretManager,
     pub access: AccessChecker,
     pub status: Option<StatusWriter>,
-    pub outcomes: mpsc::UnboundedReceiver<RouteOutcome>,
+    pub outcomes: mpsc::Receiver<RouteOutcome>,
     pub readiness: watch::Receiver<Readiness>,
     /// Every outcome received, in order.
     pub history: Vec<RouteOutcome>,
@@ -237,15 +237,25 @@ impl Harness {
         }
     }
 
-    /// Waits until every route of the start-up set has an outcome.
+    /// Waits until every route of the start-up set has an outcome, taking the outcomes
+    /// meanwhile (the pipeline waits for room in its outcome queue).
     pub async fn ready(&mut self) {
         let mut readiness = self.readiness.clone();
-        within_patience(
-            "the pipeline is ready",
-            readiness.wait_for(Readiness::is_ready),
-        )
-        .await
-        .expect("pipeline running");
+        let wait = async {
+            loop {
+                if readiness.borrow_and_update().is_ready() {
+                    return;
+                }
+                tokio::select! {
+                    changed = readiness.changed() => changed.expect("pipeline running"),
+                    Some(outcome) = self.outcomes.recv() => {
+                        self.latest.insert(outcome.route().clone(), outcome.clone());
+                        self.history.push(outcome);
+                    }
+                }
+            }
+        };
+        within_patience("the pipeline is ready", wait).await;
         self.drain();
     }
 

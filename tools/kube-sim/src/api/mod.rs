@@ -32,7 +32,7 @@ use crate::control::metrics::RequestKind;
 use crate::control::stats::{Protocol, RequestRecord, RequestVerb};
 use crate::error::{ApiError, FieldError};
 use crate::objects::patch::{PatchBody, PatchKind};
-use crate::objects::selectors::{FieldSelector, LabelSelector, ObjectFilter};
+use crate::objects::selectors::{FieldSelector, ObjectFilter};
 use crate::resources::{ResourceDef, ResourceKind};
 use crate::state::Shared;
 use crate::storage::store::{
@@ -40,6 +40,7 @@ use crate::storage::store::{
     WatchStartError, WriteOptions,
 };
 use crate::transport::body::SimBody;
+use kube_common::labels::LabelSelector;
 use openapi::{FieldProblems, FieldValidation};
 use request_info::{ResourceRequest, Target};
 use table::TableOptions;
@@ -706,11 +707,14 @@ fn key_for(rr: &ResourceRequest) -> Key {
 
 fn build_filter(rr: &ResourceRequest) -> Result<ObjectFilter, ApiError> {
     let def = rr.id.def();
+    let bad_request = |error: &dyn std::fmt::Display| ApiError::bad_request(error.to_string());
     let fields = FieldSelector::parse(rr.param("fieldSelector").unwrap_or(""))
-        .map_err(ApiError::bad_request)?;
-    fields.validate_for(def).map_err(ApiError::bad_request)?;
+        .map_err(|error| bad_request(&error))?;
+    fields
+        .validate_for(def)
+        .map_err(|error| bad_request(&error))?;
     let labels = LabelSelector::parse(rr.param("labelSelector").unwrap_or(""))
-        .map_err(ApiError::bad_request)?;
+        .map_err(|error| bad_request(&error))?;
     Ok(ObjectFilter {
         namespace: rr.namespace.clone(),
         fields,

@@ -1,11 +1,14 @@
-//! Turns a method and URL into what kube-apiserver's RequestInfo resolves: a
-//! resource request (verb, resource, namespace, name, subresource) or a
-//! non-resource request (discovery, health).
+//! Turns a method and URL into a request the simulator serves: what kube-apiserver's
+//! RequestInfo resolves ([`kube_common::request_info`], the grammar the daemon counts
+//! its requests by), checked against the resources served and decoded: a resource
+//! request (verb, resource, namespace, name, subresource) or a non-resource request
+//! (discovery, health).
 
 use std::collections::HashMap;
 
 use http::Method;
 use kube_common::Verb;
+use kube_common::request_info::RequestInfo;
 use percent_encoding::percent_decode_str;
 
 use crate::error::ApiError;
@@ -71,21 +74,17 @@ fn decode(seg: &str) -> Result<String, ApiError> {
         })
 }
 
-/// Classifies a request. Unknown API paths yield 404 Status errors.
+/// Classifies a request, as kube-apiserver reads it ([`RequestInfo`]), against the
+/// resources the simulator serves. Unknown API paths yield 404 Status errors; a method
+/// the resource or URL does not take, 405.
 pub(crate) fn classify(
     method: &Method,
     path: &str,
     query: Option<&str>,
 ) -> Result<Target, ApiError> {
-    let segments: Vec<&str> = path
-        .trim_matches('/')
-        .split('/')
-        .filter(|s| !s.is_empty())
-        .collect();
-    let (group, version, rest): (&str, &str, &[&str]) = match segments.as_slice() {
-        ["api", "v1", rest @ ..] if !rest.is_empty() => ("", "v1", rest),
-        ["apis", g, v, rest @ ..] if !rest.is_empty() => (g, v, rest),
-        _ => {
+    let info = match RequestInfo::parse(method, path, query) {
+        RequestInfo::Resource(info) => info,
+        RequestInfo::NonResource { .. } => {
             return Ok(Target::NonResource {
                 path: if path.is_empty() {
                     "/".into()
@@ -95,28 +94,15 @@ pub(crate) fn classify(
             });
         }
     };
-    let mut rest: Vec<String> = rest.iter().map(|s| decode(s)).collect::<Result<_, _>>()?;
+    if info.excess {
+        return Err(ApiError::no_route());
+    }
+    let resource = decode(info.resource)?;
+    let namespace = info.namespace.map(decode).transpose()?;
+    let name = info.name.map(decode).transpose()?;
+    let subresource = info.subresource.map(decode).transpose()?;
     let mut query = parse_query(query);
-    let mut legacy_watch = false;
-    if rest.first().map(String::as_str) == Some("watch") {
-        legacy_watch = true;
-        rest.remove(0);
-    }
-    let mut namespace = None;
-    if rest.first().map(String::as_str) == Some("namespaces") && rest.len() > 1 {
-        // `/namespaces/{ns}/{resource}...` unless it is `/namespaces/{name}/status`.
-        if rest.len() > 2 && !matches!(rest[2].as_str(), "status" | "finalize") {
-            namespace = Some(rest[1].clone());
-            rest.drain(0..2);
-        }
-    }
-    let (resource, name, subresource) = match rest.as_slice() {
-        [r] => (r.clone(), None, None),
-        [r, n] => (r.clone(), Some(n.clone()), None),
-        [r, n, s] => (r.clone(), Some(n.clone()), Some(s.clone())),
-        _ => return Err(ApiError::no_route()),
-    };
-    let id = resources::find(group, version, &resource).ok_or_else(ApiError::no_route)?;
+    let id = resources::find(info.group, info.version, &resource).ok_or_else(ApiError::no_route)?;
     let def = id.def();
     if namespace.is_some() && !def.namespaced {
         return Err(ApiError::no_route());
@@ -126,23 +112,19 @@ pub(crate) fn classify(
     {
         return Err(ApiError::no_route());
     }
-    let watch =
-        legacy_watch || matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
-    let verb = match *method {
-        Method::GET if watch => Verb::Watch,
-        Method::GET if name.is_some() => Verb::Get,
-        Method::GET => Verb::List,
-        Method::POST if name.is_none() => Verb::Create,
-        Method::PUT if name.is_some() => Verb::Update,
-        Method::PATCH if name.is_some() => Verb::Patch,
-        Method::DELETE if name.is_some() => Verb::Delete,
-        Method::DELETE => Verb::DeleteCollection,
-        _ => {
-            return Err(ApiError::method_not_allowed(format!(
-                "the server does not allow this method on the requested resource ({method} {path})"
-            )));
-        }
+    let verb = info.verb;
+    // The method that verb takes, on an object or a collection as the verb needs.
+    let method_fits = match verb {
+        Verb::Get | Verb::List | Verb::Watch => *method == Method::GET,
+        Verb::Create => *method == Method::POST && name.is_none(),
+        Verb::Update | Verb::Patch | Verb::Delete => name.is_some(),
+        Verb::DeleteCollection => true,
     };
+    if !method_fits {
+        return Err(ApiError::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource ({method} {path})"
+        )));
+    }
     let served =
         def.verbs.contains(&verb) || (verb == Verb::Watch && def.verbs.contains(&Verb::List));
     if !served {

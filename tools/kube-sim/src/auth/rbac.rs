@@ -5,7 +5,7 @@
 //! store's RBAC generation changes, so each authorization is a few hash lookups.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use kube_common::Verb;
 use serde_json::{Value, json};
@@ -354,7 +354,7 @@ impl Authorizer {
 
     fn index(&self) -> Arc<RbacIndex> {
         let generation = self.store.rbac_generation();
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut cache = kube_common::sync::lock(&self.cache);
         if cache.generation != generation {
             *cache = Arc::new(RbacIndex::build(&self.store));
         }

@@ -2,7 +2,9 @@
 //! compaction. [`FaultControl`] is the public handle; the admin API maps onto it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use kube_common::sync::lock;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -118,10 +120,6 @@ pub(crate) struct Faults {
     outage: watch::Sender<Outage>,
     hanging: AtomicBool,
     refusing: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Faults {

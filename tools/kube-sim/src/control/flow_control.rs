@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -801,7 +801,7 @@ impl FlowControl {
     }
 
     fn lock(&self) -> MutexGuard<'_, FlowState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        kube_common::sync::lock(&self.state)
     }
 
     fn second(&self) -> u64 {

@@ -5,7 +5,7 @@
 //! `inflight`/`peak_inflight` in the stats always come from here.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 
@@ -89,7 +89,7 @@ impl Limiter {
     }
 
     fn lock(&self) -> MutexGuard<'_, LimiterState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        kube_common::sync::lock(&self.state)
     }
 
     fn release_locked(st: &mut LimiterState) {

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 use kube_common::Verb;
 
@@ -193,7 +193,7 @@ pub(crate) struct Stats {
 
 impl Stats {
     fn lock(&self) -> MutexGuard<'_, Counters> {
-        self.counters.lock().unwrap_or_else(PoisonError::into_inner)
+        kube_common::sync::lock(&self.counters)
     }
 
     pub(crate) fn count_request(&self, verb: &RequestVerb, resource: &str) {
@@ -367,7 +367,7 @@ impl RequestLog {
     }
 
     pub(crate) fn push(&self, mut record: RequestRecord) {
-        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut inner = kube_common::sync::lock(&self.inner);
         record.seq = inner.next_seq;
         inner.next_seq += 1;
         if inner.limit == 0 {
@@ -381,7 +381,7 @@ impl RequestLog {
 
     /// Records with `seq > since`, oldest first.
     pub(crate) fn since(&self, since: u64) -> Vec<RequestRecord> {
-        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let inner = kube_common::sync::lock(&self.inner);
         let start = inner.records.partition_point(|r| r.seq <= since);
         inner.records.range(start..).cloned().collect()
     }

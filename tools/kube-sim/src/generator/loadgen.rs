@@ -208,10 +208,7 @@ impl H2Pool {
 
     /// Number of connections opened.
     pub fn connections(&self) -> usize {
-        self.connections
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len()
+        kube_common::sync::lock(&self.connections).len()
     }
 
     /// A connection with a free stream, opening a new one if all are full.
@@ -219,10 +216,7 @@ impl H2Pool {
     /// stream limit) to keep connections full.
     pub async fn connection(&self) -> Result<H2Connection, LoadError> {
         {
-            let conns = self
-                .connections
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let conns = kube_common::sync::lock(&self.connections);
             if let Some(c) = conns
                 .iter()
                 .find(|c| c.active_streams() < self.streams_per_connection)
@@ -231,10 +225,7 @@ impl H2Pool {
             }
         }
         let c = H2Connection::connect(self.addr, &self.token).await?;
-        self.connections
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(c.clone());
+        kube_common::sync::lock(&self.connections).push(c.clone());
         Ok(c)
     }
 
@@ -244,10 +235,7 @@ impl H2Pool {
         let mut out = Vec::with_capacity(paths.len());
         for chunk in paths.chunks(self.streams_per_connection) {
             let conn = H2Connection::connect(self.addr, &self.token).await?;
-            self.connections
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(conn.clone());
+            kube_common::sync::lock(&self.connections).push(conn.clone());
             let started = futures::future::join_all(chunk.iter().map(|p| {
                 let conn = conn.clone();
                 async move { conn.watch(p).await }

@@ -177,16 +177,16 @@ fn validate_metadata(def: &ResourceDef, obj: &Value, errs: &mut Vec<FieldError>)
         match labels.as_object() {
             Some(labels) => {
                 for (k, v) in labels {
-                    if let Err(e) = crate::objects::selectors::validate_label_key(k) {
-                        errs.push(FieldError::invalid("metadata.labels", k, e));
+                    if let Err(e) = kube_common::labels::key(k) {
+                        errs.push(FieldError::invalid("metadata.labels", k, e.to_string()));
                     }
                     match v.as_str() {
                         Some(v) => {
-                            if let Err(e) = crate::objects::selectors::validate_label_value(v) {
+                            if let Err(e) = kube_common::labels::value(v) {
                                 errs.push(FieldError::invalid(
                                     format!("metadata.labels[{k}]"),
                                     v,
-                                    e,
+                                    e.to_string(),
                                 ));
                             }
                         }
@@ -211,8 +211,12 @@ fn validate_metadata(def: &ResourceDef, obj: &Value, errs: &mut Vec<FieldError>)
             Some(ann) => {
                 let mut total = 0usize;
                 for (k, v) in ann {
-                    if let Err(e) = crate::objects::selectors::validate_label_key(k) {
-                        errs.push(FieldError::invalid("metadata.annotations", k, e));
+                    if let Err(e) = kube_common::labels::key(k) {
+                        errs.push(FieldError::invalid(
+                            "metadata.annotations",
+                            k,
+                            e.to_string(),
+                        ));
                     }
                     if !v.is_string() {
                         errs.push(FieldError::invalid(

@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -320,7 +320,7 @@ impl Store {
     }
 
     fn lock(&self) -> MutexGuard<'_, StoreState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        kube_common::sync::lock(&self.state)
     }
 
     /// The last resourceVersion whose event reached the watchers.

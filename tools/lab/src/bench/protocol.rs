@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -170,7 +170,7 @@ impl ErrorLog {
     /// Records one error.
     pub fn record(&self, message: impl Into<String>) {
         self.count.fetch_add(1, Ordering::Relaxed);
-        let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut samples = kube_common::sync::lock(&self.samples);
         if samples.len() < ERROR_SAMPLES {
             samples.push(message.into());
         }
@@ -178,11 +178,7 @@ impl ErrorLog {
 
     /// The count and the sampled messages.
     pub fn snapshot(&self) -> (u64, Vec<String>) {
-        let samples = self
-            .samples
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let samples = kube_common::sync::lock(&self.samples).clone();
         (self.count.load(Ordering::Relaxed), samples)
     }
 }

@@ -40,10 +40,10 @@ pub struct Scenario {
 /// client can have about 300 requests waiting at one priority level.
 pub const APF_QUEUE: usize = 300;
 
-/// The APF scenario's server concurrency, from the issue.
+/// The APF scenario's server concurrency.
 pub const APF_MAX_INFLIGHT: usize = 50;
 
-/// The API server budgets of issue #14's bound, as built-in scenarios run on request
+/// The API server budgets the daemon is held to, as built-in scenarios run on request
 /// (`--scenarios budgets` runs them all): 300 routes at 10 ms behind kube-sim's simple
 /// concurrency limit of 4, 10 and 50 seats, without a queue (429 at once beyond the
 /// seats) and with one of 50, and without any limit. certwatch runs without
@@ -71,7 +71,7 @@ pub const PRESETS: [&str; 5] = [
     "apf-2000",
 ];
 
-/// Namespaces of the `scale-10000` scenario, as issue #13 states it.
+/// Namespaces of the `scale-10000` scenario: 10,000 routes in 100 namespaces.
 const SCALE_NAMESPACES: usize = 100;
 
 /// Namespaces for `secrets` secrets when none are given: one per 40 secrets (the
@@ -198,8 +198,8 @@ impl Scenario {
         Ok(())
     }
 
-    /// What the product is held to in this scenario (benchmark figures from the issue,
-    /// not test assertions).
+    /// What the product is held to in this scenario (benchmark targets, not test
+    /// assertions).
     pub fn targets(&self) -> Targets {
         let secrets = self.secrets as u64;
         let two_round_trips = 2 * self.latency_ms();
@@ -215,7 +215,7 @@ impl Scenario {
             two_round_trips + 1_000
         };
         let refused_fraction = self.max_inflight.map(|_| 0.25);
-        // Under a budget each refusal the issue's bound allows is one more request: the
+        // Under a budget each refusal the bound allows is one more request: the
         // first window beyond the server's seats is refused and sent again.
         let refused_allowed = refused_fraction.map_or(0, |fraction| {
             let needed = self.requests_needed();
@@ -247,7 +247,7 @@ impl Scenario {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Targets {
     /// Start-up time: two API round trips plus 1 s (2 s beyond 2,000 secrets); under a
-    /// concurrency limit, issue #14's bound (see [`Scenario::targets`]).
+    /// concurrency limit, the budget's bound (see [`Scenario::targets`]).
     pub ready_ms: u64,
     /// Peak resident memory (stated for 10,000 secrets).
     pub rss_bytes: Option<u64>,
@@ -261,7 +261,7 @@ pub struct Targets {
     /// this factor times what the strategy needs (no retry storm).
     pub retry_factor: Option<f64>,
     /// Under a concurrency limit: requests answered 429 at most this fraction of the
-    /// requests needed, plus the first window (issue #14).
+    /// requests needed, plus the first window.
     #[serde(default)]
     pub refused_fraction: Option<f64>,
     /// Failed registrations and rejected routes.
@@ -327,7 +327,7 @@ mod tests {
     }
 
     #[test]
-    fn targets_follow_the_issue() {
+    fn targets_follow_the_bounds() {
         let customer = Scenario::preset("customer-2000").unwrap().targets();
         assert_eq!(customer.ready_ms, 2 * 1_414 + 1_000);
         assert_eq!(customer.connections, 22);

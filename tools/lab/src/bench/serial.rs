@@ -3,7 +3,7 @@
 //!
 //! The reference is library-go's secret monitor before its concurrency fix, fed the
 //! way the router feeds it: routes one at a time, oldest first. Run side by side with
-//! it against the same simulator (issue 13), the real Go code took 67.5 s for 112
+//! it against the same simulator, the real Go code took 67.5 s for 112
 //! secrets at 587 ms (the seed: 65 s) with **one** watch request per secret, each
 //! registration costing the latency rounded up to the next 100 ms. That is what this
 //! strategy does, request for request:
@@ -29,7 +29,7 @@
 //! formula, checked against the seed's two measurements.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -82,10 +82,7 @@ struct Informer {
 impl Informer {
     fn cached(&self) -> Option<Arc<Secret>> {
         // Guards only the cached object: cloned out, never held across an await.
-        self.cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        kube_common::sync::lock(&self.cache).clone()
     }
 }
 
@@ -268,7 +265,7 @@ fn start_informer(
     let api: Api<Secret> = Api::namespaced(client.clone(), &key.namespace);
     let selector = format!("metadata.name={}", key.name);
     let task_cache = informer.cache.clone();
-    let mut tasks = monitor.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut tasks = kube_common::sync::lock(&monitor.tasks);
     tasks.spawn(async move {
         let streaming = watcher::Config::default()
             .fields(&selector)
@@ -281,11 +278,10 @@ fn start_informer(
             while let Some(event) = stream.next().await {
                 match event {
                     Ok(watcher::Event::InitApply(secret) | watcher::Event::Apply(secret)) => {
-                        *task_cache.lock().unwrap_or_else(PoisonError::into_inner) =
-                            Some(Arc::new(secret));
+                        *kube_common::sync::lock(&task_cache) = Some(Arc::new(secret));
                     }
                     Ok(watcher::Event::Delete(_)) => {
-                        *task_cache.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                        *kube_common::sync::lock(&task_cache) = None;
                     }
                     Ok(watcher::Event::InitDone) => {
                         synced_tx.send_replace(Some(Ok(())));

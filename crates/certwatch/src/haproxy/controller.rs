@@ -54,13 +54,13 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::certs::{self, Applied, Held, HeldLine, Known, Planned, Unplannable};
-use super::metrics::{HaproxyMetrics, RefusalReason};
 use super::process::{HaproxyProcess, MasterCli, ProcessError, ProcessOptions, Reloaded};
 use super::runtime::{
     BatchOutcome, Command, Connected, RuntimeClient, RuntimeError, RuntimeOptions, current_instance,
 };
 use crate::cert_dir::{CrtChange, CrtEntry};
 use crate::metrics::Metrics;
+use crate::metrics::haproxy::RefusalReason;
 
 /// Who runs HAProxy.
 #[derive(Clone, Debug)]
@@ -241,8 +241,6 @@ impl Haproxy {
         managed_prefix: String,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let haproxy_metrics = Arc::new(HaproxyMetrics::default());
-        metrics.register_more(|registry| haproxy_metrics.register(registry));
         let runtime = RuntimeClient::spawn(RuntimeOptions {
             socket: options.socket.clone(),
             timeout: options.command_timeout,
@@ -261,7 +259,6 @@ impl Haproxy {
             list: crt_list,
             prefix: managed_prefix,
             metrics,
-            haproxy_metrics,
             runtime: runtime.clone(),
             inbox: Arc::clone(&inbox),
             status: status_tx,
@@ -273,6 +270,7 @@ impl Haproxy {
             awaiting_reload: HashMap::new(),
             refused: HashMap::new(),
             deferred: HashMap::new(),
+            aborts: HashSet::new(),
             startup: None,
             startup_routes: 0,
             listing_complete: false,
@@ -362,6 +360,10 @@ struct Want {
     version: u64,
 }
 
+/// How soon a step HAProxy could not do now (its certificate operations locked) is
+/// tried again.
+const BUSY_RETRY: Duration = Duration::from_millis(100);
+
 /// A refused certificate, until its material changes.
 #[derive(Debug)]
 struct Refusal {
@@ -397,7 +399,6 @@ struct Controller {
     list: String,
     prefix: String,
     metrics: Arc<Metrics>,
-    haproxy_metrics: Arc<HaproxyMetrics>,
     runtime: RuntimeClient,
     inbox: Arc<Inbox>,
     status: watch::Sender<HaproxyStatus>,
@@ -418,6 +419,10 @@ struct Controller {
     /// Certificates whose last step failed, with their failures so far and when they
     /// are due again: one certificate's failures never hold the others back.
     deferred: HashMap<String, (Backoff, Instant)>,
+    /// Certificates whose transaction may have been left open (a `commit` HAProxy
+    /// could not do then): aborted at the start of the next batch, since an open
+    /// transaction blocks every other certificate's `set`.
+    aborts: HashSet<String>,
     /// Names of the first complete listing not served yet (`None` before it).
     startup: Option<HashSet<String>>,
     startup_routes: usize,
@@ -615,11 +620,18 @@ impl Controller {
             self.check_identity().await;
         }
         if self.known.as_ref().is_none_or(|known| known.stale) {
-            if let Err(error) = self.discover().await {
-                self.failed(&error.to_string());
-                return;
+            match self.discover().await {
+                Ok(true) => self.succeeded(),
+                Ok(false) => {
+                    debug!("HAProxy's certificate operations are locked; asking again shortly");
+                    self.retry_at = Some(Instant::now() + BUSY_RETRY);
+                    return;
+                }
+                Err(error) => {
+                    self.failed(&error.to_string());
+                    return;
+                }
             }
-            self.succeeded();
         }
         self.maybe_reload();
         if !self.pending.is_empty() {
@@ -651,7 +663,7 @@ impl Controller {
         self.known = None;
         self.loaded = None;
         self.up = false;
-        self.haproxy_metrics.set_up(false);
+        self.metrics.haproxy.set_up(false);
         let delay = self.backoff.next_delay();
         self.retry_at = Some(Instant::now() + delay);
     }
@@ -697,12 +709,12 @@ impl Controller {
                 self.known = None;
                 let took = self.start_took();
                 self.load_time = took;
-                self.haproxy_metrics.reloaded("start", true, took);
+                self.metrics.haproxy.reloaded("start", true, took);
                 self.failures = 0;
                 self.backoff = Backoff::new(self.options.retry);
             }
             Err(error) => {
-                self.haproxy_metrics.reloaded("start", false, None);
+                self.metrics.haproxy.reloaded("start", false, None);
                 self.failed(&format!("cannot start HAProxy: {error}"));
             }
         }
@@ -726,7 +738,8 @@ impl Controller {
                     took = ?reloaded.took,
                     "HAProxy reloaded; its new worker serves"
                 );
-                self.haproxy_metrics
+                self.metrics
+                    .haproxy
                     .reloaded(reason, true, Some(reloaded.took));
                 self.load_time = Some(reloaded.took);
                 self.loads += 1;
@@ -736,7 +749,7 @@ impl Controller {
                 self.known = None;
             }
             Err(error) => {
-                self.haproxy_metrics.reloaded(reason, false, None);
+                self.metrics.haproxy.reloaded(reason, false, None);
                 error!(reason, %error, "HAProxy's reload failed; its previous worker keeps serving");
                 // Certificates waiting for it stay waiting: the next reload will try.
                 if !self.awaiting_reload.is_empty() {
@@ -824,7 +837,9 @@ impl Controller {
     }
 
     /// Reads what HAProxy holds (see the module documentation).
-    async fn discover(&mut self) -> Result<(), RuntimeError> {
+    /// Returns `false` when HAProxy's certificate operations were locked (by another
+    /// CLI session or HAProxy itself): nothing was learnt, ask again shortly.
+    async fn discover(&mut self) -> Result<bool, RuntimeError> {
         let list = self.list.clone();
         let outcome = self
             .execute(vec![
@@ -833,6 +848,13 @@ impl Controller {
             ])
             .await?;
         let connected = outcome.connected.ok_or(RuntimeError::Stopped)?;
+        if outcome
+            .replies
+            .iter()
+            .any(|reply| reply.contains("currently locked"))
+        {
+            return Ok(false);
+        }
         let (committed, transactions) = certs::parse_certificates(outcome.replies[0].text());
         let shown = outcome.replies[1].text();
         if shown.starts_with("didn't find") || shown.contains("Can't") {
@@ -941,7 +963,7 @@ impl Controller {
         );
         self.limits = Some(connected);
         self.known = Some(known);
-        Ok(())
+        Ok(true)
     }
 
     fn is_refused(&self, name: &str, want: &Want) -> bool {
@@ -1039,9 +1061,24 @@ impl Controller {
         if stale && let Some(known) = self.known.as_mut() {
             known.stale = true;
         }
-        if planned.is_empty() {
+        if planned.is_empty() && self.aborts.is_empty() {
             return Ok(());
         }
+        // Transactions a busy `commit` may have left open go first.
+        let aborts: Vec<Planned> = self
+            .aborts
+            .drain()
+            .map(|name| Planned {
+                step: certs::Step::Abort,
+                command: Command::new(format!("abort ssl cert {name}")),
+                name,
+            })
+            .collect();
+        let offset = aborts.len();
+        for (_, range) in &mut batch {
+            *range = range.start + offset..range.end + offset;
+        }
+        planned.splice(0..0, aborts);
         let started = std::time::Instant::now();
         let commands: Vec<Command> = planned.iter().map(|p| p.command.clone()).collect();
         let outcome = self.runtime.execute(commands).await;
@@ -1065,6 +1102,7 @@ impl Controller {
         let mut refusals = Vec::new();
         let mut done = Vec::new();
         let mut failed = Vec::new();
+        let mut busy = Vec::new();
         {
             let Some(known) = self.known.as_mut() else {
                 return Ok(());
@@ -1080,7 +1118,8 @@ impl Controller {
                     let step = &planned[index];
                     let applied = known.apply(step, want, reply);
                     self.metrics
-                        .haproxy_command(step.step.command(), applied == Applied::Done);
+                        .haproxy
+                        .command(step.step.command(), applied == Applied::Done);
                     match applied {
                         Applied::Done => {
                             if step.step == certs::Step::Commit {
@@ -1095,6 +1134,10 @@ impl Controller {
                             complete = false;
                             failed.push(name.clone());
                         }
+                        Applied::Busy => {
+                            complete = false;
+                            busy.push((name.clone(), step.step == certs::Step::Commit));
+                        }
                     }
                 }
                 if let Some(message) = refused {
@@ -1107,6 +1150,15 @@ impl Controller {
         for name in done {
             self.served(&name);
         }
+        for (name, commit) in busy {
+            if commit {
+                self.aborts.insert(name.clone());
+            }
+            self.deferred
+                .entry(name)
+                .or_insert_with(|| (Backoff::new(self.options.retry), now))
+                .1 = now + BUSY_RETRY;
+        }
         for name in failed {
             let mut backoff = self
                 .deferred
@@ -1118,7 +1170,7 @@ impl Controller {
         for (name, message) in refusals {
             self.rejected(name, &message);
         }
-        self.haproxy_metrics.pushed(pushed);
+        self.metrics.haproxy.pushed(pushed);
         let elapsed = started.elapsed().as_secs_f64();
         if pushed >= 16 && elapsed > 0.0 {
             let rate = pushed as f64 / elapsed;
@@ -1158,7 +1210,7 @@ impl Controller {
                     limit,
                     "certificate too large for HAProxy's runtime API (tune.bufsize); HAProxy will load its file at a reload"
                 );
-                self.haproxy_metrics.refused(RefusalReason::TooLarge);
+                self.metrics.haproxy.refused(RefusalReason::TooLarge);
             }
             self.awaiting_reload.insert(name, since);
             self.reload_wanted.get_or_insert("too_large");
@@ -1170,7 +1222,7 @@ impl Controller {
             limit,
             "HAProxy cannot take this certificate through its runtime API (larger than tune.bufsize) and certwatch cannot reload it: not served until HAProxy next loads its files"
         );
-        self.haproxy_metrics.refused(RefusalReason::TooLarge);
+        self.metrics.haproxy.refused(RefusalReason::TooLarge);
         self.refuse(name);
     }
 
@@ -1181,7 +1233,7 @@ impl Controller {
             answer = %message,
             "HAProxy refused this certificate; it is not served until its material changes"
         );
-        self.haproxy_metrics.refused(RefusalReason::Rejected);
+        self.metrics.haproxy.refused(RefusalReason::Rejected);
         self.pending.remove(&name);
         self.refuse(name);
     }
@@ -1211,14 +1263,14 @@ impl Controller {
         self.failures = 0;
         self.retry_at = None;
         self.backoff = Backoff::new(self.options.retry);
-        self.haproxy_metrics.set_up(true);
+        self.metrics.haproxy.set_up(true);
     }
 
     fn failed(&mut self, error: &str) {
         self.failures = self.failures.saturating_add(1);
         self.up = false;
-        self.haproxy_metrics.set_up(false);
-        self.metrics.haproxy_synced(false);
+        self.metrics.haproxy.set_up(false);
+        self.metrics.haproxy.synced(false);
         let delay = self.backoff.next_delay();
         if self.failures == 1 {
             warn!(%error, retry_in = ?delay, "HAProxy: cannot bring it up to date; retrying");
@@ -1246,9 +1298,9 @@ impl Controller {
             .min()
             .copied();
         let refused = self.refused.len();
-        self.haproxy_metrics.set_serving(unserved, refused, oldest);
+        self.metrics.haproxy.set_serving(unserved, refused, oldest);
         if self.up {
-            self.metrics.haproxy_in_sync(unserved == 0);
+            self.metrics.haproxy.set_in_sync(unserved == 0);
         }
         let state = if !self.listing_complete {
             HaproxyState::WaitingForFiles

@@ -673,8 +673,8 @@ enum RunState {
         _run: concurrent::ConcurrentRun,
         pool: kube_h2::PoolHandle,
     },
-    Daemon(daemon::DaemonRun),
-    Haproxy(haproxy::HaproxyRun),
+    Daemon(Box<daemon::DaemonRun>),
+    Haproxy(Box<haproxy::HaproxyRun>),
 }
 
 impl RunState {
@@ -700,13 +700,13 @@ async fn start_strategy(
             let started = Instant::now();
             return daemon::run(config, spec, started, errors)
                 .await
-                .map(|(report, run)| (report, RunState::Daemon(run)));
+                .map(|(report, run)| (report, RunState::Daemon(Box::new(run))));
         }
         if strategy == Strategy::Haproxy {
             let started = Instant::now();
             return haproxy::run(config, spec, started, errors)
                 .await
-                .map(|(report, run)| (report, RunState::Haproxy(run)));
+                .map(|(report, run)| (report, RunState::Haproxy(Box::new(run))));
         }
         let options = kube_h2::ClientOptions::default().protocol(spec.protocol.into());
         let pooled = kube_h2::build_client(config, options).map_err(|e| BenchError::Client {

@@ -1,13 +1,17 @@
-//! The HAProxy controller's metrics, registered under `certwatch_` only when the daemon
-//! feeds a HAProxy:
+//! HAProxy: the runtime API and the controller (`--haproxy-socket`). These metrics are
+//! in the registry only when HAProxy is configured
+//! ([`Metrics::register_haproxy`](super::Metrics::register_haproxy)).
 //!
 //! | Metric | Type | Labels | Meaning |
 //! |---|---|---|---|
+//! | `certwatch_haproxy_commands_total` | counter | `command`, `result` | runtime API commands sent |
+//! | `certwatch_haproxy_sync_failures_total` | counter | | attempts to bring HAProxy up to date that failed, retried |
+//! | `certwatch_haproxy_in_sync` | gauge | | 1 when HAProxy holds exactly the crt-list's certificates |
 //! | `certwatch_routes_admitted_not_served` | gauge | | admitted routes whose current certificate and line HAProxy does not hold yet (refused ones not included) |
 //! | `certwatch_oldest_unserved_change_age_seconds` | gauge | | age of the oldest change (new, changed or removed route) HAProxy does not serve yet; 0 when none |
 //! | `certwatch_haproxy_refused_routes` | gauge | | admitted routes HAProxy refused (too large for its runtime API with no reload to fall back on, or material it rejects) |
 //! | `certwatch_haproxy_refusals_total` | counter | `reason` | refusals, by `too_large` and `rejected` |
-//! | `certwatch_haproxy_reloads_total` | counter | `reason`, `result` | HAProxy starts and reloads certwatch made, by why (`start`, `too_large`, `backlog`, `requested`) and `ok`/`failed` |
+//! | `certwatch_haproxy_reloads_total` | counter | `reason`, `result` | HAProxy starts and reloads certwatch made, by why (`start`, `too_large`, `backlog`, or the asker's) and `ok`/`failed` |
 //! | `certwatch_haproxy_load_duration_seconds` | gauge | | how long HAProxy's last start or reload took to load its files |
 //! | `certwatch_haproxy_up` | gauge | | 1 while HAProxy answers and (when certwatch runs it) its worker serves |
 //! | `certwatch_haproxy_pushed_certificates_total` | counter | | certificates pushed through the runtime API (new or changed material) |
@@ -20,6 +24,12 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CommandLabels {
+    command: &'static str,
+    result: &'static str,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RefusalLabels {
@@ -52,9 +62,12 @@ impl RefusalReason {
     }
 }
 
-/// The controller's metrics.
-#[derive(Debug, Default)]
+/// HAProxy's runtime API commands, and what the controller says about HAProxy.
+#[derive(Debug)]
 pub struct HaproxyMetrics {
+    commands: Family<CommandLabels, Counter>,
+    sync_failures: Counter,
+    in_sync: Gauge,
     not_served: Gauge,
     oldest_age: Gauge<f64, AtomicU64>,
     /// Unix milliseconds of the oldest unserved change; 0: none.
@@ -74,13 +87,45 @@ fn unix_ms(at: SystemTime) -> u64 {
 }
 
 impl HaproxyMetrics {
-    /// Registers the metrics in `registry` (the `certwatch` prefix's).
-    pub fn register(&self, registry: &mut Registry) {
+    pub(super) fn new() -> Self {
+        let refusals = Family::<RefusalLabels, Counter>::default();
         for reason in [RefusalReason::TooLarge, RefusalReason::Rejected] {
-            drop(self.refusals.get_or_create(&RefusalLabels {
+            drop(refusals.get_or_create(&RefusalLabels {
                 reason: reason.as_str(),
             }));
         }
+        Self {
+            commands: Family::default(),
+            sync_failures: Counter::default(),
+            in_sync: Gauge::default(),
+            not_served: Gauge::default(),
+            oldest_age: Gauge::default(),
+            oldest_since_ms: AtomicU64::new(0),
+            refused_routes: Gauge::default(),
+            refusals,
+            reloads: Family::default(),
+            load_seconds: Gauge::default(),
+            up: Gauge::default(),
+            pushed: Counter::default(),
+        }
+    }
+
+    pub(super) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "haproxy_commands",
+            "HAProxy runtime API commands sent, by command and result",
+            self.commands.clone(),
+        );
+        registry.register(
+            "haproxy_sync_failures",
+            "Attempts to bring HAProxy up to date that failed (retried)",
+            self.sync_failures.clone(),
+        );
+        registry.register(
+            "haproxy_in_sync",
+            "1 when HAProxy holds exactly the crt-list's certificates",
+            self.in_sync.clone(),
+        );
         registry.register(
             "routes_admitted_not_served",
             "Admitted routes whose current certificate and line HAProxy does not hold yet",
@@ -121,6 +166,27 @@ impl HaproxyMetrics {
             "Certificates pushed through the runtime API",
             self.pushed.clone(),
         );
+    }
+
+    /// A runtime API command was sent (`command`: its verb, e.g. `set ssl cert`).
+    pub fn command(&self, command: &'static str, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.commands
+            .get_or_create(&CommandLabels { command, result })
+            .inc();
+    }
+
+    /// An attempt to bring HAProxy up to date ended.
+    pub fn synced(&self, ok: bool) {
+        if !ok {
+            self.sync_failures.inc();
+        }
+        self.in_sync.set(i64::from(ok));
+    }
+
+    /// Whether HAProxy holds every certificate as the crt-list says.
+    pub fn set_in_sync(&self, in_sync: bool) {
+        self.in_sync.set(i64::from(in_sync));
     }
 
     /// Routes not served, routes refused, and when the oldest unserved change came.

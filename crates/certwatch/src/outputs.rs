@@ -144,6 +144,7 @@ impl Outputs {
         let mut readiness_open = true;
         let mut resync_open = true;
         let mut haproxy_status = self.haproxy.as_ref().map(Haproxy::status);
+        let mut rejected = self.haproxy.as_ref().map(Haproxy::rejected);
         loop {
             tokio::select! {
                 biased;
@@ -176,6 +177,16 @@ impl Outputs {
                 changed = changed_or_pending(&mut haproxy_status) => {
                     if changed.is_err() {
                         haproxy_status = None;
+                    }
+                }
+                changed = changed_or_pending(&mut rejected) => {
+                    match (changed, rejected.as_mut()) {
+                        (Ok(()), Some(receiver)) => {
+                            let excluded = (**receiver.borrow_and_update()).clone();
+                            self.cert_dir.set_excluded(excluded);
+                            self.flush(&mut progress).await;
+                        }
+                        _ => rejected = None,
                     }
                 }
             }
@@ -438,8 +449,8 @@ impl Outputs {
 }
 
 /// Waits for the next change of `status`; never, without one.
-async fn changed_or_pending(
-    status: &mut Option<watch::Receiver<HaproxyStatus>>,
+async fn changed_or_pending<T>(
+    status: &mut Option<watch::Receiver<T>>,
 ) -> Result<(), watch::error::RecvError> {
     match status {
         Some(status) => status.changed().await,

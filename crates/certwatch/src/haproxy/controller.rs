@@ -228,6 +228,7 @@ impl Inbox {
 pub struct Haproxy {
     inbox: Arc<Inbox>,
     status: watch::Receiver<HaproxyStatus>,
+    rejected: watch::Receiver<Rejected>,
     runtime: RuntimeClient,
     task: JoinHandle<()>,
 }
@@ -247,6 +248,7 @@ impl Haproxy {
         });
         let inbox = Arc::new(Inbox::default());
         let (status_tx, status) = watch::channel(HaproxyStatus::default());
+        let (rejected_tx, rejected) = watch::channel(Rejected::default());
         let master = match &options.mode {
             HaproxyMode::External {
                 master_socket: Some(socket),
@@ -262,6 +264,7 @@ impl Haproxy {
             runtime: runtime.clone(),
             inbox: Arc::clone(&inbox),
             status: status_tx,
+            rejected: rejected_tx,
             process: None,
             master,
             wanted: HashMap::new(),
@@ -293,9 +296,16 @@ impl Haproxy {
         Self {
             inbox,
             status,
+            rejected,
             runtime,
             task,
         }
+    }
+
+    /// The certificates whose material HAProxy rejected, and their changes: their lines
+    /// must stay out of the crt-list file until their material changes.
+    pub fn rejected(&self) -> watch::Receiver<Rejected> {
+        self.rejected.clone()
     }
 
     /// Lines changed in the cert directory (files written): bring HAProxy there.
@@ -368,7 +378,13 @@ const BUSY_RETRY: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 struct Refusal {
     digest: [u8; 32],
+    reason: RefusalReason,
 }
+
+/// Certificates whose material HAProxy rejected (name → bundle digest): their lines
+/// are left out of the crt-list file, so that HAProxy's next load of its files (a
+/// reload, a restart) does not fail on them and take every other route down.
+pub type Rejected = Arc<HashMap<String, [u8; 32]>>;
 
 /// A start's result: the process and its first worker.
 type StartResult = Result<(Box<HaproxyProcess>, u32), ProcessError>;
@@ -402,6 +418,7 @@ struct Controller {
     runtime: RuntimeClient,
     inbox: Arc<Inbox>,
     status: watch::Sender<HaproxyStatus>,
+    rejected: watch::Sender<Rejected>,
     /// The HAProxy certwatch runs, once started.
     process: Option<HaproxyProcess>,
     /// The master CLI, when HAProxy can be reloaded.
@@ -555,12 +572,22 @@ impl Controller {
         let first = taken.complete && !self.listing_complete;
         for (name, (entry, arrived)) in taken.changes {
             self.version += 1;
-            if let Some(refusal) = self.refused.get(&name)
-                && entry
-                    .as_ref()
-                    .is_none_or(|entry| entry.digest != refusal.digest)
-            {
-                self.refused.remove(&name);
+            // A refusal holds until the material changes. A rejected certificate's line
+            // leaves the crt-list because of the refusal itself: that is no change.
+            if let Some(refusal) = self.refused.get(&name) {
+                let changed = match &entry {
+                    Some(entry) => entry.digest != refusal.digest,
+                    None => refusal.reason != RefusalReason::Rejected,
+                };
+                if changed {
+                    let reason = refusal.reason;
+                    self.refused.remove(&name);
+                    if reason == RefusalReason::Rejected {
+                        self.rejected.send_modify(|rejected| {
+                            Arc::make_mut(rejected).remove(&name);
+                        });
+                    }
+                }
             }
             if entry.is_none()
                 && let Some(startup) = self.startup.as_mut()
@@ -1223,7 +1250,7 @@ impl Controller {
             "HAProxy cannot take this certificate through its runtime API (larger than tune.bufsize) and certwatch cannot reload it: not served until HAProxy next loads its files"
         );
         self.metrics.haproxy.refused(RefusalReason::TooLarge);
-        self.refuse(name);
+        self.refuse(name, RefusalReason::TooLarge);
     }
 
     /// HAProxy rejected a certificate's material.
@@ -1235,10 +1262,10 @@ impl Controller {
         );
         self.metrics.haproxy.refused(RefusalReason::Rejected);
         self.pending.remove(&name);
-        self.refuse(name);
+        self.refuse(name, RefusalReason::Rejected);
     }
 
-    fn refuse(&mut self, name: String) {
+    fn refuse(&mut self, name: String, reason: RefusalReason) {
         if let Some(startup) = self.startup.as_mut() {
             startup.remove(&name);
         }
@@ -1246,12 +1273,13 @@ impl Controller {
             entry: Some(entry), ..
         }) = self.wanted.get(&name)
         {
-            self.refused.insert(
-                name,
-                Refusal {
-                    digest: entry.digest,
-                },
-            );
+            let digest = entry.digest;
+            if reason == RefusalReason::Rejected {
+                self.rejected.send_modify(|rejected| {
+                    Arc::make_mut(rejected).insert(name.clone(), digest);
+                });
+            }
+            self.refused.insert(name, Refusal { digest, reason });
         }
     }
 

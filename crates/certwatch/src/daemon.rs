@@ -35,7 +35,7 @@ use tracing::{debug, info};
 use crate::cert_dir::CertDir;
 use crate::files::LINKS_DIR;
 use crate::haproxy::crt_list::CrtListOptions;
-use crate::haproxy::{Haproxy, HaproxyOptions};
+use crate::haproxy::{Haproxy, HaproxyHandle, HaproxyOptions};
 use crate::http;
 use crate::metrics::Metrics;
 use crate::outputs::{DaemonStatus, Outputs};
@@ -181,6 +181,8 @@ pub struct Daemon {
     http: Option<JoinHandle<()>>,
     progress: Option<JoinHandle<()>>,
     throttle_log: JoinHandle<()>,
+    /// The HAProxy controller's handle, when certwatch feeds a HAProxy.
+    haproxy: Option<HaproxyHandle>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -316,6 +318,7 @@ impl Daemon {
                 Arc::clone(&metrics),
             )
         });
+        let haproxy_handle = haproxy.as_ref().map(Haproxy::handle);
         let pipeline_readiness = pipeline_outputs.readiness.clone();
         let (status_sender, status) = watch::channel(DaemonStatus::default());
         let (resync, resync_requests) = watch::channel(0);
@@ -391,6 +394,7 @@ impl Daemon {
             http,
             progress: Some(progress),
             throttle_log,
+            haproxy: haproxy_handle,
         })
     }
 
@@ -429,6 +433,12 @@ impl Daemon {
     /// decided there is nothing to re-synchronise and the request is dropped.
     pub fn resync(&self) {
         self.resync.send_modify(|count| *count += 1);
+    }
+
+    /// The HAProxy controller's handle (its runtime API connection, reload requests,
+    /// its status), when certwatch feeds a HAProxy.
+    pub fn haproxy(&self) -> Option<&HaproxyHandle> {
+        self.haproxy.as_ref()
     }
 
     /// Where the HTTP endpoint listens.

@@ -328,6 +328,16 @@ impl Haproxy {
         });
     }
 
+    /// A handle for others beside the certificates (backends, servers, maps): the
+    /// runtime API connection, reload requests, the status.
+    pub fn handle(&self) -> HaproxyHandle {
+        HaproxyHandle {
+            inbox: Arc::clone(&self.inbox),
+            status: self.status.clone(),
+            runtime: self.runtime.clone(),
+        }
+    }
+
     /// Forget what HAProxy is believed to hold, read it again and bring it to the
     /// published state.
     pub fn resync(&self) {
@@ -359,6 +369,31 @@ impl Haproxy {
         let Self { inbox, task, .. } = self;
         inbox.update(|state| state.closed = true);
         let _ = task.await;
+    }
+}
+
+/// What others than the certificates' controller may do with HAProxy; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct HaproxyHandle {
+    inbox: Arc<Inbox>,
+    status: watch::Receiver<HaproxyStatus>,
+    runtime: RuntimeClient,
+}
+
+impl HaproxyHandle {
+    /// The runtime API client (the controller's persistent connection, shared).
+    pub fn runtime(&self) -> RuntimeClient {
+        self.runtime.clone()
+    }
+
+    /// Reload HAProxy (see [`Haproxy::request_reload`]).
+    pub fn request_reload(&self, reason: &'static str) {
+        self.inbox.update(|state| state.reload = Some(reason));
+    }
+
+    /// The controller's state, and its changes.
+    pub fn status(&self) -> watch::Receiver<HaproxyStatus> {
+        self.status.clone()
     }
 }
 

@@ -24,4 +24,6 @@ pub mod crt_list;
 pub mod process;
 pub mod runtime;
 
-pub use controller::{Haproxy, HaproxyMode, HaproxyOptions, HaproxyState, HaproxyStatus};
+pub use controller::{
+    Haproxy, HaproxyHandle, HaproxyMode, HaproxyOptions, HaproxyState, HaproxyStatus,
+};

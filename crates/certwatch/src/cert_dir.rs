@@ -186,6 +186,10 @@ pub struct CertDir {
     order: BTreeMap<ListKey, RouteKey>,
     /// Desired routes per chain digest (for the ALPN rule: a shared certificate).
     by_chain: HashMap<[u8; 32], HashSet<RouteKey>>,
+    /// Certificates (by name in HAProxy: the link's path) whose material HAProxy
+    /// rejected, with that material's digest: their lines stay out of the crt-list
+    /// while they hold that material.
+    excluded: HashMap<String, [u8; 32]>,
     /// Whether a line changed since the crt-list was last written.
     list_dirty: bool,
     /// The crt-list's content as last written (or found).
@@ -357,6 +361,7 @@ impl CertDir {
             lines: HashMap::new(),
             order: BTreeMap::new(),
             by_chain: HashMap::new(),
+            excluded: HashMap::new(),
             list_dirty: false,
             crt_list: found.crt_list,
             crt_list_failed: false,
@@ -464,6 +469,24 @@ impl CertDir {
             1 => self.relist.extend(routes.iter().cloned()),
             _ => {}
         }
+    }
+
+    /// Leaves out of the crt-list the certificates HAProxy rejected (name in HAProxy →
+    /// the rejected material's digest), as long as they hold that material; the lines
+    /// of certificates no longer rejected come back. Applied at the next flush.
+    pub fn set_excluded(&mut self, excluded: HashMap<String, [u8; 32]>) {
+        if excluded == self.excluded {
+            return;
+        }
+        let mut names: HashSet<&String> = excluded.keys().collect();
+        names.extend(self.excluded.keys());
+        for (route, desired) in &self.desired {
+            let name = self.links.join(&desired.names.link);
+            if names.contains(&name.to_string_lossy().into_owned()) {
+                self.relist.insert(route.clone());
+            }
+        }
+        self.excluded = excluded;
     }
 
     /// Routes being served.
@@ -622,15 +645,19 @@ impl CertDir {
             desired.cert.created,
             route.clone(),
         );
+        let name = self
+            .links
+            .join(&desired.names.link)
+            .to_string_lossy()
+            .into_owned();
+        if self.excluded.get(&name) == Some(&disk.digest) {
+            return None;
+        }
         Some(Listed {
             key,
             entry: CrtEntry {
                 route: route.clone(),
-                name: self
-                    .links
-                    .join(&desired.names.link)
-                    .to_string_lossy()
-                    .into_owned(),
+                name,
                 line: crt_list::line_rest(sni, alpn),
                 tls,
                 digest: disk.digest,
@@ -1307,6 +1334,36 @@ mod tests {
             listed_lines(&root),
             [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
         );
+    }
+
+    /// A certificate HAProxy rejected leaves the crt-list while it holds that material
+    /// (so that HAProxy's next load of the file does not fail on it), and comes back
+    /// with new material.
+    #[tokio::test]
+    async fn rejected_material_stays_out_of_the_list() {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path().canonicalize().unwrap();
+        let pki = Pki::new(Timestamp::now());
+        let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
+        let mut dir = CertDir::open(&root, 4).await.unwrap();
+        dir.set(a.clone()).unwrap();
+        dir.set(b.clone()).unwrap();
+        dir.mark_complete();
+        dir.flush().await;
+        let name = root.join(LINKS_DIR).join("ns_b.pem").display().to_string();
+        dir.set_excluded(HashMap::from([(name.clone(), bundle_digest(&b.tls))]));
+        let report = dir.flush().await;
+        assert_eq!(report.changes.len(), 1);
+        assert_eq!(report.changes[0].entry, None);
+        assert_eq!(
+            listed(&root),
+            [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
+        );
+        assert!(root.join("ns:b.pem").exists(), "the bundle stays");
+        // New material: listed again, the exclusion is for the old one.
+        dir.set(served(&pki, "ns", "b", 2)).unwrap();
+        dir.flush().await;
+        assert_eq!(listed(&root).len(), 2);
     }
 
     /// A crt-list left naming a missing file is repaired when the directory is opened.

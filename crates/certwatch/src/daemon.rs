@@ -35,7 +35,7 @@ use tracing::{debug, info};
 use crate::cert_dir::CertDir;
 use crate::files::LINKS_DIR;
 use crate::haproxy::crt_list::CrtListOptions;
-use crate::haproxy::{Haproxy, HaproxyOptions};
+use crate::haproxy::{Haproxy, HaproxyHandle, HaproxyOptions};
 use crate::http;
 use crate::metrics::Metrics;
 use crate::outputs::{DaemonStatus, Outputs};
@@ -224,6 +224,8 @@ pub struct Daemon {
     http: Option<JoinHandle<()>>,
     progress: Option<JoinHandle<()>>,
     throttle_log: JoinHandle<()>,
+    /// The HAProxy controller's handle, when certwatch feeds a HAProxy.
+    haproxy: Option<HaproxyHandle>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -409,7 +411,7 @@ impl Parts {
         let pipeline = tokio::spawn(pipeline.run(events));
 
         let cert_dir_path = cert_dir.path().to_owned();
-        let (outputs, resync) = spawn_outputs(
+        let (outputs, resync, haproxy_handle) = spawn_outputs(
             cert_dir,
             options,
             &client,
@@ -448,12 +450,14 @@ impl Parts {
             http,
             progress: Some(progress),
             throttle_log,
+            haproxy: haproxy_handle,
         })
     }
 }
 
 /// Starts the outputs task (cert directory, reload command, HAProxy, readiness) on the
-/// pipeline's outcomes; returns it with the sender of re-synchronisation requests.
+/// pipeline's outcomes; returns it with the sender of re-synchronisation requests and
+/// the HAProxy controller's handle.
 fn spawn_outputs(
     cert_dir: CertDir,
     options: &DaemonOptions,
@@ -463,7 +467,7 @@ fn spawn_outputs(
     started: Instant,
     status: watch::Sender<DaemonStatus>,
     pipeline: PipelineOutputs,
-) -> (JoinHandle<()>, watch::Sender<u64>) {
+) -> (JoinHandle<()>, watch::Sender<u64>, Option<HaproxyHandle>) {
     let cert_dir_path = cert_dir.path().to_owned();
     let crt_list_path = cert_dir.crt_list_path();
     let reloader = options.reload.clone().map(|reload| {
@@ -482,6 +486,7 @@ fn spawn_outputs(
             Arc::clone(metrics),
         )
     });
+    let haproxy_handle = haproxy.as_ref().map(Haproxy::handle);
     let routing = options.routing.clone().map(|mut routing| {
         // The crt-list by the path the certificates' synchronisation names it.
         routing.render.crt_list = crt_list_path.clone();
@@ -505,7 +510,7 @@ fn spawn_outputs(
         }
         .run(pipeline.outcomes, pipeline.readiness),
     );
-    (outputs, resync)
+    (outputs, resync, haproxy_handle)
 }
 
 /// The secret manager: one shared watch per secret, cached as only what serving reads.
@@ -577,6 +582,12 @@ impl Daemon {
     /// decided there is nothing to re-synchronise and the request is dropped.
     pub fn resync(&self) {
         self.resync.send_modify(|count| *count += 1);
+    }
+
+    /// The HAProxy controller's handle (its runtime API connection, reload requests,
+    /// its status), when certwatch feeds a HAProxy.
+    pub fn haproxy(&self) -> Option<&HaproxyHandle> {
+        self.haproxy.as_ref()
     }
 
     /// Where the HTTP endpoint listens.
@@ -703,5 +714,7 @@ fn refresher(
             .api
             .set_connections(stats.http2_connections_open, stats.http1_connections_open);
         metrics.process.refresh();
+        // The age of the oldest unserved change grows between the controller's updates.
+        metrics.haproxy.refresh();
     })
 }

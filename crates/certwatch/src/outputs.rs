@@ -153,6 +153,7 @@ impl Outputs {
         let mut readiness_open = true;
         let mut resync_open = true;
         let mut haproxy_status = self.haproxy.as_ref().map(Haproxy::status);
+        let mut rejected = self.haproxy.as_ref().map(Haproxy::rejected);
         loop {
             tokio::select! {
                 biased;
@@ -185,6 +186,16 @@ impl Outputs {
                 changed = changed_or_pending(&mut haproxy_status) => {
                     if changed.is_err() {
                         haproxy_status = None;
+                    }
+                }
+                changed = changed_or_pending(&mut rejected) => {
+                    match (changed, rejected.as_mut()) {
+                        (Ok(()), Some(receiver)) => {
+                            let excluded = (**receiver.borrow_and_update()).clone();
+                            self.cert_dir.set_excluded(excluded);
+                            self.flush(&mut progress).await;
+                        }
+                        _ => rejected = None,
                     }
                 }
             }
@@ -474,8 +485,8 @@ impl Outputs {
 }
 
 /// Waits for the next change of `status`; never, without one.
-async fn changed_or_pending(
-    status: &mut Option<watch::Receiver<HaproxyStatus>>,
+async fn changed_or_pending<T>(
+    status: &mut Option<watch::Receiver<T>>,
 ) -> Result<(), watch::error::RecvError> {
     match status {
         Some(status) => status.changed().await,

@@ -261,6 +261,15 @@ pub enum Applied {
     MaterialRefused(String),
     /// Another step failed: the knowledge of this certificate was wrong; read it again.
     Failed(String),
+    /// HAProxy could not do it now: its certificate operations were locked (another
+    /// CLI session or HAProxy itself held them), or another certificate's transaction
+    /// was open. Nothing changed; the step is tried again shortly.
+    Busy,
+}
+
+/// Whether an answer says HAProxy could not act now, rather than that it refused.
+fn busy(reply: &Reply) -> bool {
+    reply.contains("currently locked") || reply.contains("The ongoing transaction is about")
 }
 
 impl Known {
@@ -283,6 +292,9 @@ impl Known {
         reply: &Reply,
     ) -> Applied {
         let name = &planned.name;
+        if !planned.step.succeeded(reply) && busy(reply) {
+            return Applied::Busy;
+        }
         if !planned.step.succeeded(reply) {
             let message = reply.summary();
             return match planned.step {
@@ -518,6 +530,29 @@ mod tests {
         assert_eq!(applied[2], Applied::Done);
         assert!(!known.stale);
         assert!(!known.holds("/l/ns_a.pem", Some(&wanted)));
+    }
+
+    /// HAProxy's certificate lock held by someone else is no refusal: nothing changes,
+    /// and the step is tried again.
+    #[test]
+    fn a_locked_answer_is_busy_not_refused() {
+        let pki = Pki::new(Timestamp::now());
+        let wanted = entry(&pki, "/l/ns_a.pem", "a.example");
+        let mut known = Known::new(Instance { pid: 1, started: 0 });
+        known.certs.insert("/l/ns_a.pem".to_owned(), Held::Unknown);
+        let plan = plan("/l/ns_a.pem", Some(&wanted), &known, "/crt-list", 16_383).unwrap();
+        assert_eq!(steps(&plan)[..2], [Step::Set, Step::Commit]);
+        let locked = reply(
+            "Can't update the certificate! Operations on certificates are currently locked!\n",
+        );
+        assert_eq!(known.apply(&plan[0], Some(&wanted), &locked), Applied::Busy);
+        let other = reply(
+            "The ongoing transaction is about '/l/ns_b.pem' but you are trying to set '/l/ns_a.pem'\n",
+        );
+        assert_eq!(known.apply(&plan[0], Some(&wanted), &other), Applied::Busy);
+        assert_eq!(known.apply(&plan[1], Some(&wanted), &locked), Applied::Busy);
+        assert!(!known.stale);
+        assert_eq!(known.certs["/l/ns_a.pem"], Held::Unknown);
     }
 
     #[test]

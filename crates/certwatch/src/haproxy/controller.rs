@@ -54,13 +54,13 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use super::certs::{self, Applied, Held, HeldLine, Known, Planned, Unplannable};
-use super::metrics::{HaproxyMetrics, RefusalReason};
 use super::process::{HaproxyProcess, MasterCli, ProcessError, ProcessOptions, Reloaded};
 use super::runtime::{
     BatchOutcome, Command, Connected, RuntimeClient, RuntimeError, RuntimeOptions, current_instance,
 };
 use crate::cert_dir::{CrtChange, CrtEntry};
 use crate::metrics::Metrics;
+use crate::metrics::haproxy::RefusalReason;
 
 /// Who runs HAProxy.
 #[derive(Clone, Debug)]
@@ -228,6 +228,7 @@ impl Inbox {
 pub struct Haproxy {
     inbox: Arc<Inbox>,
     status: watch::Receiver<HaproxyStatus>,
+    rejected: watch::Receiver<Rejected>,
     runtime: RuntimeClient,
     task: JoinHandle<()>,
 }
@@ -241,14 +242,13 @@ impl Haproxy {
         managed_prefix: String,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let haproxy_metrics = Arc::new(HaproxyMetrics::default());
-        metrics.register_more(|registry| haproxy_metrics.register(registry));
         let runtime = RuntimeClient::spawn(RuntimeOptions {
             socket: options.socket.clone(),
             timeout: options.command_timeout,
         });
         let inbox = Arc::new(Inbox::default());
         let (status_tx, status) = watch::channel(HaproxyStatus::default());
+        let (rejected_tx, rejected) = watch::channel(Rejected::default());
         let master = match &options.mode {
             HaproxyMode::External {
                 master_socket: Some(socket),
@@ -261,10 +261,10 @@ impl Haproxy {
             list: crt_list,
             prefix: managed_prefix,
             metrics,
-            haproxy_metrics,
             runtime: runtime.clone(),
             inbox: Arc::clone(&inbox),
             status: status_tx,
+            rejected: rejected_tx,
             process: None,
             master,
             wanted: HashMap::new(),
@@ -273,6 +273,7 @@ impl Haproxy {
             awaiting_reload: HashMap::new(),
             refused: HashMap::new(),
             deferred: HashMap::new(),
+            aborts: HashSet::new(),
             startup: None,
             startup_routes: 0,
             listing_complete: false,
@@ -295,9 +296,16 @@ impl Haproxy {
         Self {
             inbox,
             status,
+            rejected,
             runtime,
             task,
         }
+    }
+
+    /// The certificates whose material HAProxy rejected, and their changes: their lines
+    /// must stay out of the crt-list file until their material changes.
+    pub fn rejected(&self) -> watch::Receiver<Rejected> {
+        self.rejected.clone()
     }
 
     /// Lines changed in the cert directory (files written): bring HAProxy there.
@@ -318,6 +326,16 @@ impl Haproxy {
                 }
             }
         });
+    }
+
+    /// A handle for others beside the certificates (backends, servers, maps): the
+    /// runtime API connection, reload requests, the status.
+    pub fn handle(&self) -> HaproxyHandle {
+        HaproxyHandle {
+            inbox: Arc::clone(&self.inbox),
+            status: self.status.clone(),
+            runtime: self.runtime.clone(),
+        }
     }
 
     /// Forget what HAProxy is believed to hold, read it again and bring it to the
@@ -354,6 +372,31 @@ impl Haproxy {
     }
 }
 
+/// What others than the certificates' controller may do with HAProxy; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct HaproxyHandle {
+    inbox: Arc<Inbox>,
+    status: watch::Receiver<HaproxyStatus>,
+    runtime: RuntimeClient,
+}
+
+impl HaproxyHandle {
+    /// The runtime API client (the controller's persistent connection, shared).
+    pub fn runtime(&self) -> RuntimeClient {
+        self.runtime.clone()
+    }
+
+    /// Reload HAProxy (see [`Haproxy::request_reload`]).
+    pub fn request_reload(&self, reason: &'static str) {
+        self.inbox.update(|state| state.reload = Some(reason));
+    }
+
+    /// The controller's state, and its changes.
+    pub fn status(&self) -> watch::Receiver<HaproxyStatus> {
+        self.status.clone()
+    }
+}
+
 /// A certificate's wanted state.
 #[derive(Debug)]
 struct Want {
@@ -362,11 +405,21 @@ struct Want {
     version: u64,
 }
 
+/// How soon a step HAProxy could not do now (its certificate operations locked) is
+/// tried again.
+const BUSY_RETRY: Duration = Duration::from_millis(100);
+
 /// A refused certificate, until its material changes.
 #[derive(Debug)]
 struct Refusal {
     digest: [u8; 32],
+    reason: RefusalReason,
 }
+
+/// Certificates whose material HAProxy rejected (name → bundle digest): their lines
+/// are left out of the crt-list file, so that HAProxy's next load of its files (a
+/// reload, a restart) does not fail on them and take every other route down.
+pub type Rejected = Arc<HashMap<String, [u8; 32]>>;
 
 /// A start's result: the process and its first worker.
 type StartResult = Result<(Box<HaproxyProcess>, u32), ProcessError>;
@@ -397,10 +450,10 @@ struct Controller {
     list: String,
     prefix: String,
     metrics: Arc<Metrics>,
-    haproxy_metrics: Arc<HaproxyMetrics>,
     runtime: RuntimeClient,
     inbox: Arc<Inbox>,
     status: watch::Sender<HaproxyStatus>,
+    rejected: watch::Sender<Rejected>,
     /// The HAProxy certwatch runs, once started.
     process: Option<HaproxyProcess>,
     /// The master CLI, when HAProxy can be reloaded.
@@ -418,6 +471,10 @@ struct Controller {
     /// Certificates whose last step failed, with their failures so far and when they
     /// are due again: one certificate's failures never hold the others back.
     deferred: HashMap<String, (Backoff, Instant)>,
+    /// Certificates whose transaction may have been left open (a `commit` HAProxy
+    /// could not do then): aborted at the start of the next batch, since an open
+    /// transaction blocks every other certificate's `set`.
+    aborts: HashSet<String>,
     /// Names of the first complete listing not served yet (`None` before it).
     startup: Option<HashSet<String>>,
     startup_routes: usize,
@@ -550,12 +607,22 @@ impl Controller {
         let first = taken.complete && !self.listing_complete;
         for (name, (entry, arrived)) in taken.changes {
             self.version += 1;
-            if let Some(refusal) = self.refused.get(&name)
-                && entry
-                    .as_ref()
-                    .is_none_or(|entry| entry.digest != refusal.digest)
-            {
-                self.refused.remove(&name);
+            // A refusal holds until the material changes. A rejected certificate's line
+            // leaves the crt-list because of the refusal itself: that is no change.
+            if let Some(refusal) = self.refused.get(&name) {
+                let changed = match &entry {
+                    Some(entry) => entry.digest != refusal.digest,
+                    None => refusal.reason != RefusalReason::Rejected,
+                };
+                if changed {
+                    let reason = refusal.reason;
+                    self.refused.remove(&name);
+                    if reason == RefusalReason::Rejected {
+                        self.rejected.send_modify(|rejected| {
+                            Arc::make_mut(rejected).remove(&name);
+                        });
+                    }
+                }
             }
             if entry.is_none()
                 && let Some(startup) = self.startup.as_mut()
@@ -615,11 +682,18 @@ impl Controller {
             self.check_identity().await;
         }
         if self.known.as_ref().is_none_or(|known| known.stale) {
-            if let Err(error) = self.discover().await {
-                self.failed(&error.to_string());
-                return;
+            match self.discover().await {
+                Ok(true) => self.succeeded(),
+                Ok(false) => {
+                    debug!("HAProxy's certificate operations are locked; asking again shortly");
+                    self.retry_at = Some(Instant::now() + BUSY_RETRY);
+                    return;
+                }
+                Err(error) => {
+                    self.failed(&error.to_string());
+                    return;
+                }
             }
-            self.succeeded();
         }
         self.maybe_reload();
         if !self.pending.is_empty() {
@@ -651,7 +725,7 @@ impl Controller {
         self.known = None;
         self.loaded = None;
         self.up = false;
-        self.haproxy_metrics.set_up(false);
+        self.metrics.haproxy.set_up(false);
         let delay = self.backoff.next_delay();
         self.retry_at = Some(Instant::now() + delay);
     }
@@ -697,12 +771,12 @@ impl Controller {
                 self.known = None;
                 let took = self.start_took();
                 self.load_time = took;
-                self.haproxy_metrics.reloaded("start", true, took);
+                self.metrics.haproxy.reloaded("start", true, took);
                 self.failures = 0;
                 self.backoff = Backoff::new(self.options.retry);
             }
             Err(error) => {
-                self.haproxy_metrics.reloaded("start", false, None);
+                self.metrics.haproxy.reloaded("start", false, None);
                 self.failed(&format!("cannot start HAProxy: {error}"));
             }
         }
@@ -726,7 +800,8 @@ impl Controller {
                     took = ?reloaded.took,
                     "HAProxy reloaded; its new worker serves"
                 );
-                self.haproxy_metrics
+                self.metrics
+                    .haproxy
                     .reloaded(reason, true, Some(reloaded.took));
                 self.load_time = Some(reloaded.took);
                 self.loads += 1;
@@ -736,7 +811,7 @@ impl Controller {
                 self.known = None;
             }
             Err(error) => {
-                self.haproxy_metrics.reloaded(reason, false, None);
+                self.metrics.haproxy.reloaded(reason, false, None);
                 error!(reason, %error, "HAProxy's reload failed; its previous worker keeps serving");
                 // Certificates waiting for it stay waiting: the next reload will try.
                 if !self.awaiting_reload.is_empty() {
@@ -824,7 +899,9 @@ impl Controller {
     }
 
     /// Reads what HAProxy holds (see the module documentation).
-    async fn discover(&mut self) -> Result<(), RuntimeError> {
+    /// Returns `false` when HAProxy's certificate operations were locked (by another
+    /// CLI session or HAProxy itself): nothing was learnt, ask again shortly.
+    async fn discover(&mut self) -> Result<bool, RuntimeError> {
         let list = self.list.clone();
         let outcome = self
             .execute(vec![
@@ -833,6 +910,13 @@ impl Controller {
             ])
             .await?;
         let connected = outcome.connected.ok_or(RuntimeError::Stopped)?;
+        if outcome
+            .replies
+            .iter()
+            .any(|reply| reply.contains("currently locked"))
+        {
+            return Ok(false);
+        }
         let (committed, transactions) = certs::parse_certificates(outcome.replies[0].text());
         let shown = outcome.replies[1].text();
         if shown.starts_with("didn't find") || shown.contains("Can't") {
@@ -941,7 +1025,7 @@ impl Controller {
         );
         self.limits = Some(connected);
         self.known = Some(known);
-        Ok(())
+        Ok(true)
     }
 
     fn is_refused(&self, name: &str, want: &Want) -> bool {
@@ -1039,9 +1123,24 @@ impl Controller {
         if stale && let Some(known) = self.known.as_mut() {
             known.stale = true;
         }
-        if planned.is_empty() {
+        if planned.is_empty() && self.aborts.is_empty() {
             return Ok(());
         }
+        // Transactions a busy `commit` may have left open go first.
+        let aborts: Vec<Planned> = self
+            .aborts
+            .drain()
+            .map(|name| Planned {
+                step: certs::Step::Abort,
+                command: Command::new(format!("abort ssl cert {name}")),
+                name,
+            })
+            .collect();
+        let offset = aborts.len();
+        for (_, range) in &mut batch {
+            *range = range.start + offset..range.end + offset;
+        }
+        planned.splice(0..0, aborts);
         let started = std::time::Instant::now();
         let commands: Vec<Command> = planned.iter().map(|p| p.command.clone()).collect();
         let outcome = self.runtime.execute(commands).await;
@@ -1065,6 +1164,7 @@ impl Controller {
         let mut refusals = Vec::new();
         let mut done = Vec::new();
         let mut failed = Vec::new();
+        let mut busy = Vec::new();
         {
             let Some(known) = self.known.as_mut() else {
                 return Ok(());
@@ -1096,6 +1196,10 @@ impl Controller {
                             complete = false;
                             failed.push(name.clone());
                         }
+                        Applied::Busy => {
+                            complete = false;
+                            busy.push((name.clone(), step.step == certs::Step::Commit));
+                        }
                     }
                 }
                 if let Some(message) = refused {
@@ -1108,6 +1212,15 @@ impl Controller {
         for name in done {
             self.served(&name);
         }
+        for (name, commit) in busy {
+            if commit {
+                self.aborts.insert(name.clone());
+            }
+            self.deferred
+                .entry(name)
+                .or_insert_with(|| (Backoff::new(self.options.retry), now))
+                .1 = now + BUSY_RETRY;
+        }
         for name in failed {
             let mut backoff = self
                 .deferred
@@ -1119,7 +1232,7 @@ impl Controller {
         for (name, message) in refusals {
             self.rejected(name, &message);
         }
-        self.haproxy_metrics.pushed(pushed);
+        self.metrics.haproxy.pushed(pushed);
         let elapsed = started.elapsed().as_secs_f64();
         if pushed >= 16 && elapsed > 0.0 {
             let rate = pushed as f64 / elapsed;
@@ -1159,7 +1272,7 @@ impl Controller {
                     limit,
                     "certificate too large for HAProxy's runtime API (tune.bufsize); HAProxy will load its file at a reload"
                 );
-                self.haproxy_metrics.refused(RefusalReason::TooLarge);
+                self.metrics.haproxy.refused(RefusalReason::TooLarge);
             }
             self.awaiting_reload.insert(name, since);
             self.reload_wanted.get_or_insert("too_large");
@@ -1171,8 +1284,8 @@ impl Controller {
             limit,
             "HAProxy cannot take this certificate through its runtime API (larger than tune.bufsize) and certwatch cannot reload it: not served until HAProxy next loads its files"
         );
-        self.haproxy_metrics.refused(RefusalReason::TooLarge);
-        self.refuse(name);
+        self.metrics.haproxy.refused(RefusalReason::TooLarge);
+        self.refuse(name, RefusalReason::TooLarge);
     }
 
     /// HAProxy rejected a certificate's material.
@@ -1182,12 +1295,12 @@ impl Controller {
             answer = %message,
             "HAProxy refused this certificate; it is not served until its material changes"
         );
-        self.haproxy_metrics.refused(RefusalReason::Rejected);
+        self.metrics.haproxy.refused(RefusalReason::Rejected);
         self.pending.remove(&name);
-        self.refuse(name);
+        self.refuse(name, RefusalReason::Rejected);
     }
 
-    fn refuse(&mut self, name: String) {
+    fn refuse(&mut self, name: String, reason: RefusalReason) {
         if let Some(startup) = self.startup.as_mut() {
             startup.remove(&name);
         }
@@ -1195,12 +1308,13 @@ impl Controller {
             entry: Some(entry), ..
         }) = self.wanted.get(&name)
         {
-            self.refused.insert(
-                name,
-                Refusal {
-                    digest: entry.digest,
-                },
-            );
+            let digest = entry.digest;
+            if reason == RefusalReason::Rejected {
+                self.rejected.send_modify(|rejected| {
+                    Arc::make_mut(rejected).insert(name.clone(), digest);
+                });
+            }
+            self.refused.insert(name, Refusal { digest, reason });
         }
     }
 
@@ -1212,13 +1326,13 @@ impl Controller {
         self.failures = 0;
         self.retry_at = None;
         self.backoff = Backoff::new(self.options.retry);
-        self.haproxy_metrics.set_up(true);
+        self.metrics.haproxy.set_up(true);
     }
 
     fn failed(&mut self, error: &str) {
         self.failures = self.failures.saturating_add(1);
         self.up = false;
-        self.haproxy_metrics.set_up(false);
+        self.metrics.haproxy.set_up(false);
         self.metrics.haproxy.synced(false);
         let delay = self.backoff.next_delay();
         if self.failures == 1 {
@@ -1247,7 +1361,7 @@ impl Controller {
             .min()
             .copied();
         let refused = self.refused.len();
-        self.haproxy_metrics.set_serving(unserved, refused, oldest);
+        self.metrics.haproxy.set_serving(unserved, refused, oldest);
         if self.up {
             self.metrics.haproxy.set_in_sync(unserved == 0);
         }

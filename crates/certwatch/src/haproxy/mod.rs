@@ -12,7 +12,7 @@
 //!   commands that change it, certificate by certificate.
 //! - [`crt_list`]: what a crt-list line says (SNI filter, ALPN), as the OpenShift
 //!   router writes it.
-//! - [`metrics`]: the controller's metrics.
+//! - its metrics are [`crate::metrics::haproxy`]'s.
 //!
 //! Only certificates under the cert directory's `links/` are touched; anything else
 //! in HAProxy (a default certificate, other lists, backends, servers, maps) is left to
@@ -21,8 +21,9 @@
 pub mod certs;
 pub mod controller;
 pub mod crt_list;
-pub mod metrics;
 pub mod process;
 pub mod runtime;
 
-pub use controller::{Haproxy, HaproxyMode, HaproxyOptions, HaproxyState, HaproxyStatus};
+pub use controller::{
+    Haproxy, HaproxyHandle, HaproxyMode, HaproxyOptions, HaproxyState, HaproxyStatus,
+};

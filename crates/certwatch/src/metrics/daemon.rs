@@ -2,7 +2,7 @@
 //!
 //! | Metric | Type | Labels | Meaning |
 //! |---|---|---|---|
-//! | `certwatch_ready` | gauge | | 1 once every route present at start-up is decided and its files are written |
+//! | `certwatch_ready` | gauge | | 1 while ready: every route present at start-up decided and its files written, and, with `--haproxy-socket`, HAProxy serving them and answering |
 //! | `certwatch_startup_duration_seconds` | gauge | | time from start to ready |
 //! | `certwatch_metrics_scrapes_total` | counter | `result` | requests for `/metrics` on `--metrics-listen`: `served`, `unauthenticated` (401), `forbidden` (403), `review_failed` (503) |
 //! | `certwatch_build_info` | gauge | `version`, `commit` | always 1; `commit` is the git commit built from (`unknown` when the source had no git and the build was not told it) |

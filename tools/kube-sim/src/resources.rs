@@ -80,6 +80,8 @@ pub const ROLE_BINDINGS: ResourceId = ResourceId(4);
 pub const CLUSTER_ROLES: ResourceId = ResourceId(5);
 /// Index of `clusterrolebindings`.
 pub const CLUSTER_ROLE_BINDINGS: ResourceId = ResourceId(6);
+/// Index of `leases`.
+pub const LEASES: ResourceId = ResourceId(11);
 
 /// Every resource the simulator serves.
 pub static RESOURCES: &[ResourceDef] = &[
@@ -256,6 +258,21 @@ pub static RESOURCES: &[ResourceDef] = &[
         extra_fields: &[],
         tracks_generation: false,
     },
+    ResourceDef {
+        name: "leases",
+        singular: "lease",
+        kind: "Lease",
+        list_kind: "LeaseList",
+        group: "coordination.k8s.io",
+        version: "v1",
+        namespaced: true,
+        verbs: STORED_VERBS,
+        short_names: &[],
+        status_subresource: false,
+        storage: ResourceKind::Stored,
+        extra_fields: &[],
+        tracks_generation: false,
+    },
 ];
 
 /// The API groups served, with their single version, in discovery order.
@@ -263,6 +280,7 @@ pub const GROUPS: &[(&str, &str)] = &[
     ("route.openshift.io", "v1"),
     ("rbac.authorization.k8s.io", "v1"),
     ("authorization.k8s.io", "v1"),
+    ("coordination.k8s.io", "v1"),
 ];
 
 impl ResourceDef {
@@ -273,6 +291,19 @@ impl ResourceDef {
         } else {
             format!("{}/{}", self.group, self.version)
         }
+    }
+
+    /// Whether an update (PUT) must carry `metadata.resourceVersion`: kube-apiserver
+    /// refuses an unconditional update of a Lease (422), so that two holders never
+    /// overwrite each other blindly.
+    pub fn update_requires_resource_version(&self) -> bool {
+        self.name == "leases"
+    }
+
+    /// Whether an update (PUT) of a missing object creates it, as kube-apiserver does
+    /// for Leases.
+    pub fn creates_on_update(&self) -> bool {
+        self.name == "leases"
     }
 
     /// Whether `field` is a supported field selector label.

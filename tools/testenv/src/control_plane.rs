@@ -523,7 +523,9 @@ fn kubeconfig(url: &str, pki: &ControlPlanePki) -> Result<Kubeconfig, TestEnvErr
         ],
         "contexts": [
             {"name": ADMIN_CONTEXT, "context": {"cluster": "test", "user": ADMIN_CONTEXT}},
-            {"name": ROUTER_CONTEXT, "context": {"cluster": "test", "user": ROUTER_CONTEXT}},
+            // The router identity is a service account of ROUTER_NAMESPACE: in a pod
+            // its default namespace is that one (its Leases live there).
+            {"name": ROUTER_CONTEXT, "context": {"cluster": "test", "user": ROUTER_CONTEXT, "namespace": ROUTER_NAMESPACE}},
         ],
         "current-context": ROUTER_CONTEXT,
     }))

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube_common::adaptive::{AdaptiveLimiter, LimiterSnapshot};
+use kube_common::reconnect::Reconnect;
 use kube_h2::{ClientOptions, PoolHandle, PoolStats};
 use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy, AccessStats};
 use route_secrets::api::manager::{SecretManager, TlsSecretMonitor};
@@ -211,6 +212,9 @@ impl Daemon {
         // One window per process: every burst of requests (first syncs, access
         // reviews) draws from what the API server was seen to accept.
         let limiter = AdaptiveLimiter::new(options.max_concurrent_syncs);
+        // One prober of the API server: after an outage (a control-plane restart)
+        // every watch resumes as soon as it answers again.
+        let reconnect = Reconnect::new(client.clone());
         let observer: Arc<dyn MonitorObserver> = metrics.clone();
         // The cache keeps only what serving reads (the TLS entries and the version),
         // decoded without labels, annotations, managed fields or other entries:
@@ -223,6 +227,7 @@ impl Daemon {
                 limiter: Some(limiter.clone()),
                 max_concurrent_syncs: options.max_concurrent_syncs,
                 sync_timeout: options.sync_timeout,
+                reconnect: Some(reconnect.clone()),
                 ..MonitorOptions::default()
             },
         );
@@ -276,6 +281,7 @@ impl Daemon {
                 client.clone(),
                 &options.scope,
                 &limiter,
+                Some(reconnect.clone()),
                 move |source, error| {
                     metrics.watcher_error(source, error);
                 },

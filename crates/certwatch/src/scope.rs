@@ -19,7 +19,9 @@ use kube::runtime::watcher;
 use kube::runtime::{WatchStreamExt, watcher::Event};
 use kube::{Client, ResourceExt};
 use kube_common::adaptive::{AdaptiveLimiter, sequential_client};
-use route_secrets::api::route_watch::{RouteEvent, route_events};
+use kube_common::backoff::BackoffPolicy;
+use kube_common::reconnect::Reconnect;
+use route_secrets::api::route_watch::{RouteEvent, route_events_reconnecting};
 use route_secrets::route::{Route, RouteKey};
 
 /// The routes in scope.
@@ -217,12 +219,24 @@ fn namespace_events(
 /// end the stream. Each watcher's requests go through `limiter`
 /// ([`sequential_client`]): a 429 shrinks the window the rest of start-up shares, its
 /// `Retry-After` holds the watcher's next request, and that request counts as a retry.
+/// With `reconnect`, route watches resume as soon as the API server answers again after
+/// an outage ([`kube_common::reconnect`]).
 pub fn scoped_route_events(
     client: Client,
     scope: &RouteScope,
     limiter: &AdaptiveLimiter,
+    reconnect: Option<Reconnect>,
     on_error: impl Fn(&'static str, &watcher::Error) + Clone + Send + Sync + 'static,
 ) -> futures::stream::BoxStream<'static, RouteEvent> {
+    let route_events = move |api, config, on_error| {
+        route_events_reconnecting(
+            api,
+            config,
+            BackoffPolicy::default(),
+            reconnect.clone(),
+            on_error,
+        )
+    };
     // One client per watcher: each carries its own watcher's retry state.
     let paced = || sequential_client(client.clone(), limiter.clone());
     // One list request, from the API server's watch cache (resourceVersion=0), as

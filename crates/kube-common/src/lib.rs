@@ -12,6 +12,8 @@
 //! - [`name`]: DNS-1123 label and subdomain checks, with the API server's messages.
 //! - [`kubeconfig`]: writing a kubeconfig file that holds credentials (mode 0600).
 //! - [`hint`]: what a caller tells the transport about a request ([`hint::LongLived`]).
+//! - [`reconnect`]: one prober per API server, so that requests that failed during an
+//!   outage go again as soon as the server answers, not after their grown backoff.
 //!
 //! # Example
 //!
@@ -34,6 +36,7 @@ pub mod duration;
 pub mod hint;
 pub mod kubeconfig;
 pub mod name;
+pub mod reconnect;
 pub mod verb;
 
 pub use duration::DurationParseError;

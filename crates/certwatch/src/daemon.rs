@@ -41,8 +41,8 @@ use crate::metrics::Metrics;
 use crate::outputs::{DaemonStatus, Outputs};
 use crate::progress::{self, ProgressMode};
 use crate::reload::{ReloadOptions, Reloader};
-use crate::scope::{RouteScope, scoped_route_events};
 use crate::throttle;
+use route_secrets::api::route_watch::{RouteScope, scoped_route_events};
 
 /// The route name the streaming probe ([`secret_monitor::ObjectMonitor::probe_streaming`])
 /// asks about: one no route has, so the answer carries no object.
@@ -283,7 +283,7 @@ impl Daemon {
                 &limiter,
                 Some(reconnect.clone()),
                 move |source, error| {
-                    metrics.watcher_error(source, error);
+                    metrics.api.watcher_error(source, error);
                 },
             )
             .take_until(shutdown.clone().cancelled_owned())
@@ -507,12 +507,14 @@ fn refresher(
         limiter.clone(),
     );
     Arc::new(move || {
-        metrics.set_limiter(&limiter.snapshot());
+        metrics.limiter.set(&limiter.snapshot());
         let (watched, synced) = secret_counts(&manager);
-        metrics.set_secrets(watched, synced);
-        metrics.set_registered_routes(manager.route_count());
+        metrics.secrets.set_counts(watched, synced);
+        metrics.secrets.set_registered_routes(manager.route_count());
         let stats = pool.stats();
-        metrics.set_api_connections(stats.http2_connections_open, stats.http1_connections_open);
-        metrics.refresh_process();
+        metrics
+            .api
+            .set_connections(stats.http2_connections_open, stats.http1_connections_open);
+        metrics.process.refresh();
     })
 }

@@ -180,7 +180,7 @@ impl Outputs {
             progress.ready = true;
             let elapsed = self.started.elapsed();
             ready_after = Some(elapsed);
-            self.metrics.set_ready(elapsed);
+            self.metrics.daemon.set_ready(elapsed);
             info!(
                 routes = pipeline.initial_routes,
                 admitted,
@@ -220,7 +220,7 @@ impl Outputs {
         let now = std::time::Instant::now();
         match outcome {
             RouteOutcome::Admitted(admitted) => {
-                self.metrics.route_outcome(
+                self.metrics.routes.outcome(
                     "admitted",
                     admitted.reason.as_ref().map_or("", |reason| reason.name()),
                 );
@@ -247,14 +247,16 @@ impl Outputs {
                     }
                     Seen::RepeatDue(_) | Seen::Repeat => {}
                 }
-                self.metrics.certificate_served(
+                self.metrics.routes.certificate_served(
                     &admitted.route,
                     &admitted.secret,
                     admitted.tls.not_after(),
                 );
-                progress
-                    .states
-                    .set(&self.metrics, &admitted.route, Some(RouteState::Admitted));
+                progress.states.set(
+                    &self.metrics.routes,
+                    &admitted.route,
+                    Some(RouteState::Admitted),
+                );
                 let served = ServedCert {
                     route: admitted.route,
                     sni: admitted.sni.crt_list_filter(),
@@ -267,7 +269,7 @@ impl Outputs {
             }
             RouteOutcome::Rejected(rejected) => {
                 let reason = rejected.reason.name();
-                self.metrics.route_outcome("rejected", reason);
+                self.metrics.routes.outcome("rejected", reason);
                 let message = rejected.reason.to_string();
                 match progress.route_log.observe(
                     rejected.route.clone(),
@@ -291,18 +293,18 @@ impl Outputs {
                 // certificate must not clear because the route went dark.
                 let cause = rejected.cause().map_or("", |cause| cause.as_str());
                 progress.states.set(
-                    &self.metrics,
+                    &self.metrics.routes,
                     &rejected.route,
                     Some(RouteState::Rejected { reason, cause }),
                 );
                 self.cert_dir.remove(&rejected.route);
             }
             RouteOutcome::Removed(route) => {
-                self.metrics.route_outcome("removed", "");
+                self.metrics.routes.outcome("removed", "");
                 info!(route = %route, "route no longer served");
                 progress.route_log.forget(&route);
-                self.metrics.route_removed(&route);
-                progress.states.set(&self.metrics, &route, None);
+                self.metrics.routes.removed(&route);
+                progress.states.set(&self.metrics.routes, &route, None);
                 self.cert_dir.remove(&route);
             }
         }
@@ -320,7 +322,7 @@ impl Outputs {
         if let Some(change) = change {
             change.finish(report.changed());
         }
-        self.metrics.bundles_flushed(
+        self.metrics.files.flushed(
             self.cert_dir.bundles_on_disk(),
             report.written + report.removed,
             report.failed,

@@ -19,11 +19,12 @@ use kube_common::adaptive::{AdaptiveLimiter, LimiterSnapshot};
 use kube_common::reconnect::Reconnect;
 use kube_h2::{ClientOptions, PoolHandle, PoolStats};
 use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy, AccessStats};
+use route_secrets::api::leader::{LeaderElector, Leadership, LeaseOptions};
 use route_secrets::api::manager::{SecretManager, TlsSecretMonitor};
 use route_secrets::api::pipeline::{
     HostPolicy, PipelineError, PipelineOptions, Readiness, RoutePipeline,
 };
-use route_secrets::api::status_writer::StatusWriter;
+use route_secrets::api::status_writer::{StatusWriter, StatusWriterOptions};
 use route_secrets::route::Route;
 use route_secrets::route::admission::RouterIdentity;
 use secret_monitor::{MonitorObserver, MonitorOptions};
@@ -67,6 +68,10 @@ pub struct DaemonOptions {
     pub write_status: bool,
     /// Concurrent status writes.
     pub status_concurrency: usize,
+    /// With `write_status`: one status writer among the replicas of `router_name`,
+    /// elected on this Lease (an empty namespace: the client's, i.e. the pod's own);
+    /// `None`: this replica always writes.
+    pub leader_election: Option<LeaseOptions>,
     /// How the router identity's access to each secret is checked.
     pub access_policy: AccessPolicy,
     /// How long access answers are cached.
@@ -104,6 +109,7 @@ impl DaemonOptions {
             router_name: "certwatch".to_owned(),
             write_status: false,
             status_concurrency: 20,
+            leader_election: None,
             access_policy: AccessPolicy::SelfRules,
             access_ttl: Duration::from_secs(600),
             access_denied_ttl: Duration::from_secs(30),
@@ -155,6 +161,10 @@ pub struct Daemon {
     metrics: Arc<Metrics>,
     pool: PoolHandle,
     limiter: AdaptiveLimiter,
+    /// The status writer (with `--write-status`), for its counters.
+    status_writes: Option<StatusWriter>,
+    /// This replica's part in the election of the status writer.
+    elector: Option<LeaderElector>,
     manager: SecretManager,
     access: AccessChecker,
     cert_dir: PathBuf,
@@ -254,15 +264,32 @@ impl Daemon {
             },
             limiter.clone(),
         );
+        // Every replica decides and serves; one writes status: the Lease's holder.
+        let elector = options
+            .leader_election
+            .clone()
+            .filter(|_| options.write_status)
+            .map(|mut lease| {
+                if lease.namespace.is_empty() {
+                    lease.namespace = client.default_namespace().to_owned();
+                }
+                LeaderElector::spawn(client.clone(), lease)
+            });
         let status_writer = options.write_status.then(|| {
             // Status writes follow the start-up burst: the same window paces them.
-            StatusWriter::spawn_with_limiter(
+            StatusWriter::spawn_with(
                 client.clone(),
                 RouterIdentity::new(options.router_name.clone()),
-                options.status_concurrency,
-                limiter.clone(),
+                StatusWriterOptions {
+                    limiter: Some(limiter.clone()),
+                    leadership: elector
+                        .as_ref()
+                        .map_or_else(Leadership::always, LeaderElector::leadership),
+                    ..StatusWriterOptions::new(options.status_concurrency)
+                },
             )
         });
+        let status_writes = status_writer.clone();
         let (pipeline, pipeline_outputs) = RoutePipeline::new(
             manager.clone(),
             access.clone(),
@@ -324,7 +351,8 @@ impl Daemon {
 
         let (http_addr, http) = match options.listen {
             Some(addr) => {
-                let refresh = refresher(&metrics, &manager, &pool, &limiter);
+                let refresh =
+                    refresher(&metrics, &manager, &pool, &limiter, status_writes.as_ref());
                 let (local, task) = http::serve(
                     addr,
                     Arc::clone(&metrics),
@@ -350,6 +378,8 @@ impl Daemon {
         let throttle_log = throttle::spawn_log(limiter.clone(), shutdown.clone());
 
         Ok(Self {
+            status_writes,
+            elector,
             status,
             pipeline_readiness,
             resync,
@@ -418,7 +448,13 @@ impl Daemon {
 
     /// The metrics (refreshed) in Prometheus text format.
     pub fn metrics_text(&self) -> String {
-        refresher(&self.metrics, &self.manager, &self.pool, &self.limiter)();
+        refresher(
+            &self.metrics,
+            &self.manager,
+            &self.pool,
+            &self.limiter,
+            self.status_writes.as_ref(),
+        )();
         self.metrics.encode()
     }
 
@@ -455,8 +491,14 @@ impl Daemon {
             manager,
             access,
             pool,
+            elector,
             ..
         } = self;
+        // First: a leader hands the Lease over, so that another replica writes status
+        // at once (a rolling restart) instead of after the lease duration.
+        if let Some(elector) = elector {
+            elector.release().await;
+        }
         shutdown.cancel();
         // The route stream ends, so the pipeline returns and drops its outcome sender;
         // the outputs task then drains what is left and ends.
@@ -499,14 +541,21 @@ fn refresher(
     manager: &SecretManager,
     pool: &PoolHandle,
     limiter: &AdaptiveLimiter,
+    status: Option<&StatusWriter>,
 ) -> http::Refresh {
-    let (metrics, manager, pool, limiter) = (
+    let (metrics, manager, pool, limiter, status) = (
         Arc::clone(metrics),
         manager.clone(),
         pool.clone(),
         limiter.clone(),
+        status.cloned(),
     );
     Arc::new(move || {
+        if let Some(status) = &status {
+            metrics
+                .status
+                .set(status.stats(), status.leadership().is_leader());
+        }
         metrics.limiter.set(&limiter.snapshot());
         let (watched, synced) = secret_counts(&manager);
         metrics.secrets.set_counts(watched, synced);

@@ -11,6 +11,7 @@ use kube_common::backoff::Backoff;
 use super::effects::RegistrationId;
 use super::inputs::SecretVersionId;
 use super::outcome::Sni;
+use crate::route::admission::Admission;
 use crate::route::{Route, RouteKey, RouteSpec, WildcardPolicy};
 
 /// The machine's copy of one version of a route: what it decides with, and the object
@@ -127,6 +128,10 @@ pub(super) struct RouteEntry {
     pub backoff: Option<Box<Backoff>>,
     /// When the route is applied again, if a retry is scheduled.
     pub retry_at: Option<Instant>,
+    /// The admission last recorded in status (only when the machine records status),
+    /// recorded again on [`Input::RecordAll`](super::Input::RecordAll). Boxed, as
+    /// [`told`](Self::told).
+    pub recorded: Option<Box<Admission>>,
 }
 
 impl RouteEntry {
@@ -137,6 +142,7 @@ impl RouteEntry {
             told: None,
             backoff: None,
             retry_at: None,
+            recorded: None,
         }
     }
 

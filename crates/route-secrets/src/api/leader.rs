@@ -135,6 +135,7 @@ impl LeaderElector {
             listed: false,
             in_listing: None,
             last_renewal: None,
+            failing: false,
         };
         let task = tokio::spawn(election.run(stop.clone()));
         Self {
@@ -216,6 +217,8 @@ struct Election {
     in_listing: Option<bool>,
     /// While leading: the last successful renewal (or the acquisition).
     last_renewal: Option<Instant>,
+    /// The last take-over or create failed (logged once per streak).
+    failing: bool,
 }
 
 /// What one request of the election came to.
@@ -246,7 +249,13 @@ impl Election {
                             next_action = Some(Instant::now());
                         }
                     }
-                    Some(Err(error)) => debug!(lease = %self.options.name, %error, "lease watch failed; retrying"),
+                    // Until the watch has listed, this replica cannot lead: say why (the
+                    // watcher's backoff spaces these out).
+                    Some(Err(error)) => warn!(
+                        lease = %self.lease_name(),
+                        %error,
+                        "lease watch failed; retrying (this replica writes no status until it lists the Lease)"
+                    ),
                     None => break,
                 },
                 () = sleep_until(next_action), if next_action.is_some() => {
@@ -388,6 +397,7 @@ impl Election {
         }
         match self.write(true).await {
             Outcome::Held(lease) => {
+                self.failing = false;
                 self.held(lease);
                 self.set_leading(true, "acquired");
                 Some(retry)
@@ -395,7 +405,16 @@ impl Election {
             // The winner's record comes through the watch.
             Outcome::Lost => None,
             Outcome::Failed(error) => {
-                debug!(lease = %self.lease_name(), %error, "cannot take the lease; retrying");
+                if self.failing {
+                    debug!(lease = %self.lease_name(), %error, "cannot take the lease; retrying");
+                } else {
+                    warn!(
+                        lease = %self.lease_name(),
+                        %error,
+                        "cannot take the lease; retrying (it needs create, get, list, watch and update on leases)"
+                    );
+                }
+                self.failing = true;
                 Some(retry)
             }
         }

@@ -342,6 +342,34 @@ mod tests {
         assert_eq!(reconnect.outages_ended(), 1);
     }
 
+    /// A server that answers, but never "ready" (a cluster refusing `/readyz` to this
+    /// identity), ends the outage once it has answered so for the grace period.
+    #[tokio::test(start_paused = true)]
+    async fn answers_without_ready_end_the_outage_after_the_grace() {
+        let answers = Arc::new(AtomicU32::new(0));
+        let counted = Arc::clone(&answers);
+        let reconnect = Reconnect::with_probe(
+            move || {
+                // Down for the first two probes, then 403s for ever.
+                let answer = if counted.fetch_add(1, Ordering::SeqCst) < 2 {
+                    ProbeAnswer::Unanswered
+                } else {
+                    ProbeAnswer::NotReady
+                };
+                Box::pin(async move { answer })
+            },
+            Duration::from_millis(500),
+        );
+        let waiter = tokio::spawn(reconnect.unanswered().wait(Duration::from_secs(60)));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(reconnect.in_outage());
+        let started = tokio::time::Instant::now();
+        assert_eq!(waiter.await.unwrap(), Waited::ServerBack);
+        assert!(!reconnect.in_outage());
+        // Not ready since the third probe (1 s in): back at 11 s, 6 s after `started`.
+        assert!(started.elapsed() <= Duration::from_secs(7), "{:?}", started.elapsed());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_failure_while_the_server_answers_keeps_its_backoff() {
         let (_up, probes, reconnect) = server(true);

@@ -367,7 +367,11 @@ mod tests {
         assert_eq!(waiter.await.unwrap(), Waited::ServerBack);
         assert!(!reconnect.in_outage());
         // Not ready since the third probe (1 s in): back at 11 s, 6 s after `started`.
-        assert!(started.elapsed() <= Duration::from_secs(7), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() <= Duration::from_secs(7),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -136,6 +136,7 @@ impl LeaderElector {
             in_listing: None,
             last_renewal: None,
             failing: false,
+            written: std::collections::VecDeque::new(),
         };
         let task = tokio::spawn(election.run(stop.clone()));
         Self {
@@ -219,7 +220,14 @@ struct Election {
     last_renewal: Option<Instant>,
     /// The last take-over or create failed (logged once per streak).
     failing: bool,
+    /// resourceVersions of this replica's latest writes: the watch delivers them after
+    /// the answers did, and such a late event must not replace the newer record in
+    /// hand (a renewal from it would meet its own 409).
+    written: std::collections::VecDeque<String>,
 }
+
+/// How many of its own writes a replica remembers to recognise them in the watch.
+const OWN_WRITES: usize = 8;
 
 /// What one request of the election came to.
 enum Outcome {
@@ -229,6 +237,8 @@ enum Outcome {
     Lost,
     /// No answer, or an error: try again after the retry period.
     Failed(kube::Error),
+    /// No answer within the renew deadline.
+    TimedOut,
 }
 
 impl Election {
@@ -308,7 +318,10 @@ impl Election {
             .observed
             .as_ref()
             .is_some_and(|observed| observed.resource_version() == rv.as_deref());
-        if unchanged {
+        let own = rv
+            .as_ref()
+            .is_some_and(|rv| self.written.iter().any(|written| written == rv));
+        if unchanged || own {
             return false;
         }
         let before = self
@@ -368,7 +381,17 @@ impl Election {
             return None;
         }
         if self.is_leading() {
-            return match self.write(false).await {
+            // A renewal that has not come back by the renew deadline ends the leading
+            // as a failed one would: followers may take over soon after.
+            let since = self.last_renewal.unwrap_or(now);
+            let left = self
+                .options
+                .renew_deadline
+                .saturating_sub(now.saturating_duration_since(since));
+            let renewal = tokio::time::timeout(left, self.write(false))
+                .await
+                .unwrap_or(Outcome::TimedOut);
+            return match renewal {
                 Outcome::Held(lease) => {
                     self.held(lease);
                     Some(retry)
@@ -379,11 +402,17 @@ impl Election {
                 }
                 Outcome::Failed(error) => {
                     let since = self.last_renewal.unwrap_or(now);
-                    if now.saturating_duration_since(since) >= self.options.renew_deadline {
+                    if Instant::now().saturating_duration_since(since)
+                        >= self.options.renew_deadline
+                    {
                         self.set_leading(false, "the lease could not be renewed in time");
                     } else {
                         warn!(lease = %self.lease_name(), %error, "cannot renew the lease; retrying");
                     }
+                    Some(retry)
+                }
+                Outcome::TimedOut => {
+                    self.set_leading(false, "the lease could not be renewed in time");
                     Some(retry)
                 }
             };
@@ -395,7 +424,10 @@ impl Election {
         if !free {
             return self.observed.as_ref().map(Observed::expires_at);
         }
-        match self.write(true).await {
+        let acquisition = tokio::time::timeout(self.options.renew_deadline, self.write(true))
+            .await
+            .unwrap_or(Outcome::TimedOut);
+        match acquisition {
             Outcome::Held(lease) => {
                 self.failing = false;
                 self.held(lease);
@@ -404,6 +436,10 @@ impl Election {
             }
             // The winner's record comes through the watch.
             Outcome::Lost => None,
+            Outcome::TimedOut => {
+                debug!(lease = %self.lease_name(), "no answer to the take-over in time; retrying");
+                Some(retry)
+            }
             Outcome::Failed(error) => {
                 if self.failing {
                     debug!(lease = %self.lease_name(), %error, "cannot take the lease; retrying");
@@ -422,7 +458,14 @@ impl Election {
 
     fn held(&mut self, lease: Box<Lease>) {
         self.last_renewal = Some(Instant::now());
+        let rv = lease.metadata.resource_version.clone();
         self.saw(Some(*lease));
+        if let Some(rv) = rv {
+            if self.written.len() == OWN_WRITES {
+                self.written.pop_front();
+            }
+            self.written.push_back(rv);
+        }
     }
 
     /// Writes this replica's record: a renewal, or (`acquire`) a take-over of the

@@ -10,9 +10,12 @@ use route_secrets::api::leader::LeaseOptions;
 
 use crate::daemon::DaemonOptions;
 use crate::haproxy::HaproxyOptions;
+use crate::haproxy::process::ProcessOptions;
 use crate::logging::LogFormat;
 use crate::progress::ProgressMode;
 use crate::reload::ReloadOptions;
+use crate::secure_metrics::SecureMetricsOptions;
+use crate::secure_metrics::tls::CertFiles;
 use crate::selector;
 use route_secrets::api::route_watch::RouteScope;
 
@@ -92,7 +95,8 @@ Connects through the usual Kubernetes configuration (--kubeconfig/--context, $KU
 ~/.kube/config, or the in-cluster service account). Every option can also be set through the CERTWATCH_* variable shown.",
     after_long_help = "Endpoints (--listen): /healthz (200 while the process runs), /readyz (200 once \
 every route present at start-up is admitted or rejected and its files are written; 503 before), \
-/metrics (Prometheus text format).\n\n\
+/metrics (Prometheus text format; with --metrics-listen on that address instead, over HTTPS, for \
+bearer tokens the API server authorizes to get /metrics).\n\n\
 Examples:\n  certwatch run --cert-dir /var/lib/certwatch --haproxy-socket /run/haproxy/admin.sock\n  \
 certwatch run --namespace-selector router=public --route-selector shard=a --cert-dir /certs \\\n      \
 --reload-command 'systemctl reload haproxy'\n\n\
@@ -198,16 +202,72 @@ pub struct RunArgs {
     /// HAProxy's stats socket (`stats socket PATH level admin`): add, update and
     /// remove certificates in the running HAProxy through its runtime API, without a
     /// reload. Its configuration must load <cert-dir>/crt-list by that exact path.
+    /// /readyz then waits until HAProxy serves every route present at start-up.
     #[arg(
         long,
         env = "CERTWATCH_HAPROXY_SOCKET",
         value_name = "PATH",
-        help_heading = "Output"
+        help_heading = "HAProxy"
     )]
     pub haproxy_socket: Option<PathBuf>,
 
-    /// Address of the HTTP endpoint (/healthz, /readyz, /metrics): HOST:PORT, or
-    /// :PORT for every interface.
+    /// Run HAProxy with this configuration (master-worker mode), started once the
+    /// files are complete, so that it loads every certificate itself; changes then go
+    /// through its runtime API (--haproxy-socket, which the configuration's
+    /// `stats socket` must name), and what the runtime API cannot carry through a
+    /// reload.
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_CONFIG",
+        value_name = "FILE",
+        requires = "haproxy_socket",
+        conflicts_with = "reload_command",
+        help_heading = "HAProxy"
+    )]
+    pub haproxy_config: Option<PathBuf>,
+
+    /// The HAProxy binary run with --haproxy-config.
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_BINARY",
+        value_name = "PATH",
+        default_value = "haproxy",
+        help_heading = "HAProxy"
+    )]
+    pub haproxy_binary: PathBuf,
+
+    /// HAProxy's master CLI socket: with --haproxy-config, where certwatch creates it
+    /// (default: the stats socket's path with `.master` appended); without, the socket
+    /// of a HAProxy run by someone else in master-worker mode, which certwatch may then
+    /// reload for certificates too large for the runtime API.
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_MASTER_SOCKET",
+        value_name = "PATH",
+        requires = "haproxy_socket",
+        help_heading = "HAProxy"
+    )]
+    pub haproxy_master_socket: Option<PathBuf>,
+
+    /// Longest a start or reload of HAProxy may take (it loads every certificate).
+    #[arg(long, env = "CERTWATCH_HAPROXY_LOAD_TIMEOUT", value_name = "D", value_parser = duration_arg, default_value = "10m", help_heading = "HAProxy")]
+    pub haproxy_load_timeout: Duration,
+
+    /// Longest HAProxy's runtime API may stay silent while answers are due.
+    #[arg(long, env = "CERTWATCH_HAPROXY_COMMAND_TIMEOUT", value_name = "D", value_parser = duration_arg, default_value = "10s", help_heading = "HAProxy")]
+    pub haproxy_command_timeout: Duration,
+
+    /// Least time between two reloads of HAProxy.
+    #[arg(long, env = "CERTWATCH_HAPROXY_MIN_RELOAD_INTERVAL", value_name = "D", value_parser = duration_arg, default_value = "5s", help_heading = "HAProxy")]
+    pub haproxy_min_reload_interval: Duration,
+
+    /// Offer no HTTP/2 in the crt-list (no `[alpn h2,http/1.1]` on any line), as the
+    /// OpenShift router's ROUTER_DISABLE_HTTP2.
+    #[arg(long, env = "CERTWATCH_DISABLE_HTTP2", value_parser = boolish(), help_heading = "HAProxy")]
+    pub disable_http2: bool,
+
+    /// Address of the plain HTTP endpoint: /healthz, /readyz, and /metrics unless
+    /// --metrics-listen is set. HOST:PORT, or :PORT for every interface.
     #[arg(
         long,
         env = "CERTWATCH_LISTEN",
@@ -217,6 +277,44 @@ pub struct RunArgs {
         help_heading = "Output"
     )]
     pub listen: SocketAddr,
+
+    /// Serve /metrics here instead, over HTTPS, to authorized scrapers only: each
+    /// bearer token is checked with a TokenReview, then a SubjectAccessReview for get
+    /// on the non-resource URL /metrics (needs create on both: the
+    /// system:auth-delegator cluster role). HOST:PORT or :PORT.
+    #[arg(
+        long,
+        env = "CERTWATCH_METRICS_LISTEN",
+        value_name = "ADDR",
+        value_parser = listen_arg,
+        help_heading = "Metrics"
+    )]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// The metrics endpoint's certificate chain (PEM, leaf first), read again when it
+    /// changes; default: a self-signed certificate made at start.
+    #[arg(
+        long,
+        env = "CERTWATCH_METRICS_TLS_CERT",
+        value_name = "PATH",
+        requires_all = ["metrics_tls_key", "metrics_listen"],
+        help_heading = "Metrics"
+    )]
+    pub metrics_tls_cert: Option<PathBuf>,
+
+    /// The private key of --metrics-tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(
+        long,
+        env = "CERTWATCH_METRICS_TLS_KEY",
+        value_name = "PATH",
+        requires = "metrics_tls_cert",
+        help_heading = "Metrics"
+    )]
+    pub metrics_tls_key: Option<PathBuf>,
+
+    /// How long a token's review and its user's authorization are trusted.
+    #[arg(long, env = "CERTWATCH_METRICS_AUTH_CACHE_TTL", value_name = "D", value_parser = duration_arg, default_value = "10s", help_heading = "Metrics")]
+    pub metrics_auth_cache_ttl: Duration,
 
     /// Name of this router in route status (status.ingress[].routerName).
     #[arg(
@@ -435,8 +533,36 @@ impl RunArgs {
             timeout: self.reload_timeout,
             ..ReloadOptions::new(command)
         });
-        options.haproxy = self.haproxy_socket.clone().map(HaproxyOptions::new);
+        options.haproxy = self.haproxy_socket.clone().map(|socket| {
+            let mut haproxy = match &self.haproxy_config {
+                Some(config) => {
+                    let master = self.haproxy_master_socket.clone().unwrap_or_else(|| {
+                        let mut path = socket.clone().into_os_string();
+                        path.push(".master");
+                        PathBuf::from(path)
+                    });
+                    let mut process = ProcessOptions::new(&self.haproxy_binary, config, master);
+                    process.load_timeout = self.haproxy_load_timeout;
+                    process.command_timeout = self.haproxy_command_timeout;
+                    HaproxyOptions::managed(socket, process)
+                }
+                None => HaproxyOptions::with_master(socket, self.haproxy_master_socket.clone()),
+            };
+            haproxy.min_reload_interval = self.haproxy_min_reload_interval;
+            haproxy.command_timeout = self.haproxy_command_timeout;
+            haproxy
+        });
+        options.crt_list.http2 = !self.disable_http2;
         options.listen = Some(self.listen);
+        options.secure_metrics = self.metrics_listen.map(|listen| SecureMetricsOptions {
+            cert: self
+                .metrics_tls_cert
+                .clone()
+                .zip(self.metrics_tls_key.clone())
+                .map(|(cert, key)| CertFiles { cert, key }),
+            cache_ttl: self.metrics_auth_cache_ttl,
+            ..SecureMetricsOptions::new(listen)
+        });
         options.router_name = self.router_name.clone();
         options.write_status = self.write_status;
         options.access_policy = access_policy;

@@ -36,12 +36,15 @@ use tracing::{debug, info};
 
 use crate::cert_dir::CertDir;
 use crate::files::LINKS_DIR;
-use crate::haproxy::{HaproxyOptions, HaproxySync};
+use crate::haproxy::crt_list::CrtListOptions;
+use crate::haproxy::{Haproxy, HaproxyOptions};
 use crate::http;
 use crate::metrics::Metrics;
 use crate::outputs::{DaemonStatus, Outputs};
 use crate::progress::{self, ProgressMode};
 use crate::reload::{ReloadOptions, Reloader};
+use crate::secure_metrics::auth::AuthStats;
+use crate::secure_metrics::{self, SecureMetrics, SecureMetricsError, SecureMetricsOptions};
 use crate::throttle;
 use route_secrets::api::route_watch::{RouteScope, scoped_route_events};
 
@@ -58,10 +61,16 @@ pub struct DaemonOptions {
     pub cert_dir: PathBuf,
     /// The reload command, if any.
     pub reload: Option<ReloadOptions>,
-    /// HAProxy's runtime API, if any.
+    /// The HAProxy certwatch feeds (its runtime API, and whether certwatch runs it), if
+    /// any.
     pub haproxy: Option<HaproxyOptions>,
-    /// Address of `/healthz`, `/readyz`, `/metrics`; `None`: no HTTP endpoint.
+    /// How crt-list lines are written (ALPN).
+    pub crt_list: CrtListOptions,
+    /// Address of `/healthz`, `/readyz` (and `/metrics` without `secure_metrics`);
+    /// `None`: no HTTP endpoint.
     pub listen: Option<SocketAddr>,
+    /// `/metrics` over HTTPS for authorized scrapers only, instead of on `listen`.
+    pub secure_metrics: Option<SecureMetricsOptions>,
     /// Router name of the `status.ingress[]` entry.
     pub router_name: String,
     /// Record admissions and rejections in route status.
@@ -105,7 +114,9 @@ impl DaemonOptions {
             cert_dir: cert_dir.into(),
             reload: None,
             haproxy: None,
+            crt_list: CrtListOptions::default(),
             listen: None,
+            secure_metrics: None,
             router_name: "certwatch".to_owned(),
             write_status: false,
             status_concurrency: 20,
@@ -146,6 +157,9 @@ pub enum DaemonError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The authorized metrics endpoint could not start.
+    #[error(transparent)]
+    SecureMetrics(#[from] SecureMetricsError),
     /// The daemon stopped before it was ready.
     #[error("the daemon stopped before it was ready")]
     Stopped,
@@ -169,6 +183,7 @@ pub struct Daemon {
     access: AccessChecker,
     cert_dir: PathBuf,
     http_addr: Option<SocketAddr>,
+    secure_metrics: Option<SecureMetrics>,
     shutdown: CancellationToken,
     /// Ends with an error when the route watch was refused for good (e.g. an invalid
     /// route selector).
@@ -205,7 +220,8 @@ impl Daemon {
             .map_err(|source| DaemonError::CertDir {
                 path: options.cert_dir.clone(),
                 source,
-            })?;
+            })?
+            .with_crt_list_options(options.crt_list.clone());
         let cert_dir_path = cert_dir.path().to_owned();
         let crt_list_path = cert_dir.crt_list_path();
         info!(
@@ -326,7 +342,7 @@ impl Daemon {
             )
         });
         let haproxy = options.haproxy.clone().map(|haproxy| {
-            HaproxySync::spawn(
+            Haproxy::spawn(
                 haproxy,
                 crt_list_path.to_string_lossy().into_owned(),
                 format!("{}/", cert_dir_path.join(LINKS_DIR).display()),
@@ -349,6 +365,19 @@ impl Daemon {
             .run(pipeline_outputs.outcomes, pipeline_outputs.readiness),
         );
 
+        let secure_metrics = match &options.secure_metrics {
+            Some(secure) => Some(
+                secure_metrics::serve(
+                    secure,
+                    client.clone(),
+                    Arc::clone(&metrics),
+                    refresher(&metrics, &manager, &pool, &limiter, status_writes.as_ref()),
+                    shutdown.clone(),
+                )
+                .await?,
+            ),
+            None => None,
+        };
         let (http_addr, http) = match options.listen {
             Some(addr) => {
                 let refresh =
@@ -356,6 +385,7 @@ impl Daemon {
                 let (local, task) = http::serve(
                     addr,
                     Arc::clone(&metrics),
+                    secure_metrics.is_none(),
                     status.clone(),
                     refresh,
                     shutdown.clone(),
@@ -390,6 +420,7 @@ impl Daemon {
             access,
             cert_dir: cert_dir_path,
             http_addr,
+            secure_metrics,
             shutdown,
             pipeline,
             outputs,
@@ -441,6 +472,18 @@ impl Daemon {
         self.http_addr
     }
 
+    /// Where the authorized metrics endpoint listens (HTTPS), if there is one.
+    pub fn secure_metrics_addr(&self) -> Option<SocketAddr> {
+        self.secure_metrics.as_ref().map(|secure| secure.addr)
+    }
+
+    /// The token and access reviews the authorized metrics endpoint made.
+    pub fn metrics_auth_stats(&self) -> Option<AuthStats> {
+        self.secure_metrics
+            .as_ref()
+            .map(|secure| secure.auth.stats())
+    }
+
     /// The cert directory (absolute).
     pub fn cert_dir(&self) -> &Path {
         &self.cert_dir
@@ -486,6 +529,7 @@ impl Daemon {
             pipeline,
             outputs,
             http,
+            secure_metrics,
             progress,
             throttle_log,
             manager,
@@ -508,6 +552,9 @@ impl Daemon {
         let _ = outputs.await;
         if let Some(http) = http {
             let _ = http.await;
+        }
+        if let Some(secure) = secure_metrics {
+            let _ = secure.task.await;
         }
         if let Some(progress) = progress {
             progress.abort();

@@ -19,7 +19,8 @@
 //! - [`reload`]: the debounced, single-flight reload command.
 //! - [`haproxy`]: HAProxy's runtime API client and the synchronisation over it.
 //! - [`metrics`] and [`process`]: the Prometheus metrics; `http`: `/healthz`,
-//!   `/readyz`, `/metrics`.
+//!   `/readyz` (and `/metrics` without an authorized endpoint); [`secure_metrics`]:
+//!   `/metrics` over HTTPS for scrapers the API server authorizes.
 //! - [`progress`]: the start-up progress bar or log lines; [`logging`]: text or JSON
 //!   logs that stay clear of it.
 //!
@@ -55,6 +56,7 @@ pub mod outputs;
 pub mod process;
 pub mod progress;
 pub mod reload;
+pub mod secure_metrics;
 pub mod selector;
 pub mod signals;
 mod throttle;

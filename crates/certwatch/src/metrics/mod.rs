@@ -145,6 +145,13 @@ impl Metrics {
             .register(registry.sub_registry_with_prefix(PREFIX));
     }
 
+    /// Registers metrics kept elsewhere (the HAProxy controller's) under the
+    /// `certwatch_` prefix.
+    pub fn register_more(&self, register: impl FnOnce(&mut Registry)) {
+        let mut registry = self.registry();
+        register(registry.sub_registry_with_prefix(PREFIX));
+    }
+
     /// The metrics in Prometheus text format.
     pub fn encode(&self) -> String {
         let registry = self.registry();
@@ -201,8 +208,9 @@ mod tests {
             "certwatch_secret_first_sync_failures_total 0\n",
             "certwatch_startup_refusals_total 0\n",
             &format!(
-                "certwatch_build_info{{version=\"{}\"}} 1\n",
-                env!("CARGO_PKG_VERSION")
+                "certwatch_build_info{{version=\"{}\",commit=\"{}\"}} 1\n",
+                env!("CARGO_PKG_VERSION"),
+                daemon::COMMIT,
             ),
         ] {
             assert!(text.contains(sample), "{sample}in\n{text}");

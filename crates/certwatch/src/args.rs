@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use route_secrets::api::access::AccessPolicy;
+use route_secrets::api::leader::LeaseOptions;
 
 use crate::daemon::DaemonOptions;
 use crate::haproxy::HaproxyOptions;
@@ -345,6 +346,55 @@ pub struct RunArgs {
     #[arg(long, env = "CERTWATCH_WRITE_STATUS", value_parser = boolish(), help_heading = "Router")]
     pub write_status: bool,
 
+    /// With --write-status: elect one status writer among the replicas of this router
+    /// name on a coordination.k8s.io Lease (needs create, get, list, watch and update
+    /// on leases in its namespace). Every replica serves certificates either way;
+    /// `--leader-elect=false` makes this one always write.
+    #[arg(long, env = "CERTWATCH_LEADER_ELECT", value_parser = boolish(), default_value_t = true, action = clap::ArgAction::Set, help_heading = "Router")]
+    pub leader_elect: bool,
+
+    /// The Lease's name (default: certwatch-<router name>).
+    #[arg(
+        long,
+        env = "CERTWATCH_LEASE_NAME",
+        value_name = "NAME",
+        help_heading = "Router"
+    )]
+    pub lease_name: Option<String>,
+
+    /// The Lease's namespace (default: the client's, in a pod its own).
+    #[arg(
+        long,
+        env = "CERTWATCH_LEASE_NAMESPACE",
+        value_name = "NS",
+        help_heading = "Router"
+    )]
+    pub lease_namespace: Option<String>,
+
+    /// This replica's holder identity (default: the host name, in a pod the pod's
+    /// name, and a random suffix).
+    #[arg(
+        long,
+        env = "CERTWATCH_LEASE_IDENTITY",
+        value_name = "ID",
+        help_heading = "Router"
+    )]
+    pub lease_identity: Option<String>,
+
+    /// How long the Lease is good for after a follower saw it renewed: a leader killed
+    /// outright is replaced within this long.
+    #[arg(long, env = "CERTWATCH_LEASE_DURATION", value_name = "D", value_parser = duration_arg, default_value = "15s", help_heading = "Router")]
+    pub lease_duration: Duration,
+
+    /// How long the leader keeps writing while it cannot renew (less than
+    /// --lease-duration).
+    #[arg(long, env = "CERTWATCH_LEASE_RENEW_DEADLINE", value_name = "D", value_parser = duration_arg, default_value = "10s", help_heading = "Router")]
+    pub lease_renew_deadline: Duration,
+
+    /// How often the leader renews the Lease.
+    #[arg(long, env = "CERTWATCH_LEASE_RETRY_PERIOD", value_name = "D", value_parser = duration_arg, default_value = "2s", help_heading = "Router")]
+    pub lease_retry_period: Duration,
+
     /// How the router identity's access (get, list, watch) to each secret is checked.
     #[arg(
         long,
@@ -540,6 +590,27 @@ pub enum ArgsError {
         "--access-check subject needs --router-identity USER (the identity whose access is checked)"
     )]
     MissingRouterIdentity,
+    /// The Lease's name is no DNS subdomain.
+    #[error("--lease-name {name:?} is not a valid Lease name ({source}); set --lease-name")]
+    LeaseName {
+        /// The name.
+        name: String,
+        /// Why.
+        source: kube_common::NameError,
+    },
+    /// The election's timings do not fit together.
+    #[error(
+        "--lease-retry-period ({retry:?}) must be shorter than --lease-renew-deadline \
+         ({renew:?}), and that shorter than --lease-duration ({duration:?})"
+    )]
+    LeaseTimings {
+        /// `--lease-duration`.
+        duration: Duration,
+        /// `--lease-renew-deadline`.
+        renew: Duration,
+        /// `--lease-retry-period`.
+        retry: Duration,
+    },
 }
 
 impl RunArgs {
@@ -663,6 +734,50 @@ impl RunArgs {
         options.sync_timeout = self.sync_timeout;
         options.client = kube_h2::ClientOptions::default().protocol(protocol);
         options.progress = self.progress;
+        options.leader_election = self.leader_election()?;
         Ok(options)
+    }
+
+    /// The election of one status writer, if it is on (`--write-status` and
+    /// `--leader-elect`).
+    fn leader_election(&self) -> Result<Option<LeaseOptions>, ArgsError> {
+        if !(self.write_status && self.leader_elect) {
+            return Ok(None);
+        }
+        let name = self
+            .lease_name
+            .clone()
+            .unwrap_or_else(|| format!("certwatch-{}", self.router_name));
+        kube_common::name::subdomain(&name).map_err(|source| ArgsError::LeaseName {
+            name: name.clone(),
+            source,
+        })?;
+        if !(self.lease_retry_period < self.lease_renew_deadline
+            && self.lease_renew_deadline < self.lease_duration)
+        {
+            return Err(ArgsError::LeaseTimings {
+                duration: self.lease_duration,
+                renew: self.lease_renew_deadline,
+                retry: self.lease_retry_period,
+            });
+        }
+        let identity = self.lease_identity.clone().unwrap_or_else(|| {
+            let host = std::env::var("HOSTNAME")
+                .ok()
+                .filter(|host| !host.is_empty())
+                .unwrap_or_else(|| "certwatch".to_owned());
+            format!("{host}_{:08x}", rand::random::<u32>())
+        });
+        Ok(Some(LeaseOptions {
+            lease_duration: self.lease_duration,
+            renew_deadline: self.lease_renew_deadline,
+            retry_period: self.lease_retry_period,
+            // Empty: the client's namespace, known once connected.
+            ..LeaseOptions::new(
+                self.lease_namespace.clone().unwrap_or_default(),
+                name,
+                identity,
+            )
+        }))
     }
 }

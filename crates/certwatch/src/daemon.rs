@@ -16,13 +16,15 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube_common::adaptive::{AdaptiveLimiter, LimiterSnapshot};
+use kube_common::reconnect::Reconnect;
 use kube_h2::{ClientOptions, PoolHandle, PoolStats};
 use route_secrets::api::access::{AccessChecker, AccessOptions, AccessPolicy, AccessStats};
+use route_secrets::api::leader::{LeaderElector, Leadership, LeaseOptions};
 use route_secrets::api::manager::{SecretManager, TlsSecretMonitor};
 use route_secrets::api::pipeline::{
     HostPolicy, PipelineError, PipelineOptions, PipelineOutputs, Readiness, RoutePipeline,
 };
-use route_secrets::api::status_writer::StatusWriter;
+use route_secrets::api::status_writer::{StatusWriter, StatusWriterOptions};
 use route_secrets::route::Route;
 use route_secrets::route::admission::RouterIdentity;
 use secret_monitor::{MonitorObserver, MonitorOptions};
@@ -83,6 +85,10 @@ pub struct DaemonOptions {
     pub write_status: bool,
     /// Concurrent status writes.
     pub status_concurrency: usize,
+    /// With `write_status`: one status writer among the replicas of `router_name`,
+    /// elected on this Lease (an empty namespace: the client's, i.e. the pod's own);
+    /// `None`: this replica always writes.
+    pub leader_election: Option<LeaseOptions>,
     /// How the router identity's access to each secret is checked.
     pub access_policy: AccessPolicy,
     /// How long access answers are cached.
@@ -123,6 +129,7 @@ impl DaemonOptions {
             router_name: "certwatch".to_owned(),
             write_status: false,
             status_concurrency: 20,
+            leader_election: None,
             access_policy: AccessPolicy::SelfRules,
             access_ttl: Duration::from_secs(600),
             access_denied_ttl: Duration::from_secs(30),
@@ -211,6 +218,10 @@ pub struct Daemon {
     metrics: Arc<Metrics>,
     pool: PoolHandle,
     limiter: AdaptiveLimiter,
+    /// The status writer (with `--write-status`), for its counters.
+    status_writes: Option<StatusWriter>,
+    /// This replica's part in the election of the status writer.
+    elector: Option<LeaderElector>,
     manager: SecretManager,
     access: AccessChecker,
     cert_dir: PathBuf,
@@ -251,6 +262,9 @@ struct Parts {
     access: AccessChecker,
     pipeline: RoutePipeline,
     pipeline_outputs: PipelineOutputs,
+    reconnect: Reconnect,
+    status_writes: Option<StatusWriter>,
+    elector: Option<LeaderElector>,
 }
 
 impl Parts {
@@ -290,7 +304,10 @@ impl Parts {
         // One window per process: every burst of requests (first syncs, access
         // reviews, status writes) draws from what the API server was seen to accept.
         let limiter = AdaptiveLimiter::new(options.max_concurrent_syncs);
-        let manager = secret_manager(&client, options, &metrics, &limiter);
+        // One prober of the API server: after an outage (a control-plane restart)
+        // every watch resumes as soon as it answers again.
+        let reconnect = Reconnect::new(client.clone());
+        let manager = secret_manager(&client, options, &metrics, &limiter, &reconnect);
         let access = AccessChecker::with_limiter(
             client.clone(),
             AccessOptions {
@@ -301,14 +318,32 @@ impl Parts {
             },
             limiter.clone(),
         );
+        // Every replica decides and serves; one writes status: the Lease's holder.
+        let elector = options
+            .leader_election
+            .clone()
+            .filter(|_| options.write_status)
+            .map(|mut lease| {
+                if lease.namespace.is_empty() {
+                    lease.namespace = client.default_namespace().to_owned();
+                }
+                LeaderElector::spawn(client.clone(), lease)
+            });
         let status_writer = options.write_status.then(|| {
-            StatusWriter::spawn_with_limiter(
+            // Status writes follow the start-up burst: the same window paces them.
+            StatusWriter::spawn_with(
                 client.clone(),
                 RouterIdentity::new(options.router_name.clone()),
-                options.status_concurrency,
-                limiter.clone(),
+                StatusWriterOptions {
+                    limiter: Some(limiter.clone()),
+                    leadership: elector
+                        .as_ref()
+                        .map_or_else(Leadership::always, LeaderElector::leadership),
+                    ..StatusWriterOptions::new(options.status_concurrency)
+                },
             )
         });
+        let status_writes = status_writer.clone();
         let (pipeline, pipeline_outputs) = RoutePipeline::new(
             manager.clone(),
             access.clone(),
@@ -330,6 +365,9 @@ impl Parts {
             access,
             pipeline,
             pipeline_outputs,
+            reconnect,
+            status_writes,
+            elector,
         })
     }
 
@@ -349,6 +387,9 @@ impl Parts {
             access,
             pipeline,
             pipeline_outputs,
+            reconnect,
+            status_writes,
+            elector,
         } = self;
         let shutdown = CancellationToken::new();
         let (status_sender, status) = watch::channel(DaemonStatus::default());
@@ -360,7 +401,7 @@ impl Parts {
                     secure,
                     client.clone(),
                     Arc::clone(&metrics),
-                    refresher(&metrics, &manager, &pool, &limiter),
+                    refresher(&metrics, &manager, &pool, &limiter, status_writes.as_ref()),
                     shutdown.clone(),
                 )
                 .await?,
@@ -369,7 +410,8 @@ impl Parts {
         };
         let (http_addr, http) = match options.listen {
             Some(addr) => {
-                let refresh = refresher(&metrics, &manager, &pool, &limiter);
+                let refresh =
+                    refresher(&metrics, &manager, &pool, &limiter, status_writes.as_ref());
                 let (local, task) = http::serve(
                     addr,
                     Arc::clone(&metrics),
@@ -402,9 +444,15 @@ impl Parts {
         );
         let events = {
             let metrics = Arc::clone(&metrics);
-            scoped_route_events(client.clone(), &options.scope, &limiter, move |source, error| {
-                metrics.api.watcher_error(source, error);
-            })
+            scoped_route_events(
+                client.clone(),
+                &options.scope,
+                &limiter,
+                Some(reconnect),
+                move |source, error| {
+                    metrics.api.watcher_error(source, error);
+                },
+            )
             .take_until(shutdown.clone().cancelled_owned())
         };
         let pipeline_readiness = pipeline_outputs.readiness.clone();
@@ -433,6 +481,8 @@ impl Parts {
         let throttle_log = throttle::spawn_log(limiter.clone(), shutdown.clone());
 
         Ok(Daemon {
+            status_writes,
+            elector,
             status,
             pipeline_readiness,
             resync,
@@ -519,6 +569,7 @@ fn secret_manager(
     options: &DaemonOptions,
     metrics: &Arc<Metrics>,
     limiter: &AdaptiveLimiter,
+    reconnect: &Reconnect,
 ) -> SecretManager {
     let observer: Arc<dyn MonitorObserver> = metrics.clone();
     // The cache keeps only what serving reads (the TLS entries and the version),
@@ -532,6 +583,7 @@ fn secret_manager(
             limiter: Some(limiter.clone()),
             max_concurrent_syncs: options.max_concurrent_syncs,
             sync_timeout: options.sync_timeout,
+            reconnect: Some(reconnect.clone()),
             ..MonitorOptions::default()
         },
     ))
@@ -614,7 +666,13 @@ impl Daemon {
 
     /// The metrics (refreshed) in Prometheus text format.
     pub fn metrics_text(&self) -> String {
-        refresher(&self.metrics, &self.manager, &self.pool, &self.limiter)();
+        refresher(
+            &self.metrics,
+            &self.manager,
+            &self.pool,
+            &self.limiter,
+            self.status_writes.as_ref(),
+        )();
         self.metrics.encode()
     }
 
@@ -652,8 +710,14 @@ impl Daemon {
             manager,
             access,
             pool,
+            elector,
             ..
         } = self;
+        // First: a leader hands the Lease over, so that another replica writes status
+        // at once (a rolling restart) instead of after the lease duration.
+        if let Some(elector) = elector {
+            elector.release().await;
+        }
         shutdown.cancel();
         // The route stream ends, so the pipeline returns and drops its outcome sender;
         // the outputs task then drains what is left and ends.
@@ -697,14 +761,21 @@ fn refresher(
     manager: &SecretManager,
     pool: &PoolHandle,
     limiter: &AdaptiveLimiter,
+    status: Option<&StatusWriter>,
 ) -> http::Refresh {
-    let (metrics, manager, pool, limiter) = (
+    let (metrics, manager, pool, limiter, status) = (
         Arc::clone(metrics),
         manager.clone(),
         pool.clone(),
         limiter.clone(),
+        status.cloned(),
     );
     Arc::new(move || {
+        if let Some(status) = &status {
+            metrics
+                .status
+                .set(status.stats(), status.leadership().is_leader());
+        }
         metrics.limiter.set(&limiter.snapshot());
         let (watched, synced) = secret_counts(&manager);
         metrics.secrets.set_counts(watched, synced);

@@ -145,6 +145,7 @@ async fn rbac_manifests_grant_exactly_the_named_secret() {
     for file in [
         "base/namespace.yaml",
         "base/clusterrole.yaml",
+        "base/lease-role.yaml",
         "example-route-secret-access.yaml",
     ] {
         let text = std::fs::read_to_string(deploy_dir().join(file)).unwrap();
@@ -182,6 +183,13 @@ async fn rbac_manifests_grant_exactly_the_named_secret() {
     let cert_dir = tempfile::tempdir().unwrap();
     let mut options = DaemonOptions::new(cert_dir.path());
     options.write_status = true;
+    // As the Deployment runs it: status written by the holder of the Lease
+    // certwatch-<router name>, which lease-role.yaml lets it take.
+    options.leader_election = Some(route_secrets::api::leader::LeaseOptions::new(
+        "certwatch",
+        "certwatch-certwatch",
+        "certwatch-pod",
+    ));
     let daemon = Daemon::start(config, options).await.unwrap();
     let status = daemon.wait_ready().await.unwrap();
     assert_eq!((status.admitted, status.rejected), (1, 1));
@@ -205,6 +213,10 @@ async fn rbac_manifests_grant_exactly_the_named_secret() {
     })
     .await;
     assert!(message.contains("not allowed to get"), "{message}");
+    assert!(
+        daemon.metrics_text().contains("certwatch_status_leader 1"),
+        "the Lease RBAC does not let it lead"
+    );
     daemon.shutdown().await;
     simulator.shutdown().await;
 }
@@ -443,6 +455,64 @@ fn the_base_applies_server_side_and_its_pod_is_restricted() {
         let (ok, out) = plane.kubectl(&["apply", "--server-side", "-f", "-"], Some(&pod));
         assert!(ok, "{overlay}'s pod is refused:\n{out}\n{pod}");
     }
+}
+
+/// Two replicas that never leave zero ready pods: a PodDisruptionBudget that keeps one,
+/// a rolling update that surges before it retires, spreading over nodes and zones, and
+/// the Lease that elects the status writer in the pods' namespace.
+#[test]
+fn the_deployment_is_highly_available() {
+    let deployment = documents("base/deployment.yaml")
+        .into_iter()
+        .find(|doc| doc["kind"] == "Deployment")
+        .unwrap();
+    let spec = &deployment["spec"];
+    assert_eq!(spec["replicas"], 2);
+    assert_eq!(spec["strategy"]["rollingUpdate"]["maxUnavailable"], 0);
+    assert_eq!(spec["strategy"]["rollingUpdate"]["maxSurge"], 1);
+    let labels = &spec["template"]["metadata"]["labels"];
+    let spread = spec["template"]["spec"]["topologySpreadConstraints"]
+        .as_sequence()
+        .unwrap();
+    let keys: Vec<&str> = spread
+        .iter()
+        .map(|constraint| constraint["topologyKey"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+    );
+    for constraint in spread {
+        assert_eq!(&constraint["labelSelector"]["matchLabels"], labels);
+    }
+    let budget = documents("base/poddisruptionbudget.yaml").remove(0);
+    assert_eq!(budget["spec"]["minAvailable"], 1);
+    assert_eq!(&budget["spec"]["selector"]["matchLabels"], labels);
+    // The Lease's name follows the router name the container is given.
+    let env = spec["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .unwrap();
+    let router = env
+        .iter()
+        .find(|variable| variable["name"] == "CERTWATCH_ROUTER_NAME")
+        .unwrap()["value"]
+        .as_str()
+        .unwrap();
+    let role = documents("base/lease-role.yaml")
+        .into_iter()
+        .find(|doc| doc["kind"] == "Role")
+        .unwrap();
+    let named: Vec<&Value> = role["rules"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter(|rule| !rule["resourceNames"].is_null())
+        .collect();
+    assert_eq!(named.len(), 1);
+    assert_eq!(
+        named[0]["resourceNames"][0].as_str().unwrap(),
+        format!("certwatch-{router}")
+    );
 }
 
 /// The binary names the commit it was built from (what `certwatch_build_info`'s

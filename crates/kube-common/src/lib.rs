@@ -18,6 +18,8 @@
 //! - [`sync`]: the poison-ignoring lock helpers; [`time`]: `sleep_until` an optional
 //!   deadline.
 //! - [`hint`]: what a caller tells the transport about a request ([`hint::LongLived`]).
+//! - [`reconnect`]: one prober per API server, so that requests that failed during an
+//!   outage go again as soon as the server answers, not after their grown backoff.
 //!
 //! # Example
 //!
@@ -41,6 +43,7 @@ pub mod hint;
 pub mod kubeconfig;
 pub mod labels;
 pub mod name;
+pub mod reconnect;
 pub mod request_info;
 pub mod sync;
 pub mod time;

@@ -8,6 +8,7 @@
 //! - [`manager`]: registrations on the per-secret watches of a
 //!   [`TlsSecretMonitor`](manager::TlsSecretMonitor) (secrets cached as
 //!   [`TlsSecret`](crate::tls::TlsSecret)s), and prefetching them.
+//! - [`leader`]: one status writer among replicas, elected on a Lease.
 //! - [`status_writer`]: records outcomes in `status.ingress[]` through the status
 //!   subresource, in the background.
 //! - [`pipeline`]: the shell around the pure route state machine: it performs what the
@@ -15,6 +16,7 @@
 //!   the results back.
 
 pub mod access;
+pub mod leader;
 mod mailbox;
 pub mod manager;
 mod paced;

@@ -182,9 +182,27 @@ impl RouteMachine {
                 change,
             } => self.secret_changed(&route, registration, change, now, &mut effects),
             Input::Tick => self.fire_retries(now),
+            Input::RecordAll => self.record_all(&mut effects),
         }
         self.advance(&mut effects);
         effects
+    }
+
+    /// Every route's last recorded outcome, again, on its latest copy: the status
+    /// writer skips those the status already shows.
+    fn record_all(&self, effects: &mut Vec<Effect>) {
+        for entry in self.routes.values() {
+            let Some(admission) = entry.recorded.as_deref() else {
+                continue;
+            };
+            let copy = entry.latest.as_ref().or_else(|| entry.applied());
+            if let Some(route) = copy.and_then(|copy| copy.object.clone()) {
+                effects.push(Effect::RecordStatus {
+                    route,
+                    admission: admission.clone(),
+                });
+            }
+        }
     }
 
     /// When the next retry is due (send [`Input::Tick`] then), if one is scheduled.
@@ -792,6 +810,7 @@ impl RouteMachine {
             entry.told = Some(Box::new(summary));
             let copy = entry.latest.as_ref().or_else(|| entry.applied());
             if let Some(route) = copy.and_then(|copy| copy.object.clone()) {
+                entry.recorded = Some(Box::new(admission.clone()));
                 effects.push(Effect::RecordStatus { route, admission });
             }
             effects.push(Effect::Emit(Box::new(outcome)));

@@ -487,7 +487,7 @@ pub(crate) fn classify(failure: &Failure, initial_events: bool) -> Disposition {
 }
 
 impl MonitorErrorKind {
-    fn is_transport(&self) -> bool {
+    pub(crate) fn is_transport(&self) -> bool {
         matches!(self, MonitorErrorKind::Transport { .. })
     }
 }

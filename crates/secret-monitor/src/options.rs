@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use kube_common::adaptive::AdaptiveLimiter;
 use kube_common::backoff::BackoffPolicy;
+use kube_common::reconnect::Reconnect;
 
 use crate::{MonitorError, ObjectKey};
 
@@ -76,6 +77,12 @@ pub struct MonitorOptions {
     pub watch_timeout: Option<u32>,
     /// Metrics hook.
     pub observer: Option<Arc<dyn MonitorObserver>>,
+    /// The API server's prober ([`kube_common::reconnect`]): a watch whose request
+    /// failed without an answer resumes as soon as the server answers again after an
+    /// outage (its backoff started over, the resumption paced by the
+    /// [`limiter`](Self::limiter)), instead of waiting out the backoff the outage grew.
+    /// `None`: only the backoff.
+    pub reconnect: Option<Reconnect>,
 }
 
 impl Default for MonitorOptions {
@@ -90,6 +97,7 @@ impl Default for MonitorOptions {
             backoff_max: Duration::from_secs(30),
             watch_timeout: None,
             observer: None,
+            reconnect: None,
         }
     }
 }
@@ -106,6 +114,7 @@ impl fmt::Debug for MonitorOptions {
             .field("backoff_max", &self.backoff_max)
             .field("watch_timeout", &self.watch_timeout)
             .field("observer", &self.observer.as_ref().map(|_| ".."))
+            .field("reconnect", &self.reconnect)
             .finish()
     }
 }

@@ -18,6 +18,7 @@ use kube::Client;
 use kube::core::WatchEvent;
 use kube_common::adaptive::{AdaptiveLimiter, AdaptivePolicy, Permit, Turn, is_overload_status};
 use kube_common::backoff::{Backoff, BackoffPolicy};
+use kube_common::reconnect::Waited;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -39,6 +40,9 @@ const DEFAULT_MIN_WATCH_TIMEOUT: u32 = 300;
 /// The longest a streaming probe holds first syncs back (it normally takes one round
 /// trip).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Keys resuming after an outage of the server come back spread over this long.
+const RESUME_SPREAD: Duration = Duration::from_millis(200);
 
 /// How long past its `timeoutSeconds` a watch may stay silent before the client gives
 /// up on it (a server that ended it without the end reaching us).
@@ -244,14 +248,18 @@ struct KeyWatch<K> {
     /// When the open watch should have ended on its own.
     deadline: Instant,
     /// One sequence for the key's life: it starts over after a healthy period, not
-    /// after every success, so a watch that opens and breaks at once keeps backing off.
+    /// after every success, so a watch that opens and breaks at once keeps backing off
+    /// (and after an outage of the server: see [`back_off`]).
     backoff: Backoff,
+    /// The last request failed without an answer (refused connection, broken stream).
+    unanswered: bool,
 }
 
 impl<K: WatchedObject> KeyWatch<K> {
     /// Feeds `input` to the machine, every object in it reshaped by the transform
     /// first: the cache, the events and the comparisons all see the same shape.
     fn step(&mut self, mut input: Input<K>) -> Output<K> {
+        self.unanswered = matches!(&input, Input::Failed(failure) if failure.kind.is_transport());
         if let Some(transform) = &self.transform {
             match &mut input {
                 Input::Listed {
@@ -313,6 +321,7 @@ async fn drive<K>(
         stream: None,
         deadline: Instant::now(),
         backoff: Backoff::new(backoff_policy(&ctx.options)),
+        unanswered: false,
     };
     // Boxed: needed once, while the task then lives on for as long as the key is
     // watched, so its size matters at thousands of keys.
@@ -453,7 +462,7 @@ where
                 // A refusal for load is paced by the limiter (its turn comes due after
                 // Retry-After); any other failure backs off as always.
                 if pacing.refused.is_none() {
-                    tokio::time::sleep(retry_delay(&mut watch.backoff, retry_after)).await;
+                    Box::pin(back_off(watch, key, ctx, retry_after)).await;
                 }
                 pacing.hold(&ctx.limiter).await;
                 Box::pin(send(watch, request, true, key, ctx)).await
@@ -509,9 +518,10 @@ where
         } => {
             // Closed before waiting: a failed watch holds nothing while it backs off.
             watch.stream = None;
-            let delay = retry_delay(&mut watch.backoff, retry_after);
-            tokio::time::sleep(delay).await;
-            Box::pin(send(watch, request, true, key, ctx)).await
+            match Box::pin(back_off(watch, key, ctx, retry_after)).await {
+                Waited::Elapsed => Box::pin(send(watch, request, true, key, ctx)).await,
+                Waited::ServerBack => Box::pin(resume(watch, request, key, ctx)).await,
+            }
         }
         // Only a first sync fails, and `first_sync` stops there; should the machine
         // ever fail a key that is already synced, starting over is the safe answer.
@@ -520,6 +530,75 @@ where
             Box::pin(send(watch, request, true, key, ctx)).await
         }
     }
+}
+
+/// Waits before a retry: the backoff's next delay (at least `retry_after`), or, when
+/// the request failed without an answer (or the server is in an outage) and the
+/// monitor has the server's prober, until the server answers again after the outage. Then the outage was not this key's fault:
+/// its backoff starts over, and the retry waits a random moment of up to
+/// [`RESUME_SPREAD`] so that every key of the monitor does not come back in the same
+/// instant.
+async fn back_off<K>(
+    watch: &mut KeyWatch<K>,
+    key: &ObjectKey,
+    ctx: &WatchContext,
+    retry_after: Option<Duration>,
+) -> Waited {
+    let delay = retry_delay(&mut watch.backoff, retry_after);
+    // A failure with an answer during an outage counts too: a starting kube-apiserver
+    // answers 403 to everything until its authorizer has loaded the RBAC rules.
+    let Some(reconnect) = ctx
+        .options
+        .reconnect
+        .as_ref()
+        .filter(|reconnect| watch.unanswered || reconnect.in_outage())
+    else {
+        tokio::time::sleep(delay).await;
+        return Waited::Elapsed;
+    };
+    let mut waited = reconnect.unanswered().wait(delay).await;
+    // While the server is down only its prober asks: a retry now would fail (or, from
+    // a starting server, meet a 403 and start the key over with a list).
+    while waited == Waited::Elapsed && reconnect.in_outage() {
+        let delay = retry_delay(&mut watch.backoff, retry_after);
+        waited = reconnect.unanswered().wait(delay).await;
+    }
+    if waited == Waited::ServerBack {
+        debug!(%key, "the API server answers again: resuming now");
+        watch.backoff.reset();
+        tokio::time::sleep(RESUME_SPREAD.mul_f64(rand::random::<f64>())).await;
+    }
+    waited
+}
+
+/// A synced key's watch resumed after an outage of the server: its request waits for
+/// a permit of the process's adaptive limiter, like a first sync, so that thousands of
+/// keys resuming at once go at the pace the server takes (a 429 or 5xx shrinks the
+/// window); the permit is given back when the server has answered.
+async fn resume<K>(
+    watch: &mut KeyWatch<K>,
+    request: Request,
+    key: &ObjectKey,
+    ctx: &WatchContext,
+) -> Happened<K>
+where
+    K: WatchedObject + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let permit = Box::pin(ctx.limiter.acquire()).await;
+    let happened = Box::pin(send(watch, request, true, key, ctx)).await;
+    match &happened {
+        Happened::Input(Input::Failed(failure)) => {
+            if let MonitorErrorKind::Api { code, .. } = failure.kind
+                && is_overload_status(code)
+            {
+                // The turn given back is not waited on: the key's own backoff
+                // (Retry-After) paces its next try.
+                drop(permit.refused(failure.retry_after));
+            }
+        }
+        _ => permit.succeeded(),
+    }
+    happened
 }
 
 /// The next input of the open stream, or a stall once its deadline passed.
@@ -732,6 +811,7 @@ mod tests {
             stream: None,
             deadline: Instant::now(),
             backoff: Backoff::new(backoff_policy(&ctx.options)),
+            unanswered: false,
         };
         let request_size =
             std::mem::size_of_val(&send(&mut watch, Request::Watch, false, &key, &ctx));

@@ -28,6 +28,7 @@ V3 = {
     "apis/route.openshift.io/v1": None,
     "apis/rbac.authorization.k8s.io/v1": None,
     "apis/authorization.k8s.io/v1": re.compile(r"(subjectaccessreviews|selfsubjectaccessreviews|selfsubjectrulesreviews|localsubjectaccessreviews)$"),
+    "apis/coordination.k8s.io/v1": None,
 }
 V2_PATHS = re.compile(
     r"^/api/v1/(watch/)?(namespaces(/\{name\}(/status)?)?|secrets|services|namespaces/\{namespace\}/(secrets|services)(/\{name\}(/status)?)?)$"
@@ -35,6 +36,7 @@ V2_PATHS = re.compile(
     r"|^/apis/route\.openshift\.io/v1/"
     r"|^/apis/rbac\.authorization\.k8s\.io/v1/"
     r"|^/apis/authorization\.k8s\.io/v1/.*(subjectaccessreviews|selfsubjectaccessreviews|selfsubjectrulesreviews)$"
+    r"|^/apis/coordination\.k8s\.io/v1/"
 )
 
 

@@ -123,14 +123,14 @@ pub enum FieldErrorKind {
     Required,
     /// The value is not acceptable; the value is shown unless it may be secret.
     Invalid(Option<String>),
+    /// A number that is not acceptable (shown as a number, without quotes).
+    InvalidNumber(i64),
     /// The field may not be set or changed.
     Forbidden,
     /// The value is too long.
     TooLong,
     /// The value is not one of the supported ones.
     NotSupported(Option<String>),
-    /// A number that is not acceptable (shown without quotes, as Go formats it).
-    InvalidNumber(i64),
     /// A value that occurs twice where it must be unique.
     Duplicate(String),
 }
@@ -154,6 +154,15 @@ impl FieldError {
         FieldError {
             field: field.into(),
             kind: FieldErrorKind::Invalid(Some(value.into())),
+            detail: detail.into(),
+        }
+    }
+
+    /// An unacceptable number (shown without quotes, as Go prints an integer).
+    pub fn invalid_number(field: impl Into<String>, value: i64, detail: impl Into<String>) -> Self {
+        FieldError {
+            field: field.into(),
+            kind: FieldErrorKind::InvalidNumber(value),
             detail: detail.into(),
         }
     }
@@ -198,15 +207,6 @@ impl FieldError {
         }
     }
 
-    /// An unacceptable number (shown unquoted).
-    pub fn invalid_number(field: impl Into<String>, value: i64, detail: impl Into<String>) -> Self {
-        FieldError {
-            field: field.into(),
-            kind: FieldErrorKind::InvalidNumber(value),
-            detail: detail.into(),
-        }
-    }
-
     /// A value that must be unique and is not.
     pub fn duplicate(field: impl Into<String>, value: impl Into<String>) -> Self {
         FieldError {
@@ -219,11 +219,10 @@ impl FieldError {
     fn cause_reason(&self) -> &'static str {
         match self.kind {
             FieldErrorKind::Required => "FieldValueRequired",
-            FieldErrorKind::Invalid(_) => "FieldValueInvalid",
+            FieldErrorKind::Invalid(_) | FieldErrorKind::InvalidNumber(_) => "FieldValueInvalid",
             FieldErrorKind::Forbidden => "FieldValueForbidden",
             FieldErrorKind::TooLong => "FieldValueTooLong",
             FieldErrorKind::NotSupported(_) => "FieldValueNotSupported",
-            FieldErrorKind::InvalidNumber(_) => "FieldValueInvalid",
             FieldErrorKind::Duplicate(_) => "FieldValueDuplicate",
         }
     }
@@ -233,11 +232,11 @@ impl FieldError {
             FieldErrorKind::Required => "Required value".to_string(),
             FieldErrorKind::Invalid(Some(v)) => format!("Invalid value: {v:?}"),
             FieldErrorKind::Invalid(None) => "Invalid value".to_string(),
+            FieldErrorKind::InvalidNumber(n) => format!("Invalid value: {n}"),
             FieldErrorKind::Forbidden => "Forbidden".to_string(),
             FieldErrorKind::TooLong => "Too long".to_string(),
             FieldErrorKind::NotSupported(Some(v)) => format!("Unsupported value: {v:?}"),
             FieldErrorKind::NotSupported(None) => "Unsupported value".to_string(),
-            FieldErrorKind::InvalidNumber(v) => format!("Invalid value: {v}"),
             FieldErrorKind::Duplicate(v) => format!("Duplicate value: {v:?}"),
         };
         if self.detail.is_empty() {
@@ -395,6 +394,30 @@ impl ApiError {
             name,
             "the object has been modified; please apply your changes to the latest version and try again",
         )
+    }
+
+    /// 422 Invalid: an update without `metadata.resourceVersion` of a resource that
+    /// refuses unconditional updates (kube-apiserver names the resource, not the kind).
+    pub(crate) fn resource_version_required(def: &ResourceDef, name: &str) -> Self {
+        let error = FieldError::invalid_number(
+            "metadata.resourceVersion",
+            0,
+            "must be specified for an update",
+        );
+        let mut details = resource_details(def, name);
+        details["causes"] = json!([{
+            "reason": error.cause_reason(),
+            "message": error.type_message(),
+            "field": error.field,
+        }]);
+        ApiError {
+            details: Some(details),
+            ..ApiError::new(
+                422,
+                "Invalid",
+                format!("{} {name:?} is invalid: {error}", qualified_resource(def)),
+            )
+        }
     }
 
     /// 410 Expired (Gone).

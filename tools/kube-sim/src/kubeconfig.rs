@@ -9,6 +9,7 @@ use kube::config::Kubeconfig;
 use serde_json::json;
 
 use crate::error::SimError;
+use crate::generator::generate::ROUTER_NAMESPACE;
 
 /// Name of the cluster entry.
 pub const CLUSTER_NAME: &str = "kube-sim";
@@ -36,7 +37,7 @@ pub(crate) fn build(
             { "name": ADMIN_CONTEXT, "user": { "token": admin_token } },
         ],
         "contexts": [
-            { "name": ROUTER_CONTEXT, "context": { "cluster": CLUSTER_NAME, "user": ROUTER_CONTEXT, "namespace": "default" } },
+            { "name": ROUTER_CONTEXT, "context": { "cluster": CLUSTER_NAME, "user": ROUTER_CONTEXT, "namespace": ROUTER_NAMESPACE } },
             { "name": ADMIN_CONTEXT, "context": { "cluster": CLUSTER_NAME, "user": ADMIN_CONTEXT, "namespace": "default" } },
         ],
         "current-context": ROUTER_CONTEXT,

@@ -118,7 +118,7 @@ pub use control::stats::{Protocol, ProtocolCounts, RequestRecord, SimStats};
 pub use error::{ApiError, FieldError, FieldErrorKind, SimError};
 pub use generator::generate::{
     GENERATED_LABEL, GenerateSpec, GeneratedCluster, GeneratedRoute, ROUTER_CLUSTER_ROLE,
-    ROUTER_NAMESPACE, ROUTER_SECRETS_ROLE, ROUTER_SERVICE_ACCOUNT, SHARD_LABEL,
+    ROUTER_LEASES_ROLE, ROUTER_NAMESPACE, ROUTER_SECRETS_ROLE, ROUTER_SERVICE_ACCOUNT, SHARD_LABEL,
 };
 pub use generator::loadgen;
 pub use kube_common::labels::LabelSelector;

@@ -84,6 +84,8 @@ pub const CLUSTER_ROLE_BINDINGS: ResourceId = ResourceId(6);
 pub const SERVICES: ResourceId = ResourceId(11);
 /// Index of `endpointslices`.
 pub const ENDPOINT_SLICES: ResourceId = ResourceId(12);
+/// Index of `leases`.
+pub const LEASES: ResourceId = ResourceId(13);
 
 /// Every resource the simulator serves.
 pub static RESOURCES: &[ResourceDef] = &[
@@ -292,6 +294,21 @@ pub static RESOURCES: &[ResourceDef] = &[
         // `validation::endpoint_slice_generation_changes`).
         tracks_generation: true,
     },
+    ResourceDef {
+        name: "leases",
+        singular: "lease",
+        kind: "Lease",
+        list_kind: "LeaseList",
+        group: "coordination.k8s.io",
+        version: "v1",
+        namespaced: true,
+        verbs: STORED_VERBS,
+        short_names: &[],
+        status_subresource: false,
+        storage: ResourceKind::Stored,
+        extra_fields: &[],
+        tracks_generation: false,
+    },
 ];
 
 /// The API groups served, with their single version, in discovery order.
@@ -299,6 +316,7 @@ pub const GROUPS: &[(&str, &str)] = &[
     ("route.openshift.io", "v1"),
     ("rbac.authorization.k8s.io", "v1"),
     ("authorization.k8s.io", "v1"),
+    ("coordination.k8s.io", "v1"),
     ("discovery.k8s.io", "v1"),
 ];
 
@@ -310,6 +328,19 @@ impl ResourceDef {
         } else {
             format!("{}/{}", self.group, self.version)
         }
+    }
+
+    /// Whether an update (PUT) must carry `metadata.resourceVersion`: kube-apiserver
+    /// refuses an unconditional update of a Lease (422), so that two holders never
+    /// overwrite each other blindly.
+    pub fn update_requires_resource_version(&self) -> bool {
+        self.name == "leases"
+    }
+
+    /// Whether an update (PUT) of a missing object creates it, as kube-apiserver does
+    /// for Leases.
+    pub fn creates_on_update(&self) -> bool {
+        self.name == "leases"
     }
 
     /// Whether `field` is a supported field selector label.

@@ -34,6 +34,12 @@
 //! server's defaults and allocations, the router's cluster-wide list (all, by label, by
 //! name), its watch from that list (events and generations), and the refusals of
 //! invalid objects and of what the router may not do, byte for byte.
+//!
+//! Leases, as one status writer among replicas uses them: create, create again,
+//! update without a resourceVersion, renewal, a stale take-over, the follower's watch,
+//! validation and decoding errors, create-on-update and a namespace without grant,
+//! each answer compared with what differs between servers (uid, versions, times of
+//! creation, managed fields) taken out.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -1540,6 +1546,255 @@ async fn services_and_endpoint_slices_as_kube_apiserver_serves_them() {
     assert!(
         differ.is_empty(),
         "kube-sim serves Services and EndpointSlices differently:\n{}",
+        differ.join("\n")
+    );
+}
+
+/// An answer with what differs between any two servers taken out of the objects in it
+/// (uid, resourceVersion, creation time, managed fields); a `Status` stays as sent.
+fn normalized(answer: &Answer) -> (u16, Value) {
+    let mut body: Value = serde_json::from_str(&answer.body).unwrap_or(Value::Null);
+    let strip = |object: &mut Value| {
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            for field in [
+                "uid",
+                "resourceVersion",
+                "creationTimestamp",
+                "managedFields",
+            ] {
+                meta.remove(field);
+            }
+        }
+    };
+    if body["kind"] == "Status" {
+        return (answer.code, Value::String(answer.body.clone()));
+    }
+    strip(&mut body);
+    if let Some(object) = body.get_mut("object") {
+        strip(object);
+    }
+    (answer.code, body)
+}
+
+/// The router's Lease traffic on one server, what → normalized answer: create, the
+/// conflicts (exists, stale, unconditional), renewals, validation and decoding
+/// errors, create-on-update, the watch a follower holds, and a namespace without grant.
+async fn lease_answers(server: &Server) -> Vec<(String, (u16, Value))> {
+    server.generate(&GenerateSpec::new(2, 1)).await;
+    let router = server.client("router").await;
+    let leases = format!(
+        "/apis/coordination.k8s.io/v1/namespaces/{}/leases",
+        kube_sim::ROUTER_NAMESPACE
+    );
+    let lease = |name: &str, rv: Option<&str>, spec: Value| {
+        let mut metadata = json!({"name": name});
+        if let Some(rv) = rv {
+            metadata["resourceVersion"] = json!(rv);
+        }
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata, "spec": spec})
+    };
+    let held_at = |holder: &str, renewed: &str| {
+        json!({"holderIdentity": holder, "leaseDurationSeconds": 15,
+               "acquireTime": "2025-01-01T00:00:00.000001+02:00",
+               "renewTime": renewed, "leaseTransitions": 0,
+               "strategy": "OldestEmulationVersion"})
+    };
+    let held = |holder: &str| held_at(holder, "2025-01-01T00:00:01.500000Z");
+    let mut answers = Vec::new();
+    let mut record = |what: &str, answer: &Answer| {
+        answers.push((what.to_owned(), normalized(answer)));
+    };
+    let named = format!("{leases}/writer");
+    record(
+        "get a missing lease",
+        &ask(&router, http::Method::GET, &named, None).await,
+    );
+    let created = ask(
+        &router,
+        http::Method::POST,
+        &leases,
+        Some(&lease("writer", None, held("a"))),
+    )
+    .await;
+    record("create", &created);
+    let created_rv =
+        serde_json::from_str::<Value>(&created.body).unwrap()["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    record(
+        "create again",
+        &ask(
+            &router,
+            http::Method::POST,
+            &leases,
+            Some(&lease("writer", None, held("b"))),
+        )
+        .await,
+    );
+    record(
+        "update without a resourceVersion",
+        &ask(
+            &router,
+            http::Method::PUT,
+            &named,
+            Some(&lease("writer", None, held("b"))),
+        )
+        .await,
+    );
+    // A follower's watch on the lease, from the version it read.
+    let watch_path = format!(
+        "{leases}?watch=true&fieldSelector=metadata.name%3Dwriter&resourceVersion={created_rv}&timeoutSeconds=30"
+    );
+    let watch_request = http::Request::get(&watch_path)
+        .header("accept", "application/json")
+        .body(kube::client::Body::empty())
+        .unwrap();
+    let watch = router.send(watch_request).await.unwrap();
+    let renewed = ask(
+        &router,
+        http::Method::PUT,
+        &named,
+        Some(&lease(
+            "writer",
+            Some(&created_rv),
+            held_at("a", "2025-01-01T00:00:03.500000Z"),
+        )),
+    )
+    .await;
+    record("renew", &renewed);
+    record(
+        "take over with the stale version",
+        &ask(
+            &router,
+            http::Method::PUT,
+            &named,
+            Some(&lease("writer", Some(&created_rv), held("b"))),
+        )
+        .await,
+    );
+    let mut body = watch.into_body();
+    let mut line = Vec::new();
+    while !line.contains(&b'\n') {
+        let frame = http_body_util::BodyExt::frame(&mut body)
+            .await
+            .unwrap()
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            line.extend_from_slice(&data);
+        }
+    }
+    let mut event: Value =
+        serde_json::from_slice(&line[..line.iter().position(|b| *b == b'\n').unwrap()]).unwrap();
+    if let Some(meta) = event["object"]["metadata"].as_object_mut() {
+        for field in [
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "managedFields",
+        ] {
+            meta.remove(field);
+        }
+    }
+    record(
+        "the follower's watch sees the renewal",
+        &Answer {
+            code: 200,
+            content_type: String::new(),
+            body: event.to_string(),
+            retry_after: false,
+        },
+    );
+    let mut zero = held("a");
+    zero["leaseDurationSeconds"] = json!(0);
+    zero["leaseTransitions"] = json!(-1);
+    let renewed_rv =
+        serde_json::from_str::<Value>(&renewed.body).unwrap()["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    record(
+        "renew with a zero duration",
+        &ask(
+            &router,
+            http::Method::PUT,
+            &named,
+            Some(&lease("writer", Some(&renewed_rv), zero)),
+        )
+        .await,
+    );
+    for (what, time) in [
+        ("a time without microseconds", "2025-01-01T00:00:01Z"),
+        ("a time with milliseconds", "2025-01-01T00:00:01.123Z"),
+        ("a time in month 13", "2025-13-01T00:00:01.000000Z"),
+    ] {
+        let mut spec = held("a");
+        spec["renewTime"] = json!(time);
+        record(
+            what,
+            &ask(
+                &router,
+                http::Method::POST,
+                &leases,
+                Some(&lease("other", None, spec)),
+            )
+            .await,
+        );
+    }
+    let mut mistyped = held("a");
+    mistyped["leaseDurationSeconds"] = json!("15");
+    record(
+        "a duration as a string",
+        &ask(
+            &router,
+            http::Method::POST,
+            &leases,
+            Some(&lease("other", None, mistyped)),
+        )
+        .await,
+    );
+    record(
+        "update of a missing lease creates it",
+        &ask(
+            &router,
+            http::Method::PUT,
+            &format!("{leases}/fresh"),
+            Some(&lease("fresh", Some("12345"), held("c"))),
+        )
+        .await,
+    );
+    record(
+        "a lease in a namespace without grant",
+        &ask(
+            &router,
+            http::Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/default/leases/writer",
+            None,
+        )
+        .await,
+    );
+    answers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_answer_as_kube_apiserver_answers() {
+    let real = Server::real(ControlPlaneOptions::from_env()).await;
+    let sim = Server::sim(SimConfig::default()).await;
+    let on_sim = lease_answers(&sim).await;
+    let on_real = lease_answers(&real).await;
+    assert_eq!(on_sim.len(), on_real.len());
+    let mut differ = Vec::new();
+    for ((what, s), (_, r)) in on_sim.iter().zip(&on_real) {
+        eprintln!("{what}: {} {}", r.0, r.1);
+        if s != r {
+            differ.push(format!(
+                "{what}:\n  kube-sim:       {s:?}\n  kube-apiserver: {r:?}"
+            ));
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "kube-sim answers differently:\n{}",
         differ.join("\n")
     );
 }

@@ -43,6 +43,8 @@ pub struct AuditedRequest {
     pub code: Option<u16>,
     /// The request path and query.
     pub request_uri: String,
+    /// When the server received it.
+    pub received: Option<jiff::Timestamp>,
 }
 
 impl AuditedRequest {
@@ -72,6 +74,7 @@ struct RawEvent {
     user_agent: Option<String>,
     object_ref: Option<RawObjectRef>,
     response_status: Option<RawStatus>,
+    request_received_timestamp: Option<jiff::Timestamp>,
 }
 
 #[derive(Deserialize)]
@@ -137,6 +140,7 @@ impl AuditLog {
                 name: object.name,
                 code: event.response_status.and_then(|status| status.code),
                 request_uri: event.request_uri,
+                received: event.request_received_timestamp,
             };
             match index.get(&request.audit_id) {
                 Some(&at) => requests[at] = request,

@@ -101,6 +101,8 @@ impl ControlPlaneOptions {
 #[derive(Debug)]
 pub struct ControlPlane {
     apiserver: Supervised,
+    /// How kube-apiserver was started, to start it again on the same port.
+    apiserver_command: (PathBuf, Vec<String>),
     etcd: Supervised,
     url: String,
     kubeconfig: Kubeconfig,
@@ -223,6 +225,7 @@ impl ControlPlane {
             &apiserver_args,
             &files.apiserver_log,
         )?;
+        let apiserver_command = (binaries.kube_apiserver.clone(), apiserver_args);
 
         let url = format!("https://127.0.0.1:{api_port}");
         let kubeconfig = kubeconfig(&url, &pki)?;
@@ -230,6 +233,7 @@ impl ControlPlane {
         write_private(&kubeconfig_path, &kubeconfig)?;
         let control_plane = Self {
             apiserver,
+            apiserver_command,
             etcd,
             url,
             kubeconfig,
@@ -431,6 +435,32 @@ impl ControlPlane {
         AuditLog::read(path)
     }
 
+    /// Kills kube-apiserver (SIGKILL, as a node losing it would) and waits until it is
+    /// gone; etcd keeps running. Clients see refused connections until
+    /// [`ControlPlane::start_apiserver`].
+    pub fn kill_apiserver(&mut self) {
+        self.apiserver.stop();
+    }
+
+    /// Starts kube-apiserver again, on the same port with the same flags and storage
+    /// (an upgrade rolling the API server), and returns once `/readyz` answers 200:
+    /// the instant is the caller's "the API answers again". Its log goes on in the
+    /// same file (the earlier run's is kept beside it, `.1`).
+    pub async fn start_apiserver(&mut self) -> Result<(), TestEnvError> {
+        let log = self.apiserver.log().to_path_buf();
+        let kept = log.with_extension("log.1");
+        std::fs::rename(&log, &kept)
+            .map_err(|source| io("keeping the earlier kube-apiserver log", source))?;
+        let (program, args) = &self.apiserver_command;
+        self.apiserver = Supervised::spawn("kube-apiserver", program, args, &log)?;
+        self.wait_ready().await
+    }
+
+    /// Whether kube-apiserver is running.
+    pub fn apiserver_running(&self) -> bool {
+        self.apiserver.is_running()
+    }
+
     /// Stops both processes now (dropping does the same).
     pub fn stop(&mut self) {
         self.apiserver.stop();
@@ -523,7 +553,9 @@ fn kubeconfig(url: &str, pki: &ControlPlanePki) -> Result<Kubeconfig, TestEnvErr
         ],
         "contexts": [
             {"name": ADMIN_CONTEXT, "context": {"cluster": "test", "user": ADMIN_CONTEXT}},
-            {"name": ROUTER_CONTEXT, "context": {"cluster": "test", "user": ROUTER_CONTEXT}},
+            // The router identity is a service account of ROUTER_NAMESPACE: in a pod
+            // its default namespace is that one (its Leases live there).
+            {"name": ROUTER_CONTEXT, "context": {"cluster": "test", "user": ROUTER_CONTEXT, "namespace": ROUTER_NAMESPACE}},
         ],
         "current-context": ROUTER_CONTEXT,
     }))

@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube_sim::{
-    GenerateSpec, GeneratedCluster, ROUTER_CLUSTER_ROLE, ROUTER_NAMESPACE, ROUTER_SECRETS_ROLE,
-    ROUTER_SERVICE_ACCOUNT, SimConfig, Simulator,
+    GenerateSpec, GeneratedCluster, ROUTER_CLUSTER_ROLE, ROUTER_LEASES_ROLE, ROUTER_NAMESPACE,
+    ROUTER_SECRETS_ROLE, ROUTER_SERVICE_ACCOUNT, SimConfig, Simulator,
 };
 use serde_json::{Value, json};
 
@@ -113,6 +113,16 @@ impl Installer {
         let secrets = in_generated("secrets");
         let roles = in_generated("roles");
         let role_bindings = in_generated("rolebindings");
+        // The router's own namespace holds its Lease rules (shared by every scenario).
+        let router_namespace_rbac = |resource: &str| -> Vec<Value> {
+            store
+                .get(resource, Some(ROUTER_NAMESPACE), ROUTER_LEASES_ROLE)
+                .map(fresh)
+                .into_iter()
+                .collect()
+        };
+        let lease_roles = router_namespace_rbac("roles");
+        let lease_role_bindings = router_namespace_rbac("rolebindings");
         let cluster_rbac = |resource: &str| -> Vec<Value> {
             store
                 .get(resource, None::<&str>, ROUTER_CLUSTER_ROLE)
@@ -137,6 +147,14 @@ impl Installer {
             self.create_values(
                 &ApiResource::erase::<ClusterRoleBinding>(&()),
                 cluster_role_bindings,
+                true,
+            )
+            .await?;
+            self.create_values(&ApiResource::erase::<Role>(&()), lease_roles, true)
+                .await?;
+            self.create_values(
+                &ApiResource::erase::<RoleBinding>(&()),
+                lease_role_bindings,
                 true,
             )
             .await?;

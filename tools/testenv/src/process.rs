@@ -51,6 +51,8 @@ impl Supervised {
         log: &Path,
     ) -> Result<Self, TestEnvError> {
         let pidfile = log.with_extension("pid");
+        // A process started again in the same place must not be taken for the earlier.
+        let _ = std::fs::remove_file(&pidfile);
         let mut watchdog = Command::new("sh")
             .arg("-c")
             .arg(WATCHDOG)

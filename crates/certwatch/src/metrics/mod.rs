@@ -15,6 +15,7 @@
 //! | [`haproxy`] | [`Metrics::haproxy`] | HAProxy's runtime API (registered only with `--haproxy-socket`) |
 //! | [`api`] | [`Metrics::api`] | Kubernetes API requests, errors and connections |
 //! | [`limiter`] | [`Metrics::limiter`] | the adaptive limiter of start-up requests |
+//! | [`status`] | [`Metrics::status`] | route status writes, and whether this replica writes them |
 //! | [`process`] | [`Metrics::process`] | the standard `process_*` metrics |
 //!
 //! Every counter and gauge without labels is exported from the start, at 0, and the
@@ -40,6 +41,7 @@ pub mod reload;
 pub mod routes;
 pub mod routing;
 pub mod secrets;
+pub mod status;
 
 pub use api::{ApiMetrics, kube_error_code};
 pub use daemon::DaemonMetrics;
@@ -51,6 +53,7 @@ pub use reload::ReloadMetrics;
 pub use routes::{RouteMetrics, RouteState, RouteStates};
 pub use routing::RoutingMetrics;
 pub use secrets::SecretMetrics;
+pub use status::StatusMetrics;
 
 /// Content type of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -83,6 +86,8 @@ pub struct Metrics {
     /// HAProxy's routes' configuration; in the registry only after
     /// [`Metrics::register_routing`].
     pub routing: RoutingMetrics,
+    /// Route status writes and leadership.
+    pub status: StatusMetrics,
     /// CPU, memory, file descriptors and start time of this process.
     pub process: ProcessMetrics,
 }
@@ -113,6 +118,7 @@ impl Metrics {
             api: ApiMetrics::new(),
             limiter: LimiterMetrics::new(),
             routing: RoutingMetrics::new(),
+            status: StatusMetrics::new(),
             process: ProcessMetrics::new(),
         };
         {
@@ -125,6 +131,7 @@ impl Metrics {
             metrics.reload.register(prefixed);
             metrics.api.register(prefixed);
             metrics.limiter.register(prefixed);
+            metrics.status.register(prefixed);
             // Unprefixed, as every Prometheus client library names them.
             metrics.process.register(&mut registry);
         }

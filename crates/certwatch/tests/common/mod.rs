@@ -25,8 +25,10 @@ use route_secrets::testing::{LeafSpec, Pki};
 /// never an assertion on how long something took.
 pub const PATIENCE: Duration = Duration::from_secs(90);
 
-pub fn certwatch_binary() -> &'static str {
-    env!("CARGO_BIN_EXE_certwatch")
+/// The binary under test: this build's, or the one `CERTWATCH_BIN` names (a measured
+/// run of a release or dist build).
+pub fn certwatch_binary() -> String {
+    std::env::var("CERTWATCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_certwatch").to_owned())
 }
 
 /// Reads `child`'s stdout until the line with the HTTP address (and, when the

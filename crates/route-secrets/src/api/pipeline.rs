@@ -192,6 +192,11 @@ impl RoutePipeline {
         let mailbox = self.mailbox.clone();
         // Whose turn it is when a route event and a secret change both wait.
         let mut secrets_turn = false;
+        // When this replica starts writing status, every outcome is recorded again.
+        let mut leading = self
+            .status
+            .as_ref()
+            .map(|status| status.leadership().subscribe());
         loop {
             let wakeup = self.machine.next_wakeup();
             let received = tokio::select! {
@@ -201,6 +206,7 @@ impl RoutePipeline {
                     Received::Input(self.prepared_input(done))
                 }
                 () = sleep_until(wakeup.map(tokio::time::Instant::from_std)), if wakeup.is_some() => Received::Input(Input::Tick),
+                () = starts_leading(&mut leading) => Received::Input(Input::RecordAll),
                 () = mailbox.ready(), if secrets_turn => Received::Secret,
                 event = events.next() => match event {
                     Some(RouteEvent::Listed(routes)) => Received::Route(Input::Listed(routes)),
@@ -490,6 +496,22 @@ fn outcome_name(outcome: &RouteOutcome) -> &'static str {
         RouteOutcome::Admitted(_) => "admitted",
         RouteOutcome::Rejected(rejected) => rejected.reason.name(),
         RouteOutcome::Removed(_) => "removed",
+    }
+}
+
+/// Returns when this replica starts leading (never without a status writer, or once
+/// the election has ended).
+async fn starts_leading(leading: &mut Option<watch::Receiver<bool>>) {
+    let Some(receiver) = leading.as_mut() else {
+        return std::future::pending().await;
+    };
+    loop {
+        if receiver.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        if *receiver.borrow_and_update() {
+            return;
+        }
     }
 }
 

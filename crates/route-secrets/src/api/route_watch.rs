@@ -36,6 +36,7 @@ use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, ResourceExt};
 use kube_common::adaptive::{AdaptiveLimiter, sequential_client};
 use kube_common::backoff::{Backoff, BackoffPolicy};
+use kube_common::reconnect::{Reconnect, Waited};
 
 use crate::route::{Route, RouteKey};
 
@@ -95,9 +96,10 @@ impl RouteWatchError {
     }
 }
 
-/// The one retry policy, as kube-runtime's watcher takes a backoff. Its `reset` does
-/// nothing: the policy starts over after a healthy period, not on the watcher's next
-/// event (which, for a list that keeps failing, is the re-list attempt itself).
+/// The one retry policy as a sequence of delays. It is never reset by the watcher's
+/// events: the policy starts over after a healthy period, not on the watcher's next
+/// event (which, for a list that keeps failing, is the re-list attempt itself), and
+/// after an outage of the server (see [`backed_off`]).
 struct PolicyBackoff(Backoff);
 
 impl fmt::Debug for PolicyBackoff {
@@ -118,8 +120,74 @@ impl Iterator for PolicyBackoff {
     }
 }
 
-impl kube::runtime::utils::Backoff for PolicyBackoff {
-    fn reset(&mut self) {}
+/// Whether the watcher's request failed without an answer from the server (refused
+/// connection, broken stream): what an outage of the server looks like.
+fn unanswered(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(error)
+        | watcher::Error::WatchStartFailed(error)
+        | watcher::Error::WatchFailed(error) => !matches!(error, kube::Error::Api(_)),
+        watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion => false,
+    }
+}
+
+/// `events` with a delay after each error before the next request: the policy's next
+/// delay, or, for a request that failed without an answer when the server's prober is
+/// given, until the server answers again after an outage (the sequence then starts
+/// over). kube-runtime's watcher sends its next request when it is next polled, so
+/// holding the poll back is the delay.
+fn backed_off<S, T>(
+    events: S,
+    policy: PolicyBackoff,
+    reconnect: Option<Reconnect>,
+) -> impl Stream<Item = Result<T, watcher::Error>> + Send
+where
+    S: Stream<Item = Result<T, watcher::Error>> + Send,
+    T: Send,
+{
+    struct State<S> {
+        events: std::pin::Pin<Box<S>>,
+        policy: PolicyBackoff,
+        reconnect: Option<Reconnect>,
+        /// The last item was an error: whether it came without an answer.
+        after_error: Option<bool>,
+    }
+    let state = State {
+        events: Box::pin(events),
+        policy,
+        reconnect,
+        after_error: None,
+    };
+    futures::stream::unfold(state, |mut state| async move {
+        if let Some(unanswered) = state.after_error.take() {
+            let delay = state.policy.next().unwrap_or_default();
+            // A failure with an answer during an outage counts too: a starting
+            // kube-apiserver answers 403 to everything for a moment.
+            match state
+                .reconnect
+                .as_ref()
+                .filter(|reconnect| unanswered || reconnect.in_outage())
+            {
+                Some(reconnect) => {
+                    let mut waited = reconnect.unanswered().wait(delay).await;
+                    // While the server is down only its prober asks.
+                    while waited == Waited::Elapsed && reconnect.in_outage() {
+                        let delay = state.policy.next().unwrap_or_default();
+                        waited = reconnect.unanswered().wait(delay).await;
+                    }
+                    if waited == Waited::ServerBack {
+                        state.policy.0.reset();
+                    }
+                }
+                None => tokio::time::sleep(delay).await,
+            }
+        }
+        let item = state.events.next().await?;
+        if let Err(error) = &item {
+            state.after_error = Some(unanswered(error));
+        }
+        Some((item, state))
+    })
 }
 
 /// Watches routes through `api` (all namespaces, or one) with the watcher `config`
@@ -138,42 +206,58 @@ pub fn route_events_with_backoff(
     api: Api<Route>,
     config: watcher::Config,
     policy: BackoffPolicy,
+    on_error: impl FnMut(&watcher::Error) + Send + 'static,
+) -> impl Stream<Item = RouteEvent> + Send + 'static {
+    route_events_reconnecting(api, config, policy, None, on_error)
+}
+
+/// [`route_events_with_backoff`] with the API server's prober: after an outage of the
+/// server the watch resumes as soon as the server answers again
+/// ([`kube_common::reconnect`]), not after the backoff the outage grew.
+pub fn route_events_reconnecting(
+    api: Api<Route>,
+    config: watcher::Config,
+    policy: BackoffPolicy,
+    reconnect: Option<Reconnect>,
     mut on_error: impl FnMut(&watcher::Error) + Send + 'static,
 ) -> impl Stream<Item = RouteEvent> + Send + 'static {
     let mut listing: Option<Vec<Route>> = None;
-    let events = watcher(api, config)
-        .backoff(PolicyBackoff(Backoff::new(policy)))
-        .filter_map(move |item| {
-            let event = match item {
-                Ok(watcher::Event::Init) => {
-                    listing = Some(Vec::new());
-                    None
-                }
-                Ok(watcher::Event::InitApply(route)) => {
-                    listing.get_or_insert_with(Vec::new).push(route);
-                    None
-                }
-                Ok(watcher::Event::InitDone) => {
-                    Some(RouteEvent::Listed(listing.take().unwrap_or_default()))
-                }
-                Ok(watcher::Event::Apply(route)) => Some(RouteEvent::Applied(route)),
-                Ok(watcher::Event::Delete(route)) => Some(RouteEvent::Deleted(route)),
-                Err(err) => {
-                    on_error(&err);
-                    match RouteWatchError::permanent(&err) {
-                        Some(permanent) => {
-                            tracing::error!(error = %permanent, "route watch refused; giving up");
-                            Some(RouteEvent::Failed(permanent))
-                        }
-                        None => {
-                            tracing::warn!(error = %err, "route watch failed; retrying");
-                            None
-                        }
+    let events = backed_off(
+        watcher(api, config),
+        PolicyBackoff(Backoff::new(policy)),
+        reconnect,
+    )
+    .filter_map(move |item| {
+        let event = match item {
+            Ok(watcher::Event::Init) => {
+                listing = Some(Vec::new());
+                None
+            }
+            Ok(watcher::Event::InitApply(route)) => {
+                listing.get_or_insert_with(Vec::new).push(route);
+                None
+            }
+            Ok(watcher::Event::InitDone) => {
+                Some(RouteEvent::Listed(listing.take().unwrap_or_default()))
+            }
+            Ok(watcher::Event::Apply(route)) => Some(RouteEvent::Applied(route)),
+            Ok(watcher::Event::Delete(route)) => Some(RouteEvent::Deleted(route)),
+            Err(err) => {
+                on_error(&err);
+                match RouteWatchError::permanent(&err) {
+                    Some(permanent) => {
+                        tracing::error!(error = %permanent, "route watch refused; giving up");
+                        Some(RouteEvent::Failed(permanent))
+                    }
+                    None => {
+                        tracing::warn!(error = %err, "route watch failed; retrying");
+                        None
                     }
                 }
-            };
-            std::future::ready(event)
-        });
+            }
+        };
+        std::future::ready(event)
+    });
     // Nothing follows a permanent failure, not even another request.
     futures::stream::unfold(
         (Box::pin(events), false),
@@ -383,12 +467,24 @@ fn namespace_events(
 /// end the stream. Each watcher's requests go through `limiter`
 /// ([`sequential_client`]): a 429 shrinks the window the rest of start-up shares, its
 /// `Retry-After` holds the watcher's next request, and that request counts as a retry.
+/// With `reconnect`, route watches resume as soon as the API server answers again after
+/// an outage ([`kube_common::reconnect`]).
 pub fn scoped_route_events(
     client: Client,
     scope: &RouteScope,
     limiter: &AdaptiveLimiter,
+    reconnect: Option<Reconnect>,
     on_error: impl Fn(&'static str, &watcher::Error) + Clone + Send + Sync + 'static,
 ) -> futures::stream::BoxStream<'static, RouteEvent> {
+    let route_events = move |api, config, on_error| {
+        route_events_reconnecting(
+            api,
+            config,
+            BackoffPolicy::default(),
+            reconnect.clone(),
+            on_error,
+        )
+    };
     // One client per watcher: each carries its own watcher's retry state.
     let paced = || sequential_client(client.clone(), limiter.clone());
     // One list request, from the API server's watch cache (resourceVersion=0), as
@@ -446,20 +542,15 @@ pub fn scoped_route_events(
 
 #[cfg(test)]
 mod tests {
-    use kube::runtime::utils::Backoff as _;
-
     use super::*;
 
     #[test]
-    fn the_route_watch_backs_off_to_the_cap_and_events_do_not_start_it_over() {
+    fn the_route_watch_backs_off_to_the_cap() {
         let policy = BackoffPolicy::default();
         let mut backoff = PolicyBackoff(Backoff::new(policy));
         let mut delays = Vec::new();
         for _ in 0..10 {
             delays.push(backoff.next().unwrap_or_default());
-            // kube-runtime resets the backoff on every event, including the Init that
-            // precedes each re-list: that must not restart the sequence.
-            backoff.reset();
         }
         assert!(delays.iter().all(|d| *d <= policy.max), "{delays:?}");
         assert!(delays[0] <= policy.initial, "{delays:?}");

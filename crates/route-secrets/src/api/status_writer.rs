@@ -29,10 +29,11 @@ use kube::Client;
 use kube::api::ListParams;
 use kube_common::adaptive::AdaptiveLimiter;
 use kube_common::backoff::{Backoff, BackoffPolicy};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
+use super::leader::Leadership;
 use super::paced;
 use crate::route::admission::{Admission, RouterIdentity, record_admission};
 use crate::route::{Route, RouteKey};
@@ -60,6 +61,12 @@ pub struct StatusStats {
     pub skipped: u64,
     /// Outcomes given up after repeated failures.
     pub failed: u64,
+    /// Outcomes the status now records (a write accepted).
+    pub recorded: u64,
+    /// Outcomes not written because another replica writes status (this one does not
+    /// lead): it writes them, and this one writes what is still not as desired when it
+    /// leads ([`StatusWriterOptions::leadership`]).
+    pub followed: u64,
 }
 
 #[derive(Default)]
@@ -68,6 +75,8 @@ struct Counters {
     conflicts: AtomicU64,
     skipped: AtomicU64,
     failed: AtomicU64,
+    recorded: AtomicU64,
+    followed: AtomicU64,
 }
 
 /// Records route outcomes in `status.ingress[]` for one router, in the background.
@@ -75,6 +84,7 @@ struct Counters {
 pub struct StatusWriter {
     sender: mpsc::Sender<Update>,
     counters: Arc<Counters>,
+    leadership: Leadership,
 }
 
 impl std::fmt::Debug for Counters {
@@ -101,15 +111,22 @@ pub struct StatusWriterOptions {
     /// Delays between attempts at a write that failed for another reason than a
     /// conflict (which is redone at once).
     pub retry: BackoffPolicy,
+    /// Whether this replica writes: outcomes recorded while it does not lead are not
+    /// written (another replica writes them). When it starts leading, the pipeline
+    /// records every route's outcome again ([`StatusWriter::leadership`]), and only
+    /// what the status does not already say is written.
+    pub leadership: Leadership,
 }
 
 impl StatusWriterOptions {
-    /// `concurrency` writes at once, no limiter, the default retry policy.
+    /// `concurrency` writes at once, no limiter, the default retry policy, always
+    /// writing.
     pub fn new(concurrency: usize) -> Self {
         Self {
             concurrency,
             limiter: None,
             retry: BackoffPolicy::default(),
+            leadership: Leadership::always(),
         }
     }
 }
@@ -120,6 +137,7 @@ impl std::fmt::Debug for StatusWriterOptions {
             .field("concurrency", &self.concurrency)
             .field("limiter", &self.limiter.as_ref().map(|_| "AdaptiveLimiter"))
             .field("retry", &self.retry)
+            .field("leadership", &self.leadership)
             .finish()
     }
 }
@@ -156,8 +174,10 @@ impl StatusWriter {
     ) -> Self {
         let (sender, receiver) = mpsc::channel(UPDATE_QUEUE);
         let counters = Arc::new(Counters::default());
+        let leadership = options.leadership;
         let worker = Worker {
             client,
+            leading: leadership.subscribe(),
             limiter: options.limiter,
             retry: options.retry,
             router: Arc::new(router),
@@ -169,7 +189,17 @@ impl StatusWriter {
             writes: JoinSet::new(),
         };
         tokio::spawn(worker.run(receiver));
-        Self { sender, counters }
+        Self {
+            sender,
+            counters,
+            leadership,
+        }
+    }
+
+    /// Whether this replica writes, and its changes: on each change to leading, every
+    /// route's outcome is to be recorded again.
+    pub fn leadership(&self) -> &Leadership {
+        &self.leadership
     }
 
     /// Asks for `admission` to be recorded on `route` (the latest copy the caller has;
@@ -199,12 +229,16 @@ impl StatusWriter {
             conflicts: self.counters.conflicts.load(Ordering::Relaxed),
             skipped: self.counters.skipped.load(Ordering::Relaxed),
             failed: self.counters.failed.load(Ordering::Relaxed),
+            recorded: self.counters.recorded.load(Ordering::Relaxed),
+            followed: self.counters.followed.load(Ordering::Relaxed),
         }
     }
 }
 
 struct Worker {
     client: Client,
+    /// Whether this replica writes now.
+    leading: watch::Receiver<bool>,
     /// Paces writes by what the API server accepts; `None`: only `concurrency` does.
     limiter: Option<AdaptiveLimiter>,
     /// Delays between attempts at a failed write.
@@ -223,8 +257,22 @@ struct Worker {
 
 impl Worker {
     async fn run(mut self, mut updates: mpsc::Receiver<Update>) {
+        let mut leading = self.leading.clone();
+        // Until the election ends (its last value then stays).
+        let mut electing = true;
         loop {
             tokio::select! {
+                changed = leading.changed(), if electing => {
+                    if changed.is_err() {
+                        electing = false;
+                    } else if !*leading.borrow_and_update() {
+                        // Another replica writes now: what waits is its to write.
+                        let dropped = self.pending.len() as u64;
+                        self.counters.followed.fetch_add(dropped, Ordering::Relaxed);
+                        self.pending.clear();
+                        self.order.clear();
+                    }
+                }
                 update = updates.recv() => match update {
                     Some(update) => self.enqueue(update),
                     None if self.writes.is_empty() => return,
@@ -244,6 +292,10 @@ impl Worker {
     }
 
     fn enqueue(&mut self, update: Update) {
+        if !*self.leading.borrow() {
+            self.counters.followed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let key = update.key.clone();
         if self.pending.insert(key.clone(), update).is_none() {
             self.order.push_back(key);
@@ -329,7 +381,9 @@ async fn write_status(
 ) {
     let key = update.key.clone();
     match write_attempts(&client, limiter.as_ref(), &router, retry, update, &counters).await {
-        Ok(WriteOutcome::Recorded) => {}
+        Ok(WriteOutcome::Recorded) => {
+            counters.recorded.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(WriteOutcome::Unchanged) => {
             counters.skipped.fetch_add(1, Ordering::Relaxed);
         }

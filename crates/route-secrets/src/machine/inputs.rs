@@ -37,6 +37,10 @@ pub enum Input {
     /// Time passed; retries that are due run. Send it at
     /// [`RouteMachine::next_wakeup`](super::RouteMachine::next_wakeup).
     Tick,
+    /// The status writer starts writing (this replica was elected): record every
+    /// route's current outcome again, with its latest copy, so that what the status
+    /// does not already say is written.
+    RecordAll,
 }
 
 /// The result of a [`Preparation`]: what the network said.

@@ -11,6 +11,7 @@ use kube_common::backoff::Backoff;
 use super::effects::RegistrationId;
 use super::inputs::SecretVersionId;
 use super::outcome::Sni;
+use crate::route::admission::Admission;
 use crate::route::routing::RouteRouting;
 use crate::route::{Route, RouteKey, RouteSpec, WildcardPolicy};
 
@@ -147,6 +148,10 @@ pub(super) struct RouteEntry {
     pub backoff: Option<Box<Backoff>>,
     /// When the route is applied again, if a retry is scheduled.
     pub retry_at: Option<Instant>,
+    /// The admission last recorded in status (only when the machine records status),
+    /// recorded again on [`Input::RecordAll`](super::Input::RecordAll). Boxed, as
+    /// [`told`](Self::told).
+    pub recorded: Option<Box<Admission>>,
 }
 
 impl RouteEntry {
@@ -157,6 +162,7 @@ impl RouteEntry {
             told: None,
             backoff: None,
             retry_at: None,
+            recorded: None,
         }
     }
 

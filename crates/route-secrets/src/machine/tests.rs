@@ -1979,3 +1979,41 @@ fn without_status_writes_nothing_is_recorded_and_outcomes_are_alike() {
     assert_eq!(with.statuses.len(), 1);
     assert!(without.statuses.is_empty());
 }
+
+/// A replica elected status writer records every route's outcome again, on the latest
+/// copy it holds (one whose status changed since included), and nothing for a route
+/// without an outcome.
+#[test]
+fn record_all_records_every_decided_route_again_on_its_latest_copy() {
+    let mut d = in_state(State::Serving);
+    let recorded = d.last_status.clone();
+    assert_eq!(recorded.len(), 2, "h and r were decided: {recorded:?}");
+    // Another replica wrote r's status: a copy that changes only the status.
+    let mut written = r_with(Some("s"));
+    written.status = Some(crate::route::RouteStatus::default());
+    d.step(Input::Applied(written));
+    let before = d.statuses.len();
+    let effects = d.machine.step(Input::RecordAll, d.now);
+    let mut again: Vec<(RouteKey, Admission, bool)> = effects
+        .into_iter()
+        .filter_map(|effect| match effect {
+            Effect::RecordStatus { route, admission } => {
+                Some((route.key()?, admission, route.status.is_some()))
+            }
+            _ => None,
+        })
+        .collect();
+    again.sort_by(|a, b| a.0.cmp(&b.0));
+    let keys: Vec<RouteKey> = again.iter().map(|(key, _, _)| key.clone()).collect();
+    assert_eq!(keys, recorded.keys().cloned().collect::<Vec<_>>());
+    for (key, admission, _) in &again {
+        assert_eq!(Some(admission), recorded.get(key), "{key}");
+    }
+    // r's record carries the latest copy, the one with the other replica's status.
+    assert!(
+        again
+            .iter()
+            .any(|(key, _, status)| *key == self::key("r") && *status)
+    );
+    assert_eq!(d.statuses.len(), before, "nothing else happened");
+}

@@ -797,11 +797,11 @@ async fn resource(
             } else {
                 UpdateTarget::Main
             };
-            let stored =
+            let (stored, created) =
                 shared
                     .store
                     .update(rr.id, key_for(rr), obj, target, write_options(rr)?)?;
-            Ok(Reply::json(200, &stored).warned(warnings))
+            Ok(Reply::json(if created { 201 } else { 200 }, &stored).warned(warnings))
         }
         Verb::Patch => {
             let kind = PatchKind::from_content_type(content_type.as_deref().unwrap_or(""))?;

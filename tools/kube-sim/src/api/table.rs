@@ -128,6 +128,16 @@ fn columns(def: &ResourceDef) -> Vec<Column> {
             col("Role", "string", "", "The role this binding refers to."),
             AGE,
         ],
+        "leases" => vec![
+            NAME,
+            col(
+                "Holder",
+                "string",
+                "",
+                "holderIdentity contains the identity of the holder of a current lease.",
+            ),
+            AGE,
+        ],
         "roles" | "clusterroles" => vec![
             NAME,
             col(
@@ -254,6 +264,7 @@ fn cells(def: &ResourceDef, obj: &Value) -> Vec<Value> {
             age,
         ],
         "roles" | "clusterroles" => vec![name, json!(created.unwrap_or(""))],
+        "leases" => vec![name, json!(str_at(obj, "/spec/holderIdentity")), age],
         _ => vec![name, age],
     }
 }

@@ -27,6 +27,9 @@ pub const ROUTER_SERVICE_ACCOUNT: &str = "router";
 pub const ROUTER_CLUSTER_ROLE: &str = "certwatch-router";
 /// Name of the per-namespace Role and RoleBinding granting the router its secrets.
 pub const ROUTER_SECRETS_ROLE: &str = "certwatch-router-secrets";
+/// Name of the Role and RoleBinding in [`ROUTER_NAMESPACE`] granting the router its
+/// Leases (one status writer among replicas).
+pub const ROUTER_LEASES_ROLE: &str = "certwatch-router-leases";
 /// Label on generated namespaces: `<index mod shards>`.
 pub const SHARD_LABEL: &str = "certwatch.io/shard";
 /// Label on every generated object.
@@ -212,6 +215,30 @@ fn router_subject() -> Value {
     json!([{ "kind": "ServiceAccount", "name": ROUTER_SERVICE_ACCOUNT, "namespace": ROUTER_NAMESPACE }])
 }
 
+/// The router's rules in its own namespace: the Leases that elect one status writer
+/// among its replicas (created when missing, then read, watched and renewed).
+pub(crate) fn router_leases_role() -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": { "name": ROUTER_LEASES_ROLE, "namespace": ROUTER_NAMESPACE },
+        "rules": [
+            { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+              "verbs": ["create", "get", "list", "watch", "update"] },
+        ],
+    })
+}
+
+pub(crate) fn router_leases_binding() -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": { "name": ROUTER_LEASES_ROLE, "namespace": ROUTER_NAMESPACE },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ROUTER_LEASES_ROLE },
+        "subjects": router_subject(),
+    })
+}
+
 pub(crate) fn router_cluster_binding() -> Value {
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -387,6 +414,8 @@ pub(crate) fn generate(store: &Store, spec: &GenerateSpec) -> Result<GeneratedCl
             resources::CLUSTER_ROLE_BINDINGS,
             router_cluster_binding(),
         )?;
+        put(store, resources::ROLES, router_leases_role())?;
+        put(store, resources::ROLE_BINDINGS, router_leases_binding())?;
         let mut by_ns: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for r in &routes {
             by_ns

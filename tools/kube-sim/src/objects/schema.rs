@@ -38,6 +38,10 @@ pub(crate) const V3_DOCUMENTS: &[Document] = &[
         text: include_str!("../../openapi/v3-apis-authorization-k8s-io-v1.json"),
     },
     Document {
+        group_version: "apis/coordination.k8s.io/v1",
+        text: include_str!("../../openapi/v3-apis-coordination-k8s-io-v1.json"),
+    },
+    Document {
         group_version: "apis/discovery.k8s.io/v1",
         text: include_str!("../../openapi/v3-apis-discovery-k8s-io-v1.json"),
     },

@@ -138,6 +138,7 @@ pub fn validate(id: ResourceId, obj: &Value, old: Option<&Value>) -> Vec<FieldEr
     match def.name {
         "secrets" => validate_secret(obj, old, &mut errs),
         "routes" => validate_route(obj, &mut errs),
+        "leases" => crate::objects::lease::validate(obj, &mut errs),
         "roles" | "clusterroles" => validate_role(def, obj, &mut errs),
         "rolebindings" | "clusterrolebindings" => validate_binding(def, obj, old, &mut errs),
         "services" => crate::objects::network::validate_service(obj, old, &mut errs),

@@ -109,10 +109,10 @@ impl StoreHandle {
         let id = resolve(resource)?;
         check_kind(id, &object)?;
         let k = key_of(id, &object);
-        Ok((*self
+        let (stored, _created) = self
             .store
-            .update(id, k, object, UpdateTarget::Main, DIRECT)?)
-        .clone())
+            .update(id, k, object, UpdateTarget::Main, DIRECT)?;
+        Ok((*stored).clone())
     }
 
     /// Creates the object, or replaces it if it exists (ignoring any
@@ -226,7 +226,7 @@ pub(crate) fn upsert(
         if store.get(id, &k).is_some() {
             match store.update(id, k.clone(), object.clone(), UpdateTarget::Main, opts) {
                 Err(e) if e.code == 404 => continue,
-                other => return Ok((*other?).clone()),
+                other => return Ok((*other?.0).clone()),
             }
         }
         match store.create(id, object.clone(), opts) {

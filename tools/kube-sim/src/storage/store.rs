@@ -27,12 +27,12 @@ use crate::error::{ApiError, FieldError};
 use crate::objects::meta::{meta_str, metadata_mut, now_timestamp, set_resource_version};
 use crate::objects::network;
 use crate::objects::patch::{PatchBody, PatchKind};
-use crate::objects::schema;
 use crate::objects::selectors::ObjectFilter;
 use crate::objects::validation;
+use crate::objects::{lease, schema};
 use crate::resources::{
-    self, CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, ENDPOINT_SLICES, NAMESPACES, ROLE_BINDINGS, ROLES,
-    ResourceDef, ResourceId, SERVICES,
+    self, CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, ENDPOINT_SLICES, LEASES, NAMESPACES, ROLE_BINDINGS,
+    ROLES, ResourceDef, ResourceId, SERVICES,
 };
 use crate::storage::watch::{Bucket, ChangeKind, Delivery, DeliveryItem, StoredEvent, WatchIndex};
 
@@ -447,6 +447,9 @@ impl Store {
     ) -> Result<Arc<Value>, ApiError> {
         let def = id.def();
         prepare_shape(id, &mut obj)?;
+        if id == LEASES {
+            lease::decode(&mut obj)?;
+        }
         if opts.api {
             schema::prune_unknown(def, &mut obj);
         }
@@ -514,8 +517,18 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let def = id.def();
         prepare_shape(id, &mut incoming)?;
+        if id == LEASES {
+            lease::decode(&mut incoming)?;
+        }
         if opts.api {
             schema::prune_unknown(def, &mut incoming);
+        }
+        if opts.api
+            && target == UpdateTarget::Main
+            && def.update_requires_resource_version()
+            && meta_str(&incoming, "resourceVersion").is_none_or(str::is_empty)
+        {
+            return Err(ApiError::resource_version_required(def, &key.1));
         }
         let old_rv = meta_str(old, "resourceVersion").unwrap_or_default();
         if let Some(rv) = meta_str(&incoming, "resourceVersion")
@@ -626,23 +639,36 @@ impl Store {
         self.commit(st, id, key, ChangeKind::Modified, new, Some(old))
     }
 
-    /// Replaces an object (PUT). 404 if missing, 409 on a stale resourceVersion.
+    /// Replaces an object (PUT); returns it and whether it was created. 404 if missing
+    /// (unless the resource creates on update, as Leases do through the API), 409 on a
+    /// stale resourceVersion.
     pub(crate) fn update(
         &self,
         id: ResourceId,
         key: Key,
-        incoming: Value,
+        mut incoming: Value,
         target: UpdateTarget,
         opts: WriteOptions,
-    ) -> Result<Arc<Value>, ApiError> {
+    ) -> Result<(Arc<Value>, bool), ApiError> {
         let def = id.def();
         let mut st = self.lock();
-        let old = st.objects[id.0]
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(def, &key.1))?;
+        let Some(old) = st.objects[id.0].get(&key).cloned() else {
+            if !(opts.api && target == UpdateTarget::Main && def.creates_on_update()) {
+                return Err(ApiError::not_found(def, &key.1));
+            }
+            drop(st);
+            // kube-apiserver creates it as a POST would, whatever resourceVersion the
+            // body names.
+            if let Some(meta) = metadata_mut(&mut incoming) {
+                meta.insert("name".into(), json!(key.1));
+                if def.namespaced {
+                    meta.insert("namespace".into(), json!(key.0));
+                }
+            }
+            return Ok((self.create(id, incoming, opts)?, true));
+        };
         let new = Self::build_update(id, &old, incoming, target, opts, &key)?;
-        Ok(self.write_update(&mut st, id, key, old, new, opts))
+        Ok((self.write_update(&mut st, id, key, old, new, opts), false))
     }
 
     /// Patches an object. Returns the result and whether it was created (an apply

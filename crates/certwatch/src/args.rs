@@ -12,10 +12,10 @@ use crate::haproxy::HaproxyOptions;
 use crate::logging::LogFormat;
 use crate::progress::ProgressMode;
 use crate::reload::ReloadOptions;
-use crate::scope::RouteScope;
 use crate::secure_metrics::SecureMetricsOptions;
 use crate::secure_metrics::tls::CertFiles;
 use crate::selector;
+use route_secrets::api::route_watch::RouteScope;
 
 fn duration_arg(text: &str) -> Result<Duration, String> {
     kube_common::duration::parse(text).map_err(|error| error.to_string())

@@ -40,10 +40,10 @@ use crate::metrics::Metrics;
 use crate::outputs::{DaemonStatus, Outputs};
 use crate::progress::{self, ProgressMode};
 use crate::reload::{ReloadOptions, Reloader};
-use crate::scope::{RouteScope, scoped_route_events};
 use crate::secure_metrics::auth::AuthStats;
 use crate::secure_metrics::{self, SecureMetrics, SecureMetricsError, SecureMetricsOptions};
 use crate::throttle;
+use route_secrets::api::route_watch::{RouteScope, scoped_route_events};
 
 /// The route name the streaming probe ([`secret_monitor::ObjectMonitor::probe_streaming`])
 /// asks about: one no route has, so the answer carries no object.

@@ -65,6 +65,29 @@ fn manifests_parse_and_match_the_daemon() {
     }
     let container = &pod["containers"][0];
     assert_eq!(container["name"], "certwatch");
+    // Sized from the measurements in docs/deploy.md ("Sizing"): each container's
+    // request covers its measured peak at 10,000 routes, its limit the request.
+    let (certwatch_peak, haproxy_peak) = measured_peaks_at_10000();
+    for (container, peak) in [
+        (&pod["containers"][0], certwatch_peak),
+        (&pod["containers"][1], haproxy_peak),
+    ] {
+        let mebibytes = |quantity: &Value| -> f64 {
+            quantity
+                .as_str()
+                .and_then(|text| text.strip_suffix("Mi"))
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let request = mebibytes(&container["resources"]["requests"]["memory"]);
+        let limit = mebibytes(&container["resources"]["limits"]["memory"]);
+        assert!(
+            request >= peak && limit >= request,
+            "{}: request {request} Mi, limit {limit} Mi, measured peak {peak} MiB",
+            container["name"].as_str().unwrap()
+        );
+    }
     // Probes that match the design: readiness gates the endpoints on /readyz, and the
     // only probe that can restart the container (liveness; no startup probe) asks
     // /healthz, which stays 200 through an API outage at start.
@@ -197,6 +220,26 @@ fn monitoring_and_network_policy_fit_together() {
         rules[1]["from"][0]["namespaceSelector"].is_mapping(),
         "scrapes from the monitoring namespaces only"
     );
+}
+
+/// The upper ends of the measured peaks at 10,000 routes in docs/deploy.md's sizing
+/// table: (certwatch, HAProxy), in MiB.
+fn measured_peaks_at_10000() -> (f64, f64) {
+    let doc = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/deploy.md"),
+    )
+    .unwrap();
+    let row = doc
+        .lines()
+        .find(|line| line.starts_with("| 10,000 |"))
+        .expect("docs/deploy.md has a sizing row for 10,000 routes");
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    // "205.2–213.5 MiB (...)": the range's upper end.
+    let upper = |cell: &str| -> f64 {
+        let range = cell.split(" MiB").next().unwrap();
+        range.rsplit('–').next().unwrap().parse().unwrap()
+    };
+    (upper(cells[2]), upper(cells[3]))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

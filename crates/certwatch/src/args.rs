@@ -9,6 +9,7 @@ use route_secrets::api::access::AccessPolicy;
 
 use crate::daemon::DaemonOptions;
 use crate::haproxy::HaproxyOptions;
+use crate::haproxy::process::ProcessOptions;
 use crate::logging::LogFormat;
 use crate::progress::ProgressMode;
 use crate::reload::ReloadOptions;
@@ -200,13 +201,69 @@ pub struct RunArgs {
     /// HAProxy's stats socket (`stats socket PATH level admin`): add, update and
     /// remove certificates in the running HAProxy through its runtime API, without a
     /// reload. Its configuration must load <cert-dir>/crt-list by that exact path.
+    /// /readyz then waits until HAProxy serves every route present at start-up.
     #[arg(
         long,
         env = "CERTWATCH_HAPROXY_SOCKET",
         value_name = "PATH",
-        help_heading = "Output"
+        help_heading = "HAProxy"
     )]
     pub haproxy_socket: Option<PathBuf>,
+
+    /// Run HAProxy with this configuration (master-worker mode), started once the
+    /// files are complete, so that it loads every certificate itself; changes then go
+    /// through its runtime API (--haproxy-socket, which the configuration's
+    /// `stats socket` must name), and what the runtime API cannot carry through a
+    /// reload.
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_CONFIG",
+        value_name = "FILE",
+        requires = "haproxy_socket",
+        conflicts_with = "reload_command",
+        help_heading = "HAProxy"
+    )]
+    pub haproxy_config: Option<PathBuf>,
+
+    /// The HAProxy binary run with --haproxy-config.
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_BINARY",
+        value_name = "PATH",
+        default_value = "haproxy",
+        help_heading = "HAProxy"
+    )]
+    pub haproxy_binary: PathBuf,
+
+    /// HAProxy's master CLI socket: with --haproxy-config, where certwatch creates it
+    /// (default: the stats socket's path with `.master` appended); without, the socket
+    /// of a HAProxy run by someone else in master-worker mode, which certwatch may then
+    /// reload for certificates too large for the runtime API.
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_MASTER_SOCKET",
+        value_name = "PATH",
+        requires = "haproxy_socket",
+        help_heading = "HAProxy"
+    )]
+    pub haproxy_master_socket: Option<PathBuf>,
+
+    /// Longest a start or reload of HAProxy may take (it loads every certificate).
+    #[arg(long, env = "CERTWATCH_HAPROXY_LOAD_TIMEOUT", value_name = "D", value_parser = duration_arg, default_value = "10m", help_heading = "HAProxy")]
+    pub haproxy_load_timeout: Duration,
+
+    /// Longest HAProxy's runtime API may stay silent while answers are due.
+    #[arg(long, env = "CERTWATCH_HAPROXY_COMMAND_TIMEOUT", value_name = "D", value_parser = duration_arg, default_value = "10s", help_heading = "HAProxy")]
+    pub haproxy_command_timeout: Duration,
+
+    /// Least time between two reloads of HAProxy.
+    #[arg(long, env = "CERTWATCH_HAPROXY_MIN_RELOAD_INTERVAL", value_name = "D", value_parser = duration_arg, default_value = "5s", help_heading = "HAProxy")]
+    pub haproxy_min_reload_interval: Duration,
+
+    /// Offer no HTTP/2 in the crt-list (no `[alpn h2,http/1.1]` on any line), as the
+    /// OpenShift router's ROUTER_DISABLE_HTTP2.
+    #[arg(long, env = "CERTWATCH_DISABLE_HTTP2", value_parser = boolish(), help_heading = "HAProxy")]
+    pub disable_http2: bool,
 
     /// Address of the plain HTTP endpoint: /healthz, /readyz, and /metrics unless
     /// --metrics-listen is set. HOST:PORT, or :PORT for every interface.
@@ -405,7 +462,26 @@ impl RunArgs {
             timeout: self.reload_timeout,
             ..ReloadOptions::new(command)
         });
-        options.haproxy = self.haproxy_socket.clone().map(HaproxyOptions::new);
+        options.haproxy = self.haproxy_socket.clone().map(|socket| {
+            let mut haproxy = match &self.haproxy_config {
+                Some(config) => {
+                    let master = self.haproxy_master_socket.clone().unwrap_or_else(|| {
+                        let mut path = socket.clone().into_os_string();
+                        path.push(".master");
+                        PathBuf::from(path)
+                    });
+                    let mut process = ProcessOptions::new(&self.haproxy_binary, config, master);
+                    process.load_timeout = self.haproxy_load_timeout;
+                    process.command_timeout = self.haproxy_command_timeout;
+                    HaproxyOptions::managed(socket, process)
+                }
+                None => HaproxyOptions::with_master(socket, self.haproxy_master_socket.clone()),
+            };
+            haproxy.min_reload_interval = self.haproxy_min_reload_interval;
+            haproxy.command_timeout = self.haproxy_command_timeout;
+            haproxy
+        });
+        options.crt_list.http2 = !self.disable_http2;
         options.listen = Some(self.listen);
         options.secure_metrics = self.metrics_listen.map(|listen| SecureMetricsOptions {
             cert: self

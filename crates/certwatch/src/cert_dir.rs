@@ -6,12 +6,19 @@
 //!
 //! 1. new and changed bundles are written (several at once, off the async threads,
 //!    one `syncfs`, then renamed into place) and linked;
-//! 2. the crt-list is computed once, from the bundles really on disk, and rewritten if
-//!    it changed: a route whose write failed is not named (or keeps naming its older
-//!    file, which is still there), and a route without an SNI gets no line;
+//! 2. the lines of the routes that changed are recomputed, from the bundles really on
+//!    disk: a route whose write failed is not named (or keeps naming its older file,
+//!    which is still there), and a route without an SNI gets no line. The crt-list is
+//!    rewritten only when a line changed (a new certificate in the same file changes
+//!    none);
 //! 3. only once that crt-list is on disk are the bundles of routes no longer served
 //!    removed (link first, then bundle). A proxy that reloads at any moment between
 //!    these steps finds every file its crt-list names.
+//!
+//! A flush costs work in proportion to what changed: bundles written, lines
+//! recomputed and the [`CrtChange`]s handed to HAProxy are those of the routes changed
+//! since the last flush. Only a flush that changes a line renders the whole crt-list,
+//! from lines kept in order (oldest route first).
 //!
 //! Until [`CertDir::mark_complete`] (every route present at start-up decided) the
 //! crt-list is left as it was and no old bundle is removed: a proxy that reloads during
@@ -22,7 +29,7 @@
 //! Failed writes and removals are counted in the [`FlushReport`] and retried by the
 //! next flush; [`CertDir::is_current`] says whether everything desired is on disk.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -34,6 +41,7 @@ use route_secrets::tls::ValidatedTls;
 use tracing::debug;
 
 use crate::files::{self, BundleNames, CRT_LIST_FILE, LINKS_DIR};
+use crate::haproxy::crt_list::{self, CrtListOptions};
 
 /// A route to serve, with its certificate.
 #[derive(Clone, Debug)]
@@ -52,16 +60,29 @@ pub struct ServedCert {
 }
 
 /// One line of the crt-list, as HAProxy sees it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CrtEntry {
     /// The route.
     pub route: RouteKey,
     /// The certificate's name in HAProxy: the absolute path of the bundle's link.
     pub name: String,
-    /// The SNI filter.
-    pub sni: String,
+    /// What follows the name on the line: options (ALPN), then the SNI filter.
+    pub line: String,
     /// The material in the file.
     pub tls: Arc<ValidatedTls>,
+    /// SHA-256 of the bundle file (chain, then key).
+    pub digest: [u8; 32],
+}
+
+/// A route's line changed (added, new material, new options or filter, or gone).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CrtChange {
+    /// The route.
+    pub route: RouteKey,
+    /// The certificate's name in HAProxy.
+    pub name: String,
+    /// The line now; `None`: the route has no line any more.
+    pub entry: Option<CrtEntry>,
 }
 
 /// What a [`CertDir::flush`] did.
@@ -79,9 +100,11 @@ pub struct FlushReport {
     pub error: Option<io::ErrorKind>,
     /// A description of the first failure, naming the file (never its content).
     pub error_text: Option<String>,
-    /// The crt-list's entries as on disk after the flush (once start-up is
-    /// complete): what HAProxy should hold. Computed once per flush.
-    pub entries: Option<Arc<Vec<CrtEntry>>>,
+    /// The lines that changed in this flush (once start-up is complete): what HAProxy
+    /// must learn.
+    pub changes: Vec<CrtChange>,
+    /// Whether `changes` holds every line: the first flush once start-up is complete.
+    pub complete_listing: bool,
 }
 
 impl FlushReport {
@@ -104,7 +127,10 @@ impl FlushReport {
 struct Desired {
     cert: ServedCert,
     names: BundleNames,
+    /// SHA-256 of its bundle.
     digest: [u8; 32],
+    /// SHA-256 of its chain: routes serving the same chain share a certificate.
+    chain: [u8; 32],
 }
 
 /// A bundle on disk, with its link.
@@ -116,6 +142,17 @@ struct OnDisk {
     tls: Option<Arc<ValidatedTls>>,
 }
 
+/// Where a line goes in the crt-list: older routes first; routes without a creation
+/// time (not from an API server) last.
+type ListKey = (bool, Option<Timestamp>, RouteKey);
+
+/// A route's line as listed.
+#[derive(Debug)]
+struct Listed {
+    key: ListKey,
+    entry: CrtEntry,
+}
+
 /// The cert directory's desired and actual content.
 #[derive(Debug)]
 pub struct CertDir {
@@ -125,6 +162,7 @@ pub struct CertDir {
     owned: bool,
     /// The directory's mode.
     mode: u32,
+    options: CrtListOptions,
     desired: HashMap<RouteKey, Desired>,
     /// Bundles known to be on disk with their link, by file name.
     on_disk: HashMap<String, OnDisk>,
@@ -134,10 +172,22 @@ pub struct CertDir {
     /// Links found at start whose bundle is missing or elsewhere: removed with the
     /// first removals.
     stray_links: BTreeSet<String>,
-    /// Routes changed since the last flush.
+    /// Routes changed since the last flush (their bundle may need writing).
     dirty: BTreeSet<RouteKey>,
     /// Routes whose last write failed.
     failed: BTreeSet<RouteKey>,
+    /// Routes whose line must be recomputed at the next flush.
+    relist: HashSet<RouteKey>,
+    /// Every route's line is recomputed at the next flush (start-up just completed).
+    relist_all: bool,
+    /// The lines, by route.
+    lines: HashMap<RouteKey, Listed>,
+    /// The lines in crt-list order.
+    order: BTreeMap<ListKey, RouteKey>,
+    /// Desired routes per chain digest (for the ALPN rule: a shared certificate).
+    by_chain: HashMap<[u8; 32], HashSet<RouteKey>>,
+    /// Whether a line changed since the crt-list was last written.
+    list_dirty: bool,
     /// The crt-list's content as last written (or found).
     crt_list: Option<String>,
     /// Whether the last crt-list write failed (the file on disk is behind).
@@ -164,20 +214,16 @@ fn digest_of_parts(parts: &[&[u8]]) -> [u8; 32] {
 }
 
 /// The digest of the bundle [`ValidatedTls::pem_bundle`] renders (chain, then key).
-fn bundle_digest(tls: &ValidatedTls) -> [u8; 32] {
+pub fn bundle_digest(tls: &ValidatedTls) -> [u8; 32] {
     digest_of_parts(&[
         tls.chain_pem().as_bytes(),
         tls.key_pem().expose_secret().as_bytes(),
     ])
 }
 
-/// Whether `sni` can be written as a crt-list SNI filter as it is.
-fn usable_sni(sni: &str) -> bool {
-    !sni.is_empty()
-        && !sni.starts_with('!')
-        && sni
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'*')
+/// The digest of a chain as certwatch renders it: what tells a shared certificate.
+pub fn chain_digest(tls: &ValidatedTls) -> [u8; 32] {
+    digest(tls.chain_pem().as_bytes())
 }
 
 /// Runs `work` on the blocking pool. A panic or cancellation of the blocking task is an
@@ -276,6 +322,15 @@ fn repair_crt_list(dir: &Path, text: String) -> io::Result<String> {
     Ok(kept)
 }
 
+/// A bundle to write: the route, its names and its material.
+type Write = (RouteKey, BundleNames, Arc<ValidatedTls>);
+
+/// A route's result in a committed batch.
+type Committed = (RouteKey, BundleNames, io::Result<()>);
+
+/// A route's staged bundle (or why it could not be staged).
+type Staged = (RouteKey, BundleNames, io::Result<files::PendingFile>);
+
 impl CertDir {
     /// Prepares `dir` (see [`files::prepare_dir`]) and reads what it already holds, so
     /// that unchanged bundles are not rewritten after a restart. `concurrency` bounds
@@ -290,12 +345,19 @@ impl CertDir {
             dir: found.prepared.path,
             owned: found.prepared.owned,
             mode: found.prepared.mode,
+            options: CrtListOptions::default(),
             desired: HashMap::new(),
             on_disk: found.on_disk,
             unwanted,
             stray_links: found.stray_links,
             dirty: BTreeSet::new(),
             failed: BTreeSet::new(),
+            relist: HashSet::new(),
+            relist_all: false,
+            lines: HashMap::new(),
+            order: BTreeMap::new(),
+            by_chain: HashMap::new(),
+            list_dirty: false,
             crt_list: found.crt_list,
             crt_list_failed: false,
             complete: false,
@@ -303,9 +365,21 @@ impl CertDir {
         })
     }
 
+    /// How lines are written (ALPN); set before the first line is listed.
+    pub fn with_crt_list_options(mut self, options: CrtListOptions) -> Self {
+        self.options = options;
+        self
+    }
+
     /// The directory (absolute).
     pub fn path(&self) -> &Path {
         &self.dir
+    }
+
+    /// The directory of the bundles' links (absolute): certificate names in HAProxy
+    /// start with it.
+    pub fn links_path(&self) -> &Path {
+        &self.links
     }
 
     /// Whether certwatch owns the directory, and its mode (a directory owned by
@@ -325,19 +399,31 @@ impl CertDir {
     pub fn set(&mut self, cert: ServedCert) -> Result<(), files::UnsafeName> {
         let names = files::bundle_names(&cert.route)?;
         let digest = bundle_digest(&cert.tls);
+        let chain = chain_digest(&cert.tls);
         self.unwanted.remove(&names.bundle);
         self.dirty.insert(cert.route.clone());
+        self.relist.insert(cert.route.clone());
         let route = cert.route.clone();
-        if let Some(old) = self.desired.insert(
-            route,
+        let old = self.desired.insert(
+            route.clone(),
             Desired {
                 cert,
                 names: names.clone(),
                 digest,
+                chain,
             },
-        ) && old.names.bundle != names.bundle
-        {
-            self.unwanted.insert(old.names.bundle);
+        );
+        match old {
+            Some(old) => {
+                if old.names.bundle != names.bundle {
+                    self.unwanted.insert(old.names.bundle);
+                }
+                if old.chain != chain {
+                    self.unshare(&route, old.chain);
+                    self.share(&route, chain);
+                }
+            }
+            None => self.share(&route, chain),
         }
         Ok(())
     }
@@ -346,9 +432,37 @@ impl CertDir {
     pub fn remove(&mut self, route: &RouteKey) {
         if let Some(old) = self.desired.remove(route) {
             self.failed.remove(route);
+            self.relist.insert(route.clone());
+            self.unshare(route, old.chain);
             if self.on_disk.contains_key(&old.names.bundle) {
                 self.unwanted.insert(old.names.bundle);
             }
+        }
+    }
+
+    /// `route` now serves `chain`. When the chain becomes shared (one route to two),
+    /// the other route's line loses its ALPN.
+    fn share(&mut self, route: &RouteKey, chain: [u8; 32]) {
+        let routes = self.by_chain.entry(chain).or_default();
+        routes.insert(route.clone());
+        if routes.len() == 2 {
+            self.relist.extend(routes.iter().cloned());
+        }
+    }
+
+    /// `route` no longer serves `chain`. When one route is left with it, its line gets
+    /// its ALPN back.
+    fn unshare(&mut self, route: &RouteKey, chain: [u8; 32]) {
+        let Some(routes) = self.by_chain.get_mut(&chain) else {
+            return;
+        };
+        routes.remove(route);
+        match routes.len() {
+            0 => {
+                self.by_chain.remove(&chain);
+            }
+            1 => self.relist.extend(routes.iter().cloned()),
+            _ => {}
         }
     }
 
@@ -360,6 +474,11 @@ impl CertDir {
     /// Bundles on disk (with their link).
     pub fn bundles_on_disk(&self) -> usize {
         self.on_disk.len()
+    }
+
+    /// Lines of the crt-list (once start-up is complete).
+    pub fn listed(&self) -> usize {
+        self.lines.len()
     }
 
     /// Served routes whose bundle on disk holds their current material.
@@ -399,7 +518,12 @@ impl CertDir {
     /// Every route present at start-up has been decided: from now on the crt-list is
     /// written, and bundles of routes not served are removed.
     pub fn mark_complete(&mut self) {
-        self.complete = true;
+        if !self.complete {
+            self.complete = true;
+            self.relist_all = true;
+            // The list found at start is compared with the one the routes call for.
+            self.list_dirty = true;
+        }
     }
 
     /// Brings the directory to the desired state (see the [module
@@ -411,41 +535,186 @@ impl CertDir {
         if !self.complete {
             return report;
         }
-        let entries = self.entries();
-        let content = render_crt_list(&entries);
-        if self.crt_list.as_deref() != Some(content.as_str()) {
-            let dir = self.dir.clone();
-            let bytes = content.clone();
-            match blocking(move || {
-                files::write_atomic(&dir, CRT_LIST_FILE, bytes.as_bytes())?;
-                files::sync_dir(&dir)
-            })
-            .await
-            {
-                Ok(()) => {
-                    debug!(lines = entries.len(), "crt-list written");
-                    self.crt_list = Some(content);
-                    self.crt_list_failed = false;
-                    report.crt_list_written = true;
-                }
-                Err(error) => {
-                    self.crt_list_failed = true;
-                    report.failure(error.kind(), || {
-                        format!("cannot write {}: {error}", self.crt_list_path().display())
-                    });
-                }
-            }
+        report.complete_listing = self.relist_all;
+        report.changes = self.relist_changed();
+        if self.list_dirty || self.crt_list.is_none() || self.crt_list_failed {
+            self.write_crt_list(&mut report).await;
         }
         if !self.crt_list_failed {
             self.remove_unwanted(&mut report).await;
         }
-        report.entries = Some(Arc::new(entries));
         report
+    }
+
+    /// Recomputes the lines of the routes changed since the last flush (of every route
+    /// after start-up) and returns the changes.
+    fn relist_changed(&mut self) -> Vec<CrtChange> {
+        let routes: Vec<RouteKey> = if std::mem::take(&mut self.relist_all) {
+            self.relist.clear();
+            let mut all: HashSet<RouteKey> = self.desired.keys().cloned().collect();
+            all.extend(self.lines.keys().cloned());
+            all.into_iter().collect()
+        } else {
+            self.relist.drain().collect()
+        };
+        let mut changes = Vec::new();
+        for route in routes {
+            let listed = self.listing_of(&route);
+            let old = self.lines.get(&route);
+            let same = match (old, &listed) {
+                (Some(old), Some(new)) => old.key == new.key && old.entry == new.entry,
+                (None, None) => true,
+                _ => false,
+            };
+            if same {
+                continue;
+            }
+            // A new certificate in the same file changes no line of the file.
+            let text_changed = match (old, &listed) {
+                (Some(old), Some(new)) => {
+                    old.key != new.key
+                        || old.entry.name != new.entry.name
+                        || old.entry.line != new.entry.line
+                }
+                _ => true,
+            };
+            self.list_dirty |= text_changed;
+            let name = listed
+                .as_ref()
+                .map(|listed| listed.entry.name.clone())
+                .or_else(|| old.map(|old| old.entry.name.clone()))
+                .unwrap_or_default();
+            if let Some(old) = self.lines.remove(&route) {
+                self.order.remove(&old.key);
+            }
+            let entry = listed.as_ref().map(|listed| listed.entry.clone());
+            if let Some(listed) = listed {
+                self.order.insert(listed.key.clone(), route.clone());
+                self.lines.insert(route.clone(), listed);
+            }
+            changes.push(CrtChange { route, name, entry });
+        }
+        changes
+    }
+
+    /// The line `route` should have now: served, with an SNI, its bundle on disk. A
+    /// route whose newest write failed keeps its older bundle (and is served with that
+    /// material).
+    fn listing_of(&self, route: &RouteKey) -> Option<Listed> {
+        let desired = self.desired.get(route)?;
+        let disk = self.on_disk.get(&desired.names.bundle)?;
+        let sni = desired
+            .cert
+            .sni
+            .as_deref()
+            .filter(|sni| crt_list::usable_sni(sni))?;
+        let sharing = self.by_chain.get(&desired.chain).map_or(1, HashSet::len);
+        let alpn = self.options.alpn(&desired.chain, sharing);
+        let tls = if disk.digest == desired.digest {
+            Arc::clone(&desired.cert.tls)
+        } else {
+            disk.tls
+                .clone()
+                .unwrap_or_else(|| Arc::clone(&desired.cert.tls))
+        };
+        let key = (
+            desired.cert.created.is_none(),
+            desired.cert.created,
+            route.clone(),
+        );
+        Some(Listed {
+            key,
+            entry: CrtEntry {
+                route: route.clone(),
+                name: self
+                    .links
+                    .join(&desired.names.link)
+                    .to_string_lossy()
+                    .into_owned(),
+                line: crt_list::line_rest(sni, alpn),
+                tls,
+                digest: disk.digest,
+            },
+        })
+    }
+
+    /// Renders the crt-list from the lines in order and writes it if it differs from
+    /// the file on disk.
+    async fn write_crt_list(&mut self, report: &mut FlushReport) {
+        let content = self.render_crt_list();
+        self.list_dirty = false;
+        if self.crt_list.as_deref() == Some(content.as_str()) && !self.crt_list_failed {
+            return;
+        }
+        let dir = self.dir.clone();
+        let bytes = content.clone();
+        let lines = self.lines.len();
+        match blocking(move || {
+            files::write_atomic(&dir, CRT_LIST_FILE, bytes.as_bytes())?;
+            files::sync_dir(&dir)
+        })
+        .await
+        {
+            Ok(()) => {
+                debug!(lines, "crt-list written");
+                self.crt_list = Some(content);
+                self.crt_list_failed = false;
+                report.crt_list_written = true;
+            }
+            Err(error) => {
+                self.crt_list_failed = true;
+                report.failure(error.kind(), || {
+                    format!("cannot write {}: {error}", self.crt_list_path().display())
+                });
+            }
+        }
+    }
+
+    fn render_crt_list(&self) -> String {
+        let mut out = String::with_capacity(self.lines.len() * 128);
+        for route in self.order.values() {
+            if let Some(listed) = self.lines.get(route) {
+                let _ = writeln!(out, "{} {}", listed.entry.name, listed.entry.line);
+            }
+        }
+        out
+    }
+
+    /// The crt-list's lines, oldest route first.
+    pub fn entries(&self) -> Vec<CrtEntry> {
+        self.order
+            .values()
+            .filter_map(|route| self.lines.get(route))
+            .map(|listed| listed.entry.clone())
+            .collect()
     }
 
     /// Phase 1: every new or changed bundle into a temporary file (in parallel), one
     /// flush to disk, then the renames and links.
     async fn write_bundles(&mut self, report: &mut FlushReport) {
+        let writes = self.bundles_to_write();
+        if writes.is_empty() {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let pending = self.stage(writes, report).await;
+        let staged_after = started.elapsed();
+        if pending.is_empty() {
+            return;
+        }
+        let files = pending.len();
+        self.commit(pending, report).await;
+        debug!(
+            files,
+            staged = ?staged_after,
+            committed = ?started.elapsed().saturating_sub(staged_after),
+            "cert dir batch written"
+        );
+    }
+
+    /// The routes changed since the last flush (and those whose write failed) whose
+    /// bundle on disk is not their current one.
+    fn bundles_to_write(&mut self) -> Vec<Write> {
         let mut routes = std::mem::take(&mut self.dirty);
         routes.append(&mut self.failed);
         let mut writes = Vec::new();
@@ -466,12 +735,16 @@ impl CertDir {
             // at the daemon's peak.
             writes.push((route, desired.names.clone(), Arc::clone(&desired.cert.tls)));
         }
-        if writes.is_empty() {
-            return;
-        }
-        let started = std::time::Instant::now();
-        let mut pending = Vec::with_capacity(writes.len());
-        let mut staging_failures = Vec::new();
+        writes
+    }
+
+    /// Writes every bundle of `writes` to its temporary file, in shares on the blocking
+    /// pool; returns the staged files (failures are recorded).
+    async fn stage(
+        &mut self,
+        writes: Vec<Write>,
+        report: &mut FlushReport,
+    ) -> Vec<(RouteKey, BundleNames, files::PendingFile)> {
         // One blocking task per share of the batch, not one per bundle: handing 10,000
         // bundles to the blocking pool one at a time cost more than writing them on
         // tmpfs. Each task renders one bundle at a time (chain and key, about 2 KB), so
@@ -480,7 +753,7 @@ impl CertDir {
         let mut shares = Vec::new();
         let mut writes = writes.into_iter().peekable();
         while writes.peek().is_some() {
-            let batch: Vec<_> = writes.by_ref().take(share).collect();
+            let batch: Vec<Write> = writes.by_ref().take(share).collect();
             let routes: Vec<(RouteKey, BundleNames)> = batch
                 .iter()
                 .map(|(route, names, _)| (route.clone(), names.clone()))
@@ -489,13 +762,15 @@ impl CertDir {
             let staging = blocking(move || Ok(stage_share(&dir, batch)));
             shares.push(async move { (routes, staging.await) });
         }
+        let mut pending = Vec::new();
+        let mut failures = Vec::new();
         for (routes, staged) in futures::future::join_all(shares).await {
             match staged {
                 Ok(staged) => {
                     for (route, names, file) in staged {
                         match file {
                             Ok(file) => pending.push((route, names, file)),
-                            Err(error) => staging_failures.push((route, names, error)),
+                            Err(error) => failures.push((route, names, error)),
                         }
                     }
                 }
@@ -503,30 +778,30 @@ impl CertDir {
                 Err(error) => {
                     for (route, names) in routes {
                         let error = io::Error::new(error.kind(), error.to_string());
-                        staging_failures.push((route, names, error));
+                        failures.push((route, names, error));
                     }
                 }
             }
         }
-        for (route, names, error) in staging_failures {
+        for (route, names, error) in failures {
             self.write_failed(report, route, &names, &error);
         }
-        let staged_after = started.elapsed();
-        if pending.is_empty() {
-            return;
-        }
+        pending
+    }
+
+    /// Makes the staged files durable and puts them in place with their links; records
+    /// what is on disk now.
+    async fn commit(
+        &mut self,
+        pending: Vec<(RouteKey, BundleNames, files::PendingFile)>,
+        report: &mut FlushReport,
+    ) {
         let (dir, links) = (self.dir.clone(), self.links.clone());
         let routes: Vec<(RouteKey, BundleNames)> = pending
             .iter()
             .map(|(route, names, _)| (route.clone(), names.clone()))
             .collect();
         let committed = blocking(move || Ok(commit_batch(&dir, &links, pending))).await;
-        debug!(
-            files = routes.len(),
-            staged = ?staged_after,
-            committed = ?started.elapsed().saturating_sub(staged_after),
-            "cert dir batch written"
-        );
         let results = match committed {
             Ok(results) => results,
             // The batch's task failed as a whole: every write in it counts as failed.
@@ -553,6 +828,7 @@ impl CertDir {
                             },
                         );
                     }
+                    self.relist.insert(route);
                     report.written += 1;
                 }
                 Err(error) => self.write_failed(report, route, &names, &error),
@@ -641,66 +917,7 @@ impl CertDir {
             }),
         }
     }
-
-    /// The crt-list's entries, oldest route first: served routes with an SNI whose
-    /// bundle is on disk. A route whose newest write failed keeps its older bundle
-    /// (and is served with that material).
-    pub fn entries(&self) -> Vec<CrtEntry> {
-        let mut served: Vec<(&Desired, &OnDisk)> = self
-            .desired
-            .values()
-            .filter_map(|desired| Some((desired, self.on_disk.get(&desired.names.bundle)?)))
-            .collect();
-        // Routes without a creation time (not from an API server) go last.
-        served.sort_by(|(a, _), (b, _)| {
-            let key = |d: &Desired| {
-                (
-                    d.cert.created.is_none(),
-                    d.cert.created,
-                    d.cert.route.clone(),
-                )
-            };
-            key(a).cmp(&key(b))
-        });
-        served
-            .into_iter()
-            .filter_map(|(desired, disk)| {
-                let sni = desired.cert.sni.clone().filter(|sni| usable_sni(sni))?;
-                let tls = if disk.digest == desired.digest {
-                    Arc::clone(&desired.cert.tls)
-                } else {
-                    disk.tls
-                        .clone()
-                        .unwrap_or_else(|| Arc::clone(&desired.cert.tls))
-                };
-                Some(CrtEntry {
-                    route: desired.cert.route.clone(),
-                    name: self
-                        .links
-                        .join(&desired.names.link)
-                        .to_string_lossy()
-                        .into_owned(),
-                    sni,
-                    tls,
-                })
-            })
-            .collect()
-    }
 }
-
-fn render_crt_list(entries: &[CrtEntry]) -> String {
-    let mut out = String::new();
-    for entry in entries {
-        let _ = writeln!(out, "{} {}", entry.name, entry.sni);
-    }
-    out
-}
-
-/// A route's result in a committed batch.
-type Committed = (RouteKey, BundleNames, io::Result<()>);
-
-/// A route's staged bundle (or why it could not be staged).
-type Staged = (RouteKey, BundleNames, io::Result<files::PendingFile>);
 
 /// Writes each route's bundle to its temporary file, one after the other (runs on the
 /// blocking pool).
@@ -776,6 +993,14 @@ mod tests {
 
     /// The crt-list as (link file name, SNI) pairs; every path it names must exist.
     fn listed(root: &Path) -> Vec<(String, String)> {
+        listed_lines(root)
+            .into_iter()
+            .map(|(name, rest)| (name, rest.rsplit(' ').next().unwrap().to_owned()))
+            .collect()
+    }
+
+    /// The crt-list as (link file name, options and SNI).
+    fn listed_lines(root: &Path) -> Vec<(String, String)> {
         let text = std::fs::read_to_string(root.join(CRT_LIST_FILE)).unwrap();
         text.lines()
             .map(|line| {
@@ -876,7 +1101,9 @@ mod tests {
             ],
             "the older route first"
         );
-        assert_eq!(report.entries.as_ref().unwrap().len(), 2);
+        assert!(report.complete_listing);
+        assert_eq!(report.changes.len(), 2);
+        assert!(report.changes.iter().all(|change| change.entry.is_some()));
         let bundle = root.join("ns:a.pem");
         assert_eq!(
             std::fs::read(&bundle).unwrap(),
@@ -1010,6 +1237,76 @@ mod tests {
         // The long bundle is recognised; the host-less one is gone with its route.
         assert_eq!(counts(&dir.flush().await), (0, 1, 0, false));
         assert!(root.join(&long_names.bundle).exists());
+    }
+
+    /// Lines offer HTTP/2 as the router's do: not for a certificate two routes share
+    /// (until one moves away), not at all with HTTP/2 disabled; a rotation in place
+    /// changes no line, so the crt-list is not rewritten for it.
+    #[tokio::test]
+    async fn alpn_follows_shared_certificates() {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path().canonicalize().unwrap();
+        let pki = Pki::new(Timestamp::now());
+        let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
+        let mut dir = CertDir::open(&root, 4).await.unwrap();
+        dir.set(a.clone()).unwrap();
+        dir.set(b.clone()).unwrap();
+        dir.mark_complete();
+        dir.flush().await;
+        let h2 = |host: &str| format!("[alpn h2,http/1.1] {host}");
+        assert_eq!(
+            listed_lines(&root),
+            [
+                ("ns_a.pem".to_owned(), h2("a.example.com")),
+                ("ns_b.pem".to_owned(), h2("b.example.com"))
+            ]
+        );
+        // b serves a's certificate: both lines lose their ALPN.
+        let shared = ServedCert {
+            tls: Arc::clone(&a.tls),
+            ..b.clone()
+        };
+        dir.set(shared).unwrap();
+        let report = dir.flush().await;
+        assert_eq!(report.changes.len(), 2, "{:?}", report.changes);
+        assert_eq!(
+            listed_lines(&root),
+            [
+                ("ns_a.pem".to_owned(), "a.example.com".to_owned()),
+                ("ns_b.pem".to_owned(), "b.example.com".to_owned())
+            ]
+        );
+        // b rotates to a certificate of its own: both get it back.
+        let rotated = served(&pki, "ns", "b", 2);
+        dir.set(rotated.clone()).unwrap();
+        let report = dir.flush().await;
+        assert_eq!(report.changes.len(), 2);
+        assert!(report.crt_list_written);
+        assert_eq!(listed_lines(&root)[1].1, h2("b.example.com"));
+        // Another rotation of b: one change (its material), no crt-list write.
+        dir.set(served(&pki, "ns", "b", 2)).unwrap();
+        let report = dir.flush().await;
+        assert_eq!(report.written, 1);
+        assert_eq!(report.changes.len(), 1);
+        assert!(!report.crt_list_written, "the list's text is unchanged");
+
+        // HTTP/2 disabled: no line offers it.
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path().canonicalize().unwrap();
+        let mut dir = CertDir::open(&root, 4)
+            .await
+            .unwrap()
+            .with_crt_list_options(CrtListOptions {
+                http2: false,
+                ..CrtListOptions::default()
+            });
+        dir.set(a).unwrap();
+        dir.mark_complete();
+        dir.flush().await;
+        assert_eq!(
+            listed_lines(&root),
+            [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
+        );
     }
 
     /// A crt-list left naming a missing file is repaired when the directory is opened.

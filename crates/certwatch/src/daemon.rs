@@ -34,7 +34,8 @@ use tracing::{debug, info};
 
 use crate::cert_dir::CertDir;
 use crate::files::LINKS_DIR;
-use crate::haproxy::{HaproxyOptions, HaproxySync};
+use crate::haproxy::crt_list::CrtListOptions;
+use crate::haproxy::{Haproxy, HaproxyOptions};
 use crate::http;
 use crate::metrics::Metrics;
 use crate::outputs::{DaemonStatus, Outputs};
@@ -58,8 +59,11 @@ pub struct DaemonOptions {
     pub cert_dir: PathBuf,
     /// The reload command, if any.
     pub reload: Option<ReloadOptions>,
-    /// HAProxy's runtime API, if any.
+    /// The HAProxy certwatch feeds (its runtime API, and whether certwatch runs it), if
+    /// any.
     pub haproxy: Option<HaproxyOptions>,
+    /// How crt-list lines are written (ALPN).
+    pub crt_list: CrtListOptions,
     /// Address of `/healthz`, `/readyz` (and `/metrics` without `secure_metrics`);
     /// `None`: no HTTP endpoint.
     pub listen: Option<SocketAddr>,
@@ -104,6 +108,7 @@ impl DaemonOptions {
             cert_dir: cert_dir.into(),
             reload: None,
             haproxy: None,
+            crt_list: CrtListOptions::default(),
             listen: None,
             secure_metrics: None,
             router_name: "certwatch".to_owned(),
@@ -204,7 +209,8 @@ impl Daemon {
             .map_err(|source| DaemonError::CertDir {
                 path: options.cert_dir.clone(),
                 source,
-            })?;
+            })?
+            .with_crt_list_options(options.crt_list.clone());
         let cert_dir_path = cert_dir.path().to_owned();
         let crt_list_path = cert_dir.crt_list_path();
         info!(
@@ -303,7 +309,7 @@ impl Daemon {
             )
         });
         let haproxy = options.haproxy.clone().map(|haproxy| {
-            HaproxySync::spawn(
+            Haproxy::spawn(
                 haproxy,
                 crt_list_path.to_string_lossy().into_owned(),
                 format!("{}/", cert_dir_path.join(LINKS_DIR).display()),

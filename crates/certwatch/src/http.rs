@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::haproxy::HaproxyState;
 use crate::metrics::{CONTENT_TYPE, Metrics};
 use crate::outputs::DaemonStatus;
 
@@ -75,6 +76,24 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
             format!(
                 "ready: {} routes admitted, {} rejected\n",
                 status.admitted, status.rejected
+            ),
+        )
+    } else if let Some(haproxy) = status.haproxy.filter(|_| status.files_ready) {
+        let why = match haproxy.state {
+            HaproxyState::Starting => "HAProxy was started on them and is loading them".to_owned(),
+            HaproxyState::Down | HaproxyState::WaitingForFiles => {
+                "HAProxy does not answer (see certwatch's log); retrying".to_owned()
+            }
+            HaproxyState::Serving => format!(
+                "HAProxy serves {} of the {} routes present at start-up",
+                haproxy.startup_routes - haproxy.startup_unserved,
+                haproxy.startup_routes
+            ),
+        };
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: every route present at start-up is decided and its files are written, but {why}\n"
             ),
         )
     } else if let Some(files) = status.waiting_for_files {

@@ -4,18 +4,19 @@
 //!
 //! Outcomes are taken in batches (everything queued at the moment), so that a burst,
 //! like start-up, costs one crt-list write and one reload, not one per route. Each
-//! batch is one [`CertDir::flush`]: the crt-list is computed once, and the same
-//! entries go to HAProxy.
+//! batch is one [`CertDir::flush`], whose changed lines go to HAProxy.
 //!
 //! Ready means: the pipeline has decided every route present at start-up, every
-//! admitted route's bundle is on disk with its current material, and the crt-list
-//! naming them is written. Only once start-up is decided is the crt-list written for
-//! the first time, are bundles of routes that no longer exist removed, is HAProxy
-//! synchronised and does the reload command run: until then the proxy keeps what it
-//! had. While writes fail (a full or read-only cert dir) the daemon stays not ready,
-//! says why in `/readyz`, and retries with [`kube_common::backoff`]. Once ready, the
-//! daemon stays ready (the files keep being served if the API server goes away later;
-//! later write failures are counted and logged).
+//! admitted route's bundle is on disk with its current material, the crt-list naming
+//! them is written ("files ready"), and, when certwatch feeds a HAProxy, HAProxy
+//! serves every route present at start-up and answers now. Only once start-up is
+//! decided is the crt-list written for the first time, are bundles of routes that no
+//! longer exist removed, does HAProxy get anything and does the reload command run:
+//! until then the proxy keeps what it had. While writes fail (a full or read-only cert
+//! dir) the daemon stays not ready, says why in `/readyz`, and retries with
+//! [`kube_common::backoff`]. Once the files are ready they stay so (they keep being
+//! served if the API server goes away later; later write failures are counted and
+//! logged); readiness then follows HAProxy: not ready while it does not answer.
 
 use std::io;
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::cert_dir::{CertDir, FlushReport, ServedCert};
-use crate::haproxy::HaproxySync;
+use crate::haproxy::{Haproxy, HaproxyStatus};
 use crate::logging::{Repeats, Seen, StateLog};
 use crate::metrics::{Metrics, RouteState, RouteStates};
 use crate::reload::Reloader;
@@ -58,8 +59,15 @@ pub struct DaemonStatus {
     pub readiness: Readiness,
     /// Whether the daemon is ready (see the [module documentation](self)).
     pub ready: bool,
-    /// Time from start to ready.
+    /// Time from start to the first ready.
     pub ready_after: Option<Duration>,
+    /// Whether the files are ready: every route present at start-up decided, its
+    /// bundle and the crt-list on disk.
+    pub files_ready: bool,
+    /// Time from start to the files being ready.
+    pub files_ready_after: Option<Duration>,
+    /// What the HAProxy controller says, when certwatch feeds a HAProxy.
+    pub haproxy: Option<HaproxyStatus>,
     /// Routes served now.
     pub admitted: usize,
     /// Routes rejected now.
@@ -75,7 +83,7 @@ pub(crate) struct Outputs {
     pub(crate) cert_dir: CertDir,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) reloader: Option<Reloader>,
-    pub(crate) haproxy: Option<HaproxySync>,
+    pub(crate) haproxy: Option<Haproxy>,
     pub(crate) status: watch::Sender<DaemonStatus>,
     pub(crate) started: Instant,
     /// Re-synchronisation requests ([`crate::Daemon::resync`]).
@@ -87,8 +95,11 @@ struct Progress {
     states: RouteStates,
     /// Start-up is decided (the cert dir is complete).
     decided: bool,
-    /// Ready (see the module documentation); never goes back.
-    ready: bool,
+    /// The files are ready (see the module documentation); never goes back.
+    files_ready: bool,
+    /// When the files were first ready, and when the daemon was first ready.
+    files_ready_after: Option<Duration>,
+    ready_after: Option<Duration>,
     retry_at: Option<Instant>,
     backoff: Backoff,
     /// Write failures: the first logged at once, repeats once a minute with a count.
@@ -120,7 +131,9 @@ impl Outputs {
         let mut progress = Progress {
             states: RouteStates::default(),
             decided: false,
-            ready: false,
+            files_ready: false,
+            files_ready_after: None,
+            ready_after: None,
             retry_at: None,
             backoff: Backoff::new(BackoffPolicy::default()),
             write_failures: Repeats::new(REPEAT_LOG_INTERVAL),
@@ -130,6 +143,7 @@ impl Outputs {
         };
         let mut readiness_open = true;
         let mut resync_open = true;
+        let mut haproxy_status = self.haproxy.as_ref().map(Haproxy::status);
         loop {
             tokio::select! {
                 biased;
@@ -159,6 +173,11 @@ impl Outputs {
                     progress.retry_at = None;
                     self.flush(&mut progress).await;
                 }
+                changed = changed_or_pending(&mut haproxy_status) => {
+                    if changed.is_err() {
+                        haproxy_status = None;
+                    }
+                }
             }
             let pipeline = *readiness.borrow();
             if !progress.decided && pipeline.is_ready() {
@@ -185,12 +204,10 @@ impl Outputs {
     /// Declares ready when it is time, and sends the status if it changed.
     fn publish_status(&mut self, progress: &mut Progress, pipeline: Readiness) {
         let (admitted, rejected) = progress.states.counts();
-        let mut ready_after = None;
-        if progress.decided && !progress.ready && self.cert_dir.is_current() {
-            progress.ready = true;
+        if progress.decided && !progress.files_ready && self.cert_dir.is_current() {
+            progress.files_ready = true;
             let elapsed = self.started.elapsed();
-            ready_after = Some(elapsed);
-            self.metrics.daemon.set_ready(elapsed);
+            progress.files_ready_after = Some(elapsed);
             info!(
                 routes = pipeline.initial_routes,
                 admitted,
@@ -198,10 +215,30 @@ impl Outputs {
                 bundles = self.cert_dir.bundles_on_disk(),
                 elapsed = ?elapsed,
                 cert_dir = %self.cert_dir.path().display(),
-                "ready: every route present at start-up is decided, and its bundle and the crt-list are on disk"
+                "files ready: every route present at start-up is decided, and its bundle and the crt-list are on disk"
             );
         }
-        let waiting_for_files = (progress.decided && !progress.ready).then(|| WriteProblem {
+        let haproxy = self
+            .haproxy
+            .as_ref()
+            .map(|haproxy| *haproxy.status().borrow());
+        let ready = progress.files_ready && haproxy.is_none_or(|haproxy| haproxy.ready());
+        if ready && progress.ready_after.is_none() {
+            let elapsed = self.started.elapsed();
+            progress.ready_after = Some(elapsed);
+            self.metrics.daemon.set_ready(elapsed);
+            match haproxy {
+                Some(haproxy) => info!(
+                    routes = haproxy.startup_routes,
+                    refused = haproxy.refused,
+                    elapsed = ?elapsed,
+                    "ready: HAProxy serves every route present at start-up"
+                ),
+                None => info!(elapsed = ?elapsed, "ready"),
+            }
+        }
+        self.metrics.daemon.set_ready_now(ready);
+        let waiting_for_files = (progress.decided && !progress.files_ready).then(|| WriteProblem {
             written: self.cert_dir.served_on_disk(),
             served: self.cert_dir.served(),
             crt_list_written: self.cert_dir.crt_list_current(),
@@ -213,8 +250,11 @@ impl Outputs {
         self.status.send_if_modified(|status| {
             let new = DaemonStatus {
                 readiness: pipeline,
-                ready: progress.ready,
-                ready_after: ready_after.or(status.ready_after),
+                ready,
+                ready_after: progress.ready_after,
+                files_ready: progress.files_ready,
+                files_ready_after: progress.files_ready_after,
+                haproxy,
                 admitted,
                 rejected,
                 bundles,
@@ -285,7 +325,7 @@ impl Outputs {
                 );
                 let served = ServedCert {
                     route: admitted.route,
-                    sni: admitted.sni.crt_list_filter(),
+                    sni: crate::haproxy::crt_list::sni_filter(&admitted.sni),
                     created: admitted.created,
                     tls: admitted.tls,
                 };
@@ -361,10 +401,10 @@ impl Outputs {
                 .retry_at
                 .get_or_insert_with(|| Instant::now() + delay);
         }
-        if let (Some(haproxy), Some(entries)) = (&self.haproxy, report.entries) {
-            // Only once start-up is decided: a half-built set must not remove anything
-            // from a running HAProxy.
-            haproxy.publish(entries);
+        if let Some(haproxy) = &self.haproxy {
+            // Only once start-up is decided (there are changes only then): a half-built
+            // set must not remove anything from a running HAProxy.
+            haproxy.publish(report.changes, report.complete_listing);
         }
     }
 
@@ -394,6 +434,16 @@ impl Outputs {
             }
             _ => {}
         }
+    }
+}
+
+/// Waits for the next change of `status`; never, without one.
+async fn changed_or_pending(
+    status: &mut Option<watch::Receiver<HaproxyStatus>>,
+) -> Result<(), watch::error::RecvError> {
+    match status {
+        Some(status) => status.changed().await,
+        None => std::future::pending().await,
     }
 }
 

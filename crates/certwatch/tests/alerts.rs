@@ -8,7 +8,8 @@
 //! - a healthy daemon (certificates valid for 7 days): only the expiring-soon warning
 //!   fires, and the 3-day alert fires once the series is evaluated 5 days later;
 //! - a troubled daemon (a route whose secret is missing, a bundle that cannot be
-//!   written, a failing reload command, an unreachable HAProxy): every other alert fires.
+//!   written, a failing reload command, an unreachable HAProxy): every other alert fires,
+//!   the unserved-change alert only once the change is more than a minute old.
 //!
 //! Gauges are replayed at their scraped value; counters rise at the rate measured
 //! between two scrapes. Expiration timestamps are moved to promtool's clock (its
@@ -87,9 +88,10 @@ impl Scrape {
 
     /// The series the rules read, as promtool input: gauges constant, counters rising
     /// from `earlier`'s value to this one's per step, expirations moved to promtool's
-    /// clock.
-    fn input_series(&self, earlier: Option<&Scrape>, steps: u32) -> String {
-        // The scrape's own series: the target is up.
+    /// clock, the age of the oldest unserved change growing with time (the change stays
+    /// unserved), `interval` seconds per step; and the scrape's own series: the target
+    /// is up.
+    fn input_series(&self, earlier: Option<&Scrape>, steps: u32, interval: u32) -> String {
         let mut out = format!(
             "      - series: 'up{{job=\"certwatch\",namespace=\"certwatch\"}}'\n        values: '1x{steps}'\n"
         );
@@ -97,6 +99,8 @@ impl Scrape {
             let name = series.split('{').next().unwrap();
             let values = if name == "certwatch_certificate_expiration_timestamp_seconds" {
                 format!("{}x{steps}", (value - self.unix).round())
+            } else if name == "certwatch_oldest_unserved_change_age_seconds" {
+                format!("{}+{interval}x{steps}", value.round())
             } else if name.ends_with("_total") {
                 let start = earlier.and_then(|e| e.value(series)).unwrap_or(*value);
                 format!("{start}+{}x{steps}", value - start)
@@ -152,7 +156,7 @@ fn the_shipped_rule_file_matches_and_its_tests_pass() {
         "deploy/alerts/certwatch.rules.yaml differs from deploy/base/prometheusrule.yaml's spec.groups"
     );
     let checked = promtool(&["check", "rules", "certwatch.rules.yaml"], &alerts);
-    assert!(checked.contains("SUCCESS: 9 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 10 rules found"), "{checked}");
     let tested = promtool(&["test", "rules", "certwatch.rules.test.yaml"], &alerts);
     assert!(tested.contains("SUCCESS"), "{tested}");
     // Every alert is tested firing at least once.
@@ -192,7 +196,7 @@ async fn every_alert_parses_and_fires_on_a_real_run() {
     )
     .unwrap();
     let checked = promtool(&["check", "rules", "rules.yaml"], dir);
-    assert!(checked.contains("SUCCESS: 9 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 10 rules found"), "{checked}");
     // The unit tests compare labels; annotations (checked above) are left out.
     let mut groups = rule_groups();
     for group in groups["groups"].as_sequence_mut().unwrap() {
@@ -277,6 +281,15 @@ async fn every_alert_parses_and_fires_on_a_real_run() {
     })
     .await;
     assert_eq!(late.value("certwatch_ready"), Some(0.0));
+    // The routes wait for the HAProxy that is not there.
+    assert!(
+        late.value("certwatch_routes_admitted_not_served")
+            .is_some_and(|routes| routes >= 1.0)
+    );
+    assert!(
+        late.value("certwatch_oldest_unserved_change_age_seconds")
+            .is_some()
+    );
 
     let expiring: Vec<String> = good
         .samples
@@ -302,7 +315,7 @@ async fn every_alert_parses_and_fires_on_a_real_run() {
          - name: healthy\n    interval: 1m\n    input_series:\n{}    alert_rule_test:\n{}\
          - name: healthy, five days later\n    interval: 2m\n    input_series:\n{}    alert_rule_test:\n{}\
          - name: troubled\n    interval: 1m\n    input_series:\n{}    alert_rule_test:\n{}",
-        good.input_series(None, 60),
+        good.input_series(None, 60, 60),
         alert_tests(&[
             (
                 "CertwatchCertificateExpiringSoon",
@@ -317,14 +330,15 @@ async fn every_alert_parses_and_fires_on_a_real_run() {
             ("CertwatchBundleWritesFailing", "30m", none()),
             ("CertwatchReloadFailing", "30m", none()),
             ("CertwatchHAProxyOutOfSync", "30m", none()),
+            ("CertwatchChangeUnserved", "30m", none()),
         ]),
-        good.input_series(None, 3700),
+        good.input_series(None, 3700, 120),
         alert_tests(&[(
             "CertwatchCertificateExpiresIn3Days",
             "5d",
             with(&expiring, "severity: critical"),
         )]),
-        late.input_series(Some(&early), 60),
+        late.input_series(Some(&early), 60, 60),
         alert_tests(&[
             (
                 "CertwatchNotReady",
@@ -349,6 +363,13 @@ async fn every_alert_parses_and_fires_on_a_real_run() {
             (
                 "CertwatchHAProxyOutOfSync",
                 "30m",
+                vec!["severity: critical".to_owned()]
+            ),
+            // Within the first minute the change is younger than a minute.
+            ("CertwatchChangeUnserved", "0m", none()),
+            (
+                "CertwatchChangeUnserved",
+                "2m",
                 vec!["severity: critical".to_owned()]
             ),
         ]),

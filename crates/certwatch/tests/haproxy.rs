@@ -33,7 +33,9 @@ async fn haproxy_follows_through_the_runtime_api() {
             "500ms",
         ],
     );
-    certwatch.wait_ready().await;
+    // The files are ready; certwatch waits for HAProxy to serve them.
+    certwatch.wait_files_ready().await;
+    assert!(!certwatch.is_ready(), "not ready before HAProxy serves");
 
     // HAProxy loads what certwatch wrote: its crt-list, plus a default certificate for
     // names no route claims.
@@ -56,7 +58,8 @@ async fn haproxy_follows_through_the_runtime_api() {
         Some(default_leaf.clone())
     );
 
-    // certwatch finds HAProxy and sees it already holds every certificate.
+    // certwatch finds HAProxy and sees it already holds every certificate: ready.
+    certwatch.wait_ready().await;
     eventually("certwatch to reach HAProxy", || {
         (certwatch.metric("certwatch_haproxy_in_sync") == Some(1.0)).then_some(())
     })
@@ -211,7 +214,7 @@ async fn haproxy_accepts_the_files_after_every_step() {
             "500ms",
         ],
     );
-    certwatch.wait_ready().await;
+    certwatch.wait_files_ready().await;
     let (config, _, _) = haproxy_config(&root, &socket, &cert_dir);
     let (_haproxy, port, default_leaf) = start_haproxy(&root, &socket, &cert_dir);
     eventually_async("HAProxy to serve TLS", || {

@@ -1531,13 +1531,15 @@ async fn the_router_matrix_through_the_binary() {
     );
     let daemons = [&daemon, &permissive];
     for daemon in daemons {
-        daemon.certwatch.wait_ready().await;
+        daemon.certwatch.wait_files_ready().await;
     }
     let (_haproxy, haproxy_port, default_leaf) = start_haproxy(&root, &socket, &daemon.cert_dir);
     eventually_async("HAProxy to serve TLS", || {
         presented(haproxy_port, "default.invalid")
     })
     .await;
+    // Ready once HAProxy serves every route present at start-up.
+    daemon.certwatch.wait_ready().await;
     let mut world = World {
         admin,
         haproxy_port,

@@ -93,6 +93,12 @@ impl DaemonMetrics {
         self.scrapes.get_or_create(&ScrapeLabels { result }).inc();
     }
 
+    /// Whether the daemon is ready now (it can stop being ready while HAProxy does not
+    /// answer).
+    pub fn set_ready_now(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+
     /// Marks the daemon ready after `startup`.
     pub fn set_ready(&self, startup: Duration) {
         self.startup_seconds.set(startup.as_secs_f64());

@@ -6,6 +6,7 @@
 //! | `certwatch_haproxy_commands_total` | counter | `command`, `result` | runtime API commands sent |
 //! | `certwatch_haproxy_sync_failures_total` | counter | | synchronisations that failed, retried |
 //! | `certwatch_haproxy_in_sync` | gauge | | 1 when HAProxy holds exactly the crt-list's certificates |
+//! | `certwatch_routes_admitted_not_served`, `certwatch_oldest_unserved_change_age_seconds`, `certwatch_haproxy_*` | | | the HAProxy controller's: see [`crate::haproxy::metrics`] |
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -68,5 +69,10 @@ impl HaproxyMetrics {
             self.sync_failures.inc();
         }
         self.in_sync.set(i64::from(ok));
+    }
+
+    /// Whether HAProxy holds every certificate as the crt-list says.
+    pub fn set_in_sync(&self, in_sync: bool) {
+        self.in_sync.set(i64::from(in_sync));
     }
 }

@@ -138,6 +138,13 @@ impl Metrics {
             .register(registry.sub_registry_with_prefix(PREFIX));
     }
 
+    /// Registers metrics kept elsewhere (the HAProxy controller's) under the
+    /// `certwatch_` prefix.
+    pub fn register_more(&self, register: impl FnOnce(&mut Registry)) {
+        let mut registry = self.registry();
+        register(registry.sub_registry_with_prefix(PREFIX));
+    }
+
     /// The metrics in Prometheus text format.
     pub fn encode(&self) -> String {
         let registry = self.registry();

@@ -305,6 +305,8 @@ impl RouteMetrics {
 #[derive(Debug, Default)]
 pub struct RouteStates {
     states: HashMap<RouteKey, RouteState>,
+    /// Of those, routes admitted (so that the counts cost nothing per batch).
+    admitted: usize,
 }
 
 impl RouteStates {
@@ -314,17 +316,18 @@ impl RouteStates {
             Some(state) => self.states.insert(route.clone(), state),
             None => self.states.remove(route),
         };
+        if old == Some(RouteState::Admitted) {
+            self.admitted -= 1;
+        }
+        if state == Some(RouteState::Admitted) {
+            self.admitted += 1;
+        }
         metrics.changed(old, state);
     }
 
     /// Routes admitted and rejected now.
     pub fn counts(&self) -> (usize, usize) {
-        let admitted = self
-            .states
-            .values()
-            .filter(|state| **state == RouteState::Admitted)
-            .count();
-        (admitted, self.states.len() - admitted)
+        (self.admitted, self.states.len() - self.admitted)
     }
 }
 

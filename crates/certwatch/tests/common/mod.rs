@@ -385,6 +385,16 @@ impl Certwatch {
         eventually("certwatch ready", || self.is_ready().then_some(())).await;
     }
 
+    /// Waits until every route present at start-up is decided and its files are
+    /// written: ready, or waiting for HAProxy only (which a test then starts).
+    pub async fn wait_files_ready(&self) {
+        eventually("certwatch's files ready", || {
+            let (status, body) = self.get("/readyz");
+            (status == 200 || body.contains("its files are written")).then_some(())
+        })
+        .await;
+    }
+
     /// Sends SIGTERM and waits for the exit.
     pub fn terminate(&mut self) -> ExitStatus {
         self.signal("TERM");
@@ -682,7 +692,19 @@ pub async fn create_route(
 /// The crt-list in `cert_dir` as (link file name, SNI) pairs, in order; empty when
 /// there is none. Every line must name an existing file in `cert_dir/links`, with an
 /// SNI filter.
+/// The crt-list as (link file name, SNI filter); every file it names must exist.
 pub fn crt_list(cert_dir: &Path) -> Vec<(String, String)> {
+    crt_list_lines(cert_dir)
+        .into_iter()
+        .map(|(name, rest)| {
+            let sni = rest.rsplit(' ').next().unwrap_or_default().to_owned();
+            (name, sni)
+        })
+        .collect()
+}
+
+/// The crt-list as (link file name, what follows it: options and SNI filter).
+pub fn crt_list_lines(cert_dir: &Path) -> Vec<(String, String)> {
     let text = std::fs::read_to_string(cert_dir.join("crt-list")).unwrap_or_default();
     text.lines()
         .map(|line| {

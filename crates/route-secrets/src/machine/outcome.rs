@@ -109,15 +109,6 @@ impl Sni {
         }
         Self::Host(host.to_owned())
     }
-
-    /// The crt-list line's SNI filter: the host, or `*.<domain>`; `None`: no line.
-    pub fn crt_list_filter(&self) -> Option<String> {
-        match self {
-            Self::Host(host) => Some(host.clone()),
-            Self::Subdomain { domain } => Some(format!("*.{domain}")),
-            Self::NoHost => None,
-        }
-    }
 }
 
 /// A route the router does not serve, and why.

@@ -60,6 +60,11 @@ impl ClientProcess {
         })
     }
 
+    /// The child's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// The child's next message, waiting at most `timeout`. Lines that are not JSON
     /// (a profiler wrapping the child may print some) are passed on to standard error.
     pub async fn next_message(&mut self, timeout: Duration) -> Result<ClientMessage, BenchError> {

@@ -247,6 +247,7 @@ pub async fn run(
         phases,
         per_route_ms: None,
         per_secret_ms: None,
+        haproxy: None,
     };
     Ok((
         report,

@@ -100,6 +100,7 @@ pub async fn run(
             phases,
             per_route_ms: None,
             per_secret_ms: None,
+            haproxy: None,
         },
         DaemonRun {
             daemon,

@@ -30,6 +30,7 @@
 mod client_process;
 mod concurrent;
 mod daemon;
+mod haproxy;
 mod process_stats;
 mod protocol;
 mod real_server;
@@ -189,7 +190,10 @@ pub struct BenchArgs {
 
     /// Strategies to compare (comma-separated): serial (the reference router's
     /// behaviour), concurrent (certwatch's pipeline, ready when every route is decided),
-    /// daemon (the whole `certwatch run`, ready when every route is decided and written).
+    /// daemon (the whole `certwatch run`, ready when every route is decided and written),
+    /// haproxy (the daemon with a real HAProxy it runs, `haproxy` on PATH: ready on disk,
+    /// ready served by handshakes, HAProxy's cold load and own rate, rotations; not in
+    /// the default list).
     #[arg(
         long = "strategy",
         value_delimiter = ',',
@@ -224,6 +228,11 @@ pub struct BenchArgs {
     /// or "heaptrack -o client" (split on whitespace), to profile it.
     #[arg(long, value_name = "COMMAND")]
     pub client_wrapper: Option<String>,
+
+    /// The haproxy strategy: how long each rotation phase writes (50/s, 80 % of
+    /// HAProxy's own rate, 500/s).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub rotation_seconds: f64,
 
     /// How long one strategy may take to become ready.
     #[arg(long, value_name = "D", value_parser = duration_arg, default_value = "10m")]
@@ -366,7 +375,16 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
             server.pid().unwrap_or(0),
         ));
         for &strategy in &strategies {
-            let result = match run_strategy(&exe, &mut server, scenario, strategy, &args).await {
+            let result = match run_strategy(
+                &exe,
+                &mut server,
+                scenario,
+                &generated,
+                strategy,
+                &args,
+            )
+            .await
+            {
                 Ok(result) => result,
                 Err(error) => {
                     progress(&format!("  {}: FAILED: {error}", strategy.as_str()));
@@ -499,6 +517,7 @@ async fn run_strategy(
     exe: &std::path::Path,
     sim: &mut Server,
     scenario: &Scenario,
+    generated: &Generated,
     strategy: Strategy,
     args: &BenchArgs,
 ) -> Result<RunResult, BenchError> {
@@ -549,7 +568,34 @@ async fn run_strategy(
         .zip(sim_cpu_before)
         .map(|(after, before)| after.saturating_sub(before));
     client.request_measurement().await?;
-    let measurement = match client.next_message(Duration::from_secs(30)).await? {
+    let measured = client.next_message(Duration::from_secs(30)).await;
+    let haproxy = match (&ready.haproxy, &*sim) {
+        (Some(startup), Server::Sim(sim_process)) => {
+            match haproxy::measure(
+                &sim_process.admin_client(),
+                &generated.routes,
+                startup,
+                client.pid(),
+                args.rotation_seconds,
+            )
+            .await
+            {
+                Ok(figures) => Some(figures),
+                Err(error) => {
+                    client.finish().await;
+                    return Err(error);
+                }
+            }
+        }
+        (Some(_), Server::Real(_)) => {
+            client.finish().await;
+            return Err(BenchError::Usage(
+                "the haproxy strategy runs against the simulator only".to_owned(),
+            ));
+        }
+        (None, _) => None,
+    };
+    let measurement = match measured? {
         ClientMessage::Measured(measurement) => measurement,
         other => {
             client.finish().await;
@@ -559,7 +605,7 @@ async fn run_strategy(
         }
     };
     client.finish().await;
-    Ok(RunResult::new(RunInputs {
+    let mut result = RunResult::new(RunInputs {
         scenario,
         strategy,
         ready: &ready,
@@ -569,7 +615,13 @@ async fn run_strategy(
         sim_cpu_ms,
         streaming_route_list: strategy == Strategy::Concurrent
             && args.route_listing == RouteListing::Streaming,
-    }))
+    });
+    if let Some(figures) = haproxy {
+        let met = figures.bounds.values().all(|check| check.met);
+        result.targets_met = Some(result.targets_met.unwrap_or(true) && met);
+        result.haproxy = Some(figures);
+    }
+    Ok(result)
 }
 
 /// Arguments of the hidden `certwatch bench-client` (one strategy run, started by
@@ -621,7 +673,8 @@ enum RunState {
         _run: concurrent::ConcurrentRun,
         pool: kube_h2::PoolHandle,
     },
-    Daemon(daemon::DaemonRun),
+    Daemon(Box<daemon::DaemonRun>),
+    Haproxy(Box<haproxy::HaproxyRun>),
 }
 
 impl RunState {
@@ -629,6 +682,7 @@ impl RunState {
         match self {
             Self::Serial { pool, .. } | Self::Concurrent { pool, .. } => pool.stats(),
             Self::Daemon(run) => run.pool_stats(),
+            Self::Haproxy(run) => run.pool_stats(),
         }
     }
 }
@@ -646,7 +700,13 @@ async fn start_strategy(
             let started = Instant::now();
             return daemon::run(config, spec, started, errors)
                 .await
-                .map(|(report, run)| (report, RunState::Daemon(run)));
+                .map(|(report, run)| (report, RunState::Daemon(Box::new(run))));
+        }
+        if strategy == Strategy::Haproxy {
+            let started = Instant::now();
+            return haproxy::run(config, spec, started, errors)
+                .await
+                .map(|(report, run)| (report, RunState::Haproxy(Box::new(run))));
         }
         let options = kube_h2::ClientOptions::default().protocol(spec.protocol.into());
         let pooled = kube_h2::build_client(config, options).map_err(|e| BenchError::Client {
@@ -658,7 +718,7 @@ async fn start_strategy(
             Strategy::Serial => serial::run(client, spec, started, errors)
                 .await
                 .map(|(report, run)| (report, RunState::Serial { _run: run, pool })),
-            Strategy::Concurrent | Strategy::Daemon => {
+            Strategy::Concurrent | Strategy::Daemon | Strategy::Haproxy => {
                 concurrent::run(client, spec, started, errors)
                     .await
                     .map(|(report, run)| (report, RunState::Concurrent { _run: run, pool }))

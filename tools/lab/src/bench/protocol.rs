@@ -109,6 +109,9 @@ pub struct ReadyReport {
     /// Serial only: the time per secret it registered (the sample's time divided by
     /// its distinct secrets: a secret already registered costs nothing).
     pub per_secret_ms: Option<f64>,
+    /// The `haproxy` strategy only: where HAProxy is and how its start-up went.
+    #[serde(default)]
+    pub haproxy: Option<super::haproxy::HaproxyReady>,
 }
 
 /// The child's resource use and client figures at the moment the parent asked.

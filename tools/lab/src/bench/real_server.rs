@@ -79,6 +79,7 @@ impl RealServer {
         Ok(Generated {
             secrets: cluster.secrets,
             namespaces: cluster.namespaces,
+            routes: cluster.routes,
         })
     }
 

@@ -279,6 +279,9 @@ pub enum Strategy {
     Concurrent,
     /// The whole `certwatch run` daemon, cert directory writes included.
     Daemon,
+    /// The daemon feeding a HAProxy it runs: ready on disk, ready served (handshakes),
+    /// HAProxy's cold load, its own rate, and rotations to file and to served.
+    Haproxy,
 }
 
 impl Strategy {
@@ -288,6 +291,7 @@ impl Strategy {
             Self::Serial => "serial",
             Self::Concurrent => "concurrent",
             Self::Daemon => "daemon",
+            Self::Haproxy => "haproxy",
         }
     }
 }
@@ -300,8 +304,9 @@ impl FromStr for Strategy {
             "serial" => Ok(Self::Serial),
             "concurrent" => Ok(Self::Concurrent),
             "daemon" => Ok(Self::Daemon),
+            "haproxy" => Ok(Self::Haproxy),
             other => Err(BenchError::Usage(format!(
-                "unknown strategy {other:?} (expected serial, concurrent or daemon)"
+                "unknown strategy {other:?} (expected serial, concurrent, daemon or haproxy)"
             ))),
         }
     }

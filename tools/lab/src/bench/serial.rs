@@ -180,6 +180,7 @@ pub async fn run(
             phases,
             per_route_ms: Some(per_route_ms),
             per_secret_ms,
+            haproxy: None,
         },
         SerialRun { _monitor: monitor },
     ))

@@ -32,6 +32,9 @@ pub struct Generated {
     pub secrets: usize,
     /// Namespace names.
     pub namespaces: Vec<String>,
+    /// Every route, oldest first (the `haproxy` strategy rotates their secrets).
+    #[serde(default)]
+    pub routes: Vec<kube_sim::GeneratedRoute>,
 }
 
 /// A running `certwatch sim` child process and an admin client for it.
@@ -146,6 +149,12 @@ impl SimProcess {
             admin_pool,
             _dir: dir,
         })
+    }
+
+    /// The benchmark's admin client of the simulator (its requests are counted apart
+    /// from the client's: [`SimProcess::admin_connections_opened`]).
+    pub fn admin_client(&self) -> kube::Client {
+        self.admin.clone()
     }
 
     /// The kubeconfig the simulator wrote (contexts `router` and `admin`).

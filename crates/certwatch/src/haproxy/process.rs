@@ -1,0 +1,648 @@
+//! HAProxy as certwatch's child, in master-worker mode, and its master CLI.
+//!
+//! [`HaproxyProcess::start`] runs `haproxy -W -S <master socket> -f <config>`: the
+//! master process stays certwatch's child, forks a worker that serves, and answers its
+//! master CLI on the master socket. HAProxy loads every certificate its configuration
+//! names from the files (the crt-list), which is why it is started only once they are
+//! complete: loading the files is HAProxy's fastest way to hold thousands of
+//! certificates.
+//!
+//! [`MasterCli::reload`] sends the master CLI's `reload` (what `kill -USR2` does): the
+//! master re-executes itself, loads the configuration and the files again, forks a new
+//! worker and lets the old one finish its connections. While it loads, the old worker
+//! keeps serving, and a runtime API connection opened to it before keeps working. The
+//! master CLI is unreachable during the load; [`MasterCli::reload`] waits until it
+//! answers again and says whether the load succeeded (`show proc`: the master's
+//! reload count went up, with no failure) and which worker serves now. A failed load
+//! leaves the old worker serving (HAProxy's own behaviour), and the failure is
+//! reported with the end of HAProxy's log.
+//!
+//! A [`MasterCli`] also works on a master socket certwatch did not create (HAProxy
+//! run by someone else in master-worker mode, `--haproxy-master-socket`).
+//!
+//! HAProxy's own output (stdout and stderr) goes to certwatch's log, a line per event,
+//! at the level HAProxy gave it (`[ALERT]` as error, `[WARNING]` as warning, the rest
+//! as info), with target `haproxy`.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use super::runtime::{RuntimeError, one_shot};
+
+/// Lines of HAProxy's output kept for error messages.
+const LOG_TAIL: usize = 20;
+
+/// How often the master CLI is asked while waiting for a start or a reload.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Why HAProxy could not be started, reloaded or asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// The binary could not be run.
+    #[error("cannot run {binary}: {source}")]
+    Spawn {
+        /// The binary.
+        binary: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// HAProxy exited.
+    #[error("HAProxy exited ({status}); its last lines: {log}")]
+    Exited {
+        /// Its exit status.
+        status: ExitStatus,
+        /// The end of its output.
+        log: String,
+    },
+    /// HAProxy refused its configuration (`haproxy -c`, or a reload that failed to
+    /// load: the old worker keeps serving).
+    #[error("HAProxy refused its configuration {config}: {log}")]
+    ConfigRefused {
+        /// The configuration file.
+        config: PathBuf,
+        /// HAProxy's words.
+        log: String,
+    },
+    /// No worker served within the deadline.
+    #[error("HAProxy did not {what} within {timeout:?}{last_error}")]
+    Timeout {
+        /// Start or reload.
+        what: &'static str,
+        /// The deadline.
+        timeout: Duration,
+        /// The last master CLI error seen, if any (`: ...`).
+        last_error: String,
+    },
+    /// The master CLI failed.
+    #[error("HAProxy's master CLI: {0}")]
+    Master(#[from] RuntimeError),
+    /// The master CLI answered something unexpected.
+    #[error("HAProxy's master CLI at {socket}: unexpected answer to `{command}`: {answer}")]
+    Unexpected {
+        /// The socket.
+        socket: PathBuf,
+        /// The command.
+        command: &'static str,
+        /// Its answer, summarised.
+        answer: String,
+    },
+}
+
+/// How to run HAProxy.
+#[derive(Clone, Debug)]
+pub struct ProcessOptions {
+    /// The `haproxy` binary.
+    pub binary: PathBuf,
+    /// Its configuration (`-f`).
+    pub config: PathBuf,
+    /// The master CLI socket certwatch creates (`-S <path>,mode,600`).
+    pub master_socket: PathBuf,
+    /// How long a start or a reload may take (HAProxy loads every certificate: about
+    /// 25 s for 10,000 on a small machine).
+    pub load_timeout: Duration,
+    /// How long one master CLI exchange may take.
+    pub command_timeout: Duration,
+}
+
+impl ProcessOptions {
+    /// `binary` on `config`, its master socket at `master_socket`; 10 minutes for a
+    /// load, 10 s for a master CLI command.
+    pub fn new(
+        binary: impl Into<PathBuf>,
+        config: impl Into<PathBuf>,
+        master_socket: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            binary: binary.into(),
+            config: config.into(),
+            master_socket: master_socket.into(),
+            load_timeout: Duration::from_secs(600),
+            command_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One line of `show proc`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Proc {
+    /// Its pid.
+    pub pid: u32,
+    /// Reloads it survived (for the master: reloads done).
+    pub reloads: u32,
+}
+
+/// The master CLI's `show proc`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Processes {
+    /// The master.
+    pub master: Proc,
+    /// Reloads that failed (since the last that succeeded), from the master's line.
+    pub failed_reloads: u32,
+    /// Current workers (one, with `nbproc` gone).
+    pub workers: Vec<Proc>,
+    /// Workers of earlier loads still finishing their connections.
+    pub old_workers: Vec<Proc>,
+}
+
+impl Processes {
+    /// The worker of the latest load.
+    pub fn current_worker(&self) -> Option<u32> {
+        self.workers
+            .iter()
+            .min_by_key(|worker| worker.reloads)
+            .map(|worker| worker.pid)
+    }
+}
+
+/// Parses `show proc`.
+pub fn parse_processes(answer: &str) -> Option<Processes> {
+    #[derive(PartialEq)]
+    enum Section {
+        Head,
+        Workers,
+        OldWorkers,
+        Other,
+    }
+    let mut section = Section::Head;
+    let mut master = None;
+    let mut failed_reloads = 0;
+    let mut workers = Vec::new();
+    let mut old_workers = Vec::new();
+    for line in answer.lines().map(str::trim) {
+        match line {
+            "" => continue,
+            "# workers" => section = Section::Workers,
+            "# old workers" => section = Section::OldWorkers,
+            _ if line.starts_with("# ") => section = Section::Other,
+            _ if line.starts_with('#') => continue,
+            _ => {
+                let mut fields = line.split_whitespace();
+                let (Some(pid), Some(kind), Some(reloads)) =
+                    (fields.next(), fields.next(), fields.next())
+                else {
+                    continue;
+                };
+                let (Ok(pid), Ok(reloads)) = (pid.parse(), reloads.parse()) else {
+                    continue;
+                };
+                let proc = Proc { pid, reloads };
+                match (&section, kind) {
+                    (Section::Head, "master") => {
+                        // `5 [failed: 0]`
+                        failed_reloads = line
+                            .split_once("[failed:")
+                            .and_then(|(_, rest)| rest.split_once(']'))
+                            .and_then(|(count, _)| count.trim().parse().ok())
+                            .unwrap_or(0);
+                        master = Some(proc);
+                    }
+                    (Section::Workers, "worker") => workers.push(proc),
+                    (Section::OldWorkers, "worker") => old_workers.push(proc),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Some(Processes {
+        master: master?,
+        failed_reloads,
+        workers,
+        old_workers,
+    })
+}
+
+/// A reload that succeeded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reloaded {
+    /// The worker serving now.
+    pub worker: u32,
+    /// How long the load took (from `reload` to the master answering again).
+    pub took: Duration,
+}
+
+/// HAProxy's master CLI (`-S`).
+#[derive(Clone, Debug)]
+pub struct MasterCli {
+    socket: PathBuf,
+    timeout: Duration,
+    /// The end of HAProxy's output when certwatch runs it, for failure messages.
+    log: Option<LogTail>,
+    /// The configuration, for failure messages.
+    config: Option<PathBuf>,
+}
+
+impl MasterCli {
+    /// The master CLI at `socket`; each command must complete within `timeout`.
+    pub fn new(socket: impl Into<PathBuf>, timeout: Duration) -> Self {
+        Self {
+            socket: socket.into(),
+            timeout,
+            log: None,
+            config: None,
+        }
+    }
+
+    /// The socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// `show proc`.
+    pub async fn processes(&self) -> Result<Processes, ProcessError> {
+        let answer = one_shot(&self.socket, "show proc", self.timeout).await?;
+        parse_processes(&answer).ok_or_else(|| ProcessError::Unexpected {
+            socket: self.socket.clone(),
+            command: "show proc",
+            answer: super::runtime::summarize(&answer),
+        })
+    }
+
+    /// Waits until the master answers `show proc` with a worker, for at most
+    /// `timeout`; `alive` is asked between attempts (an exited HAProxy ends the wait).
+    async fn wait_for_worker(
+        &self,
+        what: &'static str,
+        timeout: Duration,
+        mut accept: impl FnMut(&Processes) -> bool,
+        mut alive: impl FnMut() -> Result<(), ProcessError>,
+    ) -> Result<Processes, ProcessError> {
+        let deadline = Instant::now() + timeout;
+        let mut last_error = String::new();
+        loop {
+            alive()?;
+            match self.processes().await {
+                Ok(processes) if accept(&processes) => return Ok(processes),
+                Ok(_) => last_error.clear(),
+                // Refused or unanswered while the master loads: expected.
+                Err(error) => last_error = format!(": {error}"),
+            }
+            if Instant::now() >= deadline {
+                return Err(ProcessError::Timeout {
+                    what,
+                    timeout,
+                    last_error,
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Reloads HAProxy (the master CLI's `reload`) and waits until the master answers
+    /// again, for at most `timeout`: the new worker, or why the load failed (the old
+    /// worker then keeps serving).
+    pub async fn reload(&self, timeout: Duration) -> Result<Reloaded, ProcessError> {
+        self.reload_watching(timeout, || Ok(())).await
+    }
+
+    async fn reload_watching(
+        &self,
+        timeout: Duration,
+        alive: impl FnMut() -> Result<(), ProcessError>,
+    ) -> Result<Reloaded, ProcessError> {
+        let before = self.processes().await?;
+        let started = Instant::now();
+        // The master closes the connection when it re-executes; what it says before
+        // does not matter.
+        match one_shot(&self.socket, "reload", self.timeout).await {
+            Ok(_) | Err(RuntimeError::Io { .. } | RuntimeError::Closed { .. }) => {}
+            Err(error) => return Err(error.into()),
+        }
+        let after = self
+            .wait_for_worker(
+                "reload",
+                timeout,
+                |processes| processes.master.reloads > before.master.reloads,
+                alive,
+            )
+            .await?;
+        let took = started.elapsed();
+        if after.failed_reloads > 0 {
+            return Err(ProcessError::ConfigRefused {
+                config: self.config.clone().unwrap_or_default(),
+                log: self
+                    .log
+                    .as_ref()
+                    .map(LogTail::text)
+                    .unwrap_or_else(|| "see HAProxy's log".to_owned()),
+            });
+        }
+        let worker = after
+            .current_worker()
+            .ok_or_else(|| ProcessError::Unexpected {
+                socket: self.socket.clone(),
+                command: "show proc",
+                answer: "no worker after the reload".to_owned(),
+            })?;
+        Ok(Reloaded { worker, took })
+    }
+}
+
+/// The last lines of HAProxy's output. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct LogTail {
+    /// Guards the last [`LOG_TAIL`] lines.
+    lines: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl LogTail {
+    fn push(&self, line: String) {
+        let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        if lines.len() == LOG_TAIL {
+            lines.pop_front();
+        }
+        lines.push_back(line);
+    }
+
+    /// The kept lines, joined (`|` between them).
+    pub fn text(&self) -> String {
+        let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        if lines.is_empty() {
+            return "(no output)".to_owned();
+        }
+        lines.iter().cloned().collect::<Vec<_>>().join(" | ")
+    }
+}
+
+/// Forwards HAProxy's output to the log, keeping its end.
+fn forward(stream: impl AsyncRead + Unpin + Send + 'static, tail: LogTail) {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stream).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let line = line.trim_end().to_owned();
+            if line.is_empty() {
+                continue;
+            }
+            if line.contains("[ALERT]") {
+                error!(target: "haproxy", "{line}");
+            } else if line.contains("[WARNING]") {
+                warn!(target: "haproxy", "{line}");
+            } else {
+                info!(target: "haproxy", "{line}");
+            }
+            tail.push(line);
+        }
+    });
+}
+
+/// HAProxy's master process, certwatch's child. Dropping it kills HAProxy; use
+/// [`HaproxyProcess::stop`] to let it finish its connections.
+#[derive(Debug)]
+pub struct HaproxyProcess {
+    child: Child,
+    master: MasterCli,
+    options: ProcessOptions,
+    tail: LogTail,
+    /// How long the start took (spawn to the first worker serving).
+    start_duration: Duration,
+}
+
+impl HaproxyProcess {
+    /// Starts HAProxy and waits until its first worker serves (it has loaded every
+    /// file its configuration names); returns the process and that worker's pid.
+    pub async fn start(options: ProcessOptions) -> Result<(Self, u32), ProcessError> {
+        // A socket left by an earlier run would make HAProxy's bind fail.
+        let _ = std::fs::remove_file(&options.master_socket);
+        let mut command = Command::new(&options.binary);
+        command
+            .arg("-W")
+            .arg("-S")
+            .arg(format!("{},mode,600", options.master_socket.display()))
+            .arg("-f")
+            .arg(&options.config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().map_err(|source| ProcessError::Spawn {
+            binary: options.binary.clone(),
+            source,
+        })?;
+        let tail = LogTail::default();
+        if let Some(stdout) = child.stdout.take() {
+            forward(stdout, tail.clone());
+        }
+        if let Some(stderr) = child.stderr.take() {
+            forward(stderr, tail.clone());
+        }
+        let master = MasterCli {
+            socket: options.master_socket.clone(),
+            timeout: options.command_timeout,
+            log: Some(tail.clone()),
+            config: Some(options.config.clone()),
+        };
+        let started = Instant::now();
+        let mut process = Self {
+            child,
+            master,
+            options,
+            tail,
+            start_duration: Duration::ZERO,
+        };
+        let waited = {
+            let Self {
+                child,
+                master,
+                tail,
+                options,
+                ..
+            } = &mut process;
+            master
+                .wait_for_worker(
+                    "start",
+                    options.load_timeout,
+                    |processes| processes.current_worker().is_some(),
+                    || check_alive(child, tail),
+                )
+                .await
+        };
+        let processes = waited?;
+        let worker = processes
+            .current_worker()
+            .ok_or_else(|| ProcessError::Unexpected {
+                socket: process.master.socket.clone(),
+                command: "show proc",
+                answer: "no worker".to_owned(),
+            })?;
+        process.start_duration = started.elapsed();
+        info!(
+            pid = process.child.id().unwrap_or(0),
+            worker,
+            took = ?process.start_duration,
+            config = %process.options.config.display(),
+            "HAProxy started"
+        );
+        Ok((process, worker))
+    }
+
+    /// How long the start took: from spawning HAProxy to its first worker serving
+    /// (HAProxy's own cold load of its files, plus its start).
+    pub fn start_duration(&self) -> Duration {
+        self.start_duration
+    }
+
+    /// The master CLI.
+    pub fn master(&self) -> &MasterCli {
+        &self.master
+    }
+
+    /// The master's pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// The end of HAProxy's output.
+    pub fn log_tail(&self) -> String {
+        self.tail.text()
+    }
+
+    /// Whether HAProxy has exited (and how).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Reloads HAProxy (see [`MasterCli::reload`]); an exit meanwhile is an error.
+    pub async fn reload(&mut self) -> Result<Reloaded, ProcessError> {
+        let timeout = self.options.load_timeout;
+        let Self {
+            child,
+            master,
+            tail,
+            ..
+        } = self;
+        let reloaded = master
+            .reload_watching(timeout, || check_alive(child, tail))
+            .await?;
+        debug!(worker = reloaded.worker, took = ?reloaded.took, "HAProxy reloaded");
+        Ok(reloaded)
+    }
+
+    /// Stops HAProxy: a soft stop (`SIGUSR1`: workers finish their connections), then
+    /// `SIGTERM` after `grace`, then `SIGKILL`; says which ended it.
+    pub async fn stop(mut self, grace: Duration) -> Stopped {
+        let Some(pid) = self.child.id() else {
+            return Stopped::AlreadyExited;
+        };
+        let signal = |signal| {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid.cast_signed()) {
+                let _ = rustix::process::kill_process(pid, signal);
+            }
+        };
+        signal(rustix::process::Signal::USR1);
+        if tokio::time::timeout(grace, self.child.wait()).await.is_ok() {
+            return Stopped::Soft;
+        }
+        warn!(
+            ?grace,
+            "HAProxy did not finish its connections in time; terminating it"
+        );
+        signal(rustix::process::Signal::TERM);
+        if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
+            .await
+            .is_ok()
+        {
+            return Stopped::Terminated;
+        }
+        let _ = self.child.kill().await;
+        Stopped::Killed
+    }
+}
+
+/// How [`HaproxyProcess::stop`] ended HAProxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// It had exited already.
+    AlreadyExited,
+    /// The soft stop: every connection finished within the grace period.
+    Soft,
+    /// `SIGTERM` after the grace period.
+    Terminated,
+    /// `SIGKILL`.
+    Killed,
+}
+
+fn check_alive(child: &mut Child, tail: &LogTail) -> Result<(), ProcessError> {
+    match child.try_wait() {
+        Ok(Some(status)) => Err(ProcessError::Exited {
+            status,
+            log: tail.text(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// `haproxy -c -f config`: HAProxy's verdict on the configuration and every file it
+/// loads (as long as a real load: every certificate is read).
+pub async fn check_config(binary: &Path, config: &Path) -> Result<(), ProcessError> {
+    let output = Command::new(binary)
+        .arg("-c")
+        .arg("-f")
+        .arg(config)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|source| ProcessError::Spawn {
+            binary: binary.to_owned(),
+            source,
+        })?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("[ALERT]") || line.contains("[WARNING]"))
+        .collect();
+    Err(ProcessError::ConfigRefused {
+        config: config.to_owned(),
+        log: if lines.is_empty() {
+            super::runtime::summarize(&text)
+        } else {
+            lines.join(" | ")
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn show_proc_is_read() {
+        let answer = "#<PID>          <type>          <reloads>       <uptime>        <version>      \n\
+            21371           master          3 [failed: 0]   0d00h02m20s     2.6.12-1+deb12u4\n\
+            # workers\n\
+            29577           worker          0               0d00h00m02s     2.6.12-1+deb12u4\n\
+            # old workers\n\
+            27563           worker          2               0d00h00m26s     2.6.12-1+deb12u4\n\
+            # programs\n\n";
+        let processes = parse_processes(answer).unwrap();
+        assert_eq!(
+            processes.master,
+            Proc {
+                pid: 21371,
+                reloads: 3
+            }
+        );
+        assert_eq!(processes.failed_reloads, 0);
+        assert_eq!(processes.current_worker(), Some(29577));
+        assert_eq!(processes.old_workers.len(), 1);
+        let failed = "#<PID> <type> <reloads> <uptime> <version>\n1 master 2 [failed: 1] 0d 2.6\n# workers\n7 worker 1 0d 2.6\n";
+        let processes = parse_processes(failed).unwrap();
+        assert_eq!(processes.failed_reloads, 1);
+        assert_eq!(processes.current_worker(), Some(7));
+        assert!(parse_processes("Unknown command").is_none());
+    }
+}

@@ -1,0 +1,974 @@
+//! The `haproxy` strategy: the whole daemon feeding a real HAProxy it runs itself
+//! (`--haproxy-config`), measured where a client sees it, by TLS handshakes.
+//!
+//! In the client process (so that its CPU figures are certwatch's alone; HAProxy is a
+//! process of its own):
+//!
+//! - the daemon starts, writes its files, and starts HAProxy on them;
+//! - **ready on disk**: the daemon's files are ready (every route decided, bundles and
+//!   crt-list written);
+//! - **ready served**: from then on, a sample of routes (200, spread over the crt-list)
+//!   is asked by real TLS handshakes (SNI) until each presents the certificate of its
+//!   bundle; the daemon's own `/readyz` moment is reported beside it;
+//! - **HAProxy's cold load**: a second HAProxy, on a copy of the configuration (other
+//!   ports and sockets), loads the same crt-list from its files; the time from its start
+//!   to its worker serving.
+//!
+//! In the benchmark process, once the client is ready:
+//!
+//! - **HAProxy's own rate**: `set ssl cert` + `commit ssl cert` of up to 1,000 of the
+//!   certificates (their own material again), pipelined over one runtime API connection
+//!   of the benchmark's: what this machine's HAProxy takes per second;
+//! - **rotations** at 50/s, at 80 % of that rate, and at 500/s (each for
+//!   `--rotation-seconds`): new certificates written through the API (secret PATCHes as
+//!   the admin), each for a different route; a sample of them (at most 50 per second) is
+//!   followed to its file (the bundle on disk holds the new certificate) and to being
+//!   served (a handshake presents it). Latencies count from the moment the PATCH is sent;
+//!   certwatch's and HAProxy's CPU over the phase are reported in cores.
+//!
+//! The bounds checked are issue 22's: served at start-up within 1.1 × HAProxy's cold
+//! load after the files are ready; p99 ≤ 1 s at 50/s with certwatch under a quarter of a
+//! core; p99 ≤ 2 s up to 80 % of HAProxy's own rate. Beyond that rate the backlog is
+//! coalesced (only the newest version of a certificate is pushed): the figures show it,
+//! and no probe may go unserved.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use certwatch::haproxy::process::{HaproxyProcess, ProcessOptions};
+use certwatch::haproxy::runtime::{Command, Payload, RuntimeClient, RuntimeOptions};
+use certwatch::haproxy::{HaproxyOptions, HaproxyState};
+use certwatch::{Daemon, DaemonOptions};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use route_secrets::api::pipeline::Readiness;
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use serde::{Deserialize, Serialize};
+
+use super::BenchError;
+use super::protocol::{ClientSpec, ErrorLog, ReadyReport};
+use super::report::Check;
+
+/// Routes sampled by handshakes at start-up.
+const STARTUP_SAMPLE: usize = 200;
+/// Certificates of HAProxy's own rate measurement at most.
+const OWN_RATE_SAMPLE: usize = 1_000;
+/// Rotations followed per second at most.
+const PROBES_PER_SECOND: f64 = 50.0;
+/// How long a probe waits for its rotation before counting it as never seen.
+const PROBE_DEADLINE: Duration = Duration::from_secs(60);
+/// How often a probe looks at the file, and asks HAProxy.
+const FILE_POLL: Duration = Duration::from_millis(5);
+const HANDSHAKE_POLL: Duration = Duration::from_millis(10);
+
+fn failed(message: impl Into<String>) -> BenchError {
+    BenchError::Strategy {
+        strategy: "haproxy",
+        message: message.into(),
+    }
+}
+
+fn io(what: &str) -> impl FnOnce(std::io::Error) -> BenchError + '_ {
+    move |source| BenchError::Io {
+        what: what.to_owned(),
+        source,
+    }
+}
+
+fn ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What the client reports about HAProxy at ready.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct HaproxyReady {
+    /// HAProxy's TLS port (127.0.0.1).
+    pub tls_port: u16,
+    /// Its stats socket.
+    pub stats_socket: PathBuf,
+    /// certwatch's cert directory.
+    pub cert_dir: PathBuf,
+    /// The worker serving at ready.
+    pub worker: Option<u32>,
+    /// Routes in the crt-list.
+    pub listed: usize,
+    /// From the first request to the files being ready (ready on disk).
+    pub files_ready_ms: u64,
+    /// From the first request to the daemon's own ready (HAProxy serves every route).
+    pub daemon_ready_ms: u64,
+    /// From the first request to every sampled route presenting its certificate in a
+    /// handshake (ready served).
+    pub served_ms: u64,
+    /// Routes sampled by handshakes.
+    pub sampled: usize,
+    /// HAProxy's start as certwatch ran it (spawn to the first worker serving).
+    pub haproxy_start_ms: u64,
+    /// HAProxy's own cold load of the same crt-list (a second HAProxy).
+    pub cold_load_ms: u64,
+    /// The daemon's HTTP endpoint (`/metrics`).
+    pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+/// A running daemon with its HAProxy; dropping it stops both.
+pub struct HaproxyRun {
+    daemon: Daemon,
+    _cert_dir: tempfile::TempDir,
+    _run_dir: tempfile::TempDir,
+}
+
+impl HaproxyRun {
+    /// The daemon's connection pool counters.
+    pub fn pool_stats(&self) -> kube_h2::PoolStats {
+        self.daemon.pool_stats()
+    }
+}
+
+/// Accepts any server certificate and remembers the end-entity one.
+#[derive(Debug)]
+struct Recorder {
+    provider: Arc<CryptoProvider>,
+    /// Guards the last end-entity certificate seen.
+    seen: Mutex<Option<Vec<u8>>>,
+}
+
+impl ServerCertVerifier for Recorder {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = Some(end_entity.to_vec());
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The end-entity certificate HAProxy at 127.0.0.1:`port` presents for `sni`, if a
+/// handshake succeeds.
+pub async fn presented(port: u16, sni: &str) -> Option<Vec<u8>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let recorder = Arc::new(Recorder {
+        provider: Arc::clone(&provider),
+        seen: Mutex::new(None),
+    });
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .dangerous()
+        .with_custom_certificate_verifier(recorder.clone())
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let name = ServerName::try_from(sni.to_owned()).ok()?;
+    tokio::time::timeout(Duration::from_secs(10), connector.connect(name, stream))
+        .await
+        .ok()?
+        .ok()?;
+    recorder
+        .seen
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+}
+
+/// The server certificate (DER) at the start of a bundle file.
+fn leaf_of_file(path: &Path) -> Option<Vec<u8>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    certwatch::files::first_certificate_der(&text)
+}
+
+fn free_port() -> Result<u16, BenchError> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
+    Ok(listener
+        .local_addr()
+        .map_err(io("finding a free port"))?
+        .port())
+}
+
+/// HAProxy's configuration: one TLS frontend on `port` with a default certificate and
+/// certwatch's crt-list, the stats socket at level admin.
+fn write_config(
+    dir: &Path,
+    name: &str,
+    socket: &Path,
+    port: u16,
+    default_pem: &Path,
+    crt_list: &Path,
+) -> Result<PathBuf, BenchError> {
+    let config = dir.join(name);
+    let text = format!(
+        "global\n  stats socket {socket} level admin\n\
+         defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n\
+         frontend tls\n  bind 127.0.0.1:{port} ssl crt {default} crt-list {list}\n  default_backend nowhere\n\
+         backend nowhere\n  server nowhere 127.0.0.1:9\n",
+        socket = socket.display(),
+        default = default_pem.display(),
+        list = crt_list.display(),
+    );
+    std::fs::write(&config, text).map_err(io("writing HAProxy's configuration"))?;
+    Ok(config)
+}
+
+fn self_signed(host: &str) -> Result<String, BenchError> {
+    let key = rcgen::KeyPair::generate().map_err(|e| failed(e.to_string()))?;
+    let params =
+        rcgen::CertificateParams::new(vec![host.to_owned()]).map_err(|e| failed(e.to_string()))?;
+    let certificate = params
+        .self_signed(&key)
+        .map_err(|e| failed(e.to_string()))?;
+    Ok(format!("{}{}", certificate.pem(), key.serialize_pem()))
+}
+
+/// The crt-list's lines as (link path, SNI).
+fn crt_list_lines(cert_dir: &Path) -> Vec<(PathBuf, String)> {
+    std::fs::read_to_string(cert_dir.join("crt-list"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let (path, rest) = line.split_once(' ')?;
+            let sni = rest.rsplit(' ').next()?;
+            Some((PathBuf::from(path), sni.to_owned()))
+        })
+        .collect()
+}
+
+/// Handshakes with every sampled route until each presents its bundle's certificate.
+async fn sample_until_served(port: u16, samples: Vec<(String, Vec<u8>)>) {
+    let mut waiting = samples;
+    while !waiting.is_empty() {
+        let mut still = Vec::with_capacity(waiting.len());
+        for chunk in waiting.chunks(16) {
+            let checks = chunk.iter().map(|(sni, leaf)| async move {
+                (presented(port, sni).await.as_ref() == Some(leaf)).then_some(())
+            });
+            let results = futures::future::join_all(checks).await;
+            for (sample, result) in chunk.iter().zip(results) {
+                if result.is_none() {
+                    still.push(sample.clone());
+                }
+            }
+        }
+        waiting = still;
+        if !waiting.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Client side: starts the daemon with a HAProxy it runs, and returns once HAProxy
+/// serves every sampled route and its cold load has been measured.
+pub async fn run(
+    config: kube::Config,
+    spec: &ClientSpec,
+    started: Instant,
+    errors: ErrorLog,
+) -> Result<(ReadyReport, HaproxyRun), BenchError> {
+    let cert_dir = certwatch::files::memory_backed_tempdir("certwatch-bench-certs-")
+        .map_err(io("creating the cert directory"))?;
+    let run_dir = certwatch::files::memory_backed_tempdir("certwatch-bench-haproxy-")
+        .map_err(io("creating HAProxy's directory"))?;
+    let root = run_dir.path();
+    let certs = cert_dir
+        .path()
+        .canonicalize()
+        .map_err(io("reading the cert directory's path"))?;
+    let default_pem = root.join("default.pem");
+    std::fs::write(&default_pem, self_signed("default.invalid")?)
+        .map_err(io("writing the default certificate"))?;
+    let socket = root.join("admin.sock");
+    let port = free_port()?;
+    let haproxy_config = write_config(
+        root,
+        "haproxy.cfg",
+        &socket,
+        port,
+        &default_pem,
+        &certs.join("crt-list"),
+    )?;
+    let mut options = DaemonOptions::new(&certs);
+    options.max_concurrent_syncs = spec.max_concurrent_syncs;
+    options.write_status = spec.status_writes;
+    options.identity = kube_sim::ROUTER_USER.to_owned();
+    options.client = kube_h2::ClientOptions::default().protocol(spec.protocol.into());
+    // The benchmark reads how many routes wait for HAProxy from the metrics.
+    options.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    let mut process = ProcessOptions::new("haproxy", &haproxy_config, root.join("master.sock"));
+    process.load_timeout = Duration::from_millis(spec.timeout_ms);
+    options.haproxy = Some(HaproxyOptions::managed(&socket, process));
+    let daemon = Daemon::start(config, options)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+
+    let mut pipeline = daemon.pipeline_readiness();
+    let milestones = tokio::spawn(async move {
+        pipeline.wait_for(|readiness| readiness.listed).await.ok()?;
+        let listed_ms = ms(started.elapsed());
+        let decided = *pipeline.wait_for(Readiness::is_ready).await.ok()?;
+        Some((listed_ms, ms(started.elapsed()), decided))
+    });
+    let mut status = daemon.status();
+    status
+        .wait_for(|status| status.files_ready)
+        .await
+        .map_err(|_| failed("the daemon stopped before its files were ready"))?;
+    let files_ready_ms = ms(started.elapsed());
+    // Ready served, by handshakes: a sample spread over the crt-list.
+    let lines = crt_list_lines(&certs);
+    let step = (lines.len() / STARTUP_SAMPLE).max(1);
+    let samples: Vec<(String, Vec<u8>)> = lines
+        .iter()
+        .step_by(step)
+        .take(STARTUP_SAMPLE)
+        .filter_map(|(link, sni)| Some((sni.clone(), leaf_of_file(link)?)))
+        .collect();
+    let sampled = samples.len();
+    let daemon_ready = {
+        let mut status = daemon.status();
+        tokio::spawn(async move {
+            status.wait_for(|status| status.ready).await.ok()?;
+            Some(ms(started.elapsed()))
+        })
+    };
+    sample_until_served(port, samples).await;
+    let served_ms = ms(started.elapsed());
+    let daemon_ready_ms = daemon_ready
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(|| failed("the daemon stopped before it was ready"))?;
+    let ready = *daemon.status().borrow();
+    let haproxy_start_ms = metric_seconds(
+        &daemon.metrics_text(),
+        "certwatch_haproxy_load_duration_seconds",
+    )
+    .map_or(0, |seconds| ms(Duration::from_secs_f64(seconds)));
+    let worker = ready.haproxy.and_then(|haproxy| haproxy.worker);
+    if ready
+        .haproxy
+        .is_some_and(|haproxy| haproxy.state != HaproxyState::Serving)
+    {
+        errors.record("HAProxy was not serving at ready");
+    }
+
+    // HAProxy's own cold load of the same files, by a second HAProxy.
+    let cold_socket = root.join("cold.sock");
+    let cold_config = write_config(
+        root,
+        "cold.cfg",
+        &cold_socket,
+        free_port()?,
+        &default_pem,
+        &certs.join("crt-list"),
+    )?;
+    let mut cold = ProcessOptions::new("haproxy", &cold_config, root.join("cold-master.sock"));
+    cold.load_timeout = Duration::from_millis(spec.timeout_ms);
+    let (cold_process, _) = HaproxyProcess::start(cold)
+        .await
+        .map_err(|e| failed(format!("HAProxy's cold load: {e}")))?;
+    let cold_load_ms = ms(cold_process.start_duration());
+    cold_process.stop(Duration::from_secs(10)).await;
+
+    let (routes_listed_ms, pipeline_ready_ms, pipeline_ready) = milestones
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(|| failed("the pipeline stopped before it was ready"))?;
+    for _ in 0..ready.rejected {
+        errors.record("a route was rejected (see the daemon's log)");
+    }
+    let (watched, _synced) = daemon.secret_counts();
+    let mut phases = BTreeMap::new();
+    phases.insert("routes_listed".to_owned(), routes_listed_ms);
+    phases.insert("pipeline_ready".to_owned(), pipeline_ready_ms);
+    phases.insert("files_ready".to_owned(), files_ready_ms);
+    phases.insert("ready".to_owned(), daemon_ready_ms);
+    phases.insert("served".to_owned(), served_ms);
+    Ok((
+        ReadyReport {
+            ready_ms: daemon_ready_ms,
+            measured_routes: pipeline_ready.initial_routes,
+            measured_secrets: watched,
+            admitted: ready.admitted,
+            rejected: ready.rejected,
+            phases,
+            per_route_ms: None,
+            per_secret_ms: None,
+            haproxy: Some(HaproxyReady {
+                tls_port: port,
+                stats_socket: socket,
+                cert_dir: certs,
+                worker,
+                listed: lines.len(),
+                files_ready_ms,
+                daemon_ready_ms,
+                served_ms,
+                sampled,
+                haproxy_start_ms,
+                cold_load_ms,
+                metrics_addr: daemon.http_addr(),
+            }),
+        },
+        HaproxyRun {
+            daemon,
+            _cert_dir: cert_dir,
+            _run_dir: run_dir,
+        },
+    ))
+}
+
+fn metric_seconds(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// The daemon's metrics over plain HTTP/1.0.
+async fn fetch_metrics(addr: std::net::SocketAddr) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: certwatch\r\n\r\n")
+            .await
+            .ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.ok()?;
+        Some(answer)
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Samples certwatch's backlog (routes not served, age of the oldest unserved change)
+/// until `stop` is set; returns the largest of each.
+async fn watch_backlog(
+    addr: Option<std::net::SocketAddr>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> (f64, f64) {
+    let Some(addr) = addr else {
+        return (0.0, 0.0);
+    };
+    let (mut routes, mut age) = (0.0_f64, 0.0_f64);
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        if let Some(text) = fetch_metrics(addr).await {
+            routes = routes
+                .max(metric_seconds(&text, "certwatch_routes_admitted_not_served").unwrap_or(0.0));
+            age = age.max(
+                metric_seconds(&text, "certwatch_oldest_unserved_change_age_seconds")
+                    .unwrap_or(0.0),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (routes, age)
+}
+
+/// Waits until certwatch has nothing unserved (the backlog of a phase drained).
+async fn wait_drained(addr: Option<std::net::SocketAddr>, timeout: Duration) -> bool {
+    let Some(addr) = addr else {
+        return false;
+    };
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(text) = fetch_metrics(addr).await
+            && metric_seconds(&text, "certwatch_routes_admitted_not_served") == Some(0.0)
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// Latency percentiles of a phase, in milliseconds.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Percentiles {
+    /// Samples.
+    pub count: usize,
+    /// Median.
+    pub p50_ms: u64,
+    /// 95th percentile.
+    pub p95_ms: u64,
+    /// 99th percentile.
+    pub p99_ms: u64,
+    /// Largest.
+    pub max_ms: u64,
+}
+
+impl Percentiles {
+    fn of(mut samples: Vec<u64>) -> Self {
+        samples.sort_unstable();
+        let at = |q: f64| {
+            if samples.is_empty() {
+                return 0;
+            }
+            let index = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1;
+            samples[index]
+        };
+        Self {
+            count: samples.len(),
+            p50_ms: at(0.50),
+            p95_ms: at(0.95),
+            p99_ms: at(0.99),
+            max_ms: samples.last().copied().unwrap_or(0),
+        }
+    }
+}
+
+/// One rotation phase.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RotationFigures {
+    /// Rotations per second asked for.
+    pub rate_per_s: f64,
+    /// Rotations written.
+    pub rotations: usize,
+    /// Writes the API server refused.
+    pub write_errors: usize,
+    /// Wall time from the first write to the last write.
+    pub writing_ms: u64,
+    /// Rotations followed.
+    pub probes: usize,
+    /// From the write to the new certificate in its bundle file.
+    pub to_file: Percentiles,
+    /// From the write to the new certificate in a handshake.
+    pub to_served: Percentiles,
+    /// Followed rotations never seen on disk within the deadline.
+    pub never_on_disk: usize,
+    /// Followed rotations never served within the deadline.
+    pub never_served: usize,
+    /// certwatch's CPU over the phase, in cores.
+    pub certwatch_cores: Option<f64>,
+    /// HAProxy's worker's CPU over the phase, in cores.
+    pub haproxy_cores: Option<f64>,
+    /// The most routes certwatch reported waiting for HAProxy during the phase
+    /// (`certwatch_routes_admitted_not_served`, sampled every 100 ms).
+    pub peak_unserved_routes: f64,
+    /// The oldest unserved change it reported, at most, in seconds.
+    pub peak_unserved_age_s: f64,
+    /// Whether the backlog drained (nothing unserved) within 120 s after the phase.
+    pub drained: bool,
+}
+
+/// Everything the strategy measured.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct HaproxyFigures {
+    /// Start-up.
+    pub startup: HaproxyReady,
+    /// Ready served minus ready on disk.
+    pub served_after_files_ms: u64,
+    /// HAProxy's own `set ssl cert` + `commit ssl cert` per second (pipelined, one
+    /// connection).
+    pub own_rate_per_s: f64,
+    /// Certificates of that measurement.
+    pub own_rate_sample: usize,
+    /// The rotation phases.
+    pub rotations: Vec<RotationFigures>,
+    /// Issue 22's bounds, measured.
+    pub bounds: BTreeMap<String, Check>,
+}
+
+/// The leaves written to one route's secret during a phase, in order: a rotation
+/// counts as served when a handshake presents it or a later one (the controller pushes
+/// only the newest version of a certificate).
+type Written = Arc<Mutex<Vec<Vec<u8>>>>;
+
+/// The rotation of one route: where its secret is, the host, and the new material.
+struct Rotation {
+    /// The route's leaves of this phase.
+    written: Written,
+    namespace: String,
+    secret: String,
+    host: String,
+    bundle: PathBuf,
+    crt: String,
+    key: String,
+    leaf: Vec<u8>,
+}
+
+fn rotation_material(host: &str) -> Result<(String, String, Vec<u8>), BenchError> {
+    let key = rcgen::KeyPair::generate().map_err(|e| failed(e.to_string()))?;
+    let mut params =
+        rcgen::CertificateParams::new(vec![host.to_owned()]).map_err(|e| failed(e.to_string()))?;
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::hours(1);
+    params.not_after = now + time::Duration::days(30);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, host.to_owned());
+    let certificate = params
+        .self_signed(&key)
+        .map_err(|e| failed(e.to_string()))?;
+    Ok((
+        certificate.pem(),
+        key.serialize_pem(),
+        certificate.der().to_vec(),
+    ))
+}
+
+/// Measures HAProxy's own rate: `set ssl cert` + `commit ssl cert` of the certificates
+/// in `lines` (their own bundles again), pipelined in batches of 100 over one
+/// connection.
+async fn own_rate(socket: &Path, lines: &[(PathBuf, String)]) -> Result<(f64, usize), BenchError> {
+    let client = RuntimeClient::spawn(RuntimeOptions::new(socket));
+    let mut batches = Vec::new();
+    for chunk in lines.chunks(100) {
+        let mut commands = Vec::with_capacity(chunk.len() * 2);
+        for (link, _) in chunk {
+            let bundle = std::fs::read_to_string(link).map_err(io("reading a bundle"))?;
+            let name = link.display().to_string();
+            commands.push(Command::with_payload(
+                format!("set ssl cert {name}"),
+                Payload::new(bundle),
+            ));
+            commands.push(Command::new(format!("commit ssl cert {name}")));
+        }
+        batches.push(commands);
+    }
+    // The connection is opened before the clock starts.
+    let opened = client.execute(vec![Command::new("show info")]).await;
+    if let Some(error) = opened.error {
+        return Err(failed(format!("HAProxy's runtime API: {error}")));
+    }
+    let started = Instant::now();
+    let mut committed = 0;
+    for commands in batches {
+        let outcome = client.execute(commands).await;
+        if let Some(error) = outcome.error {
+            return Err(failed(format!("HAProxy's runtime API: {error}")));
+        }
+        committed += outcome
+            .replies
+            .iter()
+            .filter(|reply| reply.contains("Success!"))
+            .count();
+    }
+    let elapsed = started.elapsed().as_secs_f64().max(1e-6);
+    Ok((committed as f64 / elapsed, committed))
+}
+
+/// Whether `seen` is the rotation at `index` of its route, or a later one.
+fn this_or_later(written: &Written, index: usize, seen: Option<&Vec<u8>>) -> bool {
+    let Some(seen) = seen else {
+        return false;
+    };
+    written
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .skip(index)
+        .any(|leaf| leaf == seen)
+}
+
+/// Follows one rotation: to its file, then to a handshake.
+async fn follow(
+    port: u16,
+    bundle: PathBuf,
+    host: String,
+    written: Written,
+    index: usize,
+    sent: Instant,
+) -> (Option<u64>, Option<u64>) {
+    let deadline = sent + PROBE_DEADLINE;
+    let mut on_disk = None;
+    while Instant::now() < deadline {
+        if this_or_later(&written, index, leaf_of_file(&bundle).as_ref()) {
+            on_disk = Some(ms(sent.elapsed()));
+            break;
+        }
+        tokio::time::sleep(FILE_POLL).await;
+    }
+    if on_disk.is_none() {
+        return (None, None);
+    }
+    while Instant::now() < deadline {
+        if this_or_later(&written, index, presented(port, &host).await.as_ref()) {
+            return (on_disk, Some(ms(sent.elapsed())));
+        }
+        tokio::time::sleep(HANDSHAKE_POLL).await;
+    }
+    (on_disk, None)
+}
+
+/// One rotation phase at `rate` per second for `seconds`.
+#[allow(clippy::too_many_arguments)]
+async fn rotate(
+    admin: &kube::Client,
+    routes: &[kube_sim::GeneratedRoute],
+    first: usize,
+    ready: &HaproxyReady,
+    rate: f64,
+    seconds: f64,
+    client_pid: Option<u32>,
+    worker: Option<u32>,
+) -> Result<RotationFigures, BenchError> {
+    let count = ((rate * seconds).round() as usize).max(1);
+    let every = (rate / PROBES_PER_SECOND).ceil().max(1.0) as usize;
+    let mut rotations = Vec::with_capacity(count);
+    let mut by_route: std::collections::HashMap<usize, Written> = std::collections::HashMap::new();
+    for i in 0..count {
+        let index = (first + i) % routes.len();
+        let written = Arc::clone(by_route.entry(index).or_default());
+        let route = &routes[index];
+        let names = certwatch::files::bundle_names(&route_secrets::route::RouteKey::new(
+            route.namespace.as_str(),
+            route.route.as_str(),
+        ))
+        .map_err(|e| failed(e.to_string()))?;
+        let (crt, key, leaf) = rotation_material(&route.host)?;
+        rotations.push(Rotation {
+            written,
+            namespace: route.namespace.clone(),
+            secret: route.secret.clone(),
+            host: route.host.clone(),
+            bundle: ready.cert_dir.join(names.bundle),
+            crt,
+            key,
+            leaf,
+        });
+    }
+    let cpu = |pid: Option<u32>| pid.and_then(super::process_stats::other_process_cpu_ms);
+    let (certwatch_before, haproxy_before) = (cpu(client_pid), cpu(worker));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let backlog = tokio::spawn(watch_backlog(ready.metrics_addr, Arc::clone(&stop)));
+    let started = Instant::now();
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let mut writes = Vec::with_capacity(count);
+    let mut probes = Vec::new();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    for (i, rotation) in rotations.into_iter().enumerate() {
+        tokio::time::sleep_until(tokio::time::Instant::from_std(
+            started + interval * i as u32,
+        ))
+        .await;
+        use base64::Engine as _;
+        let patch = serde_json::json!({
+            "data": {
+                "tls.crt": b64.encode(&rotation.crt),
+                "tls.key": b64.encode(&rotation.key),
+            }
+        });
+        let secrets: Api<Secret> = Api::namespaced(admin.clone(), &rotation.namespace);
+        let secret = rotation.secret.clone();
+        let position = {
+            let mut written = rotation
+                .written
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            written.push(rotation.leaf.clone());
+            written.len() - 1
+        };
+        let sent = Instant::now();
+        writes.push(tokio::spawn(async move {
+            secrets
+                .patch(&secret, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .is_ok()
+        }));
+        if i % every == 0 {
+            probes.push(tokio::spawn(follow(
+                ready.tls_port,
+                rotation.bundle,
+                rotation.host,
+                rotation.written,
+                position,
+                sent,
+            )));
+        }
+    }
+    let writing_ms = ms(started.elapsed());
+    let mut write_errors = 0;
+    for write in writes {
+        if !write.await.unwrap_or(false) {
+            write_errors += 1;
+        }
+    }
+    let mut to_file = Vec::new();
+    let mut to_served = Vec::new();
+    let (mut never_on_disk, mut never_served) = (0, 0);
+    let probed = probes.len();
+    for probe in probes {
+        let (disk, served) = probe.await.unwrap_or((None, None));
+        match disk {
+            Some(disk) => to_file.push(disk),
+            None => never_on_disk += 1,
+        }
+        match served {
+            Some(served) => to_served.push(served),
+            None => never_served += 1,
+        }
+    }
+    let wall = started.elapsed().as_secs_f64().max(1e-3);
+    let cores = |before: Option<u64>, after: Option<u64>| {
+        before
+            .zip(after)
+            .map(|(before, after)| (after.saturating_sub(before) as f64 / 1000.0) / wall)
+    };
+    let (certwatch_cores, haproxy_cores) = (
+        cores(certwatch_before, cpu(client_pid)),
+        cores(haproxy_before, cpu(worker)),
+    );
+    let drained = wait_drained(ready.metrics_addr, Duration::from_secs(120)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (peak_unserved_routes, peak_unserved_age_s) = backlog.await.unwrap_or((0.0, 0.0));
+    Ok(RotationFigures {
+        rate_per_s: rate,
+        rotations: count,
+        write_errors,
+        writing_ms,
+        probes: probed,
+        to_file: Percentiles::of(to_file),
+        to_served: Percentiles::of(to_served),
+        never_on_disk,
+        never_served,
+        certwatch_cores,
+        haproxy_cores,
+        peak_unserved_routes,
+        peak_unserved_age_s,
+        drained,
+    })
+}
+
+/// Benchmark side: HAProxy's own rate, then the rotation phases, then the bounds.
+pub async fn measure(
+    admin: &kube::Client,
+    routes: &[kube_sim::GeneratedRoute],
+    ready: &HaproxyReady,
+    client_pid: Option<u32>,
+    seconds: f64,
+) -> Result<HaproxyFigures, BenchError> {
+    if routes.is_empty() {
+        return Err(failed("no routes to rotate"));
+    }
+    let lines = crt_list_lines(&ready.cert_dir);
+    let sample: Vec<(PathBuf, String)> = lines.iter().take(OWN_RATE_SAMPLE).cloned().collect();
+    let (own_rate_per_s, own_rate_sample) = own_rate(&ready.stats_socket, &sample).await?;
+    super::progress(&format!(
+        "  haproxy: HAProxy's own rate: {own_rate_per_s:.0} set+commit/s ({own_rate_sample} certificates)"
+    ));
+    let bound_rate = (0.8 * own_rate_per_s).floor().max(1.0);
+    let mut rates = vec![50.0, bound_rate, 500.0];
+    rates.sort_by(f64::total_cmp);
+    rates.dedup();
+    let mut phases = Vec::new();
+    let mut first = 0;
+    for rate in rates {
+        let figures = rotate(
+            admin,
+            routes,
+            first,
+            ready,
+            rate,
+            seconds,
+            client_pid,
+            ready.worker,
+        )
+        .await?;
+        first += figures.rotations;
+        super::progress(&format!(
+            "  haproxy: {rate:.0} rotations/s: to file p50 {} p99 {}, served p50 {} p99 {} max {} ({} probes, {} never served), certwatch {} cores",
+            figures.to_file.p50_ms,
+            figures.to_file.p99_ms,
+            figures.to_served.p50_ms,
+            figures.to_served.p99_ms,
+            figures.to_served.max_ms,
+            figures.probes,
+            figures.never_served,
+            figures
+                .certwatch_cores
+                .map_or("?".to_owned(), |cores| format!("{cores:.3}")),
+        ));
+        phases.push(figures);
+    }
+    let served_after_files_ms = ready.served_ms.saturating_sub(ready.files_ready_ms);
+    let mut bounds = BTreeMap::new();
+    bounds.insert(
+        "startup_served_vs_cold_load".to_owned(),
+        Check::new(
+            served_after_files_ms as f64,
+            1.1 * ready.cold_load_ms as f64,
+        ),
+    );
+    for phase in &phases {
+        let never = |phase: &RotationFigures| (phase.never_served + phase.never_on_disk) as f64;
+        if phase.rate_per_s <= 50.0 {
+            bounds.insert(
+                "p99_served_ms_at_50".to_owned(),
+                Check::new(phase.to_served.p99_ms as f64, 1_000.0),
+            );
+            if let Some(cores) = phase.certwatch_cores {
+                bounds.insert("certwatch_cores_at_50".to_owned(), Check::new(cores, 0.25));
+            }
+        }
+        if phase.rate_per_s <= bound_rate {
+            bounds.insert(
+                format!("p99_served_ms_at_{:.0}", phase.rate_per_s),
+                Check::new(phase.to_served.p99_ms as f64, 2_000.0),
+            );
+        }
+        bounds.insert(
+            format!("never_served_at_{:.0}", phase.rate_per_s),
+            Check::new(never(phase), 0.0),
+        );
+        bounds.insert(
+            format!("not_drained_at_{:.0}", phase.rate_per_s),
+            Check::new(if phase.drained { 0.0 } else { 1.0 }, 0.0),
+        );
+    }
+    Ok(HaproxyFigures {
+        startup: ready.clone(),
+        served_after_files_ms,
+        own_rate_per_s: (own_rate_per_s * 10.0).round() / 10.0,
+        own_rate_sample,
+        rotations: phases,
+        bounds,
+    })
+}

@@ -1,6 +1,9 @@
-//! The PrometheusRule in `deploy/base`: promtool (Debian's `prometheus` package)
-//! checks every rule, and `promtool test rules` shows each alert firing, or staying
-//! silent, on series scraped from real runs of `certwatch run`:
+//! The PrometheusRule in `deploy/base` and its plain twin in `deploy/alerts`: the two
+//! hold the same rules, and the unit tests shipped beside them
+//! (`deploy/alerts/certwatch.rules.test.yaml`) pass under promtool (Debian's
+//! `prometheus` package). Then promtool checks every rule, and `promtool test rules`
+//! shows each alert firing, or staying silent, on series scraped from real runs of
+//! `certwatch run`:
 //!
 //! - a healthy daemon (certificates valid for 7 days): only the expiring-soon warning
 //!   fires, and the 3-day alert fires once the series is evaluated 5 days later;
@@ -86,9 +89,12 @@ impl Scrape {
     /// The series the rules read, as promtool input: gauges constant, counters rising
     /// from `earlier`'s value to this one's per step, expirations moved to promtool's
     /// clock, the age of the oldest unserved change growing with time (the change stays
-    /// unserved), `interval` seconds per step.
+    /// unserved), `interval` seconds per step; and the scrape's own series: the target
+    /// is up.
     fn input_series(&self, earlier: Option<&Scrape>, steps: u32, interval: u32) -> String {
-        let mut out = String::new();
+        let mut out = format!(
+            "      - series: 'up{{job=\"certwatch\",namespace=\"certwatch\"}}'\n        values: '1x{steps}'\n"
+        );
         for (series, value) in &self.samples {
             let name = series.split('{').next().unwrap();
             let values = if name == "certwatch_certificate_expiration_timestamp_seconds" {
@@ -135,6 +141,49 @@ fn alert_tests(cases: &[(&str, &str, Vec<String>)]) -> String {
     out
 }
 
+/// `deploy/alerts/certwatch.rules.yaml` is the PrometheusRule's `spec.groups`, and the
+/// unit tests beside it pass, as an operator runs them.
+#[test]
+fn the_shipped_rule_file_matches_and_its_tests_pass() {
+    let alerts = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/alerts");
+    let plain: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(alerts.join("certwatch.rules.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        plain,
+        rule_groups(),
+        "deploy/alerts/certwatch.rules.yaml differs from deploy/base/prometheusrule.yaml's spec.groups"
+    );
+    let checked = promtool(&["check", "rules", "certwatch.rules.yaml"], &alerts);
+    assert!(checked.contains("SUCCESS: 10 rules found"), "{checked}");
+    let tested = promtool(&["test", "rules", "certwatch.rules.test.yaml"], &alerts);
+    assert!(tested.contains("SUCCESS"), "{tested}");
+    // Every alert is tested firing at least once.
+    let tests: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(alerts.join("certwatch.rules.test.yaml")).unwrap(),
+    )
+    .unwrap();
+    let firing: Vec<&str> = tests["tests"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|test| test["alert_rule_test"].as_sequence().unwrap())
+        .filter(|case| {
+            case["exp_alerts"]
+                .as_sequence()
+                .is_some_and(|alerts| !alerts.is_empty())
+        })
+        .map(|case| case["alertname"].as_str().unwrap())
+        .collect();
+    for group in rule_groups()["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            let alert = rule["alert"].as_str().unwrap();
+            assert!(firing.contains(&alert), "{alert} is never tested firing");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_alert_parses_and_fires_on_a_real_run() {
     let temp = tempfile::tempdir().unwrap();
@@ -147,7 +196,7 @@ async fn every_alert_parses_and_fires_on_a_real_run() {
     )
     .unwrap();
     let checked = promtool(&["check", "rules", "rules.yaml"], dir);
-    assert!(checked.contains("SUCCESS: 8 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 10 rules found"), "{checked}");
     // The unit tests compare labels; annotations (checked above) are left out.
     let mut groups = rule_groups();
     for group in groups["groups"].as_sequence_mut().unwrap() {
@@ -274,6 +323,8 @@ async fn every_alert_parses_and_fires_on_a_real_run() {
                 with(&expiring, "severity: warning")
             ),
             ("CertwatchCertificateExpiresIn3Days", "30m", none()),
+            ("CertwatchDown", "30m", none()),
+            ("CertwatchAbsent", "30m", none()),
             ("CertwatchNotReady", "30m", none()),
             ("CertwatchRoutesRejected", "30m", none()),
             ("CertwatchBundleWritesFailing", "30m", none()),

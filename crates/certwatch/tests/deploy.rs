@@ -9,7 +9,6 @@
 // Helpers outside #[test] functions unwrap too: a failure is a test failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use base64::Engine as _;
@@ -65,53 +64,88 @@ fn manifests_parse_and_match_the_daemon() {
         assert!(security["runAsUser"].is_null(), "{container:?}");
     }
     let container = &pod["containers"][0];
-    // docs/BENCHMARKS.md: 313-334 MiB peak at 10,000 routes; the limit leaves room
-    // for them and the memory-backed bundles.
-    let limit = container["resources"]["limits"]["memory"].as_str().unwrap();
-    let mebibytes: u64 = limit.strip_suffix("Mi").unwrap().parse().unwrap();
-    assert!(mebibytes >= 450, "memory limit {limit}");
     assert_eq!(container["name"], "certwatch");
-    assert_eq!(container["startupProbe"]["httpGet"]["path"], "/readyz");
+    // Sized from the measurements in docs/deploy.md ("Sizing"): each container's
+    // request covers its measured peak at 10,000 routes, its limit the request.
+    let (certwatch_peak, haproxy_peak) = measured_peaks_at_10000();
+    for (container, peak) in [
+        (&pod["containers"][0], certwatch_peak),
+        (&pod["containers"][1], haproxy_peak),
+    ] {
+        let mebibytes = |quantity: &Value| -> f64 {
+            quantity
+                .as_str()
+                .and_then(|text| text.strip_suffix("Mi"))
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let request = mebibytes(&container["resources"]["requests"]["memory"]);
+        let limit = mebibytes(&container["resources"]["limits"]["memory"]);
+        assert!(
+            request >= peak && limit >= request,
+            "{}: request {request} Mi, limit {limit} Mi, measured peak {peak} MiB",
+            container["name"].as_str().unwrap()
+        );
+    }
+    // Probes that match the design: readiness gates the endpoints on /readyz, and the
+    // only probe that can restart the container (liveness; no startup probe) asks
+    // /healthz, which stays 200 through an API outage at start.
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
-    // certwatch runs HAProxy on the routes' configuration, and the routes' traffic is
-    // published as the router publishes itself: a LoadBalancer Service on 80 and 443.
-    let env: Vec<&str> = container["env"]
+    assert!(container["startupProbe"].is_null(), "a startup probe");
+    // The API token is mounted in certwatch's container only.
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    let service_account = documents("base/serviceaccount.yaml").remove(0);
+    assert_eq!(service_account["automountServiceAccountToken"], false);
+    let token_mounts: Vec<&str> = pod["containers"]
         .as_sequence()
         .unwrap()
         .iter()
-        .map(|v| v["name"].as_str().unwrap())
-        .collect();
-    assert!(env.contains(&"CERTWATCH_HAPROXY_CONFIG_DIR"), "{env:?}");
-    assert_eq!(pod["containers"].as_sequence().unwrap().len(), 1);
-    let ports: BTreeMap<&str, u64> = container["ports"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["name"].as_str().unwrap(),
-                p["containerPort"].as_u64().unwrap(),
-            )
+        .filter(|container| {
+            container["volumeMounts"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .any(|mount| mount["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount")
         })
+        .map(|container| container["name"].as_str().unwrap())
         .collect();
+    assert_eq!(token_mounts, ["certwatch"]);
+    let projected = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|volume| volume["name"] == "kube-api-access")
+        .unwrap();
+    assert!(
+        projected["projected"]["sources"][0]["serviceAccountToken"]["path"] == "token",
+        "{projected:?}"
+    );
+    // The routes' traffic is published as the router publishes itself: a LoadBalancer
+    // Service on 443, to HAProxy's port.
+    let haproxy = pod["containers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|container| container["name"] == "haproxy")
+        .expect("the HAProxy container");
+    let https_port = haproxy["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "https")
+        .expect("HAProxy's https port")["containerPort"]
+        .as_u64()
+        .unwrap();
     let router = documents("base/deployment.yaml")
         .into_iter()
         .find(|doc| doc["kind"] == "Service" && doc["metadata"]["name"] == "certwatch-router")
         .expect("the routes' Service");
     assert_eq!(router["spec"]["type"], "LoadBalancer");
-    let published: Vec<(u64, u64)> = router["spec"]["ports"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["port"].as_u64().unwrap(),
-                ports[p["targetPort"].as_str().unwrap()],
-            )
-        })
-        .collect();
-    assert_eq!(published, [(80, 8080), (443, 8443)]);
+    assert_eq!(router["spec"]["ports"][0]["port"], 443);
+    assert_eq!(router["spec"]["ports"][0]["targetPort"], "https");
+    assert_eq!(https_port, 8443);
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_certwatch"))
         .args(["run", "--help"])
         .output()
@@ -124,6 +158,112 @@ fn manifests_parse_and_match_the_daemon() {
             "{name} is not an option"
         );
     }
+}
+
+/// The monitoring pieces fit together: the ServiceMonitor scrapes the Service's
+/// metrics port over HTTPS, verifying the name the service CA signs, with the scraper
+/// identity's token, whose ClusterRole grants get /metrics and nothing else; labels are
+/// not honoured (the target's namespace wins); the network policy admits client
+/// traffic to HAProxy and scrapes from the monitoring namespaces only.
+#[test]
+fn monitoring_and_network_policy_fit_together() {
+    let deployment = documents("base/deployment.yaml");
+    let service = deployment
+        .iter()
+        .find(|doc| doc["kind"] == "Service")
+        .unwrap();
+    let pod = &deployment
+        .iter()
+        .find(|doc| doc["kind"] == "Deployment")
+        .unwrap()["spec"]["template"]["spec"];
+    let monitor = documents("base/servicemonitor.yaml").remove(0);
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"], "https");
+    assert!(endpoint["honorLabels"].is_null() || endpoint["honorLabels"] == false);
+    let port = service["spec"]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|port| port["name"] == endpoint["port"])
+        .unwrap();
+    assert_eq!(port["targetPort"], "metrics");
+    assert_eq!(
+        endpoint["tlsConfig"]["serverName"].as_str().unwrap(),
+        format!(
+            "{}.{}.svc",
+            service["metadata"]["name"].as_str().unwrap(),
+            service["metadata"]["namespace"].as_str().unwrap()
+        )
+    );
+    let serving_secret =
+        service["metadata"]["annotations"]["service.beta.openshift.io/serving-cert-secret-name"]
+            .as_str()
+            .unwrap();
+    assert!(
+        pod["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|volume| volume["secret"]["secretName"] == serving_secret),
+        "the service CA's secret is not mounted"
+    );
+    let scraper = documents("base/metrics-scraper.yaml");
+    let token = scraper.iter().find(|doc| doc["kind"] == "Secret").unwrap();
+    assert_eq!(
+        endpoint["authorization"]["credentials"]["name"],
+        token["metadata"]["name"]
+    );
+    let reader = scraper
+        .iter()
+        .find(|doc| doc["kind"] == "ClusterRole")
+        .unwrap();
+    assert_eq!(
+        serde_yaml::to_string(&reader["rules"]).unwrap(),
+        "- nonResourceURLs:\n  - /metrics\n  verbs:\n  - get\n"
+    );
+    let ca = scraper
+        .iter()
+        .find(|doc| doc["kind"] == "ConfigMap")
+        .unwrap();
+    assert_eq!(
+        endpoint["tlsConfig"]["ca"]["configMap"]["name"],
+        ca["metadata"]["name"]
+    );
+
+    let policy = documents("base/networkpolicy.yaml").remove(0);
+    assert_eq!(
+        serde_yaml::to_string(&policy["spec"]["policyTypes"]).unwrap(),
+        "- Ingress\n"
+    );
+    let rules = policy["spec"]["ingress"].as_sequence().unwrap();
+    assert_eq!(rules.len(), 2, "{rules:?}");
+    assert_eq!(rules[0]["ports"][0]["port"], "https");
+    assert!(rules[0]["from"].is_null(), "client traffic from anywhere");
+    assert_eq!(rules[1]["ports"][0]["port"], "metrics");
+    assert!(
+        rules[1]["from"][0]["namespaceSelector"].is_mapping(),
+        "scrapes from the monitoring namespaces only"
+    );
+}
+
+/// The upper ends of the measured peaks at 10,000 routes in docs/deploy.md's sizing
+/// table: (certwatch, HAProxy), in MiB.
+fn measured_peaks_at_10000() -> (f64, f64) {
+    let doc = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/deploy.md"),
+    )
+    .unwrap();
+    let row = doc
+        .lines()
+        .find(|line| line.starts_with("| 10,000 |"))
+        .expect("docs/deploy.md has a sizing row for 10,000 routes");
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    // "205.2–213.5 MiB (...)": the range's upper end.
+    let upper = |cell: &str| -> f64 {
+        let range = cell.split(" MiB").next().unwrap();
+        range.rsplit('–').next().unwrap().parse().unwrap()
+    };
+    (upper(cells[2]), upper(cells[3]))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -373,7 +513,7 @@ fn the_base_applies_server_side_and_its_pod_is_restricted() {
     );
     assert!(ok, "{out}");
 
-    for overlay in ["base", "kubernetes"] {
+    for overlay in OVERLAYS {
         let (ok, out) = plane.kubectl(
             &[
                 "apply",
@@ -384,13 +524,24 @@ fn the_base_applies_server_side_and_its_pod_is_restricted() {
             None,
         );
         assert!(ok, "{overlay}: {out}");
-        for object in [
+        let mut expected = vec![
             "namespace/certwatch",
+            "serviceaccount/certwatch",
+            "serviceaccount/certwatch-metrics-scraper",
+            "secret/certwatch-metrics-scraper-token",
             "deployment.apps/certwatch",
+            "service/certwatch",
+            "networkpolicy.networking.k8s.io/certwatch",
             "servicemonitor.monitoring.coreos.com/certwatch",
             "prometheusrule.monitoring.coreos.com/certwatch",
             "clusterrole.rbac.authorization.k8s.io/certwatch",
-        ] {
+            "clusterrole.rbac.authorization.k8s.io/certwatch-metrics-reader",
+            "clusterrolebinding.rbac.authorization.k8s.io/certwatch-auth-delegator",
+        ];
+        if overlay == "overlays/namespace-selector" {
+            expected.push("clusterrole.rbac.authorization.k8s.io/certwatch-namespaces");
+        }
+        for object in expected {
             assert!(
                 out.contains(&format!("{object} serverside-applied")),
                 "{overlay}: {object}\n{out}"
@@ -421,37 +572,36 @@ fn the_base_applies_server_side_and_its_pod_is_restricted() {
     );
     assert!(ok, "{out}");
 
-    // Pod Security "restricted", enforced: each overlay's pod is admitted.
-    let (ok, out) = plane.kubectl(&["create", "namespace", "restricted"], None);
-    assert!(ok, "{out}");
-    // No controller-manager runs: the service accounts the pods name are made here.
-    for account in ["default", "certwatch"] {
-        let (ok, out) = plane.kubectl(
-            &["-n", "restricted", "create", "serviceaccount", account],
-            None,
-        );
-        assert!(ok, "{out}");
-    }
-    let (ok, out) = plane.kubectl(
+    // Pod Security "restricted", enforced by the base's own namespace: each overlay's
+    // pod is admitted there, a privileged one is not.
+    let (ok, labels) = plane.kubectl(
         &[
-            "label",
+            "get",
             "namespace",
-            "restricted",
-            "pod-security.kubernetes.io/enforce=restricted",
+            "certwatch",
+            "-o",
+            "jsonpath={.metadata.labels.pod-security\\.kubernetes\\.io/enforce}",
         ],
+        None,
+    );
+    assert!(ok && labels == "restricted", "{labels}");
+    // No controller-manager runs: the service account a pod without one names is made
+    // here.
+    let (ok, out) = plane.kubectl(
+        &["-n", "certwatch", "create", "serviceaccount", "default"],
         None,
     );
     assert!(ok, "{out}");
     let (ok, out) = plane.kubectl(
         &["apply", "--server-side", "-f", "-"],
-        Some("apiVersion: v1\nkind: Pod\nmetadata: {name: privileged, namespace: restricted}\nspec: {containers: [{name: c, image: x}]}\n"),
+        Some("apiVersion: v1\nkind: Pod\nmetadata: {name: privileged, namespace: certwatch}\nspec: {containers: [{name: c, image: x}]}\n"),
     );
     assert!(
         !ok && out.contains("violates PodSecurity"),
         "the level is not enforced: {out}"
     );
-    for overlay in ["base", "kubernetes"] {
-        let pod = pod_of(&plane, overlay, "restricted");
+    for overlay in OVERLAYS {
+        let pod = pod_of(&plane, overlay, "certwatch");
         let (ok, out) = plane.kubectl(&["apply", "--server-side", "-f", "-"], Some(&pod));
         assert!(ok, "{overlay}'s pod is refused:\n{out}\n{pod}");
     }
@@ -515,6 +665,14 @@ fn the_deployment_is_highly_available() {
     );
 }
 
+/// Every kustomization in `deploy/`.
+const OVERLAYS: [&str; 4] = [
+    "base",
+    "kubernetes",
+    "overlays/namespace-selector",
+    "overlays/subject-access-check",
+];
+
 /// The binary names the commit it was built from (what `certwatch_build_info`'s
 /// `commit` label carries): the checkout's HEAD, since the tests build from it.
 #[test]
@@ -539,4 +697,83 @@ fn the_version_names_the_commit() {
             head.trim()
         )
     );
+}
+
+/// Probes that match the design: certwatch configured as the Deployment configures it
+/// (its variables, with local paths and free ports) and started while the API server
+/// is not there keeps answering the probe that restarts the container (liveness; the
+/// pod has no startup probe) through retry after retry, while its readiness probe says
+/// not ready. So an API outage at start never kills the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_outage_at_start_never_fails_a_probe_that_restarts() {
+    let deployment = documents("base/deployment.yaml")
+        .into_iter()
+        .find(|doc| doc["kind"] == "Deployment")
+        .unwrap();
+    let container = deployment["spec"]["template"]["spec"]["containers"][0].clone();
+    let temp = tempfile::tempdir().unwrap();
+    let local = |name: &str, value: &str| -> String {
+        match name {
+            "CERTWATCH_CERT_DIR" => temp.path().join("certs").display().to_string(),
+            "CERTWATCH_HAPROXY_SOCKET" => temp.path().join("admin.sock").display().to_string(),
+            "CERTWATCH_LISTEN" | "CERTWATCH_METRICS_LISTEN" => "127.0.0.1:0".to_owned(),
+            "CERTWATCH_METRICS_TLS_CERT" | "CERTWATCH_METRICS_TLS_KEY" => String::new(),
+            _ => value.to_owned(),
+        }
+    };
+    // Nothing listens on port 1.
+    let kubeconfig = temp.path().join("down.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\"}}]\n\
+         users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
+    )
+    .unwrap();
+    let mut launch = common::Launch::new(
+        &kubeconfig,
+        &temp.path().join("certs"),
+        &temp.path().join("certwatch.log"),
+    );
+    for variable in container["env"].as_sequence().unwrap() {
+        let name = variable["name"].as_str().unwrap();
+        let value = local(name, variable["value"].as_str().unwrap_or_default());
+        // The serving certificate's files are the service CA's: self-signed here.
+        if !value.is_empty() {
+            launch = launch.env(name, &value);
+        }
+    }
+    let json = container["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|variable| variable["name"] == "CERTWATCH_LOG_FORMAT" && variable["value"] == "json");
+    assert!(json, "the deployment logs JSON");
+    let mut certwatch = common::Certwatch::launch(launch.json());
+    let probe_port = |probe: &Value| {
+        assert_eq!(probe["httpGet"]["port"], "probes", "{probe:?}");
+        certwatch.addr
+    };
+    // The route list failed: the outage has begun (its retries then wait for the
+    // prober to see the API server answer again).
+    common::eventually("a failed route list", || {
+        certwatch
+            .log_text()
+            .contains("route watch failed; retrying")
+            .then_some(())
+    })
+    .await;
+    let liveness = &container["livenessProbe"];
+    let threshold = liveness["failureThreshold"].as_u64().unwrap_or(3);
+    let path = liveness["httpGet"]["path"].as_str().unwrap();
+    for _ in 0..=threshold {
+        let (status, body) = common::http_request(probe_port(liveness), "GET", path, "");
+        assert_eq!(status, 200, "liveness {path}: {body}");
+    }
+    let readiness = &container["readinessProbe"];
+    let path = readiness["httpGet"]["path"].as_str().unwrap();
+    let (status, body) = common::http_request(probe_port(readiness), "GET", path, "");
+    assert_eq!(status, 503, "readiness {path}: {body}");
+    assert!(body.contains("waiting for the list of routes"), "{body}");
+    assert!(certwatch.exited().is_none());
+    assert_eq!(certwatch.terminate().code(), Some(0));
 }

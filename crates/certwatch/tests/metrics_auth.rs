@@ -13,151 +13,9 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
+use common::delegation::*;
 use common::*;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
-use kube::api::{Api, PostParams};
 use testenv::ControlPlane;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-
-fn deploy_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
-}
-
-/// `kubectl --context admin ARGS` with `stdin`; panics unless it succeeds.
-fn kubectl(plane: &ControlPlane, args: &[&str], stdin: Option<&str>) -> String {
-    use std::io::Write as _;
-    let mut child = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(plane.kubeconfig_path())
-        .args(["--context", "admin"])
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("kubectl must be on PATH (scripts/test installs it)");
-    let mut input = child.stdin.take().unwrap();
-    if let Some(text) = stdin {
-        input.write_all(text.as_bytes()).unwrap();
-    }
-    drop(input);
-    let output = child.wait_with_output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(output.status.success(), "kubectl {args:?}:\n{text}");
-    text
-}
-
-/// A token for the service account `namespace/name`, from the API server's
-/// TokenRequest (what the kubelet mounts into a pod).
-async fn token_for(admin: &kube::Client, namespace: &str, name: &str) -> String {
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token
-        .unwrap()
-}
-
-/// A kubeconfig for `token` on the control plane.
-fn kubeconfig_for(plane: &ControlPlane, token: &str, path: &Path) {
-    use base64::Engine as _;
-    let ca = base64::engine::general_purpose::STANDARD.encode(plane.ca_pem());
-    std::fs::write(
-        path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: test, cluster: {{server: \"{}\", certificate-authority-data: {ca}}}}}]\n\
-             users: [{{name: certwatch, user: {{token: {token}}}}}]\n\
-             contexts: [{{name: certwatch, context: {{cluster: test, user: certwatch}}}}]\ncurrent-context: certwatch\n",
-            plane.url()
-        ),
-    )
-    .unwrap();
-}
-
-/// A CA, and a serving certificate it issued for `localhost` and 127.0.0.1, written
-/// as `ca.crt`, `tls.crt`, `tls.key` in `dir`.
-pub fn serving_certificate(dir: &Path) -> String {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "certwatch test service CA");
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params =
-        rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-            .unwrap();
-    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    std::fs::write(dir.join("ca.crt"), ca.pem()).unwrap();
-    std::fs::write(dir.join("tls.crt"), cert.pem()).unwrap();
-    std::fs::write(dir.join("tls.key"), key.serialize_pem()).unwrap();
-    ca.pem()
-}
-
-/// `GET path` over TLS (trusting `ca_pem`, as `localhost`) with an optional bearer
-/// token: status, headers (lower-case names), body.
-pub async fn https_get(
-    addr: SocketAddr,
-    ca_pem: &str,
-    path: &str,
-    token: Option<&str>,
-) -> (u16, String, String) {
-    use rustls_pki_types::pem::PemObject as _;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-    let mut tls = connector.connect(name, tcp).await.unwrap();
-    let authorization = token
-        .map(|token| format!("Authorization: Bearer {token}\r\n"))
-        .unwrap_or_default();
-    tls.write_all(
-        format!(
-            "GET {path} HTTP/1.1\r\nHost: localhost\r\n{authorization}Connection: close\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut response = Vec::new();
-    // The server closes after the response (Connection: close); a TLS close without
-    // close_notify is still the end of the body read so far.
-    let _ = tls.read_to_end(&mut response).await;
-    let response = String::from_utf8_lossy(&response).into_owned();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, head.to_ascii_lowercase(), body.to_owned())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unauthenticated_and_unauthorized_scrapers_are_refused_an_authorized_one_served() {
@@ -194,7 +52,7 @@ async fn unauthenticated_and_unauthorized_scrapers_are_refused_an_authorized_one
     let temp = tempfile::tempdir().unwrap();
     let kubeconfig = temp.path().join("certwatch.kubeconfig");
     kubeconfig_for(&plane, &certwatch_token, &kubeconfig);
-    let ca = serving_certificate(temp.path());
+    let ca = serving_certificate(temp.path(), &["localhost", "127.0.0.1"]);
     let cert = temp.path().join("tls.crt");
     let key = temp.path().join("tls.key");
     let mut certwatch = Certwatch::launch(

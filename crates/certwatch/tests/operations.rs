@@ -54,6 +54,21 @@ fn configuration_is_checked_at_start_up() {
             "--max-concurrent-syncs",
         ),
         (&["--access-check", "subject"], &[], "--router-identity"),
+        (
+            &["--metrics-listen", ":0", "--metrics-tls-cert", "/tmp/x.crt"],
+            &[],
+            "--metrics-tls-key",
+        ),
+        (
+            &[
+                "--metrics-tls-cert",
+                "/tmp/x.crt",
+                "--metrics-tls-key",
+                "/tmp/x.key",
+            ],
+            &[],
+            "--metrics-listen",
+        ),
     ];
     for (args, env, flag) in cases {
         let mut full = vec![
@@ -199,6 +214,23 @@ async fn fatal_errors_are_json_in_json_mode() {
             &[("CERTWATCH_LOG_FORMAT", "json")],
             "invalid value 'nowhere' for '--listen <ADDR>'",
             2,
+        ),
+        (
+            &[
+                "--kubeconfig",
+                kubeconfig,
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ],
+            &[
+                ("CERTWATCH_LOG_FORMAT", "json"),
+                ("CERTWATCH_METRICS_TLS_CERT", "/nonexistent/tls.crt"),
+                ("CERTWATCH_METRICS_TLS_KEY", "/nonexistent/tls.key"),
+            ],
+            "the metrics endpoint's certificate: cannot read /nonexistent/tls.crt",
+            1,
         ),
     ];
     for (args, env, cause, status) in cases {

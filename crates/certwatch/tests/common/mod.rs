@@ -5,6 +5,7 @@
 // Test helpers: a failure here is a test failure, reported by the panic.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod delegation;
 pub mod haproxy;
 pub mod traffic;
 

@@ -12,8 +12,10 @@ use crate::haproxy::HaproxyOptions;
 use crate::logging::LogFormat;
 use crate::progress::ProgressMode;
 use crate::reload::ReloadOptions;
-use crate::scope::RouteScope;
+use crate::secure_metrics::SecureMetricsOptions;
+use crate::secure_metrics::tls::CertFiles;
 use crate::selector;
+use route_secrets::api::route_watch::RouteScope;
 
 fn duration_arg(text: &str) -> Result<Duration, String> {
     kube_common::duration::parse(text).map_err(|error| error.to_string())
@@ -91,7 +93,8 @@ Connects through the usual Kubernetes configuration (--kubeconfig/--context, $KU
 ~/.kube/config, or the in-cluster service account). Every option can also be set through the CERTWATCH_* variable shown.",
     after_long_help = "Endpoints (--listen): /healthz (200 while the process runs), /readyz (200 once \
 every route present at start-up is admitted or rejected and its files are written; 503 before), \
-/metrics (Prometheus text format).\n\n\
+/metrics (Prometheus text format; with --metrics-listen on that address instead, over HTTPS, for \
+bearer tokens the API server authorizes to get /metrics).\n\n\
 Examples:\n  certwatch run --cert-dir /var/lib/certwatch --haproxy-socket /run/haproxy/admin.sock\n  \
 certwatch run --namespace-selector router=public --route-selector shard=a --cert-dir /certs \\\n      \
 --reload-command 'systemctl reload haproxy'\n\n\
@@ -205,8 +208,8 @@ pub struct RunArgs {
     )]
     pub haproxy_socket: Option<PathBuf>,
 
-    /// Address of the HTTP endpoint (/healthz, /readyz, /metrics): HOST:PORT, or
-    /// :PORT for every interface.
+    /// Address of the plain HTTP endpoint: /healthz, /readyz, and /metrics unless
+    /// --metrics-listen is set. HOST:PORT, or :PORT for every interface.
     #[arg(
         long,
         env = "CERTWATCH_LISTEN",
@@ -216,6 +219,44 @@ pub struct RunArgs {
         help_heading = "Output"
     )]
     pub listen: SocketAddr,
+
+    /// Serve /metrics here instead, over HTTPS, to authorized scrapers only: each
+    /// bearer token is checked with a TokenReview, then a SubjectAccessReview for get
+    /// on the non-resource URL /metrics (needs create on both: the
+    /// system:auth-delegator cluster role). HOST:PORT or :PORT.
+    #[arg(
+        long,
+        env = "CERTWATCH_METRICS_LISTEN",
+        value_name = "ADDR",
+        value_parser = listen_arg,
+        help_heading = "Metrics"
+    )]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// The metrics endpoint's certificate chain (PEM, leaf first), read again when it
+    /// changes; default: a self-signed certificate made at start.
+    #[arg(
+        long,
+        env = "CERTWATCH_METRICS_TLS_CERT",
+        value_name = "PATH",
+        requires_all = ["metrics_tls_key", "metrics_listen"],
+        help_heading = "Metrics"
+    )]
+    pub metrics_tls_cert: Option<PathBuf>,
+
+    /// The private key of --metrics-tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(
+        long,
+        env = "CERTWATCH_METRICS_TLS_KEY",
+        value_name = "PATH",
+        requires = "metrics_tls_cert",
+        help_heading = "Metrics"
+    )]
+    pub metrics_tls_key: Option<PathBuf>,
+
+    /// How long a token's review and its user's authorization are trusted.
+    #[arg(long, env = "CERTWATCH_METRICS_AUTH_CACHE_TTL", value_name = "D", value_parser = duration_arg, default_value = "10s", help_heading = "Metrics")]
+    pub metrics_auth_cache_ttl: Duration,
 
     /// Name of this router in route status (status.ingress[].routerName).
     #[arg(
@@ -366,6 +407,15 @@ impl RunArgs {
         });
         options.haproxy = self.haproxy_socket.clone().map(HaproxyOptions::new);
         options.listen = Some(self.listen);
+        options.secure_metrics = self.metrics_listen.map(|listen| SecureMetricsOptions {
+            cert: self
+                .metrics_tls_cert
+                .clone()
+                .zip(self.metrics_tls_key.clone())
+                .map(|(cert, key)| CertFiles { cert, key }),
+            cache_ttl: self.metrics_auth_cache_ttl,
+            ..SecureMetricsOptions::new(listen)
+        });
         options.router_name = self.router_name.clone();
         options.write_status = self.write_status;
         options.access_policy = access_policy;

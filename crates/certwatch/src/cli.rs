@@ -54,18 +54,34 @@ async fn serve(
     let mut hangups = signals::hangups().map_err(RunError::Signals)?;
     let daemon = Daemon::start(config, options).await?;
     if let Some(addr) = daemon.http_addr() {
+        let secure = daemon.secure_metrics_addr();
+        let probes = if secure.is_some() {
+            "/healthz and /readyz"
+        } else {
+            "/healthz, /readyz and /metrics"
+        };
         match args.log_format {
-            // On stdout, for people and scripts (tests read the port from it).
+            // On stdout, for people and scripts (tests read the ports from it).
             LogFormat::Text => {
                 let mut stdout = std::io::stdout().lock();
-                let _ = writeln!(
-                    stdout,
-                    "certwatch: serving /healthz, /readyz and /metrics on http://{addr}"
-                );
+                let _ = writeln!(stdout, "certwatch: serving {probes} on http://{addr}");
+                if let Some(secure) = secure {
+                    let _ = writeln!(
+                        stdout,
+                        "certwatch: serving /metrics on https://{secure} to authorized scrapers (TokenReview, SubjectAccessReview)"
+                    );
+                }
                 let _ = stdout.flush();
             }
-            // A log collector reads JSON only: the address is a field of a log event.
-            LogFormat::Json => info!(address = %addr, "serving /healthz, /readyz and /metrics"),
+            // A log collector reads JSON only: the addresses are fields of a log event.
+            LogFormat::Json => match secure {
+                Some(secure) => info!(
+                    address = %addr,
+                    metrics_address = %secure,
+                    "serving {probes}, and /metrics over HTTPS to authorized scrapers"
+                ),
+                None => info!(address = %addr, "serving {probes}"),
+            },
         }
     }
     let terminate = signals::terminate();

@@ -40,8 +40,10 @@ use crate::metrics::Metrics;
 use crate::outputs::{DaemonStatus, Outputs};
 use crate::progress::{self, ProgressMode};
 use crate::reload::{ReloadOptions, Reloader};
-use crate::scope::{RouteScope, scoped_route_events};
+use crate::secure_metrics::auth::AuthStats;
+use crate::secure_metrics::{self, SecureMetrics, SecureMetricsError, SecureMetricsOptions};
 use crate::throttle;
+use route_secrets::api::route_watch::{RouteScope, scoped_route_events};
 
 /// The route name the streaming probe ([`secret_monitor::ObjectMonitor::probe_streaming`])
 /// asks about: one no route has, so the answer carries no object.
@@ -58,8 +60,11 @@ pub struct DaemonOptions {
     pub reload: Option<ReloadOptions>,
     /// HAProxy's runtime API, if any.
     pub haproxy: Option<HaproxyOptions>,
-    /// Address of `/healthz`, `/readyz`, `/metrics`; `None`: no HTTP endpoint.
+    /// Address of `/healthz`, `/readyz` (and `/metrics` without `secure_metrics`);
+    /// `None`: no HTTP endpoint.
     pub listen: Option<SocketAddr>,
+    /// `/metrics` over HTTPS for authorized scrapers only, instead of on `listen`.
+    pub secure_metrics: Option<SecureMetricsOptions>,
     /// Router name of the `status.ingress[]` entry.
     pub router_name: String,
     /// Record admissions and rejections in route status.
@@ -100,6 +105,7 @@ impl DaemonOptions {
             reload: None,
             haproxy: None,
             listen: None,
+            secure_metrics: None,
             router_name: "certwatch".to_owned(),
             write_status: false,
             status_concurrency: 20,
@@ -139,6 +145,9 @@ pub enum DaemonError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The authorized metrics endpoint could not start.
+    #[error(transparent)]
+    SecureMetrics(#[from] SecureMetricsError),
     /// The daemon stopped before it was ready.
     #[error("the daemon stopped before it was ready")]
     Stopped,
@@ -158,6 +167,7 @@ pub struct Daemon {
     access: AccessChecker,
     cert_dir: PathBuf,
     http_addr: Option<SocketAddr>,
+    secure_metrics: Option<SecureMetrics>,
     shutdown: CancellationToken,
     /// Ends with an error when the route watch was refused for good (e.g. an invalid
     /// route selector).
@@ -277,7 +287,7 @@ impl Daemon {
                 &options.scope,
                 &limiter,
                 move |source, error| {
-                    metrics.watcher_error(source, error);
+                    metrics.api.watcher_error(source, error);
                 },
             )
             .take_until(shutdown.clone().cancelled_owned())
@@ -316,12 +326,26 @@ impl Daemon {
             .run(pipeline_outputs.outcomes, pipeline_outputs.readiness),
         );
 
+        let secure_metrics = match &options.secure_metrics {
+            Some(secure) => Some(
+                secure_metrics::serve(
+                    secure,
+                    client.clone(),
+                    Arc::clone(&metrics),
+                    refresher(&metrics, &manager, &pool, &limiter),
+                    shutdown.clone(),
+                )
+                .await?,
+            ),
+            None => None,
+        };
         let (http_addr, http) = match options.listen {
             Some(addr) => {
                 let refresh = refresher(&metrics, &manager, &pool, &limiter);
                 let (local, task) = http::serve(
                     addr,
                     Arc::clone(&metrics),
+                    secure_metrics.is_none(),
                     status.clone(),
                     refresh,
                     shutdown.clone(),
@@ -354,6 +378,7 @@ impl Daemon {
             access,
             cert_dir: cert_dir_path,
             http_addr,
+            secure_metrics,
             shutdown,
             pipeline,
             outputs,
@@ -405,6 +430,18 @@ impl Daemon {
         self.http_addr
     }
 
+    /// Where the authorized metrics endpoint listens (HTTPS), if there is one.
+    pub fn secure_metrics_addr(&self) -> Option<SocketAddr> {
+        self.secure_metrics.as_ref().map(|secure| secure.addr)
+    }
+
+    /// The token and access reviews the authorized metrics endpoint made.
+    pub fn metrics_auth_stats(&self) -> Option<AuthStats> {
+        self.secure_metrics
+            .as_ref()
+            .map(|secure| secure.auth.stats())
+    }
+
     /// The cert directory (absolute).
     pub fn cert_dir(&self) -> &Path {
         &self.cert_dir
@@ -444,6 +481,7 @@ impl Daemon {
             pipeline,
             outputs,
             http,
+            secure_metrics,
             progress,
             throttle_log,
             manager,
@@ -460,6 +498,9 @@ impl Daemon {
         let _ = outputs.await;
         if let Some(http) = http {
             let _ = http.await;
+        }
+        if let Some(secure) = secure_metrics {
+            let _ = secure.task.await;
         }
         if let Some(progress) = progress {
             progress.abort();
@@ -501,12 +542,14 @@ fn refresher(
         limiter.clone(),
     );
     Arc::new(move || {
-        metrics.set_limiter(&limiter.snapshot());
+        metrics.limiter.set(&limiter.snapshot());
         let (watched, synced) = secret_counts(&manager);
-        metrics.set_secrets(watched, synced);
-        metrics.set_registered_routes(manager.route_count());
+        metrics.secrets.set_counts(watched, synced);
+        metrics.secrets.set_registered_routes(manager.route_count());
         let stats = pool.stats();
-        metrics.set_api_connections(stats.http2_connections_open, stats.http1_connections_open);
-        metrics.refresh_process();
+        metrics
+            .api
+            .set_connections(stats.http2_connections_open, stats.http1_connections_open);
+        metrics.process.refresh();
     })
 }

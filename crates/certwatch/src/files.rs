@@ -20,6 +20,10 @@
 //! The directory is mode 0700 when certwatch owns it. A directory owned by someone
 //! else (the root of a Kubernetes `emptyDir`, an operator's volume) keeps its mode:
 //! changing it would fail (EPERM) under a random UID, and the bundles are 0600 anyway.
+//! Such a directory is refused, though, when every user may write it and it has no
+//! sticky bit ([`InsecureDir`]): any user could then rename or replace the bundles
+//! and the crt-list a proxy serves. (A memory-backed `emptyDir` is a tmpfs, mode 1777,
+//! or 3777 with an `fsGroup`: accepted.)
 //! Every file is replaced atomically: written to a temporary file in the same
 //! directory, flushed to disk, then renamed over the old one, so a reader sees the old
 //! content or the new, never a mix.
@@ -165,16 +169,49 @@ pub struct PreparedDir {
     pub mode: u32,
 }
 
+/// A cert directory certwatch does not own that every user may write, without the
+/// sticky bit: anyone could replace the files in it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "it is writable by every user and has no sticky bit (mode {mode:04o}, owner uid {owner}), \
+so any user could rename or replace the bundles and the crt-list in it; set the sticky bit \
+(`chmod +t {}`; a Kubernetes emptyDir with `medium: Memory` has it), or give certwatch a \
+directory that only its user can write, or a path that does not exist yet (certwatch then \
+creates it, mode 0700)",
+    path.display()
+)]
+pub struct InsecureDir {
+    /// The directory.
+    pub path: PathBuf,
+    /// Its permission bits.
+    pub mode: u32,
+    /// Its owner.
+    pub owner: u32,
+}
+
 /// Restricts `dir` to [`DIR_MODE`] if this process owns it; returns whether it does and
-/// the mode the directory has afterwards.
+/// the mode the directory has afterwards. A directory owned by another user that every
+/// user may write without the sticky bit is refused ([`InsecureDir`], as an
+/// [`io::ErrorKind::PermissionDenied`] error).
 fn restrict_if_owned(dir: &Path) -> io::Result<(bool, u32)> {
     let metadata = fs::metadata(dir)?;
     let owned = metadata.uid() == rustix::process::geteuid().as_raw();
-    if owned && metadata.mode() & 0o7777 != DIR_MODE {
+    let mode = metadata.mode() & 0o7777;
+    if owned && mode != DIR_MODE {
         fs::set_permissions(dir, fs::Permissions::from_mode(DIR_MODE))?;
         return Ok((true, DIR_MODE));
     }
-    Ok((owned, metadata.mode() & 0o7777))
+    if !owned && mode & 0o002 != 0 && mode & 0o1000 == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            InsecureDir {
+                path: dir.to_owned(),
+                mode,
+                owner: metadata.uid(),
+            },
+        ));
+    }
+    Ok((owned, mode))
 }
 
 /// Creates `dir` (and [`LINKS_DIR`] in it) if needed, restricts both to mode 0700 where

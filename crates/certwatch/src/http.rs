@@ -1,5 +1,7 @@
-//! The HTTP endpoint: `/healthz` (the process runs), `/readyz` (200 once ready, 503
-//! before, with the progress in the body) and `/metrics` (Prometheus text format).
+//! The plain HTTP endpoint (`--listen`): `/healthz` (the process runs), `/readyz` (200
+//! once ready, 503 before, with the progress in the body) and, unless the metrics have
+//! an authorized endpoint of their own ([`crate::secure_metrics`]), `/metrics`
+//! (Prometheus text format).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,25 +30,29 @@ struct AppState {
     refresh: Refresh,
 }
 
-/// Binds `addr` and serves until `shutdown` is cancelled.
+/// Binds `addr` and serves until `shutdown` is cancelled; `/metrics` only with
+/// `with_metrics`.
 pub(crate) async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
+    with_metrics: bool,
     status: watch::Receiver<DaemonStatus>,
     refresh: Refresh,
     shutdown: CancellationToken,
 ) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
-        .with_state(AppState {
-            metrics,
-            status,
-            refresh,
-        });
+        .route("/readyz", get(readyz));
+    if with_metrics {
+        app = app.route("/metrics", get(metrics_text));
+    }
+    let app = app.with_state(AppState {
+        metrics,
+        status,
+        refresh,
+    });
     let task = tokio::spawn(async move {
         let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
         if let Err(error) = server.await {

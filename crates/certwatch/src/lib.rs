@@ -11,14 +11,16 @@
 //!   command line.
 //! - [`daemon`]: [`Daemon`], the wiring of the route pipeline to the outputs, on one
 //!   kube client over a pool of HTTP/2 connections ([`connect`]: the configuration).
-//! - [`scope`]: namespace list, namespace selector and route selector;
-//!   [`selector`]: their syntax, checked at start-up.
+//! - [`selector`]: the syntax of the namespace and route selectors, checked at
+//!   start-up (which routes are in scope is route-secrets'
+//!   [`route_watch`](route_secrets::api::route_watch)).
 //! - [`outputs`]: from route outcomes to the proxy, and readiness.
 //! - [`cert_dir`] and [`files`]: bundles, links and the crt-list on disk.
 //! - [`reload`]: the debounced, single-flight reload command.
 //! - [`haproxy`]: HAProxy's runtime API client and the synchronisation over it.
 //! - [`metrics`] and [`process`]: the Prometheus metrics; `http`: `/healthz`,
-//!   `/readyz`, `/metrics`.
+//!   `/readyz` (and `/metrics` without an authorized endpoint); [`secure_metrics`]:
+//!   `/metrics` over HTTPS for scrapers the API server authorizes.
 //! - [`progress`]: the start-up progress bar or log lines; [`logging`]: text or JSON
 //!   logs that stay clear of it.
 //!
@@ -54,7 +56,7 @@ pub mod outputs;
 pub mod process;
 pub mod progress;
 pub mod reload;
-pub mod scope;
+pub mod secure_metrics;
 pub mod selector;
 pub mod signals;
 mod throttle;

@@ -7,6 +7,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use certwatch::logging::LogFormat;
 use clap::{Parser, Subcommand};
 
 /// jemalloc instead of glibc's malloc: at 10,000 watches glibc spent a sixth of the
@@ -23,7 +24,7 @@ const LAB_BINARY: &str = "certwatch-lab";
 #[derive(Debug, Parser)]
 #[command(
     name = "certwatch",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("CERTWATCH_COMMIT"), ")"),
     about = "Watches per-route Kubernetes TLS secrets and serves them to an ingress proxy",
     after_help = "demo, sim and bench are the lab's (certwatch-lab, built with \
 `cargo build --release -p certwatch-lab`): this binary runs certwatch-lab with the same \
@@ -60,32 +61,106 @@ fn main() -> ExitCode {
     if is_embedded_run(&argv) {
         return hand_to_lab(&argv);
     }
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse_from(&argv) {
+        Ok(cli) => cli,
+        Err(error) => return command_line_error(&argv, &error),
+    };
     let args = match cli.command {
         Command::Run(args) => args,
         Command::Demo(_) | Command::Sim(_) | Command::Bench(_) => return hand_to_lab(&argv),
     };
-    // kube-runtime's watcher logs every 403 it retries with a Debug dump of the error;
-    // certwatch reports those failures itself (once per change, counted in /metrics),
-    // so only the watcher's errors are kept. RUST_LOG overrides this.
-    certwatch::logging::init(args.log_format, "info,kube_runtime::watcher=error");
+    let format = args.log_format;
+    init_logging(format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("certwatch: cannot start the async runtime: {error}");
-            return ExitCode::FAILURE;
-        }
+        Err(error) => return fatal(format, "cannot start the async runtime", &error),
     };
     match runtime.block_on(certwatch::cli::run(*args)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("certwatch: {error}");
-            ExitCode::FAILURE
-        }
+        Err(error) => fatal(format, "certwatch run failed", &error),
     }
+}
+
+/// Installs the log subscriber, and in JSON mode a panic hook that logs panics as JSON
+/// events too: a log collector then reads every line certwatch writes.
+fn init_logging(format: LogFormat) {
+    // kube-runtime's watcher logs every 403 it retries with a Debug dump of the error;
+    // certwatch reports those failures itself (once per change, counted in /metrics),
+    // so only the watcher's errors are kept. RUST_LOG overrides this.
+    certwatch::logging::init(format, "info,kube_runtime::watcher=error");
+    if format == LogFormat::Json {
+        std::panic::set_hook(Box::new(|panic| {
+            let message = panic
+                .payload()
+                .downcast_ref::<&str>()
+                .map(|text| (*text).to_owned())
+                .or_else(|| panic.payload().downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(no message)".to_owned());
+            let location = panic
+                .location()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            let thread = std::thread::current();
+            tracing::error!(
+                panic = %message,
+                location,
+                thread = thread.name().unwrap_or("unnamed"),
+                "a task panicked"
+            );
+        }));
+    }
+}
+
+/// Reports the error that ends the process: a line on stderr in text mode, an `ERROR`
+/// event in JSON mode (with `what` as its message and the error as its `error` field).
+fn fatal(format: LogFormat, what: &str, error: &dyn std::error::Error) -> ExitCode {
+    match format {
+        LogFormat::Text if what.starts_with("cannot") => eprintln!("certwatch: {what}: {error}"),
+        LogFormat::Text => eprintln!("certwatch: {error}"),
+        LogFormat::Json => tracing::error!(error = %error, "{what}"),
+    }
+    ExitCode::FAILURE
+}
+
+/// A command line clap refuses: its message (status 2), as an `ERROR` event when the
+/// command line (or `CERTWATCH_LOG_FORMAT`) asks for JSON logs. Help and version
+/// requests print as usual.
+fn command_line_error(argv: &[OsString], error: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let display = matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if display || !asks_for_json(argv) {
+        error.exit();
+    }
+    certwatch::logging::init(LogFormat::Json, "info");
+    let message = error.render().to_string();
+    tracing::error!(error = %message.trim_end(), "invalid command line");
+    ExitCode::from(2)
+}
+
+/// Whether `--log-format json` (or `=json`) is on the command line, or
+/// `CERTWATCH_LOG_FORMAT=json` in the environment, read without the parser (which
+/// refused the command line).
+fn asks_for_json(argv: &[OsString]) -> bool {
+    let mut previous_was_flag = false;
+    for arg in argv.iter().skip(1) {
+        let arg = arg.to_string_lossy();
+        if previous_was_flag && arg.eq_ignore_ascii_case("json") {
+            return true;
+        }
+        if arg.eq_ignore_ascii_case("--log-format=json") {
+            return true;
+        }
+        previous_was_flag = arg == "--log-format";
+    }
+    std::env::var("CERTWATCH_LOG_FORMAT").is_ok_and(|value| value.eq_ignore_ascii_case("json"))
 }
 
 /// `certwatch run` with an `--embedded*` flag, or `CERTWATCH_EMBEDDED` set: a run

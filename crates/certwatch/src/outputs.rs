@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use kube_common::backoff::{Backoff, BackoffPolicy};
 use route_secrets::api::pipeline::{Readiness, RouteOutcome};
+use route_secrets::tls::TlsWarning;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -97,6 +98,15 @@ struct Progress {
     last_error: Option<io::ErrorKind>,
     /// Each route's last rejection or warnings, to log only changes.
     route_log: StateLog<route_secrets::route::RouteKey>,
+}
+
+/// What the log compares of a certificate warning: its kind, and for a host not
+/// covered the host (a route moved to another host is told again).
+fn fault(warning: &TlsWarning) -> String {
+    match warning {
+        TlsWarning::HostNotCovered { host, .. } => format!("{} {host}", warning.code()),
+        _ => warning.code().to_owned(),
+    }
 }
 
 impl Outputs {
@@ -180,7 +190,7 @@ impl Outputs {
             progress.ready = true;
             let elapsed = self.started.elapsed();
             ready_after = Some(elapsed);
-            self.metrics.set_ready(elapsed);
+            self.metrics.daemon.set_ready(elapsed);
             info!(
                 routes = pipeline.initial_routes,
                 admitted,
@@ -220,41 +230,59 @@ impl Outputs {
         let now = std::time::Instant::now();
         match outcome {
             RouteOutcome::Admitted(admitted) => {
-                self.metrics.route_outcome(
+                self.metrics.routes.outcome(
                     "admitted",
                     admitted.reason.as_ref().map_or("", |reason| reason.name()),
                 );
-                let warnings: Vec<String> =
-                    admitted.warnings.iter().map(ToString::to_string).collect();
-                match progress.route_log.observe(
-                    admitted.route.clone(),
-                    &("admitted", &warnings),
-                    now,
-                ) {
-                    Seen::Changed => {
-                        for warning in &warnings {
-                            warn!(route = %admitted.route, secret = %admitted.secret, "{warning}");
-                        }
-                    }
-                    Seen::RepeatDue(count) if !warnings.is_empty() => {
-                        warn!(
+                // A route's warnings are logged when they first apply to it, in one
+                // line: what is compared is which warnings apply (and the host a
+                // certificate fails to cover), not each certificate version's dates,
+                // so a secret rotated to certificates with the same faults is logged
+                // once, and counted in the metrics at every admission.
+                let faults: Vec<String> = admitted.warnings.iter().map(fault).collect();
+                let log = |repeats: Option<u64>| {
+                    let codes: Vec<&str> = admitted.warnings.iter().map(TlsWarning::code).collect();
+                    let text: Vec<String> =
+                        admitted.warnings.iter().map(ToString::to_string).collect();
+                    let text = text.join("; ");
+                    match repeats {
+                        None => warn!(
                             route = %admitted.route,
                             secret = %admitted.secret,
+                            warnings = %codes.join(","),
+                            "{text}"
+                        ),
+                        Some(count) => warn!(
+                            route = %admitted.route,
+                            secret = %admitted.secret,
+                            warnings = %codes.join(","),
                             repeats = count,
-                            "{} (and {count} unchanged decisions, of all routes, not logged since the last such line)",
-                            warnings.join("; ")
-                        );
+                            "{text} (and {count} unchanged decisions, of all routes, not logged since the last such line)"
+                        ),
                     }
-                    Seen::RepeatDue(_) | Seen::Repeat => {}
+                };
+                match progress.route_log.observe(
+                    admitted.route.clone(),
+                    &("admitted", &faults),
+                    now,
+                ) {
+                    Seen::Changed if !faults.is_empty() => log(None),
+                    Seen::RepeatDue(count) if !faults.is_empty() => log(Some(count)),
+                    Seen::Changed | Seen::RepeatDue(_) | Seen::Repeat => {}
                 }
-                self.metrics.certificate_served(
+                self.metrics
+                    .routes
+                    .served_with_warnings(&admitted.route, &admitted.warnings);
+                self.metrics.routes.certificate_served(
                     &admitted.route,
                     &admitted.secret,
                     admitted.tls.not_after(),
                 );
-                progress
-                    .states
-                    .set(&self.metrics, &admitted.route, Some(RouteState::Admitted));
+                progress.states.set(
+                    &self.metrics.routes,
+                    &admitted.route,
+                    Some(RouteState::Admitted),
+                );
                 let served = ServedCert {
                     route: admitted.route,
                     sni: admitted.sni.crt_list_filter(),
@@ -267,7 +295,7 @@ impl Outputs {
             }
             RouteOutcome::Rejected(rejected) => {
                 let reason = rejected.reason.name();
-                self.metrics.route_outcome("rejected", reason);
+                self.metrics.routes.outcome("rejected", reason);
                 let message = rejected.reason.to_string();
                 match progress.route_log.observe(
                     rejected.route.clone(),
@@ -287,22 +315,23 @@ impl Outputs {
                     }
                     Seen::Repeat => {}
                 }
+                self.metrics.routes.not_served(&rejected.route);
                 // The expiry series stays: the route still exists, and an alert on its
                 // certificate must not clear because the route went dark.
                 let cause = rejected.cause().map_or("", |cause| cause.as_str());
                 progress.states.set(
-                    &self.metrics,
+                    &self.metrics.routes,
                     &rejected.route,
                     Some(RouteState::Rejected { reason, cause }),
                 );
                 self.cert_dir.remove(&rejected.route);
             }
             RouteOutcome::Removed(route) => {
-                self.metrics.route_outcome("removed", "");
+                self.metrics.routes.outcome("removed", "");
                 info!(route = %route, "route no longer served");
                 progress.route_log.forget(&route);
-                self.metrics.route_removed(&route);
-                progress.states.set(&self.metrics, &route, None);
+                self.metrics.routes.removed(&route);
+                progress.states.set(&self.metrics.routes, &route, None);
                 self.cert_dir.remove(&route);
             }
         }
@@ -320,7 +349,7 @@ impl Outputs {
         if let Some(change) = change {
             change.finish(report.changed());
         }
-        self.metrics.bundles_flushed(
+        self.metrics.files.flushed(
             self.cert_dir.bundles_on_disk(),
             report.written + report.removed,
             report.failed,

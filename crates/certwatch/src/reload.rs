@@ -110,7 +110,7 @@ impl Drop for ChangeGuard {
         if self.changed {
             // Before the write counts as done: a run waiting for it then sees it.
             self.shared.pending.store(true, Ordering::SeqCst);
-            self.metrics.set_reload_pending(true);
+            self.metrics.reload.set_pending(true);
         }
         if self.shared.writing.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.shared.written.notify_waiters();
@@ -219,7 +219,8 @@ impl Worker {
                 continue;
             }
             self.metrics
-                .set_reload_pending(self.shared.pending.load(Ordering::SeqCst));
+                .reload
+                .set_pending(self.shared.pending.load(Ordering::SeqCst));
             // Changes during the run set `pending` again and queue a wake-up, which
             // the next round picks up.
             if self.run_once().await {
@@ -227,7 +228,7 @@ impl Worker {
             } else if !closed {
                 // Retried even if nothing changes: the proxy must get the files.
                 self.shared.pending.store(true, Ordering::SeqCst);
-                self.metrics.set_reload_pending(true);
+                self.metrics.reload.set_pending(true);
                 let delay = backoff.next_delay();
                 warn!(retry_in = ?delay, "the reload command will be retried");
                 retry_at = Some(Instant::now() + delay);
@@ -251,7 +252,7 @@ impl Worker {
 
     /// Runs the command once; returns whether it succeeded.
     async fn run_once(&self) -> bool {
-        self.metrics.reload_started();
+        self.metrics.reload.started();
         let started = Instant::now();
         let mut command = tokio::process::Command::new("/bin/sh");
         command
@@ -294,7 +295,7 @@ impl Worker {
                 }
             }
         };
-        self.metrics.reload_finished(ok, started.elapsed());
+        self.metrics.reload.finished(ok, started.elapsed());
         ok
     }
 }

@@ -405,3 +405,29 @@ fn the_base_applies_server_side_and_its_pod_is_restricted() {
         assert!(ok, "{overlay}'s pod is refused:\n{out}\n{pod}");
     }
 }
+
+/// The binary names the commit it was built from (what `certwatch_build_info`'s
+/// `commit` label carries): the checkout's HEAD, since the tests build from it.
+#[test]
+fn the_version_names_the_commit() {
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("git must be on PATH: the tests build from a git checkout");
+    assert!(head.status.success(), "not a git checkout");
+    let head = String::from_utf8(head.stdout).unwrap();
+    let version = std::process::Command::new(env!("CARGO_BIN_EXE_certwatch"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let version = String::from_utf8(version.stdout).unwrap();
+    assert_eq!(
+        version.trim(),
+        format!(
+            "certwatch {} (commit {})",
+            env!("CARGO_PKG_VERSION"),
+            head.trim()
+        )
+    );
+}

@@ -157,6 +157,74 @@ async fn json_logs_only() {
     );
 }
 
+/// `--log-format json` holds for the errors that end the process too: a kubeconfig
+/// that cannot be read, a port in use, a bad option value (with the format given as
+/// a flag or through `CERTWATCH_LOG_FORMAT`). Each writes one JSON `ERROR` event
+/// naming the cause, nothing else, and nothing on stdout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fatal_errors_are_json_in_json_mode() {
+    let temp = tempfile::tempdir().unwrap();
+    let sim = SimProcess::start(temp.path(), &["--generate", "routes=1,namespaces=1"]);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = format!("127.0.0.1:{}", taken.local_addr().unwrap().port());
+    let certs = temp.path().join("certs");
+    let kubeconfig = sim.kubeconfig.to_str().unwrap();
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str, i32);
+    let cases: &[Case] = &[
+        (
+            &[
+                "--kubeconfig",
+                "/nonexistent/kubeconfig",
+                "--log-format",
+                "json",
+            ],
+            &[],
+            "cannot read the kubeconfig /nonexistent/kubeconfig",
+            1,
+        ),
+        (
+            &[
+                "--kubeconfig",
+                kubeconfig,
+                "--listen",
+                &port,
+                "--log-format=json",
+            ],
+            &[],
+            &format!("cannot listen on {port}"),
+            1,
+        ),
+        (
+            &["--kubeconfig", kubeconfig, "--listen", "nowhere"],
+            &[("CERTWATCH_LOG_FORMAT", "json")],
+            "invalid value 'nowhere' for '--listen <ADDR>'",
+            2,
+        ),
+    ];
+    for (args, env, cause, status) in cases {
+        let mut full = vec!["run", "--cert-dir", certs.to_str().unwrap()];
+        full.extend_from_slice(args);
+        let output = run_to_exit(&full, env);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(*status), "{args:?}: {stderr}");
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "", "{args:?}");
+        let events: Vec<serde_json::Value> = stderr
+            .lines()
+            .map(|line| {
+                serde_json::from_str(line)
+                    .unwrap_or_else(|error| panic!("{args:?}: not JSON ({error}): {line}"))
+            })
+            .collect();
+        let last = events
+            .last()
+            .unwrap_or_else(|| panic!("{args:?}: no event"));
+        assert_eq!(last["level"], "ERROR", "{args:?}: {stderr}");
+        let error = last["error"].as_str().unwrap_or_default();
+        assert!(error.contains(cause), "{args:?}: {cause:?} in {stderr}");
+    }
+    drop(taken);
+}
+
 /// Unmounts a test tmpfs, also when the test fails.
 struct Mount(PathBuf);
 
@@ -259,8 +327,9 @@ async fn full_cert_dir_at_start_up() {
 }
 
 /// OpenShift's restricted-v2: a random UID with group 0, in a volume owned by root
-/// with mode 2777 (an `emptyDir`). certwatch writes its files there without trying
-/// to change the directory's mode.
+/// with mode 3777 (a memory-backed `emptyDir`: a tmpfs, 1777, with the `fsGroup`'s
+/// setgid bit). certwatch writes its files there without trying to change the
+/// directory's mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_uid_with_group_0_in_a_root_owned_volume() {
     must_be_root("running certwatch as another UID");
@@ -273,7 +342,7 @@ async fn random_uid_with_group_0_in_a_root_owned_volume() {
     std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
     let cert_dir = temp.path().join("certs");
     std::fs::create_dir(&cert_dir).unwrap();
-    std::fs::set_permissions(&cert_dir, std::fs::Permissions::from_mode(0o2777)).unwrap();
+    std::fs::set_permissions(&cert_dir, std::fs::Permissions::from_mode(0o3777)).unwrap();
     let uid = 1_000_650_000;
 
     let mut certwatch = Certwatch::launch(
@@ -283,7 +352,7 @@ async fn random_uid_with_group_0_in_a_root_owned_volume() {
     let dir = std::fs::metadata(&cert_dir).unwrap();
     assert_eq!(
         (dir.uid(), dir.mode() & 0o7777),
-        (0, 0o2777),
+        (0, 0o3777),
         "left as it was"
     );
     let bundle = std::fs::metadata(cert_dir.join("app-0:route-0.pem")).unwrap();
@@ -299,6 +368,62 @@ async fn random_uid_with_group_0_in_a_root_owned_volume() {
             .count(),
         3
     );
+    assert_eq!(certwatch.terminate().code(), Some(0));
+}
+
+/// A cert dir that every user may write, without the sticky bit (a disk-backed
+/// `emptyDir`: root-owned 0777, 2777 with an `fsGroup`), is refused before anything
+/// is written, with a message that says how to fix it; one certwatch creates, or owns,
+/// is restricted to 0700 instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_world_writable_cert_dir_without_the_sticky_bit_is_refused() {
+    use std::os::unix::process::CommandExt as _;
+    must_be_root("running certwatch as another UID");
+    let temp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(temp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sim = SimProcess::start(temp.path(), &["--generate", "routes=2,namespaces=1"]);
+    let kubeconfig = temp.path().join("readable.kubeconfig");
+    std::fs::copy(&sim.kubeconfig, &kubeconfig).unwrap();
+    std::fs::set_permissions(&kubeconfig, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let uid = 1_000_650_000;
+    for mode in [0o777, 0o2777] {
+        let cert_dir = temp.path().join(format!("certs-{mode:o}"));
+        std::fs::create_dir(&cert_dir).unwrap();
+        std::fs::set_permissions(&cert_dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        let output = Command::new(certwatch_binary())
+            .args(["run", "--listen", "127.0.0.1:0", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .arg("--cert-dir")
+            .arg(&cert_dir)
+            .uid(uid)
+            .gid(0)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        for words in [
+            format!("cannot prepare the cert directory {}", cert_dir.display()),
+            "writable by every user and has no sticky bit".to_owned(),
+            format!("mode {mode:04o}, owner uid 0"),
+            format!("chmod +t {}", cert_dir.display()),
+        ] {
+            assert!(stderr.contains(&words), "{words:?} in {stderr}");
+        }
+        assert_eq!(std::fs::read_dir(&cert_dir).unwrap().count(), 0, "{stderr}");
+        let dir = std::fs::metadata(&cert_dir).unwrap();
+        assert_eq!(dir.mode() & 0o7777, mode, "left as it was");
+    }
+
+    // Its own, world-writable: fixed.
+    let own = temp.path().join("own");
+    std::fs::create_dir(&own).unwrap();
+    std::os::unix::fs::chown(&own, Some(uid), Some(0)).unwrap();
+    std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut certwatch = Certwatch::launch(
+        Launch::new(&kubeconfig, &own, &temp.path().join("own.log")).user(uid, 0),
+    );
+    certwatch.wait_ready().await;
+    assert_eq!(std::fs::metadata(&own).unwrap().mode() & 0o7777, 0o700);
     assert_eq!(certwatch.terminate().code(), Some(0));
 }
 

@@ -1598,7 +1598,7 @@ async fn the_router_matrix_through_the_binary() {
             // Served although expired, and the expiry metric says so.
             let not_after = daemon
                 .certwatch
-                .metric("certwatch_certificate_expiration_timestamp_seconds{namespace=\"app-0\",route=\"a-expired\",secret=\"s-a-expired\"}")
+                .metric("certwatch_certificate_expiration_timestamp_seconds{route_namespace=\"app-0\",route=\"a-expired\",secret=\"s-a-expired\"}")
                 .unwrap();
             assert!(not_after < now.as_second() as f64, "{not_after}");
         }

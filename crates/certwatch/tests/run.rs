@@ -136,7 +136,7 @@ async fn files_follow_secrets_and_routes() {
     assert_eq!(
         metric_value(
             &metrics,
-            "certwatch_certificate_expiration_timestamp_seconds{namespace=\"app-0\",route=\"route-0\",secret=\"tls-0\"}"
+            "certwatch_certificate_expiration_timestamp_seconds{route_namespace=\"app-0\",route=\"route-0\",secret=\"tls-0\"}"
         ),
         Some(not_after(&first) as f64)
     );
@@ -182,7 +182,7 @@ async fn files_follow_secrets_and_routes() {
     // The rejected route still exists: its certificate's expiration stays visible.
     assert!(
         certwatch
-            .metric("certwatch_certificate_expiration_timestamp_seconds{namespace=\"app-1\",route=\"route-1\",secret=\"tls-1\"}")
+            .metric("certwatch_certificate_expiration_timestamp_seconds{route_namespace=\"app-1\",route=\"route-1\",secret=\"tls-1\"}")
             .is_some()
     );
     let mut recreated = Secret {
@@ -328,19 +328,19 @@ async fn files_follow_secrets_and_routes() {
     // The expiration series go with their routes, and follow a change of secret.
     for (series, present) in [
         (
-            "namespace=\"app-1\",route=\"route-5\",secret=\"tls-5\"",
+            "route_namespace=\"app-1\",route=\"route-5\",secret=\"tls-5\"",
             false,
         ),
         (
-            "namespace=\"app-1\",route=\"route-3\",secret=\"tls-3\"",
+            "route_namespace=\"app-1\",route=\"route-3\",secret=\"tls-3\"",
             false,
         ),
         (
-            "namespace=\"app-0\",route=\"route-4\",secret=\"tls-4\"",
+            "route_namespace=\"app-0\",route=\"route-4\",secret=\"tls-4\"",
             false,
         ),
         (
-            "namespace=\"app-0\",route=\"route-4\",secret=\"tls-0\"",
+            "route_namespace=\"app-0\",route=\"route-4\",secret=\"tls-0\"",
             true,
         ),
     ] {

@@ -1,7 +1,8 @@
 //! The parts of the crate that talk to the Kubernetes API server. Everything here
 //! performs I/O (requests, watches, spawned tasks); everything outside `api` does not.
 //!
-//! - [`route_watch`]: the watch on routes, as a stream of [`route_watch::RouteEvent`]s.
+//! - [`route_watch`]: which routes the router sees (namespaces, namespace and route
+//!   selectors), as one stream of [`route_watch::RouteEvent`]s.
 //! - [`access`]: whether the router identity may get, list and watch a secret (access
 //!   reviews, cached and shared).
 //! - [`manager`]: registrations on the per-secret watches of a
@@ -14,6 +15,7 @@
 //!   the results back.
 
 pub mod access;
+mod mailbox;
 pub mod manager;
 mod paced;
 pub mod pipeline;

@@ -20,7 +20,7 @@
 //!
 //! Talking to the API server ([`api`]):
 //!
-//! - [`api::route_watch`]: the watch on routes.
+//! - [`api::route_watch`]: the watches on routes in scope (namespaces, selectors).
 //! - [`api::access`]: access reviews (may the router get, list and watch a secret?).
 //! - [`api::manager`]: registrations on shared per-secret watches.
 //! - [`api::status_writer`]: route status writes, in the background.

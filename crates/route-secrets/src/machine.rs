@@ -30,8 +30,7 @@
 //!   `ExternalCertificateSecretDeleted`, and the registration kept so that a
 //!   re-creation re-admits the route (`ExternalCertificateSecretRecreated`).
 //! * Admitted with a certificate that is not valid yet or will expire: applied again
-//!   when that changes ([`SecretVersion::dates_change_in`]), so that its status
-//!   message follows the dates.
+//!   when that changes ([`dates`]), so that its status message follows the dates.
 //! * A missing or invalid secret is rejected but stays registered, so fixing the secret
 //!   admits the route. Transient failures are retried along
 //!   [`kube_common::backoff`]; a denial is checked again when it stops being trusted.
@@ -40,6 +39,7 @@
 //! keeps registrations by [`RegistrationId`] only, and the secret manager not at all.
 
 mod claims;
+pub mod dates;
 mod effects;
 mod inputs;
 mod outcome;
@@ -54,10 +54,9 @@ use std::time::{Duration, Instant};
 use kube_common::backoff::{Backoff, BackoffPolicy};
 
 use claims::{Claim, HostClaims};
-pub use effects::{Effect, Preparation};
+pub use effects::{Effect, Preparation, RegistrationId};
 pub use inputs::{
-    Input, Prepared, PreparedOutcome, RegistrationId, SecretChange, SecretLookup, SecretVersion,
-    SecretVersionId,
+    Input, Prepared, PreparedOutcome, SecretChange, SecretLookup, SecretVersion, SecretVersionId,
 };
 pub use outcome::{AdmittedRoute, Readiness, RejectedRoute, RouteOutcome, Sni};
 use state::{
@@ -263,12 +262,7 @@ impl RouteMachine {
         self.claim(&key, Claim::of(&route));
         let route = Arc::new(RouteCopy::of(route, self.options.record_status));
         if let Some(secret) = route.secret.as_deref()
-            && validate_secret_name(secret).is_ok()
-            && !self.refuses_wildcard(&route)
-            && self
-                .claims
-                .blocker(&key, self.namespace_ownership())
-                .is_none()
+            && self.refusal(&key, &route, secret).is_none()
         {
             let held = self
                 .routes
@@ -292,9 +286,39 @@ impl RouteMachine {
         self.enqueue(key);
     }
 
-    /// Whether the route is a wildcard route this router does not admit.
-    fn refuses_wildcard(&self, route: &RouteCopy) -> bool {
-        route.wildcard_subdomain && !self.options.hosts.allow_wildcard_routes
+    /// Why `route` (the copy of `key` naming `secret`) is rejected whatever its secret
+    /// holds, if it is: the checks made on the route alone, as the router's host
+    /// admission makes them before any certificate is looked at. Such a route registers
+    /// nothing and prefetches nothing. A route refused for its host (an older route's)
+    /// takes over, applied again, when that route goes or moves.
+    fn refusal(&self, key: &RouteKey, route: &RouteCopy, secret: &str) -> Option<Reason> {
+        let invalid = |problem| Reason::ExternalCertificateValidationFailed {
+            route: key.clone(),
+            secret: secret.to_owned(),
+            problem,
+        };
+        if let Some(blocked) = self.claims.blocker(key, self.namespace_ownership()) {
+            return Some(Reason::HostAlreadyClaimed {
+                route: key.clone(),
+                secret: secret.to_owned(),
+                host: blocked.host,
+                owner: blocked.owner,
+                by_namespace: blocked.by_namespace,
+            });
+        }
+        if route.wildcard_subdomain && !self.options.hosts.allow_wildcard_routes {
+            return Some(Reason::WildcardPolicyNotAllowed {
+                route: key.clone(),
+                secret: secret.to_owned(),
+            });
+        }
+        if let Err(error) = validate_secret_name(secret) {
+            return Some(invalid(ValidationProblem::InvalidSecretName(error)));
+        }
+        if route.inline_certificate {
+            return Some(invalid(ValidationProblem::InlineCertificateConflict));
+        }
+        None
     }
 
     /// Queues the route's apply; an apply in flight for it is redone instead.
@@ -404,41 +428,9 @@ impl RouteMachine {
             self.mark_decided(&key, effects);
             return;
         };
-        if let Some(blocked) = self.claims.blocker(&key, self.namespace_ownership()) {
-            // The host is an older route's: nothing is registered; the route takes
-            // over (applied again) when that route goes or moves.
+        if let Some(reason) = self.refusal(&key, &route, &secret) {
             self.refuse(&key, &route, effects);
-            let reason = Reason::HostAlreadyClaimed {
-                route: key.clone(),
-                secret,
-                host: blocked.host,
-                owner: blocked.owner,
-                by_namespace: blocked.by_namespace,
-            };
             self.reject(&key, reason, effects);
-            return;
-        }
-        if self.refuses_wildcard(&route) {
-            // Decided on the route alone, as the router's host admission does before
-            // any certificate is looked at: nothing is registered.
-            self.refuse(&key, &route, effects);
-            let reason = Reason::WildcardPolicyNotAllowed {
-                route: key.clone(),
-                secret,
-            };
-            self.reject(&key, reason, effects);
-            return;
-        }
-        if let Err(error) = validate_secret_name(&secret) {
-            self.refuse(&key, &route, effects);
-            let problem = ValidationProblem::InvalidSecretName(error);
-            self.reject_validation(&key, &secret, problem, effects);
-            return;
-        }
-        if route.inline_certificate {
-            self.refuse(&key, &route, effects);
-            let problem = ValidationProblem::InlineCertificateConflict;
-            self.reject_validation(&key, &secret, problem, effects);
             return;
         }
 
@@ -665,6 +657,10 @@ impl RouteMachine {
         self.set_seen(key, SecretSeen::Evaluated(version.id));
         match version.validation {
             Ok(tls) => {
+                // The certificate becomes valid or expires: applied again then, so that
+                // the status message follows (the shell validates the version anew).
+                let dates_change = dates::dates_change_in(&tls, version.as_of)
+                    .and_then(|delay| now.checked_add(delay));
                 let host = route.host.as_deref().map(str::to_owned);
                 let mut warnings = tls.warnings().to_vec();
                 warnings.extend(host.as_deref().and_then(|host| tls.host_warning(host)));
@@ -683,12 +679,7 @@ impl RouteMachine {
                     reason,
                 };
                 self.emit(key, RouteOutcome::Admitted(admitted), effects);
-                // The certificate becomes valid or expires: applied again then, so that
-                // the status message follows (the shell validates the version anew).
-                if let Some(at) = version
-                    .dates_change_in
-                    .and_then(|delay| now.checked_add(delay))
-                {
+                if let Some(at) = dates_change {
                     self.schedule_retry(key, at);
                 }
             }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kube_common::adaptive::AdaptiveLimiter;
 use kube_sim::FailRule;
-use route_secrets::api::status_writer::StatusWriter;
+use route_secrets::api::status_writer::{StatusWriter, StatusWriterOptions};
 use route_secrets::route::Route;
 use route_secrets::route::admission::{Admission, RouterIdentity};
 use route_secrets::testing::route_with_external_certificate;
@@ -93,10 +93,13 @@ async fn a_write_refused_for_load_is_re_queued_until_it_lands() {
 async fn without_a_limiter_the_same_refusals_give_the_write_up() {
     let sim = sim_with_latency(Duration::from_millis(5)).await;
     let route = stored_route(&sim);
-    let writer = StatusWriter::spawn(
+    let writer = StatusWriter::spawn_with(
         client(&sim, "router").await,
         RouterIdentity::new(ROUTER_NAME),
-        4,
+        StatusWriterOptions {
+            retry: quick_retries(),
+            ..StatusWriterOptions::new(4)
+        },
     );
     sim.faults()
         .fail_next(FailRule::new("update", "routes/status", 429, REFUSALS));
@@ -108,4 +111,38 @@ async fn without_a_limiter_the_same_refusals_give_the_write_up() {
     })
     .await;
     assert_eq!(writes(&sim, 200), 0);
+    // Five attempts, each refused, with a re-read between two of them.
+    assert_eq!(writes(&sim, 429), 5);
+    assert_eq!(requests(&sim, "list", "routes").len(), 4);
+    assert_eq!(writer.stats().writes, 5);
+}
+
+/// A route deleted while its write is redone is no failure: its status is simply gone.
+#[tokio::test]
+async fn a_route_deleted_before_the_re_read_is_not_a_failure() {
+    let sim = sim_with_latency(Duration::from_millis(5)).await;
+    let route = stored_route(&sim);
+    let other: Arc<Route> = Arc::new(
+        serde_json::from_value(put_route(
+            &sim,
+            &route_with_external_certificate(NS, "other", "other.example", "tls"),
+        ))
+        .unwrap(),
+    );
+    // One write at a time: the second route's write starts once the first has ended.
+    let writer = StatusWriter::spawn(
+        client(&sim, "router").await,
+        RouterIdentity::new(ROUTER_NAME),
+        1,
+    );
+    // Someone else's change conflicts with the write; meanwhile the route is deleted.
+    sim.faults()
+        .fail_next(FailRule::new("update", "routes/status", 409, 1));
+    delete(&sim, "routes", NS, "shop");
+    writer.record(route, Admission::admitted());
+    writer.record(other, Admission::admitted());
+    eventually("the other route written", || writes(&sim, 200) == 1).await;
+    assert_eq!(requests(&sim, "list", "routes").len(), 1, "one re-read");
+    let stats = writer.stats();
+    assert_eq!((stats.writes, stats.conflicts, stats.failed), (2, 1, 0));
 }

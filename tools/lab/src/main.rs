@@ -28,7 +28,7 @@ enum Command {
     Demo(certwatch_lab::demo::DemoArgs),
     Sim(kube_sim::cli::SimArgs),
     Bench(certwatch_lab::bench::BenchArgs),
-    Run(certwatch_lab::embedded::LabRunArgs),
+    Run(Box<certwatch_lab::embedded::LabRunArgs>),
     /// One strategy run of `certwatch-lab bench`, in a process of its own.
     #[command(hide = true)]
     BenchClient(certwatch_lab::bench::ClientArgs),
@@ -66,7 +66,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Sim(args) => kube_sim::cli::run(args).await.map_err(|e| e.to_string()),
-            Command::Run(args) => certwatch_lab::embedded::run(args)
+            Command::Run(args) => certwatch_lab::embedded::run(*args)
                 .await
                 .map_err(|e| e.to_string()),
             Command::Demo(args) => certwatch_lab::demo::main(args)

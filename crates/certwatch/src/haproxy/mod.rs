@@ -195,7 +195,7 @@ impl Worker {
                     }
                     failures = 0;
                     retry_at = None;
-                    self.metrics.haproxy_synced(true);
+                    self.metrics.haproxy.synced(true);
                     if report.added + report.updated + report.relisted + report.removed > 0 {
                         info!(
                             added = report.added,
@@ -209,7 +209,7 @@ impl Worker {
                 Err(error) => {
                     known = None;
                     failures = failures.saturating_add(1);
-                    self.metrics.haproxy_synced(false);
+                    self.metrics.haproxy.synced(false);
                     let delay = backoff.next_delay();
                     if failures == 1 {
                         warn!(%error, retry_in = ?delay, "cannot synchronise HAProxy; retrying");
@@ -232,7 +232,7 @@ impl Worker {
         command: &'static str,
         result: Result<T, HaproxyError>,
     ) -> Result<T, HaproxyError> {
-        self.metrics.haproxy_command(command, result.is_ok());
+        self.metrics.haproxy.command(command, result.is_ok());
         result
     }
 

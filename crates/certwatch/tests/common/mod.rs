@@ -28,27 +28,50 @@ pub fn certwatch_binary() -> &'static str {
     env!("CARGO_BIN_EXE_certwatch")
 }
 
-/// Reads `child`'s stdout until a line starting with `prefix`, returns the rest of it,
-/// and keeps draining stdout in the background.
-fn read_until(child: &mut Child, prefix: &str, what: &str) -> String {
+/// Reads `child`'s stdout until the line with the HTTP address (and, when the
+/// probes' line says that `/metrics` is elsewhere, the line with the HTTPS metrics
+/// address), and keeps draining stdout in the background.
+fn serving_addresses(child: &mut Child, what: &str) -> (String, Option<String>) {
     let stdout = child.stdout.take().expect("stdout is piped");
     let mut reader = BufReader::new(stdout);
     let mut line = String::new();
-    loop {
+    let mut next_line = |reader: &mut BufReader<std::process::ChildStdout>| {
         line.clear();
         let read = reader
             .read_line(&mut line)
             .expect("reading the child's stdout");
-        assert!(read > 0, "{what} exited before printing {prefix:?}");
-        if let Some(rest) = line.trim_end().strip_prefix(prefix) {
-            let rest = rest.to_owned();
-            std::thread::spawn(move || {
-                let mut sink = Vec::new();
-                let _ = reader.read_to_end(&mut sink);
-            });
-            return rest;
+        assert!(read > 0, "{what} exited before printing its addresses");
+        line.trim_end().to_owned()
+    };
+    let (probes, separate) = loop {
+        let line = next_line(&mut reader);
+        if let Some(rest) =
+            line.strip_prefix("certwatch: serving /healthz, /readyz and /metrics on http://")
+        {
+            break (rest.to_owned(), false);
         }
-    }
+        if let Some(rest) = line.strip_prefix("certwatch: serving /healthz and /readyz on http://")
+        {
+            break (rest.to_owned(), true);
+        }
+    };
+    let metrics = separate.then(|| {
+        loop {
+            let line = next_line(&mut reader);
+            if let Some(rest) = line.strip_prefix("certwatch: serving /metrics on https://") {
+                break rest
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+            }
+        }
+    });
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = reader.read_to_end(&mut sink);
+    });
+    (probes, metrics)
 }
 
 fn tail(path: &Path) -> String {
@@ -199,6 +222,7 @@ pub struct Launch {
     listen: String,
     user: Option<(u32, u32)>,
     json: bool,
+    default_log_level: bool,
 }
 
 impl Launch {
@@ -214,7 +238,15 @@ impl Launch {
             listen: "127.0.0.1:0".to_owned(),
             user: None,
             json: false,
+            default_log_level: false,
         }
+    }
+
+    /// The log level a deployment has (no `RUST_LOG`), instead of the tests' debug
+    /// level for certwatch.
+    pub fn default_log_level(mut self) -> Self {
+        self.default_log_level = true;
+        self
     }
 
     /// More arguments.
@@ -255,6 +287,8 @@ impl Launch {
 pub struct Certwatch {
     child: Child,
     pub addr: SocketAddr,
+    /// The HTTPS metrics endpoint (`--metrics-listen`), if any.
+    pub metrics_addr: Option<SocketAddr>,
     pub log: PathBuf,
 }
 
@@ -284,24 +318,24 @@ impl Certwatch {
         if let Some((uid, gid)) = launch.user {
             command.uid(uid).gid(gid);
         }
+        if launch.default_log_level {
+            command.env_remove("RUST_LOG");
+        }
         if launch.json {
             command.stdout(std::fs::File::create(launch.log.with_extension("stdout")).unwrap());
         } else {
             command.stdout(Stdio::piped());
         }
         let mut child = command.spawn().expect("start certwatch run");
-        let addr = if launch.json {
+        let (addr, metrics_addr) = if launch.json {
             address_from_json_log(&mut child, &launch.log)
         } else {
-            read_until(
-                &mut child,
-                "certwatch: serving /healthz, /readyz and /metrics on http://",
-                "certwatch run",
-            )
+            serving_addresses(&mut child, "certwatch run")
         };
         Self {
             child,
             addr: addr.trim().parse().unwrap(),
+            metrics_addr: metrics_addr.map(|addr| addr.trim().parse().unwrap()),
             log: launch.log,
         }
     }
@@ -381,8 +415,9 @@ impl Drop for Certwatch {
     }
 }
 
-/// Waits for the JSON log event that carries the HTTP address; returns the address.
-fn address_from_json_log(child: &mut Child, log: &Path) -> String {
+/// Waits for the JSON log event that carries the HTTP address; returns it, and the
+/// HTTPS metrics address when the event has one.
+fn address_from_json_log(child: &mut Child, log: &Path) -> (String, Option<String>) {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -391,7 +426,8 @@ fn address_from_json_log(child: &mut Child, log: &Path) -> String {
                 continue;
             };
             if let Some(address) = event["address"].as_str() {
-                return address.to_owned();
+                let metrics = event["metrics_address"].as_str().map(str::to_owned);
+                return (address.to_owned(), metrics);
             }
         }
         if let Some(status) = child.try_wait().unwrap() {

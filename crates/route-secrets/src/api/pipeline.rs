@@ -6,7 +6,7 @@
 //! ```text
 //! route watch ──RouteEvent──▶ RoutePipeline::run ──Input──▶ RouteMachine::step
 //!                                   ▲    │                         │
-//!       secret events (TaggedSink) ─┘    └◀──────── Effect ────────┘
+//!  secret changes (SecretMailbox) ──┘    └◀──────── Effect ────────┘
 //!       prepared (access check, registration, cached secret)
 //!       ticks (retries)
 //! effects: Prefetch → SecretManager::prefetch_then + AccessChecker::prefetch
@@ -28,20 +28,21 @@ use futures::future::{BoxFuture, OptionFuture};
 use futures::{FutureExt, Stream, StreamExt};
 use jiff::Timestamp;
 use kube_common::backoff::BackoffPolicy;
-use secret_monitor::{MonitorErrorKind, ObjectEvent, ObjectKey, TaggedSink};
+use secret_monitor::{MonitorErrorKind, ObjectKey};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info};
 
 use crate::api::access::AccessChecker;
+use crate::api::mailbox::{Change, SecretMailbox, Tag};
 use crate::api::manager::{SecretManager, SecretRegistration};
 use crate::api::route_watch::{RouteEvent, RouteWatchError};
 use crate::api::status_writer::StatusWriter;
+use crate::machine::dates::validation_holds;
 pub use crate::machine::{AdmittedRoute, HostPolicy, Readiness, RejectedRoute, RouteOutcome, Sni};
 use crate::machine::{
     Effect, Input, MachineOptions, Preparation, Prepared, PreparedOutcome, RegistrationId,
     RouteMachine, SecretChange, SecretLookup, SecretVersion, SecretVersionId,
 };
-use crate::route::RouteKey;
 use crate::tls::{TlsRejection, TlsSecret, TlsValidator, ValidatedTls};
 
 /// Options of a [`RoutePipeline`].
@@ -85,8 +86,15 @@ pub enum PipelineError {
     RouteWatch(#[from] RouteWatchError),
 }
 
-/// A secret event, tagged with the route and registration it was delivered to.
-type SecretEvent = ((RouteKey, RegistrationId), ObjectEvent<TlsSecret>);
+/// What the pipeline's loop was woken by.
+enum Received {
+    /// An input that takes no turn (a network result, a tick).
+    Input(Input),
+    /// A route event.
+    Route(Input),
+    /// A secret change waits in the mailbox.
+    Secret,
+}
 
 /// The pipeline. Build it with [`RoutePipeline::new`], drive it with
 /// [`RoutePipeline::run`].
@@ -103,8 +111,7 @@ pub struct RoutePipeline {
     outcomes: mpsc::UnboundedSender<RouteOutcome>,
     readiness: watch::Sender<Readiness>,
     /// Where registrations deliver their secret events.
-    secret_events: mpsc::UnboundedSender<SecretEvent>,
-    secret_receiver: mpsc::UnboundedReceiver<SecretEvent>,
+    mailbox: SecretMailbox,
 }
 
 impl std::fmt::Debug for RoutePipeline {
@@ -133,7 +140,6 @@ impl RoutePipeline {
     ) -> (Self, PipelineOutputs) {
         let (outcomes, outcome_receiver) = mpsc::unbounded_channel();
         let (readiness, readiness_receiver) = watch::channel(Readiness::default());
-        let (secret_events, secret_receiver) = mpsc::unbounded_channel();
         let machine = RouteMachine::new(MachineOptions {
             identity: options.identity,
             hosts: options.hosts,
@@ -152,8 +158,7 @@ impl RoutePipeline {
             validations: Validations::new(options.validator),
             outcomes,
             readiness,
-            secret_events,
-            secret_receiver,
+            mailbox: SecretMailbox::default(),
         };
         let outputs = PipelineOutputs {
             outcomes: outcome_receiver,
@@ -164,34 +169,59 @@ impl RoutePipeline {
 
     /// Applies route events until the stream ends (`Ok`) or reports a permanent
     /// failure (`Err`), handling secret events and retries meanwhile.
+    ///
+    /// What is ready is taken in this order: the network result of the apply at the
+    /// head of the queue and due retries (one of each at most), then route events and
+    /// secret changes by turns when both wait, so that neither starves the other: a
+    /// flood of secret changes delays a route event by one change at most.
     pub async fn run(
         mut self,
         events: impl Stream<Item = RouteEvent>,
     ) -> Result<(), PipelineError> {
         let mut events = pin!(events);
         let mut head: Option<BoxFuture<'static, NetworkResult>> = None;
+        let mailbox = self.mailbox.clone();
+        // Whose turn it is when a route event and a secret change both wait.
+        let mut secrets_turn = false;
         loop {
             let wakeup = self.machine.next_wakeup();
-            let input = tokio::select! {
+            let received = tokio::select! {
                 biased;
-                Some((tag, event)) = self.secret_receiver.recv() => self.secret_input(tag, event),
                 Some(done) = OptionFuture::from(head.as_mut()), if head.is_some() => {
                     head = None;
-                    self.prepared_input(done)
+                    Received::Input(self.prepared_input(done))
                 }
+                () = sleep_until(wakeup), if wakeup.is_some() => Received::Input(Input::Tick),
+                () = mailbox.ready(), if secrets_turn => Received::Secret,
                 event = events.next() => match event {
-                    Some(RouteEvent::Listed(routes)) => Input::Listed(routes),
-                    Some(RouteEvent::Applied(route)) => Input::Applied(route),
-                    Some(RouteEvent::Deleted(route)) => Input::Deleted(route),
+                    Some(RouteEvent::Listed(routes)) => Received::Route(Input::Listed(routes)),
+                    Some(RouteEvent::Applied(route)) => Received::Route(Input::Applied(route)),
+                    Some(RouteEvent::Deleted(route)) => Received::Route(Input::Deleted(route)),
                     Some(RouteEvent::Failed(error)) => return Err(error.into()),
                     None => return Ok(()),
                 },
-                () = sleep_until(wakeup), if wakeup.is_some() => Input::Tick,
+                () = mailbox.ready(), if !secrets_turn => Received::Secret,
             };
-            let now = tokio::time::Instant::now().into_std();
-            for effect in self.machine.step(input, now) {
-                if let Some(network) = self.perform(effect) {
-                    head = Some(network);
+            let inputs = match received {
+                Received::Input(input) => vec![input],
+                Received::Route(input) => {
+                    secrets_turn = true;
+                    vec![input]
+                }
+                Received::Secret => {
+                    secrets_turn = false;
+                    match mailbox.take() {
+                        Some((tag, change)) => self.secret_inputs(tag, change),
+                        None => continue,
+                    }
+                }
+            };
+            for input in inputs {
+                let now = tokio::time::Instant::now().into_std();
+                for effect in self.machine.step(input, now) {
+                    if let Some(network) = self.perform(effect) {
+                        head = Some(network);
+                    }
                 }
             }
         }
@@ -251,7 +281,7 @@ impl RoutePipeline {
     ) -> impl Future<Output = NetworkResult> + Send + 'static {
         let access = self.access.clone();
         let manager = self.manager.clone();
-        let sink = self.secret_events.clone();
+        let mailbox = self.mailbox.clone();
         async move {
             let namespace = preparation.route.namespace.clone();
             let outcome = match access.check(&namespace, &preparation.secret).await {
@@ -266,7 +296,7 @@ impl RoutePipeline {
                     None => match preparation.register {
                         None => Ok(None),
                         Some(id) => {
-                            let sink = TaggedSink::new((preparation.route.clone(), id), sink);
+                            let sink = mailbox.sink((preparation.route.clone(), id));
                             match manager
                                 .register(&namespace, &preparation.secret, sink)
                                 .await
@@ -332,21 +362,27 @@ impl RoutePipeline {
         }
     }
 
-    fn secret_input(
-        &self,
-        (route, registration): (RouteKey, RegistrationId),
-        event: ObjectEvent<TlsSecret>,
-    ) -> Input {
-        let change = match event {
-            ObjectEvent::Added(object) | ObjectEvent::Updated { new: object, .. } => {
-                SecretChange::Present(self.validations.version(&object))
-            }
-            ObjectEvent::Deleted(_) => SecretChange::Deleted,
-        };
-        Input::Secret {
+    /// The machine's inputs for a registration's change: a re-creation is the
+    /// deletion, then the new version.
+    fn secret_inputs(&self, (route, registration): Tag, change: Change) -> Vec<Input> {
+        let input = |route, change| Input::Secret {
             route,
             registration,
             change,
+        };
+        match change {
+            Change::Present(object) => {
+                let version = self.validations.version(&object);
+                vec![input(route, SecretChange::Present(version))]
+            }
+            Change::Deleted => vec![input(route, SecretChange::Deleted)],
+            Change::Recreated(object) => {
+                let version = self.validations.version(&object);
+                vec![
+                    input(route.clone(), SecretChange::Deleted),
+                    input(route, SecretChange::Present(version)),
+                ]
+            }
         }
     }
 }
@@ -366,45 +402,9 @@ struct Validations {
 struct Validation {
     version: SecretVersionId,
     result: Result<Arc<ValidatedTls>, TlsRejection>,
-    /// When it was validated: its date warnings hold until the certificate becomes
-    /// valid or expires.
+    /// When it was validated: it holds until the certificate becomes valid or expires
+    /// ([`validation_holds`]).
     at: Timestamp,
-}
-
-/// The validity of a certificate at `at`, as its date warnings tell it: not yet valid,
-/// valid, or expired.
-fn validity_at(tls: &ValidatedTls, at: Timestamp) -> std::cmp::Ordering {
-    if at < tls.not_before() {
-        std::cmp::Ordering::Less
-    } else if at > tls.not_after() {
-        std::cmp::Ordering::Greater
-    } else {
-        std::cmp::Ordering::Equal
-    }
-}
-
-/// The longest wait before a route is evaluated again for its certificate's dates: a
-/// certificate valid for years is looked at again after this, and waits again (timers
-/// far in the future are clamped by tokio anyway).
-const DATES_RECHECK_MAX: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
-
-/// How long after `now` the date warnings of `validation` may change: until the
-/// certificate becomes valid, or until it expires (a second past either, so that the
-/// change has happened when the route is evaluated again), at most
-/// [`DATES_RECHECK_MAX`].
-fn dates_change_in(
-    validation: &Result<Arc<ValidatedTls>, TlsRejection>,
-    now: Timestamp,
-) -> Option<std::time::Duration> {
-    let tls = validation.as_ref().ok()?;
-    let next = match validity_at(tls, now) {
-        std::cmp::Ordering::Less => tls.not_before(),
-        std::cmp::Ordering::Equal => tls.not_after(),
-        std::cmp::Ordering::Greater => return None,
-    };
-    let delay = now.duration_until(next) + jiff::SignedDuration::from_secs(1);
-    let delay = std::time::Duration::try_from(delay).ok()?;
-    Some(delay.min(DATES_RECHECK_MAX))
 }
 
 impl Validations {
@@ -430,14 +430,11 @@ impl Validations {
             secret.namespace().unwrap_or_default(),
             secret.name().unwrap_or_default(),
         );
-        let current = |found: &Validation| match &found.result {
-            Ok(tls) => validity_at(tls, found.at) == validity_at(tls, now),
-            Err(_) => true,
-        };
+        let current = |found: &Validation| validation_holds(&found.result, found.at, now);
         let handed_over = |id, validation| SecretVersion {
-            dates_change_in: dates_change_in(&validation, now),
             id,
             validation,
+            as_of: now,
         };
         if let Some(id) = &id
             && let Some(found) = self.map().get(&key)
@@ -493,42 +490,173 @@ async fn sleep_until(at: Option<std::time::Instant>) {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::testing::{LeafSpec, Pki};
-    use jiff::SignedDuration;
+    use std::time::Duration;
 
-    #[test]
-    fn a_route_is_looked_at_again_when_its_certificate_dates_pass() {
-        // Whole seconds, as certificate dates are.
-        let now = Timestamp::from_second(Timestamp::now().as_second()).expect("now");
+    use futures::channel::mpsc as stream_channel;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kube_sim::{SimConfig, Simulator};
+    use secret_monitor::ObjectEvent;
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::access::{AccessOptions, AccessPolicy};
+    use crate::api::manager::TlsSecretMonitor;
+    use crate::route::{Route, RouteKey};
+    use crate::testing::{LeafSpec, Pki, route_with_external_certificate};
+
+    const NS: &str = "app";
+    /// Routes whose secret changes flood the pipeline.
+    const FLOODED: usize = 200;
+    /// How long any wait waits before the test fails.
+    const PATIENCE: Duration = Duration::from_secs(90);
+
+    fn route(name: &str, age: i64) -> Route {
+        let mut route =
+            route_with_external_certificate(NS, name, &format!("{name}.app.example"), "s");
+        route.metadata.uid = Some(format!("uid-{name}"));
+        route.metadata.creation_timestamp = Some(Time(
+            Timestamp::from_second(1_700_000_000 + age).expect("time"),
+        ));
+        route
+    }
+
+    /// The router may get, list and watch secret `s`.
+    fn grant(sim: &Simulator) {
+        let store = sim.store();
+        store
+            .upsert(
+                "roles",
+                json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "Role",
+                    "metadata": {"name": "tls", "namespace": NS},
+                    "rules": [{"apiGroups": [""], "resources": ["secrets"],
+                               "verbs": ["get", "list", "watch"], "resourceNames": ["s"]}],
+                }),
+            )
+            .expect("role");
+        store
+            .upsert(
+                "rolebindings",
+                json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "RoleBinding",
+                    "metadata": {"name": "tls", "namespace": NS},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tls"},
+                    "subjects": [{"kind": "ServiceAccount", "name": "router", "namespace": "openshift-ingress"}],
+                }),
+            )
+            .expect("role binding");
+    }
+
+    /// A flood of secret changes, waiting all at once when a route event arrives: the
+    /// route event is handled after one change at most, not after the flood. Order
+    /// only: what the consumer is told, in the order decided.
+    #[tokio::test]
+    async fn a_flood_of_secret_changes_does_not_starve_route_events() {
+        let sim = Simulator::start(SimConfig::default())
+            .await
+            .expect("simulator");
+        let now = Timestamp::now();
         let pki = Pki::new(now);
-        let validation = |spec: LeafSpec| {
-            let secret = pki.issue(&spec).secret("ns", "s");
-            TlsValidator::default()
-                .validate_secret(&secret, None, now)
-                .map(Arc::new)
-        };
-        let spec = || LeafSpec::new("r.example", now);
-        let seconds = |hours: i64| std::time::Duration::from_secs(hours as u64 * 3600 + 1);
-        let in_an_hour = spec().valid(
-            now - SignedDuration::from_hours(1),
-            now + SignedDuration::from_hours(1),
+        let mut stored = serde_json::to_value(
+            pki.issue(&LeafSpec::new("r.app.example", now))
+                .secret(NS, "s"),
+        )
+        .expect("secret JSON");
+        stored["apiVersion"] = json!("v1");
+        stored["kind"] = json!("Secret");
+        sim.store().upsert("secrets", stored).expect("secret");
+        grant(&sim);
+
+        let client = sim.client("router").await.expect("client");
+        let manager = SecretManager::new(TlsSecretMonitor::new(client.clone()));
+        let access = AccessChecker::with_options(
+            client,
+            AccessOptions {
+                policy: AccessPolicy::SelfRules,
+                ttl: Duration::from_secs(600),
+                denied_ttl: Duration::from_secs(600),
+            },
         );
+        let (pipeline, mut outputs) =
+            RoutePipeline::new(manager, access, None, PipelineOptions::default());
+        let mailbox = pipeline.mailbox.clone();
+        let (routes, events) = stream_channel::unbounded();
+        let task = tokio::spawn(pipeline.run(events));
+
+        // Route i is applied i-th (oldest first) and registers as registration i + 1;
+        // the last route is the one a route event will remove.
+        let mut listed: Vec<Route> = (0..FLOODED)
+            .map(|i| route(&format!("r{i:03}"), i as i64))
+            .collect();
+        let extra = route("extra", FLOODED as i64);
+        listed.push(extra.clone());
+        routes
+            .unbounded_send(RouteEvent::Listed(listed))
+            .expect("pipeline running");
+        let mut readiness = outputs.readiness.clone();
+        tokio::time::timeout(PATIENCE, readiness.wait_for(Readiness::is_ready))
+            .await
+            .expect("ready in time")
+            .expect("pipeline running");
+        let mut admitted = 0;
+        while let Ok(outcome) = outputs.outcomes.try_recv() {
+            assert!(matches!(outcome, RouteOutcome::Admitted(_)), "{outcome:?}");
+            admitted += 1;
+        }
+        assert_eq!(admitted, FLOODED + 1);
+
+        // The pipeline waits; nothing runs until this test awaits (one thread): the
+        // flood and the route event are both waiting when it wakes.
+        let mut rotated = pki
+            .issue(&LeafSpec::new("r.app.example", now))
+            .secret(NS, "s");
+        rotated.metadata.uid = Some("uid-s-rotated".to_owned());
+        rotated.metadata.resource_version = Some("999999".to_owned());
+        let rotated = TlsSecret::from(&rotated);
+        let rotated = Arc::new(rotated);
+        for i in 0..FLOODED {
+            let key = RouteKey::new(NS, format!("r{i:03}"));
+            mailbox.put(
+                (key, RegistrationId(i as u64 + 1)),
+                ObjectEvent::Updated {
+                    old: Arc::clone(&rotated),
+                    new: Arc::clone(&rotated),
+                },
+            );
+        }
+        assert_eq!(mailbox.len(), FLOODED);
+        routes
+            .unbounded_send(RouteEvent::Deleted(extra))
+            .expect("pipeline running");
+
+        let mut told = Vec::new();
+        while told.len() < FLOODED + 1 {
+            let outcome = tokio::time::timeout(PATIENCE, outputs.outcomes.recv())
+                .await
+                .expect("outcomes in time")
+                .expect("pipeline running");
+            told.push(match outcome {
+                RouteOutcome::Admitted(admitted) => format!("admitted {}", admitted.route),
+                RouteOutcome::Rejected(rejected) => format!("rejected {}", rejected.route),
+                RouteOutcome::Removed(route) => format!("removed {route}"),
+            });
+        }
+        let removed = told
+            .iter()
+            .position(|said| *said == format!("removed {NS}/extra"))
+            .expect("the route event was handled");
+        assert!(removed <= 1, "after {removed} secret changes: {told:?}");
+        let flooded = told
+            .iter()
+            .filter(|said| said.starts_with("admitted"))
+            .count();
         assert_eq!(
-            dates_change_in(&validation(in_an_hour), now),
-            Some(seconds(1))
+            flooded, FLOODED,
+            "every flooded route re-admitted: {told:?}"
         );
-        assert_eq!(
-            dates_change_in(&validation(spec().not_yet_valid(now)), now),
-            Some(seconds(24)),
-            "becomes valid a day from now"
-        );
-        assert_eq!(dates_change_in(&validation(spec().expired(now)), now), None);
-        let for_years = spec().valid(now, now + SignedDuration::from_hours(5 * 365 * 24));
-        assert_eq!(
-            dates_change_in(&validation(for_years), now),
-            Some(DATES_RECHECK_MAX)
-        );
-        assert_eq!(dates_change_in(&Err(TlsRejection::KeyEmpty), now), None);
+        drop(routes);
+        task.await.expect("pipeline task").expect("pipeline ends");
     }
 }

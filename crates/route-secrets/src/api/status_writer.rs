@@ -12,6 +12,10 @@
 //! route's status, it never loses it, and the refusal costs no re-read (the server did
 //! nothing, so the copy in hand is still current).
 //!
+//! Any other failed write is retried on a fresh copy after the retry policy's next
+//! delay ([`StatusWriterOptions::retry`], [`kube_common::backoff`]); a conflict at once.
+//! After five attempts the write is given up until the route's next outcome.
+//!
 //! A write that would not change the status is skipped. Together with the pipeline
 //! ignoring route events that change nothing but status, this keeps the router from
 //! reacting to its own writes.
@@ -19,12 +23,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use jiff::Timestamp;
 use kube::Client;
 use kube::api::ListParams;
 use kube_common::adaptive::AdaptiveLimiter;
+use kube_common::backoff::{Backoff, BackoffPolicy};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
@@ -82,37 +86,79 @@ struct Update {
     admission: Admission,
 }
 
+/// How a [`StatusWriter`] writes.
+#[derive(Clone)]
+pub struct StatusWriterOptions {
+    /// At most this many writes run at once.
+    pub concurrency: usize,
+    /// Every request (writes, and re-reads after a failed write) sent under this
+    /// limiter, and requests the server refuses for load re-queued until answered;
+    /// `None`: only `concurrency` paces the writes.
+    pub limiter: Option<AdaptiveLimiter>,
+    /// Delays between attempts at a write that failed for another reason than a
+    /// conflict (which is redone at once).
+    pub retry: BackoffPolicy,
+}
+
+impl StatusWriterOptions {
+    /// `concurrency` writes at once, no limiter, the default retry policy.
+    pub fn new(concurrency: usize) -> Self {
+        Self {
+            concurrency,
+            limiter: None,
+            retry: BackoffPolicy::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for StatusWriterOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusWriterOptions")
+            .field("concurrency", &self.concurrency)
+            .field("limiter", &self.limiter.as_ref().map(|_| "AdaptiveLimiter"))
+            .field("retry", &self.retry)
+            .finish()
+    }
+}
+
 impl StatusWriter {
     /// Starts the writer: at most `concurrency` writes run at once. It stops when every
     /// clone of the writer is dropped.
     pub fn spawn(client: Client, router: RouterIdentity, concurrency: usize) -> Self {
-        Self::start(client, router, concurrency, None)
+        Self::spawn_with(client, router, StatusWriterOptions::new(concurrency))
     }
 
-    /// The same, with every request (writes, and re-reads after a conflict) sent under
-    /// `limiter`, and requests the server refuses for load re-queued until answered.
+    /// The same, with every request (writes, and re-reads after a failed write) sent
+    /// under `limiter`, and requests the server refuses for load re-queued until
+    /// answered.
     pub fn spawn_with_limiter(
         client: Client,
         router: RouterIdentity,
         concurrency: usize,
         limiter: AdaptiveLimiter,
     ) -> Self {
-        Self::start(client, router, concurrency, Some(limiter))
+        let options = StatusWriterOptions {
+            limiter: Some(limiter),
+            ..StatusWriterOptions::new(concurrency)
+        };
+        Self::spawn_with(client, router, options)
     }
 
-    fn start(
+    /// Starts the writer as `options` say. It stops when every clone of the writer is
+    /// dropped.
+    pub fn spawn_with(
         client: Client,
         router: RouterIdentity,
-        concurrency: usize,
-        limiter: Option<AdaptiveLimiter>,
+        options: StatusWriterOptions,
     ) -> Self {
         let (sender, receiver) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
         let worker = Worker {
             client,
-            limiter,
+            limiter: options.limiter,
+            retry: options.retry,
             router: Arc::new(router),
-            concurrency: concurrency.max(1),
+            concurrency: options.concurrency.max(1),
             counters: Arc::clone(&counters),
             pending: HashMap::new(),
             order: VecDeque::new(),
@@ -153,6 +199,8 @@ struct Worker {
     client: Client,
     /// Paces writes by what the API server accepts; `None`: only `concurrency` does.
     limiter: Option<AdaptiveLimiter>,
+    /// Delays between attempts at a failed write.
+    retry: BackoffPolicy,
     router: Arc<RouterIdentity>,
     concurrency: usize,
     counters: Arc<Counters>,
@@ -218,6 +266,7 @@ impl Worker {
                 self.client.clone(),
                 self.limiter.clone(),
                 Arc::clone(&self.router),
+                self.retry,
                 update,
                 Arc::clone(&self.counters),
             );
@@ -230,61 +279,138 @@ impl Worker {
     }
 }
 
+/// What became of one status update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WriteOutcome {
+    /// The status records the outcome now.
+    Recorded,
+    /// The status recorded it already: nothing was sent.
+    Unchanged,
+    /// The route is gone: there is no status to write.
+    RouteGone,
+}
+
+/// Why a route's status could not be written (the last failure of its attempts).
+#[derive(Debug, thiserror::Error)]
+enum StatusWriteError {
+    /// The status update was refused or failed.
+    #[error("the status update of route {route} failed: {source}")]
+    Write {
+        /// The route.
+        route: RouteKey,
+        /// The API server's answer, or the transport's failure.
+        source: kube::Error,
+    },
+    /// The route could not be read again after a failed update.
+    #[error("route {route} could not be read again for its status: {source}")]
+    Reread {
+        /// The route.
+        route: RouteKey,
+        /// The API server's answer, or the transport's failure.
+        source: kube::Error,
+    },
+}
+
 async fn write_status(
     client: Client,
     limiter: Option<AdaptiveLimiter>,
     router: Arc<RouterIdentity>,
+    retry: BackoffPolicy,
     update: Update,
     counters: Arc<Counters>,
 ) {
+    let key = update.key.clone();
+    match write_attempts(&client, limiter.as_ref(), &router, retry, update, &counters).await {
+        Ok(WriteOutcome::Recorded) => {}
+        Ok(WriteOutcome::Unchanged) => {
+            counters.skipped.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(WriteOutcome::RouteGone) => debug!(route = %key, "route is gone; status not written"),
+        Err(error) => {
+            warn!(
+                route = %key,
+                %error,
+                "giving up writing the route's status after {WRITE_ATTEMPTS} attempts"
+            );
+            counters.failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Up to [`WRITE_ATTEMPTS`] attempts at recording `update`: a conflict is redone at
+/// once on a fresh copy, another failure after the retry policy's next delay.
+async fn write_attempts(
+    client: &Client,
+    limiter: Option<&AdaptiveLimiter>,
+    router: &RouterIdentity,
+    retry: BackoffPolicy,
+    update: Update,
+    counters: &Counters,
+) -> Result<WriteOutcome, StatusWriteError> {
     let Update {
         route,
         key,
         admission,
     } = update;
+    let mut backoff = Backoff::new(retry);
     // The last copy of the route read from the server (or handed in). Each attempt
     // records the admission on a fresh clone of it: were the admission recorded on
     // `base` itself, a failed re-read after a 409 would leave a copy that already
     // carries it, and the next attempt would wrongly skip the write as a no-op.
     let mut base = (*route).clone();
-    for attempt in 1..=WRITE_ATTEMPTS {
+    let mut attempt = 1;
+    loop {
         let mut route = base.clone();
-        if !record_admission(&mut route, &router, &admission, Timestamp::now()) {
-            counters.skipped.fetch_add(1, Ordering::Relaxed);
-            return;
+        if !record_admission(&mut route, router, &admission, Timestamp::now()) {
+            return Ok(WriteOutcome::Unchanged);
         }
-        let written = paced::send(limiter.as_ref(), LOAD_REFUSALS, |attempt| {
+        let written = paced::send(limiter, LOAD_REFUSALS, |attempt| {
             counters.writes.fetch_add(1, Ordering::Relaxed);
-            paced::replace_status(&client, &key.namespace, &key.name, &route, attempt)
+            paced::replace_status(client, &key.namespace, &key.name, &route, attempt)
         })
         .await;
-        let refreshed = match written {
-            Ok(_) => return,
+        let source = match written {
+            Ok(_) => return Ok(WriteOutcome::Recorded),
             Err(kube::Error::Api(status)) if status.code == 404 => {
-                debug!(route = %key, "route is gone; status not written");
-                return;
+                return Ok(WriteOutcome::RouteGone);
             }
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                counters.conflicts.fetch_add(1, Ordering::Relaxed);
-                reread(&client, limiter.as_ref(), &key).await
-            }
-            Err(err) => {
-                debug!(route = %key, attempt, error = %err, "status write failed; retrying");
-                tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
-                reread(&client, limiter.as_ref(), &key).await
-            }
+            Err(source) => source,
         };
-        match refreshed {
-            Ok(fresh) => base = fresh,
-            Err(kube::Error::Api(status)) if status.code == 404 => return,
-            Err(err) => debug!(route = %key, error = %err, "cannot re-read route for its status"),
+        let conflict = matches!(&source, kube::Error::Api(status) if status.code == 409);
+        if conflict {
+            counters.conflicts.fetch_add(1, Ordering::Relaxed);
         }
+        let failure = StatusWriteError::Write {
+            route: key.clone(),
+            source,
+        };
+        if attempt == WRITE_ATTEMPTS {
+            return Err(failure);
+        }
+        if !conflict {
+            // A conflict is someone else's change, redone at once on a fresh copy; any
+            // other failure waits for the retry policy's next delay (tokio's clock, so
+            // that tests with a paused clock see the policy).
+            debug!(route = %key, attempt, error = %failure, "status write failed; retrying");
+            let now = tokio::time::Instant::now().into_std();
+            tokio::time::sleep(backoff.next_delay_at(now, rand::random::<f64>())).await;
+        }
+        match reread(client, limiter, &key).await {
+            Ok(Some(fresh)) => base = fresh,
+            Ok(None) => return Ok(WriteOutcome::RouteGone),
+            Err(source) => {
+                let failure = StatusWriteError::Reread {
+                    route: key.clone(),
+                    source,
+                };
+                debug!(route = %key, error = %failure, "retrying with the copy in hand");
+            }
+        }
+        attempt += 1;
     }
-    warn!(route = %key, "giving up writing the route's status after {WRITE_ATTEMPTS} attempts");
-    counters.failed.fetch_add(1, Ordering::Relaxed);
 }
 
-/// A fresh copy of one route, by a list narrowed to its name.
+/// A fresh copy of one route, by a list narrowed to its name; `None` when it is gone.
 ///
 /// A router may list and watch routes and update their status, but not get them (the
 /// `system:router` role and deploy/base/clusterrole.yaml grant exactly that), so neither
@@ -294,20 +420,16 @@ async fn reread(
     client: &Client,
     limiter: Option<&AdaptiveLimiter>,
     key: &RouteKey,
-) -> Result<Route, kube::Error> {
-    let name = &key.name;
-    let params = ListParams::default().fields(&format!("metadata.name={name}"));
-    let mut routes = paced::send(limiter, LOAD_REFUSALS, |attempt| {
+) -> Result<Option<Route>, kube::Error> {
+    let params = ListParams::default().fields(&format!("metadata.name={}", key.name));
+    let listed = paced::send(limiter, LOAD_REFUSALS, |attempt| {
         paced::list::<Route>(client, &key.namespace, &params, attempt)
     })
-    .await?
-    .items;
-    match routes.pop() {
-        Some(route) => Ok(route),
-        None => Err(kube::Error::Api(
-            kube::core::Status::failure(&format!("route {name} not found"), "NotFound")
-                .with_code(404)
-                .boxed(),
-        )),
+    .await;
+    match listed {
+        Ok(mut routes) => Ok(routes.items.pop()),
+        // The collection itself is not served (the Route CRD was removed).
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+        Err(error) => Err(error),
     }
 }

@@ -1,8 +1,8 @@
-//! What the machine asks its shell to do.
+//! What the machine asks its shell to do, and the registration ids it hands out for it.
 
+use std::fmt;
 use std::sync::Arc;
 
-use super::inputs::RegistrationId;
 use super::outcome::{Readiness, RouteOutcome};
 use crate::route::admission::Admission;
 use crate::route::{Route, RouteKey};
@@ -53,4 +53,16 @@ pub struct Preparation {
     pub register: Option<RegistrationId>,
     /// The registration whose cached secret to read: the new one, or the one held.
     pub read: RegistrationId,
+}
+
+/// Identifies one registration of a route on its secret's watch. A route that
+/// registers again (another secret, or after a failure) gets a new id, so that events
+/// and results of a registration it has since dropped are recognised and ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RegistrationId(pub(crate) u64);
+
+impl fmt::Display for RegistrationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "registration #{}", self.0)
+    }
 }

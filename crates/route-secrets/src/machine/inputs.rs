@@ -1,28 +1,16 @@
 //! What the machine is told: route changes from the route watch, the results of the
 //! network work it asked for, secret changes, and the passing of time.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use jiff::Timestamp;
 use kube_common::Verb;
 use secret_monitor::WatchedObject;
 
-use super::effects::Preparation;
+use super::effects::{Preparation, RegistrationId};
 use crate::route::{Route, RouteKey};
 use crate::tls::{TlsRejection, ValidatedTls};
-
-/// Identifies one registration of a route on its secret's watch. A route that
-/// registers again (another secret, or after a failure) gets a new id, so that events
-/// and results of a registration it has since dropped are recognised and ignored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RegistrationId(pub(crate) u64);
-
-impl fmt::Display for RegistrationId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "registration #{}", self.0)
-    }
-}
 
 /// One input to [`RouteMachine::step`](super::RouteMachine::step).
 #[derive(Clone, Debug)]
@@ -123,11 +111,12 @@ pub struct SecretVersion {
     pub id: Option<SecretVersionId>,
     /// The validation of its TLS material.
     pub validation: Result<Arc<ValidatedTls>, TlsRejection>,
-    /// How long until the validation's date warnings may change (the certificate
-    /// becomes valid, or expires), from when the version is handed over; `None` when
-    /// they never will. A route admitted with it is evaluated again then (with the
-    /// version validated anew), so that its status message follows the dates.
-    pub dates_change_in: Option<Duration>,
+    /// The wall-clock time at which the validation was found to hold (see
+    /// [`dates::validation_holds`](super::dates::validation_holds)). A route admitted
+    /// with it is evaluated again when its certificate's validity changes, counted from
+    /// this time ([`dates::dates_change_in`](super::dates::dates_change_in)), so that
+    /// its status message follows the dates.
+    pub as_of: Timestamp,
 }
 
 /// `(uid, resourceVersion)` of a secret: a new uid is a re-created secret, a new

@@ -8,7 +8,8 @@ use std::time::Instant;
 use jiff::Timestamp;
 use kube_common::backoff::Backoff;
 
-use super::inputs::{RegistrationId, SecretVersionId};
+use super::effects::RegistrationId;
+use super::inputs::SecretVersionId;
 use super::outcome::Sni;
 use crate::route::{Route, RouteKey, RouteSpec, WildcardPolicy};
 

@@ -22,6 +22,8 @@ const NS: &str = "ns";
 /// Two valid certificates (for two secret versions), and certificates served with a
 /// warning in the route's status: an expired one and one not valid yet.
 struct Material {
+    /// When the material was made: the time every version is handed over at.
+    now: Timestamp,
     valid: [Arc<ValidatedTls>; 2],
     expired: Arc<ValidatedTls>,
     not_yet_valid: Arc<ValidatedTls>,
@@ -42,6 +44,7 @@ fn material() -> &'static Material {
         };
         let spec = || LeafSpec::new("r.example", now);
         Material {
+            now,
             valid: [validate(spec()), validate(spec())],
             expired: validate(spec().expired(now)),
             not_yet_valid: validate(spec().not_yet_valid(now)),
@@ -86,8 +89,14 @@ fn version(
             resource_version: rv.to_string().into(),
         }),
         validation,
-        dates_change_in: None,
+        as_of: material().now,
     }
+}
+
+/// The time an hour before `tls`'s dates change, counting the second the date policy
+/// adds: a version handed over then is evaluated again an hour later.
+fn an_hour_before_expiry(tls: &ValidatedTls) -> Timestamp {
+    tls.not_after() - jiff::SignedDuration::from_secs(3600 - 1)
 }
 
 /// What a route was told, in short.
@@ -125,6 +134,8 @@ struct Driver {
     last_status: BTreeMap<RouteKey, Admission>,
     /// Secrets prefetched and not released.
     prefetched: BTreeSet<(String, String)>,
+    /// Every prefetch asked for, in order.
+    prefetches: Vec<(String, String)>,
     readiness: Readiness,
 }
 
@@ -146,6 +157,7 @@ impl Driver {
             statuses: Vec::new(),
             last_status: BTreeMap::new(),
             prefetched: BTreeSet::new(),
+            prefetches: Vec::new(),
             readiness: Readiness::default(),
         }
     }
@@ -155,6 +167,7 @@ impl Driver {
         for effect in effects {
             match effect {
                 Effect::Prefetch { namespace, secret } => {
+                    self.prefetches.push((namespace.clone(), secret.clone()));
                     self.prefetched.insert((namespace, secret));
                 }
                 Effect::ReleasePrefetched => self.prefetched.clear(),
@@ -216,6 +229,11 @@ impl Driver {
             .iter()
             .find(|(_, (r, _))| *r == key(route))
             .map(|(id, _)| *id)
+    }
+
+    /// When `route`'s next apply is scheduled (a retry, or its certificate's dates).
+    fn retry_of(&self, route: &str) -> Option<Instant> {
+        self.machine.routes.get(&key(route))?.retry_at
     }
 
     fn held_by(&self, route: &str) -> usize {
@@ -483,6 +501,15 @@ fn stands(d: &Driver) -> &'static str {
             Stand::Refused if entry.retry_at.is_some() => "refused, retrying",
             Stand::Refused => "refused",
             Stand::Registering => "registering",
+            // Admitted: applied again when its certificate's dates change (days away;
+            // a retry is seconds away).
+            Stand::Registered { .. }
+                if entry
+                    .retry_at
+                    .is_some_and(|at| at >= d.now + Duration::from_secs(24 * 3600)) =>
+            {
+                "admitted, dates watched"
+            }
             Stand::Registered { .. } if entry.retry_at.is_some() => "registered, retrying",
             Stand::Registered { seen, .. } => match seen {
                 SecretSeen::Pending => "registered",
@@ -588,18 +615,18 @@ const TABLE: &[Row] = {
         (Unanswered, SecretStale, None, "refused, retrying", 0),
         (Unanswered, Minute, None, "applying", 0),
 
-        (Serving, Unchanged, None, "registered, evaluated", 1),
+        (Serving, Unchanged, None, "admitted, dates watched", 1),
         (Serving, OtherSecret, None, "applying", 0),
         (Serving, NoCertificate, Some(Removed), "unmanaged", 0),
         (Serving, Delete, Some(Removed), "gone", 0),
-        (Serving, RelistWith, None, "registered, evaluated", 1),
+        (Serving, RelistWith, None, "admitted, dates watched", 1),
         (Serving, RelistWithout, Some(Removed), "gone", 0),
-        (Serving, SecretValid, Some(Admitted), "registered, evaluated", 1),
+        (Serving, SecretValid, Some(Admitted), "admitted, dates watched", 1),
         (Serving, SecretInvalid, Some(Rejected(EV)), "registered, evaluated", 1),
-        (Serving, SecretSame, None, "registered, evaluated", 1),
+        (Serving, SecretSame, None, "admitted, dates watched", 1),
         (Serving, SecretGone, Some(Rejected(SD)), "registered, secret deleted", 1),
-        (Serving, SecretStale, None, "registered, evaluated", 1),
-        (Serving, Minute, None, "registered, evaluated", 1),
+        (Serving, SecretStale, None, "admitted, dates watched", 1),
+        (Serving, Minute, None, "admitted, dates watched", 1),
 
         (InvalidMaterial, Unchanged, None, "registered, evaluated", 1),
         (InvalidMaterial, OtherSecret, None, "applying", 0),
@@ -607,7 +634,7 @@ const TABLE: &[Row] = {
         (InvalidMaterial, Delete, Some(Removed), "gone", 0),
         (InvalidMaterial, RelistWith, None, "registered, evaluated", 1),
         (InvalidMaterial, RelistWithout, Some(Removed), "gone", 0),
-        (InvalidMaterial, SecretValid, Some(Admitted), "registered, evaluated", 1),
+        (InvalidMaterial, SecretValid, Some(Admitted), "admitted, dates watched", 1),
         // A new version that is invalid in the same way says nothing new.
         (InvalidMaterial, SecretInvalid, None, "registered, evaluated", 1),
         (InvalidMaterial, SecretSame, None, "registered, evaluated", 1),
@@ -622,9 +649,9 @@ const TABLE: &[Row] = {
         (Missing, RelistWith, None, "registered, secret missing", 1),
         (Missing, RelistWithout, Some(Removed), "gone", 0),
         // Created: admitted (a creation, not a re-creation).
-        (Missing, SecretValid, Some(Admitted), "registered, evaluated", 1),
+        (Missing, SecretValid, Some(Admitted), "admitted, dates watched", 1),
         (Missing, SecretInvalid, Some(Rejected(EV)), "registered, evaluated", 1),
-        (Missing, SecretSame, Some(Admitted), "registered, evaluated", 1),
+        (Missing, SecretSame, Some(Admitted), "admitted, dates watched", 1),
         (Missing, SecretGone, Some(Rejected(SD)), "registered, secret deleted", 1),
         (Missing, SecretStale, None, "registered, secret missing", 1),
         (Missing, Minute, None, "registered, secret missing", 1),
@@ -635,9 +662,9 @@ const TABLE: &[Row] = {
         (SecretDeleted, Delete, Some(Removed), "gone", 0),
         (SecretDeleted, RelistWith, None, "registered, secret deleted", 1),
         (SecretDeleted, RelistWithout, Some(Removed), "gone", 0),
-        (SecretDeleted, SecretValid, Some(Recreated), "registered, evaluated", 1),
+        (SecretDeleted, SecretValid, Some(Recreated), "admitted, dates watched", 1),
         (SecretDeleted, SecretInvalid, Some(Rejected(EV)), "registered, evaluated", 1),
-        (SecretDeleted, SecretSame, Some(Recreated), "registered, evaluated", 1),
+        (SecretDeleted, SecretSame, Some(Recreated), "admitted, dates watched", 1),
         (SecretDeleted, SecretGone, None, "registered, secret deleted", 1),
         (SecretDeleted, SecretStale, None, "registered, secret deleted", 1),
         (SecretDeleted, Minute, None, "registered, secret deleted", 1),
@@ -649,9 +676,9 @@ const TABLE: &[Row] = {
         (LookupFailed, RelistWith, None, "registered, retrying", 1),
         (LookupFailed, RelistWithout, Some(Removed), "gone", 0),
         // The secret arrives after all: decided, and the retry is moot.
-        (LookupFailed, SecretValid, Some(Admitted), "registered, evaluated", 1),
+        (LookupFailed, SecretValid, Some(Admitted), "admitted, dates watched", 1),
         (LookupFailed, SecretInvalid, Some(Rejected(EV)), "registered, evaluated", 1),
-        (LookupFailed, SecretSame, Some(Admitted), "registered, evaluated", 1),
+        (LookupFailed, SecretSame, Some(Admitted), "admitted, dates watched", 1),
         (LookupFailed, SecretGone, Some(Rejected(SD)), "registered, secret deleted", 1),
         (LookupFailed, SecretStale, None, "registered, retrying", 1),
         // The retry re-checks with the registration held: no new registration.
@@ -730,9 +757,10 @@ fn every_network_answer_ends_the_apply() {
             "found, valid",
             PreparedOutcome::Ready(SecretLookup::Found(version("u", 1, valid()))),
             Said::Admitted,
-            "registered, evaluated",
+            "admitted, dates watched",
             1,
-            None,
+            // Valid for 90 days: looked at again after the longest wait.
+            Some(dates::DATES_RECHECK_MAX),
         ),
         (
             "found, invalid",
@@ -813,9 +841,9 @@ fn every_network_answer_ends_the_apply() {
         assert_eq!(stands(&d), expected_stand, "{name}");
         assert_eq!(d.held_by("r"), expected_held, "{name}");
         match retry {
-            None => assert_eq!(d.machine.next_wakeup(), None, "{name}"),
+            None => assert_eq!(d.retry_of("r"), None, "{name}"),
             Some(at_most) => {
-                let wakeup = d.machine.next_wakeup().expect(name);
+                let wakeup = d.retry_of("r").expect(name);
                 let delay = wakeup - start;
                 // Backoff jitter only shortens, to no less than half the step.
                 assert!(
@@ -942,7 +970,8 @@ fn a_served_certificate_is_evaluated_again_when_its_dates_change() {
     let m = material();
     let hour = Duration::from_secs(3600);
     let mut valid = version("uid-s", 1, Ok(Arc::clone(&m.valid[0])));
-    valid.dates_change_in = Some(hour);
+    // Handed over an hour (less the second the policy adds) before it expires.
+    valid.as_of = an_hour_before_expiry(&m.valid[0]);
     d.found(valid);
     let message = |d: &Driver| d.last_status.get(&key("r")).and_then(|a| a.message.clone());
     assert_eq!(message(&d), None);
@@ -959,7 +988,7 @@ fn a_served_certificate_is_evaluated_again_when_its_dates_change() {
     assert_eq!(d.said_to("r"), vec![Said::Admitted, Said::Admitted]);
     let expired = message(&d).expect("a message");
     assert!(expired.contains("expired at"), "{expired}");
-    assert_eq!(d.machine.next_wakeup(), None);
+    assert_eq!(d.retry_of("r"), None, "expired for good");
     assert_eq!(d.held_by("r"), 1);
 }
 
@@ -1093,6 +1122,30 @@ fn a_wildcard_route_is_refused_by_default_without_touching_its_secret() {
         admitted_sni(&d),
         vec![Sni::Host("www.shop.example".to_owned())]
     );
+}
+
+/// The checks made on the route alone are the same ahead of the queue and at its
+/// apply: a route that carries an inline certificate besides its secret is refused
+/// without its secret being prefetched, watched or checked.
+#[test]
+fn a_route_refused_on_its_own_is_never_prefetched() {
+    let mut inline = route("r", Some("s"), "r.example", 10, "uid-r");
+    inline.spec.tls.as_mut().expect("tls").certificate = Some("-----BEGIN".to_owned());
+    let bad_name = route("b", Some("Not_A_Name"), "b.example", 11, "uid-b");
+    let mut d = Driver::new();
+    d.step(Input::Listed(vec![inline, bad_name]));
+    assert_eq!(
+        d.said_to("r"),
+        vec![Said::Rejected("ExternalCertificateValidationFailed")]
+    );
+    assert_eq!(
+        d.said_to("b"),
+        vec![Said::Rejected("ExternalCertificateValidationFailed")]
+    );
+    assert_eq!(d.prefetches, []);
+    assert!(d.preparing.is_none());
+    assert_eq!(d.held_by("r") + d.held_by("b"), 0);
+    assert!(d.readiness.is_ready());
 }
 
 #[test]
@@ -1460,14 +1513,16 @@ impl World {
     fn secret_version(&self, secret: usize) -> Option<SecretVersion> {
         let (version, valid) = *self.secrets.get(&secret)?;
         let material = Self::material_of(version);
+        // Valid certificates are handed over an hour before their dates change: the
+        // route is applied again then (with the same answer here), among everything
+        // else.
+        let as_of = an_hour_before_expiry(&material);
         let mut found = self::version(
             SECRETS[secret],
             version,
             if valid { Ok(material) } else { Err(invalid()) },
         );
-        // Valid certificates have dates that change an hour later: the route is applied
-        // again then (with the same answer here), among everything else.
-        found.dates_change_in = valid.then_some(Duration::from_secs(3600));
+        found.as_of = as_of;
         Some(found)
     }
 

@@ -621,7 +621,7 @@ enum RunState {
         _run: concurrent::ConcurrentRun,
         pool: kube_h2::PoolHandle,
     },
-    Daemon(daemon::DaemonRun),
+    Daemon(Box<daemon::DaemonRun>),
 }
 
 impl RunState {
@@ -646,7 +646,7 @@ async fn start_strategy(
             let started = Instant::now();
             return daemon::run(config, spec, started, errors)
                 .await
-                .map(|(report, run)| (report, RunState::Daemon(run)));
+                .map(|(report, run)| (report, RunState::Daemon(Box::new(run))));
         }
         let options = kube_h2::ClientOptions::default().protocol(spec.protocol.into());
         let pooled = kube_h2::build_client(config, options).map_err(|e| BenchError::Client {

@@ -1,0 +1,255 @@
+//! The pipeline's secret events, waiting to be handled: one change at most per
+//! registration, so that what waits is bounded by the number of registrations however
+//! often secrets change, and a route's decision is made with its secret's latest
+//! state. Changes are handed out in the order they first arrived.
+//!
+//! The secret monitor delivers events while it holds the secret's entry
+//! ([`EventSink::deliver`] must return at once), so the mailbox takes every event
+//! without waiting: a newer event replaces the one waiting for the same registration.
+//! Only a deletion followed by a re-creation is kept as both, since the machine tells
+//! a re-created secret apart (`ExternalCertificateSecretRecreated`).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use secret_monitor::{EventSink, ObjectEvent};
+use tokio::sync::Notify;
+
+use crate::machine::RegistrationId;
+use crate::route::RouteKey;
+use crate::tls::TlsSecret;
+
+/// Whose change it is: the route and the registration it was delivered to.
+pub(crate) type Tag = (RouteKey, RegistrationId);
+
+/// What happened to a registration's secret since it was last handed out.
+#[derive(Clone, Debug)]
+pub(crate) enum Change {
+    /// The secret exists in this version.
+    Present(Arc<TlsSecret>),
+    /// The secret was deleted.
+    Deleted,
+    /// The secret was deleted, then created again in this version.
+    Recreated(Arc<TlsSecret>),
+}
+
+impl Change {
+    /// `self` followed by `event`, as one change.
+    fn then(self, event: ObjectEvent<TlsSecret>) -> Self {
+        match (self, event) {
+            (_, ObjectEvent::Deleted(_)) => Self::Deleted,
+            (Self::Deleted | Self::Recreated(_), ObjectEvent::Added(new))
+            | (Self::Deleted | Self::Recreated(_), ObjectEvent::Updated { new, .. }) => {
+                Self::Recreated(new)
+            }
+            (Self::Present(_), ObjectEvent::Added(new) | ObjectEvent::Updated { new, .. }) => {
+                Self::Present(new)
+            }
+        }
+    }
+
+    fn of(event: ObjectEvent<TlsSecret>) -> Self {
+        match event {
+            ObjectEvent::Added(new) | ObjectEvent::Updated { new, .. } => Self::Present(new),
+            ObjectEvent::Deleted(_) => Self::Deleted,
+        }
+    }
+}
+
+/// The changes waiting, by registration, and their order.
+#[derive(Debug, Default)]
+struct Waiting {
+    changes: HashMap<Tag, Change>,
+    /// Registrations with a change waiting, in the order their change first arrived.
+    order: VecDeque<Tag>,
+}
+
+/// The mailbox: shared by the pipeline (which takes changes out) and every
+/// registration's [`MailboxSink`].
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SecretMailbox {
+    /// Guards the waiting changes. Held only to insert or take one change, never
+    /// across an `.await`.
+    waiting: Arc<Mutex<Waiting>>,
+    /// Wakes the pipeline when a change arrives in an empty mailbox.
+    arrived: Arc<Notify>,
+}
+
+impl SecretMailbox {
+    /// A sink delivering the events of the registration `tag` here.
+    pub(crate) fn sink(&self, tag: Tag) -> MailboxSink {
+        MailboxSink {
+            tag,
+            mailbox: self.clone(),
+        }
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        // Every critical section is one map and queue update that cannot panic
+        // half-way: a poisoned mailbox is intact.
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Files `event` for registration `tag`, folded into the change waiting for it.
+    pub(crate) fn put(&self, tag: Tag, event: ObjectEvent<TlsSecret>) {
+        {
+            let mut waiting = self.waiting();
+            let Waiting { changes, order } = &mut *waiting;
+            match changes.remove(&tag) {
+                Some(change) => {
+                    changes.insert(tag, change.then(event));
+                }
+                None => {
+                    order.push_back(tag.clone());
+                    changes.insert(tag, Change::of(event));
+                }
+            }
+        }
+        self.arrived.notify_one();
+    }
+
+    /// The oldest waiting change, if any.
+    pub(crate) fn take(&self) -> Option<(Tag, Change)> {
+        let mut waiting = self.waiting();
+        let tag = waiting.order.pop_front()?;
+        let change = waiting.changes.remove(&tag)?;
+        Some((tag, change))
+    }
+
+    /// How many registrations have a change waiting.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.waiting().order.len()
+    }
+
+    /// Returns once a change is waiting (at once if one is). Cancel-safe: it takes
+    /// nothing out.
+    pub(crate) async fn ready(&self) {
+        loop {
+            if !self.waiting().order.is_empty() {
+                return;
+            }
+            self.arrived.notified().await;
+        }
+    }
+}
+
+/// Delivers one registration's events into the [`SecretMailbox`].
+#[derive(Debug)]
+pub(crate) struct MailboxSink {
+    tag: Tag,
+    mailbox: SecretMailbox,
+}
+
+impl EventSink<TlsSecret> for MailboxSink {
+    fn deliver(&mut self, event: ObjectEvent<TlsSecret>) {
+        self.mailbox.put(self.tag.clone(), event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(resource_version: &str) -> Arc<TlsSecret> {
+        let mut secret = k8s_openapi::api::core::v1::Secret::default();
+        secret.metadata.namespace = Some("ns".to_owned());
+        secret.metadata.name = Some("s".to_owned());
+        secret.metadata.resource_version = Some(resource_version.to_owned());
+        Arc::new(TlsSecret::from(&secret))
+    }
+
+    fn tag(route: &str, id: u64) -> Tag {
+        (RouteKey::new("ns", route), RegistrationId(id))
+    }
+
+    fn updated(resource_version: &str) -> ObjectEvent<TlsSecret> {
+        ObjectEvent::Updated {
+            old: secret("0"),
+            new: secret(resource_version),
+        }
+    }
+
+    fn taken(mailbox: &SecretMailbox) -> Vec<(String, String)> {
+        std::iter::from_fn(|| mailbox.take())
+            .map(|((route, _), change)| {
+                let change = match change {
+                    Change::Present(s) => format!("present {}", s.resource_version().unwrap_or("")),
+                    Change::Deleted => "deleted".to_owned(),
+                    Change::Recreated(s) => {
+                        format!("recreated {}", s.resource_version().unwrap_or(""))
+                    }
+                };
+                (route.name.to_string(), change)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_flood_of_changes_waits_as_one_per_registration_in_arrival_order() {
+        let mailbox = SecretMailbox::default();
+        for version in 1..=1000 {
+            mailbox.put(tag("a", 1), updated(&version.to_string()));
+            if version == 10 {
+                mailbox.put(tag("b", 2), updated("b1"));
+            }
+        }
+        assert_eq!(mailbox.len(), 2);
+        assert_eq!(
+            taken(&mailbox),
+            [
+                ("a".to_owned(), "present 1000".to_owned()),
+                ("b".to_owned(), "present b1".to_owned())
+            ]
+        );
+        assert_eq!(mailbox.len(), 0);
+    }
+
+    #[test]
+    fn a_deletion_and_a_re_creation_are_kept_as_both() {
+        let mailbox = SecretMailbox::default();
+        let cases: [(&[ObjectEvent<TlsSecret>], &str); 5] = [
+            (
+                &[updated("1"), ObjectEvent::Deleted(secret("1"))],
+                "deleted",
+            ),
+            (
+                &[
+                    ObjectEvent::Deleted(secret("1")),
+                    ObjectEvent::Added(secret("2")),
+                ],
+                "recreated 2",
+            ),
+            (
+                &[
+                    ObjectEvent::Deleted(secret("1")),
+                    ObjectEvent::Added(secret("2")),
+                    updated("3"),
+                ],
+                "recreated 3",
+            ),
+            (
+                &[
+                    ObjectEvent::Deleted(secret("1")),
+                    ObjectEvent::Added(secret("2")),
+                    ObjectEvent::Deleted(secret("2")),
+                ],
+                "deleted",
+            ),
+            (
+                &[ObjectEvent::Added(secret("1")), updated("2")],
+                "present 2",
+            ),
+        ];
+        for (events, expected) in cases {
+            for event in events {
+                mailbox.put(tag("a", 1), event.clone());
+            }
+            assert_eq!(
+                taken(&mailbox),
+                [("a".to_owned(), expected.to_owned())],
+                "{expected}"
+            );
+        }
+    }
+}

@@ -677,6 +677,7 @@ impl RouteMachine {
                     tls,
                     warnings,
                     reason,
+                    routing: Arc::clone(&route.routing),
                 };
                 self.emit(key, RouteOutcome::Admitted(admitted), effects);
                 if let Some(at) = dates_change {
@@ -772,6 +773,7 @@ impl RouteMachine {
                     host,
                     wildcard_subdomain,
                     warnings: admitted.warnings.iter().map(ToString::to_string).collect(),
+                    routing: Arc::clone(&admitted.routing),
                 },
                 admitted.admission(),
             ),

@@ -10,6 +10,7 @@
 //! the definition; install the CRD from `openshift/api` on a cluster without it.
 
 pub mod admission;
+pub mod routing;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -258,7 +259,11 @@ pub struct TlsConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_certificate: Option<String>,
     /// PEM CA certificate to verify the backend with (reencrypt).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "destinationCACertificate",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub destination_ca_certificate: Option<String>,
     /// What happens to plain HTTP traffic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -533,6 +538,16 @@ mod tests {
         assert_eq!(
             route.spec.tls.as_ref().unwrap().termination,
             TlsTermination::Reencrypt
+        );
+        assert!(
+            route
+                .spec
+                .tls
+                .as_ref()
+                .unwrap()
+                .destination_ca_certificate
+                .is_some(),
+            "destinationCACertificate is read into its field"
         );
         let ingress = route.status.as_ref().unwrap().ingress.as_ref().unwrap();
         assert_eq!(

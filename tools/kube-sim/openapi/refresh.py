@@ -23,13 +23,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Group-versions kube-sim serves, and which of their paths to keep (None: all).
 V3 = {
-    "api/v1": re.compile(r"^/api/v1/(watch/)?(namespaces(/\{name\}(/status)?)?|secrets|namespaces/\{namespace\}/secrets(/\{name\})?)$"),
+    "api/v1": re.compile(r"^/api/v1/(watch/)?(namespaces(/\{name\}(/status)?)?|secrets|services|namespaces/\{namespace\}/(secrets|services)(/\{name\}(/status)?)?)$"),
+    "apis/discovery.k8s.io/v1": None,
     "apis/route.openshift.io/v1": None,
     "apis/rbac.authorization.k8s.io/v1": None,
     "apis/authorization.k8s.io/v1": re.compile(r"(subjectaccessreviews|selfsubjectaccessreviews|selfsubjectrulesreviews|localsubjectaccessreviews)$"),
 }
 V2_PATHS = re.compile(
-    r"^/api/v1/(watch/)?(namespaces(/\{name\}(/status)?)?|secrets|namespaces/\{namespace\}/secrets(/\{name\})?)$"
+    r"^/api/v1/(watch/)?(namespaces(/\{name\}(/status)?)?|secrets|services|namespaces/\{namespace\}/(secrets|services)(/\{name\}(/status)?)?)$"
+    r"|^/apis/discovery\.k8s\.io/v1/"
     r"|^/apis/route\.openshift\.io/v1/"
     r"|^/apis/rbac\.authorization\.k8s\.io/v1/"
     r"|^/apis/authorization\.k8s\.io/v1/.*(subjectaccessreviews|selfsubjectaccessreviews|selfsubjectrulesreviews)$"

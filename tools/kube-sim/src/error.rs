@@ -129,6 +129,10 @@ pub enum FieldErrorKind {
     TooLong,
     /// The value is not one of the supported ones.
     NotSupported(Option<String>),
+    /// A number that is not acceptable (shown without quotes, as Go formats it).
+    InvalidNumber(i64),
+    /// A value that occurs twice where it must be unique.
+    Duplicate(String),
 }
 
 impl FieldError {
@@ -194,6 +198,24 @@ impl FieldError {
         }
     }
 
+    /// An unacceptable number (shown unquoted).
+    pub fn invalid_number(field: impl Into<String>, value: i64, detail: impl Into<String>) -> Self {
+        FieldError {
+            field: field.into(),
+            kind: FieldErrorKind::InvalidNumber(value),
+            detail: detail.into(),
+        }
+    }
+
+    /// A value that must be unique and is not.
+    pub fn duplicate(field: impl Into<String>, value: impl Into<String>) -> Self {
+        FieldError {
+            field: field.into(),
+            kind: FieldErrorKind::Duplicate(value.into()),
+            detail: String::new(),
+        }
+    }
+
     fn cause_reason(&self) -> &'static str {
         match self.kind {
             FieldErrorKind::Required => "FieldValueRequired",
@@ -201,6 +223,8 @@ impl FieldError {
             FieldErrorKind::Forbidden => "FieldValueForbidden",
             FieldErrorKind::TooLong => "FieldValueTooLong",
             FieldErrorKind::NotSupported(_) => "FieldValueNotSupported",
+            FieldErrorKind::InvalidNumber(_) => "FieldValueInvalid",
+            FieldErrorKind::Duplicate(_) => "FieldValueDuplicate",
         }
     }
 
@@ -213,6 +237,8 @@ impl FieldError {
             FieldErrorKind::TooLong => "Too long".to_string(),
             FieldErrorKind::NotSupported(Some(v)) => format!("Unsupported value: {v:?}"),
             FieldErrorKind::NotSupported(None) => "Unsupported value".to_string(),
+            FieldErrorKind::InvalidNumber(v) => format!("Invalid value: {v}"),
+            FieldErrorKind::Duplicate(v) => format!("Duplicate value: {v:?}"),
         };
         if self.detail.is_empty() {
             base

@@ -80,6 +80,10 @@ pub const ROLE_BINDINGS: ResourceId = ResourceId(4);
 pub const CLUSTER_ROLES: ResourceId = ResourceId(5);
 /// Index of `clusterrolebindings`.
 pub const CLUSTER_ROLE_BINDINGS: ResourceId = ResourceId(6);
+/// Index of `services`.
+pub const SERVICES: ResourceId = ResourceId(11);
+/// Index of `endpointslices`.
+pub const ENDPOINT_SLICES: ResourceId = ResourceId(12);
 
 /// Every resource the simulator serves.
 pub static RESOURCES: &[ResourceDef] = &[
@@ -256,6 +260,38 @@ pub static RESOURCES: &[ResourceDef] = &[
         extra_fields: &[],
         tracks_generation: false,
     },
+    ResourceDef {
+        name: "services",
+        singular: "service",
+        kind: "Service",
+        list_kind: "ServiceList",
+        group: "",
+        version: "v1",
+        namespaced: true,
+        verbs: STORED_VERBS,
+        short_names: &["svc"],
+        status_subresource: true,
+        storage: ResourceKind::Stored,
+        extra_fields: &["spec.clusterIP", "spec.type"],
+        tracks_generation: false,
+    },
+    ResourceDef {
+        name: "endpointslices",
+        singular: "endpointslice",
+        kind: "EndpointSlice",
+        list_kind: "EndpointSliceList",
+        group: "discovery.k8s.io",
+        version: "v1",
+        namespaced: true,
+        verbs: STORED_VERBS,
+        short_names: &[],
+        status_subresource: false,
+        storage: ResourceKind::Stored,
+        extra_fields: &[],
+        // Bumped when anything but metadata changes, or the labels do (see
+        // `validation::endpoint_slice_generation_changes`).
+        tracks_generation: true,
+    },
 ];
 
 /// The API groups served, with their single version, in discovery order.
@@ -263,6 +299,7 @@ pub const GROUPS: &[(&str, &str)] = &[
     ("route.openshift.io", "v1"),
     ("rbac.authorization.k8s.io", "v1"),
     ("authorization.k8s.io", "v1"),
+    ("discovery.k8s.io", "v1"),
 ];
 
 impl ResourceDef {

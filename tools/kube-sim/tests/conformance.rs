@@ -29,6 +29,11 @@
 //! writes and for a non-resource path) and its access reviews' `status`; the 422 of a
 //! streaming list with WatchList off; the single ERROR event of a streaming list on
 //! storage without watch progress (kube-apiserver on etcd 3.4, `/usr/bin/etcd`).
+//!
+//! Services and EndpointSlices, as a router reads them: created objects with the
+//! server's defaults and allocations, the router's cluster-wide list (all, by label, by
+//! name), its watch from that list (events and generations), and the refusals of
+//! invalid objects and of what the router may not do, byte for byte.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -37,13 +42,14 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::future::join_all;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
     SelfSubjectRulesReview, SelfSubjectRulesReviewSpec,
 };
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, WatchEvent};
 use kube_sim::{
     FlowControlConfig, GenerateSpec, GeneratedCluster, ROUTER_USER, ServerFeatures, SimConfig,
     Simulator,
@@ -1143,3 +1149,397 @@ async fn first_refusal(server: &Server, count: usize) -> Answer {
 
 /// How many bursts [`first_refusal`] sends at most.
 const BURSTS: usize = 5;
+
+/// A Service or EndpointSlice as both servers must store it: without what differs by
+/// nature (uid, resourceVersion, timestamps, managed fields), the allocated cluster IP
+/// and node ports checked to come from the server's ranges and then masked.
+fn comparable(mut object: Value) -> Value {
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        for field in [
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "managedFields",
+        ] {
+            meta.remove(field);
+        }
+    }
+    if let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) {
+        if let Some(ip) = spec
+            .get("clusterIP")
+            .and_then(Value::as_str)
+            .filter(|ip| *ip != "None")
+        {
+            let parsed: std::net::Ipv4Addr = ip.parse().unwrap();
+            assert_eq!(parsed.octets()[..2], [10, 96], "{ip}");
+            assert_eq!(spec["clusterIPs"], json!([ip]));
+            spec.insert("clusterIP".into(), json!("<allocated>"));
+            spec.insert("clusterIPs".into(), json!(["<allocated>"]));
+        }
+        for port in spec
+            .get_mut("ports")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(n) = port.get("nodePort").and_then(Value::as_i64) {
+                assert!((30000..=32767).contains(&n), "{n}");
+                port["nodePort"] = json!("<allocated>");
+            }
+        }
+    }
+    object
+}
+
+/// A list's items, comparable, and nothing else of it. Items lose `apiVersion` and
+/// `kind`, which kube-apiserver leaves out of built-in kinds' list items and kube-sim
+/// writes (docs/SIMULATOR.md, "What still differs").
+fn comparable_items(list: &str) -> Value {
+    let list: Value = serde_json::from_str(list).unwrap();
+    Value::Array(
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .cloned()
+            .map(|mut item| {
+                let map = item.as_object_mut().unwrap();
+                map.remove("apiVersion");
+                map.remove("kind");
+                comparable(item)
+            })
+            .collect(),
+    )
+}
+
+/// The Services and EndpointSlices script on one server: what → what was seen.
+async fn services_and_slices(server: &Server) -> Vec<(String, Value)> {
+    let admin = server.client("admin").await;
+    let router = server.client("router").await;
+    let mut seen: Vec<(String, Value)> = Vec::new();
+    let namespace = "shop";
+    let created = ask(
+        &admin,
+        http::Method::POST,
+        "/api/v1/namespaces",
+        Some(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})),
+    )
+    .await;
+    assert_eq!(created.code, 201, "{}", created.body);
+    let services = format!("/api/v1/namespaces/{namespace}/services");
+    let slices = format!("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices");
+    let mut record = |what: &str, answer: Answer, body: Value| {
+        seen.push((what.to_string(), json!({"code": answer.code, "body": body})));
+    };
+    for (name, spec) in [
+        (
+            "web",
+            json!({"ports": [{"name": "http", "port": 80, "targetPort": 8080}, {"name": "https", "port": 443}]}),
+        ),
+        (
+            "edge",
+            json!({"type": "NodePort", "ports": [{"port": 80, "targetPort": "http"}]}),
+        ),
+        (
+            "headless",
+            json!({"clusterIP": "None", "ports": [{"port": 5000}]}),
+        ),
+    ] {
+        let service = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec});
+        let answer = ask(&admin, http::Method::POST, &services, Some(&service)).await;
+        let body = serde_json::from_str(&answer.body).unwrap();
+        let mut body = comparable(body);
+        if name == "headless" {
+            assert_eq!(body["spec"]["clusterIP"], "None");
+        }
+        body["metadata"]["name"] = json!(name);
+        record(&format!("create service {name}"), answer, body);
+    }
+    let slice = |name: &str, service: &str, endpoints: Value| {
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080}, {"name": "https", "port": 8443, "appProtocol": "h2c"}],
+            "endpoints": endpoints})
+    };
+    let ready = |ip: &str, ready: Option<bool>| {
+        let mut endpoint = json!({"addresses": [ip],
+            "targetRef": {"kind": "Pod", "name": format!("pod-{ip}"), "namespace": namespace}});
+        if let Some(ready) = ready {
+            endpoint["conditions"] = json!({"ready": ready});
+        }
+        endpoint
+    };
+    for (name, service, endpoints) in [
+        (
+            "web-a",
+            "web",
+            json!([ready("192.0.2.10", Some(true)), ready("192.0.2.11", None)]),
+        ),
+        ("web-b", "web", json!([ready("192.0.2.12", Some(false))])),
+        ("edge-a", "edge", json!([ready("192.0.2.20", Some(true))])),
+    ] {
+        let answer = ask(
+            &admin,
+            http::Method::POST,
+            &slices,
+            Some(&slice(name, service, endpoints)),
+        )
+        .await;
+        let body = comparable(serde_json::from_str(&answer.body).unwrap());
+        record(&format!("create endpointslice {name}"), answer, body);
+    }
+
+    // The router's view: one cluster-wide list, by label too, then a watch from it.
+    let all = ask(
+        &router,
+        http::Method::GET,
+        "/apis/discovery.k8s.io/v1/endpointslices",
+        None,
+    )
+    .await;
+    let list: Value = serde_json::from_str(&all.body).unwrap();
+    let from = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let items = comparable_items(&all.body);
+    record("router lists every endpointslice", all, items);
+    let by_label = ask(
+        &router,
+        http::Method::GET,
+        "/apis/discovery.k8s.io/v1/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dweb",
+        None,
+    )
+    .await;
+    let items = comparable_items(&by_label.body);
+    record("router lists the endpointslices of web", by_label, items);
+    let by_name = ask(
+        &router,
+        http::Method::GET,
+        &format!("{slices}?fieldSelector=metadata.name%3Dweb-b"),
+        None,
+    )
+    .await;
+    let items = comparable_items(&by_name.body);
+    record("router lists web-b by name", by_name, items);
+    let services_list = ask(&router, http::Method::GET, "/api/v1/services", None).await;
+    let mut items = comparable_items(&services_list.body);
+    // The real server's own `kubernetes` service in `default` is not the scenario's.
+    items
+        .as_array_mut()
+        .unwrap()
+        .retain(|s| s["metadata"]["namespace"] == namespace);
+    record("router lists every service", services_list, items);
+
+    let watch = router
+        .request_events::<Value>(
+            http::Request::get(format!(
+                "/apis/discovery.k8s.io/v1/endpointslices?watch=true&resourceVersion={from}&timeoutSeconds=30"
+            ))
+            .body(Vec::new())
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    // Changes: web-a's second endpoint turns not ready, web-b goes, web-c comes; a
+    // label-only change of edge-a bumps its generation too.
+    let mut web_a = slice(
+        "web-a",
+        "web",
+        json!([
+            ready("192.0.2.10", Some(true)),
+            ready("192.0.2.11", Some(false))
+        ]),
+    );
+    let current: Value = serde_json::from_str(
+        &ask(&admin, http::Method::GET, &format!("{slices}/web-a"), None)
+            .await
+            .body,
+    )
+    .unwrap();
+    web_a["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
+    let answer = ask(
+        &admin,
+        http::Method::PUT,
+        &format!("{slices}/web-a"),
+        Some(&web_a),
+    )
+    .await;
+    let body = comparable(serde_json::from_str(&answer.body).unwrap());
+    record("replace web-a", answer, body);
+    let answer = ask(
+        &admin,
+        http::Method::DELETE,
+        &format!("{slices}/web-b"),
+        None,
+    )
+    .await;
+    record(
+        "delete web-b",
+        Answer {
+            body: String::new(),
+            ..answer
+        },
+        json!(null),
+    );
+    let answer = ask(
+        &admin,
+        http::Method::POST,
+        &slices,
+        Some(&slice("web-c", "web", json!([ready("192.0.2.13", None)]))),
+    )
+    .await;
+    let body = comparable(serde_json::from_str(&answer.body).unwrap());
+    record("create web-c", answer, body);
+    let patch = http::Request::patch(format!("{slices}/edge-a"))
+        .header("content-type", "application/merge-patch+json")
+        .body(serde_json::to_vec(&json!({"metadata": {"labels": {"tier": "edge"}}})).unwrap())
+        .unwrap();
+    let patched: Value = admin.request(patch).await.unwrap();
+    record(
+        "label edge-a",
+        Answer {
+            code: 200,
+            content_type: String::new(),
+            body: String::new(),
+            retry_after: false,
+        },
+        comparable(patched),
+    );
+    let events: Vec<Value> = watch
+        .take(4)
+        .map(|event| {
+            let (kind, object) = match event.unwrap() {
+                WatchEvent::Added(o) => ("ADDED", o),
+                WatchEvent::Modified(o) => ("MODIFIED", o),
+                WatchEvent::Deleted(o) => ("DELETED", o),
+                other => panic!("unexpected event {other:?}"),
+            };
+            let ready: Option<Vec<Value>> = object["endpoints"]
+                .as_array()
+                .map(|e| e.iter().map(|e| e["conditions"]["ready"].clone()).collect());
+            json!({
+                "type": kind,
+                "name": object["metadata"]["name"],
+                "generation": object["metadata"]["generation"],
+                "ready": ready,
+            })
+        })
+        .collect()
+        .await;
+    record(
+        "router's watch from its list",
+        Answer {
+            code: 200,
+            content_type: String::new(),
+            body: String::new(),
+            retry_after: false,
+        },
+        Value::Array(events),
+    );
+
+    // Refusals and invalid objects, byte for byte.
+    for (what, client, method, path, body) in [
+        (
+            "router gets a service (it may only list and watch)",
+            &router,
+            http::Method::GET,
+            format!("{services}/web"),
+            None,
+        ),
+        (
+            "router creates an endpointslice",
+            &router,
+            http::Method::POST,
+            slices.clone(),
+            Some(slice("web-d", "web", json!([ready("192.0.2.14", None)]))),
+        ),
+        (
+            "list endpointslices by a field they do not have",
+            &admin,
+            http::Method::GET,
+            "/apis/discovery.k8s.io/v1/endpointslices?fieldSelector=addressType%3DIPv4".to_string(),
+            None,
+        ),
+        (
+            "a service without ports",
+            &admin,
+            http::Method::POST,
+            services.clone(),
+            Some(json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "bad-1", "namespace": namespace}, "spec": {}})),
+        ),
+        (
+            "a service with bad ports and type",
+            &admin,
+            http::Method::POST,
+            services.clone(),
+            Some(json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "bad-2", "namespace": namespace},
+                "spec": {"type": "Weird", "ports": [
+                    {"port": 0, "name": "Bad_Name", "protocol": "XTP", "targetPort": "no_such!"},
+                    {"port": 81}]}})),
+        ),
+        (
+            "an endpointslice without address type",
+            &admin,
+            http::Method::POST,
+            slices.clone(),
+            Some(
+                json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": "bad-3", "namespace": namespace}}),
+            ),
+        ),
+        (
+            "an endpointslice with loopback, link-local and malformed addresses",
+            &admin,
+            http::Method::POST,
+            slices.clone(),
+            Some(
+                json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": "bad-4", "namespace": namespace},
+                "addressType": "IPv4",
+                "ports": [{"name": "A", "protocol": "XTP"}, {"name": "A"}],
+                "endpoints": [{"addresses": ["127.0.0.1"]}, {"addresses": ["0.0.0.0"]},
+                    {"addresses": ["169.254.1.1"]}, {"addresses": ["224.0.0.1"]},
+                    {"addresses": ["10.0.0.01"]}, {"addresses": ["::1x"]},
+                    {"addresses": ["fe80::1"]}, {"addresses": []}]}),
+            ),
+        ),
+    ] {
+        let answer = ask(client, method, &path, body.as_ref()).await;
+        let body = json!({"content_type": answer.content_type, "text": answer.body});
+        record(what, answer, body);
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_and_endpoint_slices_as_kube_apiserver_serves_them() {
+    let real = Server::real(ControlPlaneOptions::from_env()).await;
+    let sim = Server::sim(SimConfig::default()).await;
+    // The router identity with the router's cluster role (services and EndpointSlices:
+    // list and watch).
+    sim.generate(&GenerateSpec::new(1, 1)).await;
+    real.generate(&GenerateSpec::new(1, 1)).await;
+    let on_sim = services_and_slices(&sim).await;
+    let on_real = services_and_slices(&real).await;
+    assert_eq!(on_sim.len(), on_real.len());
+    let mut differ = Vec::new();
+    for ((what, s), (_, r)) in on_sim.iter().zip(&on_real) {
+        eprintln!("{what}: {r}");
+        if s != r {
+            differ.push(format!(
+                "{what}:\n  kube-sim:       {s}\n  kube-apiserver: {r}"
+            ));
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "kube-sim serves Services and EndpointSlices differently:\n{}",
+        differ.join("\n")
+    );
+}

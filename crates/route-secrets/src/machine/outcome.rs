@@ -6,6 +6,7 @@ use jiff::Timestamp;
 
 use crate::reason::{Reason, RejectionCause};
 use crate::route::admission::Admission;
+use crate::route::routing::RouteRouting;
 use crate::route::{Route, RouteKey, WildcardPolicy};
 use crate::tls::{TlsWarning, ValidatedTls};
 
@@ -29,6 +30,9 @@ pub struct AdmittedRoute {
     pub warnings: Vec<TlsWarning>,
     /// Set when the admission follows a re-created secret.
     pub reason: Option<Reason>,
+    /// Where the route's traffic goes: termination, path, backends and their weights,
+    /// target port, insecure policy, CA certificates, the annotations a router reads.
+    pub routing: Arc<RouteRouting>,
 }
 
 impl AdmittedRoute {

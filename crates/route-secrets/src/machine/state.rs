@@ -11,6 +11,7 @@ use kube_common::backoff::Backoff;
 use super::effects::RegistrationId;
 use super::inputs::SecretVersionId;
 use super::outcome::Sni;
+use crate::route::routing::RouteRouting;
 use crate::route::{Route, RouteKey, RouteSpec, WildcardPolicy};
 
 /// The machine's copy of one version of a route: what it decides with, and the object
@@ -34,6 +35,8 @@ pub(super) struct RouteCopy {
     pub secret: Option<Arc<str>>,
     /// The route also carries an inline certificate or key.
     pub inline_certificate: bool,
+    /// Where its traffic goes (shared with every outcome told of this copy).
+    pub routing: Arc<RouteRouting>,
     /// A digest of the whole spec: a later copy of the same object with the same
     /// digest changed nothing the router reads (e.g. the router's own status write).
     /// `None` when the spec could not be digested; such a copy never counts as
@@ -58,7 +61,8 @@ impl RouteCopy {
             inline_certificate: tls.is_some_and(|tls| {
                 tls.certificate.as_deref().is_some_and(|c| !c.is_empty()) || tls.key.is_some()
             }),
-            spec_digest: spec_digest(&route.spec),
+            routing: Arc::new(RouteRouting::of(&route)),
+            spec_digest: spec_digest(&route.spec, &route),
             object: None,
         };
         if !keep_object {
@@ -90,10 +94,10 @@ impl RouteCopy {
 /// ignored.
 static SPEC_DIGEST_KEYS: LazyLock<RandomState> = LazyLock::new(RandomState::new);
 
-/// A 64-bit keyed digest of `spec`'s JSON form (deterministic within the process: maps
-/// are ordered). Two different specs of one route share a digest with a chance of about
-/// 2^-64.
-fn spec_digest(spec: &RouteSpec) -> Option<u64> {
+/// A 64-bit keyed digest of `spec`'s JSON form and of the annotations a router reads
+/// (deterministic within the process: maps are ordered). Two different specs of one
+/// route share a digest with a chance of about 2^-64.
+fn spec_digest(spec: &RouteSpec, route: &Route) -> Option<u64> {
     /// Feeds what is written to a hasher.
     struct Digest(std::hash::DefaultHasher);
     impl std::io::Write for Digest {
@@ -107,6 +111,22 @@ fn spec_digest(spec: &RouteSpec) -> Option<u64> {
     }
     let mut digest = Digest(SPEC_DIGEST_KEYS.build_hasher());
     serde_json::to_writer(&mut digest, spec).ok()?;
+    for (key, value) in route
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(key, _)| {
+            crate::route::routing::ROUTER_ANNOTATION_PREFIXES
+                .iter()
+                .any(|prefix| key.starts_with(prefix))
+        })
+    {
+        digest.0.write(key.as_bytes());
+        digest.0.write_u8(0);
+        digest.0.write(value.as_bytes());
+        digest.0.write_u8(0);
+    }
     Some(digest.0.finish())
 }
 
@@ -231,6 +251,8 @@ pub(super) enum Told {
         host: Option<Arc<str>>,
         wildcard_subdomain: bool,
         warnings: Vec<String>,
+        /// Where its traffic goes: a change is told again.
+        routing: Arc<RouteRouting>,
     },
     Rejected {
         object: Option<Arc<str>>,

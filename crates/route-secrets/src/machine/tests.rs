@@ -897,6 +897,68 @@ fn a_re_created_route_is_told_again_and_gets_its_status() {
     assert_eq!(d.statuses.len(), statuses + 1);
 }
 
+/// A served route whose backends or router annotations change is told again, with the
+/// new routing data; a copy that changes nothing a router reads is not.
+#[test]
+fn a_routing_change_is_told_again_with_the_new_routing() {
+    use crate::route::RouteTargetReference;
+
+    let mut d = in_state(State::Serving);
+    let told = |d: &Driver| -> Vec<Vec<(String, u16)>> {
+        d.outcomes
+            .iter()
+            .filter_map(|outcome| match outcome {
+                RouteOutcome::Admitted(admitted) => Some(
+                    admitted
+                        .routing
+                        .backends
+                        .iter()
+                        .map(|b| (b.name.to_string(), b.weight))
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .collect()
+    };
+    let before = told(&d).len();
+    let mut moved = r_with(Some("s"));
+    moved.spec.alternate_backends = Some(vec![RouteTargetReference {
+        name: "canary".into(),
+        weight: Some(10),
+        ..RouteTargetReference::default()
+    }]);
+    d.step(Input::Applied(moved.clone()));
+    d.found(version("uid-s", 1, Ok(Arc::clone(&material().valid[0]))));
+    let after = told(&d);
+    assert_eq!(after.len(), before + 1, "{after:?}");
+    assert_eq!(
+        after
+            .last()
+            .unwrap()
+            .iter()
+            .map(|(n, w)| (n.as_str(), *w))
+            .collect::<Vec<_>>(),
+        [("r", 1), ("canary", 10)]
+    );
+    let mut annotated = moved.clone();
+    annotated.metadata.annotations = Some(BTreeMap::from([(
+        "haproxy.router.openshift.io/balance".to_owned(),
+        "leastconn".to_owned(),
+    )]));
+    d.step(Input::Applied(annotated.clone()));
+    d.found(version("uid-s", 1, Ok(Arc::clone(&material().valid[0]))));
+    assert_eq!(told(&d).len(), before + 2);
+    let mut unrelated = annotated;
+    unrelated
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("note".to_owned(), "not read by a router".to_owned());
+    d.step(Input::Applied(unrelated));
+    assert_eq!(told(&d).len(), before + 2);
+}
+
 /// An expired or not yet valid certificate is served, as by the router, and the route's
 /// status says so next to `Admitted=True`; a renewed certificate clears the message
 /// (a status write whose only change is the message).

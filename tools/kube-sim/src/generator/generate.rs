@@ -188,7 +188,8 @@ fn put(store: &Store, id: ResourceId, obj: Value) -> Result<(), SimError> {
 }
 
 /// The router's cluster-wide rules: list/watch routes everywhere, update route
-/// status, create access reviews, read namespaces.
+/// status, create access reviews, read namespaces, list/watch services and
+/// EndpointSlices (the routes' backends).
 pub(crate) fn router_cluster_role() -> Value {
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -201,6 +202,8 @@ pub(crate) fn router_cluster_role() -> Value {
               "resources": ["subjectaccessreviews", "selfsubjectaccessreviews", "selfsubjectrulesreviews"],
               "verbs": ["create"] },
             { "apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"] },
+            { "apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch"] },
+            { "apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"] },
         ],
     })
 }

@@ -37,6 +37,10 @@ pub(crate) const V3_DOCUMENTS: &[Document] = &[
         group_version: "apis/authorization.k8s.io/v1",
         text: include_str!("../../openapi/v3-apis-authorization-k8s-io-v1.json"),
     },
+    Document {
+        group_version: "apis/discovery.k8s.io/v1",
+        text: include_str!("../../openapi/v3-apis-discovery-k8s-io-v1.json"),
+    },
 ];
 
 pub(crate) const V2_DOCUMENT: &str = include_str!("../../openapi/v2.json");

@@ -62,9 +62,22 @@ impl FieldSelector {
     }
 
     /// Checks every field label is supported by `def`. The refusal is kube-apiserver's,
-    /// word for word: it names the label only, not the ones supported.
+    /// word for word: it names the label only, not the ones supported, except for
+    /// EndpointSlices, whose registry lists the supported ones.
     pub fn validate_for(&self, def: &ResourceDef) -> Result<(), String> {
         match self.terms.iter().find(|t| !def.supports_field(&t.field)) {
+            Some(unsupported) if def.name == "endpointslices" => {
+                let supported: Vec<String> = ["metadata.name", "metadata.namespace"]
+                    .iter()
+                    .chain(def.extra_fields)
+                    .map(|field| format!("{field:?}"))
+                    .collect();
+                Err(format!(
+                    "{:?} is not a known field selector: only {}",
+                    unsupported.field,
+                    supported.join(", ")
+                ))
+            }
             Some(unsupported) => Err(format!("field label not supported: {}", unsupported.field)),
             None => Ok(()),
         }

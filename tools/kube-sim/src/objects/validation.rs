@@ -54,7 +54,8 @@ fn str_at<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
 /// Fills in server-side defaults on a new or updated object: a Secret's `stringData`
 /// is merged into `data` and its `type` defaults to `Opaque`; a Namespace gets its
 /// `kubernetes.io/metadata.name` label, finalizer and `Active` phase; a Route gets
-/// `wildcardPolicy: None`.
+/// `wildcardPolicy: None`; a Service its type, session affinity, port protocols and
+/// target ports ([`crate::objects::network`]; its addresses are allocated by the store).
 pub fn apply_defaults(id: ResourceId, obj: &mut Value) {
     let Some(map) = obj.as_object_mut() else {
         return;
@@ -123,6 +124,8 @@ pub fn apply_defaults(id: ResourceId, obj: &mut Value) {
                     .or_insert_with(|| json!("None"));
             }
         }
+        "services" => crate::objects::network::default_service(map),
+        "endpointslices" => crate::objects::network::default_endpoint_slice(map),
         _ => {}
     }
 }
@@ -137,6 +140,8 @@ pub fn validate(id: ResourceId, obj: &Value, old: Option<&Value>) -> Vec<FieldEr
         "routes" => validate_route(obj, &mut errs),
         "roles" | "clusterroles" => validate_role(def, obj, &mut errs),
         "rolebindings" | "clusterrolebindings" => validate_binding(def, obj, old, &mut errs),
+        "services" => crate::objects::network::validate_service(obj, old, &mut errs),
+        "endpointslices" => crate::objects::network::validate_endpoint_slice(obj, &mut errs),
         _ => {}
     }
     errs

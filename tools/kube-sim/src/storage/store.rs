@@ -25,13 +25,14 @@ use tokio::sync::mpsc;
 
 use crate::error::{ApiError, FieldError};
 use crate::objects::meta::{meta_str, metadata_mut, now_timestamp, set_resource_version};
+use crate::objects::network;
 use crate::objects::patch::{PatchBody, PatchKind};
 use crate::objects::schema;
 use crate::objects::selectors::ObjectFilter;
 use crate::objects::validation;
 use crate::resources::{
-    self, CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, NAMESPACES, ROLE_BINDINGS, ROLES, ResourceDef,
-    ResourceId,
+    self, CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, ENDPOINT_SLICES, NAMESPACES, ROLE_BINDINGS, ROLES,
+    ResourceDef, ResourceId, SERVICES,
 };
 use crate::storage::watch::{Bucket, ChangeKind, Delivery, DeliveryItem, StoredEvent, WatchIndex};
 
@@ -485,6 +486,16 @@ impl Store {
         if st.objects[id.0].contains_key(&key) {
             return Err(ApiError::already_exists(def, &key.1));
         }
+        if id == SERVICES {
+            // Addresses are allocated under the lock: two creates never share one.
+            network::allocate_service(&mut obj, st.objects[id.0].values().map(|s| &**s));
+            if !opts.skip_validation {
+                let errs = validation::validate(id, &obj, None);
+                if !errs.is_empty() {
+                    return Err(ApiError::invalid(def, &key.1, &errs));
+                }
+            }
+        }
         if opts.dry_run {
             return Ok(Arc::new(obj));
         }
@@ -566,13 +577,17 @@ impl Store {
         meta.remove("selfLink");
         let old_generation = old.pointer("/metadata/generation").and_then(Value::as_i64);
         validation::apply_defaults(id, &mut new);
+        if id == SERVICES {
+            network::keep_allocated(old, &mut new);
+        }
         if def.tracks_generation {
             let g = old_generation.unwrap_or(1);
-            let g = if new.get("spec") != old.get("spec") {
-                g + 1
+            let changed = if id == ENDPOINT_SLICES {
+                network::endpoint_slice_generation_changes(old, &new)
             } else {
-                g
+                new.get("spec") != old.get("spec")
             };
+            let g = if changed { g + 1 } else { g };
             if let Some(meta) = metadata_mut(&mut new) {
                 meta.insert("generation".into(), json!(g));
             }

@@ -231,6 +231,7 @@ const EXTENDED_VALIDATION_FAILED: &str = "ExtendedValidationFailed";
 const HOST_CLAIMED: &str = "HostAlreadyClaimed";
 const NOT_ADMITTED: &str = "RouteNotAdmitted";
 const NO_HOST: &str = "NoHostValue";
+const INVALID_HOST: &str = "InvalidHost";
 
 /// Builds the corpus step by step.
 struct Builder {
@@ -591,6 +592,70 @@ pub fn corpus(now: Timestamp) -> Corpus {
     b.expect(SENTINEL, yes());
     b.put_route(NAMESPACE, "no-host", Spec::new("unused").without_host());
     b.expect("no-host", no(NO_HOST));
+    // The API accepts upper-case letters in a host; the router does not.
+    b.put_route(
+        NAMESPACE,
+        "upper-case-host",
+        Spec::new("Upper-Case.parity.example").tls(json!({"termination": "edge"})),
+    );
+    b.expect("upper-case-host", no(INVALID_HOST));
+    // An empty secret name is no external certificate at all.
+    b.put_route(
+        NAMESPACE,
+        "empty-external-name",
+        Spec::new(&host_of("empty-external-name"))
+            .tls(json!({"termination": "edge", "externalCertificate": {"name": ""}})),
+    );
+    b.expect("empty-external-name", yes());
+    // The secret's certificate and key replace the route's own fields.
+    let (crt, key) = b.fresh(&host_of("external-and-inline-key"));
+    let (_, inline_key) = b.fresh("external-and-inline-key");
+    b.put_secret(NAMESPACE, "s-external-and-inline-key", TLS, crt, key);
+    b.grant(NAMESPACE, &["s-external-and-inline-key"]);
+    b.put_route(
+        NAMESPACE,
+        "external-and-inline-key",
+        Spec::new(&host_of("external-and-inline-key")).tls(json!({
+            "termination": "edge",
+            "externalCertificate": {"name": "s-external-and-inline-key"},
+            "key": inline_key,
+        })),
+    );
+    b.expect("external-and-inline-key", yes());
+    // spec.tls.caCertificate must have issued the served certificate, wherever it
+    // comes from.
+    let chain_ca = format!("{}{}", b.pki.intermediate_pem(), b.pki.root_pem());
+    let (crt, key) = b.fresh(&host_of("external-with-ca"));
+    b.put_secret(NAMESPACE, "s-external-with-ca", TLS, crt, key);
+    b.grant(NAMESPACE, &["s-external-with-ca"]);
+    for (route, ca, expected) in [
+        ("external-with-ca", chain_ca.clone(), yes()),
+        (
+            "external-foreign-ca",
+            Pki::new(now).root_pem().to_owned(),
+            no(EXTENDED_VALIDATION_FAILED),
+        ),
+    ] {
+        b.put_route(
+            NAMESPACE,
+            route,
+            Spec::new(&host_of(route)).tls(json!({
+                "termination": "edge",
+                "externalCertificate": {"name": "s-external-with-ca"},
+                "caCertificate": ca,
+            })),
+        );
+        b.expect(route, expected);
+    }
+    let (crt, key) = b.fresh(&host_of("edge-inline-with-ca"));
+    b.put_route(
+        NAMESPACE,
+        "edge-inline-with-ca",
+        Spec::new(&host_of("edge-inline-with-ca")).tls(json!({
+            "termination": "edge", "certificate": crt, "key": key, "caCertificate": chain_ca,
+        })),
+    );
+    b.expect("edge-inline-with-ca", yes());
     // A wildcard route on a router that admits none.
     let (crt, key) = b.fresh("wildcard");
     b.put_secret(NAMESPACE, "s-wildcard", TLS, crt, key);
@@ -601,6 +666,23 @@ pub fn corpus(now: Timestamp) -> Corpus {
         edge_external("www.wildcard.parity.example", "s-wildcard").wildcard(),
     );
     b.expect("wildcard", no(NOT_ADMITTED));
+    // A refused wildcard route claims no host: a younger route of the same host has it.
+    let (crt, key) = b.fresh("wildcard-claim");
+    b.put_secret(NAMESPACE, "s-wildcard-claim", TLS, crt, key);
+    b.grant(NAMESPACE, &["s-wildcard-claim"]);
+    b.put_route(
+        NAMESPACE,
+        "wildcard-claim-older",
+        edge_external("www.wildcard-claim.parity.example", "s-wildcard-claim").wildcard(),
+    );
+    b.expect("wildcard-claim-older", no(NOT_ADMITTED));
+    b.act(Action::NextSecond);
+    b.put_route(
+        NAMESPACE,
+        "wildcard-claim-younger",
+        edge_external("www.wildcard-claim.parity.example", "s-wildcard-claim"),
+    );
+    b.expect("wildcard-claim-younger", yes());
     // Two routes sharing one secret.
     let (crt, key) = b.fresh("shared");
     b.put_secret(NAMESPACE, "s-shared", TLS, crt, key);

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use route_secrets::api::access::AccessPolicy;
 use route_secrets::api::leader::LeaseOptions;
+use route_secrets::tls::SecurityLevel;
 
 use crate::daemon::DaemonOptions;
 use crate::haproxy::HaproxyOptions;
@@ -435,8 +436,22 @@ pub struct RunArgs {
     #[arg(long, env = "CERTWATCH_ACCESS_DENIED_TTL", value_name = "D", value_parser = duration_arg, default_value = "30s", help_heading = "Router")]
     pub access_denied_ttl: Duration,
 
+    /// The OpenSSL security level of the HAProxy the certificates are for (1 to 5): a
+    /// certificate with a key that HAProxy refuses at that level (RSA under 1024 bits at
+    /// 1, under 2048 at 2, ...) is rejected, with a reason that says so, instead of
+    /// breaking HAProxy's whole crt-list. The OpenShift router image runs HAProxy at 1;
+    /// Debian's OpenSSL defaults to 2 (set OPENSSL_CONF for HAProxy to change it).
+    #[arg(
+        long,
+        env = "CERTWATCH_OPENSSL_SECURITY_LEVEL",
+        value_name = "LEVEL",
+        default_value = "1",
+        help_heading = "Router"
+    )]
+    pub openssl_security_level: SecurityLevel,
+
     /// Admit routes with spec.wildcardPolicy: Subdomain (served for `*.<domain>` of
-    /// their host); rejected WildcardPolicyNotAllowed otherwise.
+    /// their host); rejected RouteNotAdmitted otherwise, as by the router.
     #[arg(long, env = "CERTWATCH_ALLOW_WILDCARD_ROUTES", value_parser = boolish(), help_heading = "Router")]
     pub allow_wildcard_routes: bool,
 
@@ -726,6 +741,7 @@ impl RunArgs {
         options.access_ttl = self.access_cache_ttl;
         options.access_denied_ttl = self.access_denied_ttl;
         options.hosts.allow_wildcard_routes = self.allow_wildcard_routes;
+        options.openssl_security_level = self.openssl_security_level;
         options.hosts.disable_namespace_ownership_check = self.disable_namespace_ownership_check;
         options.identity = identity;
         options.max_concurrent_syncs = self

@@ -27,6 +27,7 @@ use route_secrets::api::pipeline::{
 use route_secrets::api::status_writer::{StatusWriter, StatusWriterOptions};
 use route_secrets::route::Route;
 use route_secrets::route::admission::RouterIdentity;
+use route_secrets::tls::{SecurityLevel, TlsValidator};
 use secret_monitor::{MonitorObserver, MonitorOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -100,6 +101,9 @@ pub struct DaemonOptions {
     pub identity: String,
     /// Which hosts are admitted (wildcard routes, namespace ownership of hosts).
     pub hosts: HostPolicy,
+    /// The OpenSSL security level of the HAProxy the certificates are for: keys it
+    /// would refuse to load are rejected (default: the router image's, 1).
+    pub openssl_security_level: SecurityLevel,
     /// The upper bound of the adaptive limiter's window: at most this many first syncs
     /// of secrets and access reviews at once (`None`: as many as the API server takes).
     pub max_concurrent_syncs: Option<usize>,
@@ -135,6 +139,7 @@ impl DaemonOptions {
             access_denied_ttl: Duration::from_secs(30),
             identity: "certwatch's service account".to_owned(),
             hosts: HostPolicy::default(),
+            openssl_security_level: SecurityLevel::default(),
             max_concurrent_syncs: None,
             sync_timeout: Duration::from_secs(120),
             client: ClientOptions::default(),
@@ -351,6 +356,7 @@ impl Parts {
             PipelineOptions {
                 identity: options.identity.clone(),
                 hosts: options.hosts,
+                validator: TlsValidator::default().security_level(options.openssl_security_level),
                 ..PipelineOptions::default()
             },
         );

@@ -297,10 +297,7 @@ impl Outputs {
         let now = std::time::Instant::now();
         match outcome {
             RouteOutcome::Admitted(admitted) => {
-                self.metrics.routes.outcome(
-                    "admitted",
-                    admitted.reason.as_ref().map_or("", |reason| reason.name()),
-                );
+                self.metrics.routes.outcome("admitted", "");
                 // A route's warnings are logged when they first apply to it, in one
                 // line: what is compared is which warnings apply (and the host a
                 // certificate fails to cover), not each certificate version's dates,
@@ -315,13 +312,13 @@ impl Outputs {
                     match repeats {
                         None => warn!(
                             route = %admitted.route,
-                            secret = %admitted.secret,
+                            secret = admitted.secret().unwrap_or_default(),
                             warnings = %codes.join(","),
                             "{text}"
                         ),
                         Some(count) => warn!(
                             route = %admitted.route,
-                            secret = %admitted.secret,
+                            secret = admitted.secret().unwrap_or_default(),
                             warnings = %codes.join(","),
                             repeats = count,
                             "{text} (and {count} unchanged decisions, of all routes, not logged since the last such line)"
@@ -340,11 +337,6 @@ impl Outputs {
                 self.metrics
                     .routes
                     .served_with_warnings(&admitted.route, &admitted.warnings);
-                self.metrics.routes.certificate_served(
-                    &admitted.route,
-                    &admitted.secret,
-                    admitted.tls.not_after(),
-                );
                 progress.states.set(
                     &self.metrics.routes,
                     &admitted.route,
@@ -355,17 +347,32 @@ impl Outputs {
                         key: admitted.route.clone(),
                         routing: Arc::clone(&admitted.routing),
                         wildcard: matches!(admitted.sni, Sni::Subdomain { .. }),
-                        has_certificate: true,
+                        has_certificate: admitted.certificate.is_some(),
                     }));
                 }
-                let served = ServedCert {
-                    route: admitted.route,
-                    sni: crate::haproxy::crt_list::sni_filter(&admitted.sni),
-                    created: admitted.created,
-                    tls: admitted.tls,
-                };
-                if let Err(error) = self.cert_dir.set(served) {
-                    warn!(%error, "bundle not written");
+                match admitted.certificate {
+                    Some(certificate) => {
+                        self.metrics.routes.certificate_served(
+                            &admitted.route,
+                            certificate.source.secret().unwrap_or_default(),
+                            certificate.tls.not_after(),
+                        );
+                        let served = ServedCert {
+                            route: admitted.route,
+                            sni: crate::haproxy::crt_list::sni_filter(&admitted.sni),
+                            created: admitted.created,
+                            tls: certificate.tls,
+                        };
+                        if let Err(error) = self.cert_dir.set(served) {
+                            warn!(%error, "bundle not written");
+                        }
+                    }
+                    // Served without a certificate of its own (no TLS, passthrough, the
+                    // default certificate): no bundle, no expiry series.
+                    None => {
+                        self.metrics.routes.removed(&admitted.route);
+                        self.cert_dir.remove(&admitted.route);
+                    }
                 }
             }
             RouteOutcome::Rejected(rejected) => {
@@ -393,7 +400,7 @@ impl Outputs {
                 self.metrics.routes.not_served(&rejected.route);
                 // The expiry series stays: the route still exists, and an alert on its
                 // certificate must not clear because the route went dark.
-                let cause = rejected.cause().map_or("", |cause| cause.as_str());
+                let cause = rejected.cause().as_str();
                 progress.states.set(
                     &self.metrics.routes,
                     &rejected.route,

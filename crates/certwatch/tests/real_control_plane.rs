@@ -403,7 +403,7 @@ async fn secret_rotation_deletion_and_recreation() {
         &routes,
         &route.route,
         false,
-        Some("ExternalCertificateSecretDeleted"),
+        Some("ExternalCertificateValidationFailed"),
     )
     .await;
 

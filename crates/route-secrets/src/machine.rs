@@ -24,11 +24,15 @@
 //! * Modified with the same secret: re-checked (access, the cached secret). A copy that
 //!   changes nothing but status is ignored, so the router's own status writes do not
 //!   loop back.
-//! * Deleted, or no external certificate any more: its registration is released and
-//!   [`RouteOutcome::Removed`] sent (when the consumer had been told anything).
-//! * Its secret changes: re-evaluated. Deleted: rejected with
-//!   `ExternalCertificateSecretDeleted`, and the registration kept so that a
-//!   re-creation re-admits the route (`ExternalCertificateSecretRecreated`).
+//! * Deleted: its registration is released and [`RouteOutcome::Removed`] sent (when the
+//!   consumer had been told anything).
+//! * Without an external certificate (no TLS, passthrough, edge or reencrypt with an
+//!   inline certificate or none): any registration is released and the route decided
+//!   from itself, with the router's extended validation of its `spec.tls`.
+//! * Its secret changes: re-evaluated. Deleted: rejected as a secret that does not
+//!   exist, and the registration kept so that a re-creation re-admits the route. What is
+//!   said follows from the state, never from history, so that any router computes the
+//!   same for the same cluster.
 //! * Admitted with a certificate that is not valid yet or will expire: applied again
 //!   when that changes ([`dates`]), so that its status message follows the dates.
 //! * A missing or invalid secret is rejected but stays registered, so fixing the secret
@@ -58,19 +62,22 @@ pub use effects::{Effect, Preparation, RegistrationId};
 pub use inputs::{
     Input, Prepared, PreparedOutcome, SecretChange, SecretLookup, SecretVersion, SecretVersionId,
 };
-pub use outcome::{AdmittedRoute, Readiness, RejectedRoute, RouteOutcome, Sni};
+pub use outcome::{
+    AdmittedRoute, CertificateSource, Readiness, RejectedRoute, RouteCertificate, RouteOutcome, Sni,
+};
 use state::{
     ApplyQueue, Jitter, RouteCopy, RouteEntry, RouteState, SecretSeen, Stand, Startup, Told,
 };
 
-use crate::reason::{Reason, ValidationProblem};
-use crate::route::{Route, RouteKey, validate_secret_name};
+use crate::reason::{AdmissionProblem, Reason, ValidationProblem};
+use crate::route::{Route, RouteKey, TlsTermination, validate_secret_name};
+use crate::tls::{TlsConfigProblem, TlsRejection, TlsValidator};
 
 /// Which hosts the router admits, as the router's host admission options.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HostPolicy {
     /// Admit routes with `spec.wildcardPolicy: Subdomain` (served for `*.<domain>`);
-    /// rejected `WildcardPolicyNotAllowed` otherwise (the router's
+    /// rejected `RouteNotAdmitted` otherwise (the router's
     /// `ROUTER_ALLOW_WILDCARD_ROUTES`).
     pub allow_wildcard_routes: bool,
     /// Let routes of any namespace claim a host (with different paths); by default a
@@ -94,6 +101,9 @@ pub struct MachineOptions {
     pub denial_recheck_min: Duration,
     /// Seeds the jitter of retry delays.
     pub seed: u64,
+    /// Checks routes' inline certificates and TLS configuration (and, with the same
+    /// OpenSSL security level, the shell validates secrets).
+    pub validator: TlsValidator,
     /// Record outcomes in route status ([`Effect::RecordStatus`]). The machine then
     /// keeps each route's latest object for that write; without, it keeps only what it
     /// decides with (a tenth of the memory).
@@ -109,6 +119,7 @@ impl Default for MachineOptions {
             denial_recheck_min: retry.initial,
             retry,
             seed: 0,
+            validator: TlsValidator::default(),
             record_status: true,
         }
     }
@@ -277,10 +288,14 @@ impl RouteMachine {
         let Some(key) = route.key() else {
             return;
         };
-        self.claim(&key, Claim::of(&route));
+        let claim = Claim::of(&route);
         let route = Arc::new(RouteCopy::of(route, self.options.record_status));
+        // A route the host admission refuses claims nothing: the router's unique-host
+        // index never sees it.
+        let claim = claim.filter(|_| self.host_admission(&key, &route).is_none());
+        self.claim(&key, claim);
         if let Some(secret) = route.secret.as_deref()
-            && self.refusal(&key, &route, secret).is_none()
+            && self.refusal(&key, &route).is_none()
         {
             let held = self
                 .routes
@@ -304,39 +319,129 @@ impl RouteMachine {
         self.enqueue(key);
     }
 
-    /// Why `route` (the copy of `key` naming `secret`) is rejected whatever its secret
-    /// holds, if it is: the checks made on the route alone, as the router's host
-    /// admission makes them before any certificate is looked at. Such a route registers
-    /// nothing and prefetches nothing. A route refused for its host (an older route's)
-    /// takes over, applied again, when that route goes or moves.
-    fn refusal(&self, key: &RouteKey, route: &RouteCopy, secret: &str) -> Option<Reason> {
-        let invalid = |problem| Reason::ExternalCertificateValidationFailed {
-            route: key.clone(),
-            secret: secret.to_owned(),
-            problem,
+    /// Why the router's host admission refuses `route` (the copy of `key`) before
+    /// anything else, if it does, in the router's order: a wildcard route it does not
+    /// admit, no host, a host that is not a DNS name. Such a route claims no host.
+    fn host_admission(&self, key: &RouteKey, route: &RouteCopy) -> Option<Reason> {
+        if route.wildcard_subdomain && !self.options.hosts.allow_wildcard_routes {
+            return Some(Reason::RouteNotAdmitted {
+                route: key.clone(),
+                problem: AdmissionProblem::WildcardNotAllowed,
+            });
+        }
+        let Some(host) = route.host.as_deref() else {
+            return Some(Reason::NoHostValue { route: key.clone() });
         };
+        let labels_valid = host
+            .split('.')
+            .all(|label| kube_common::name::label(label).is_ok());
+        if kube_common::name::subdomain(host).is_err() || !labels_valid {
+            return Some(Reason::InvalidHost {
+                route: key.clone(),
+                host: host.chars().take(253).collect(),
+            });
+        }
+        None
+    }
+
+    /// Why `route` (the copy of `key`) is rejected whatever its secret holds, if it is:
+    /// the checks made on the route alone, as the router's host admission makes them
+    /// before any certificate is looked at ([`host_admission`](Self::host_admission),
+    /// then the host's claims), and the secret's name. Such a route registers nothing
+    /// and prefetches nothing. A route refused for its host (an older route's) takes
+    /// over, applied again, when that route goes or moves.
+    fn refusal(&self, key: &RouteKey, route: &RouteCopy) -> Option<Reason> {
+        if let Some(reason) = self.host_admission(key, route) {
+            return Some(reason);
+        }
         if let Some(blocked) = self.claims.blocker(key, self.namespace_ownership()) {
             return Some(Reason::HostAlreadyClaimed {
                 route: key.clone(),
-                secret: secret.to_owned(),
                 host: blocked.host,
                 owner: blocked.owner,
                 by_namespace: blocked.by_namespace,
             });
         }
-        if route.wildcard_subdomain && !self.options.hosts.allow_wildcard_routes {
-            return Some(Reason::WildcardPolicyNotAllowed {
+        if let Some(secret) = route.secret.as_deref()
+            && let Err(error) = validate_secret_name(secret)
+        {
+            return Some(Reason::ExternalCertificateValidationFailed {
                 route: key.clone(),
                 secret: secret.to_owned(),
+                problem: ValidationProblem::InvalidSecretName(error),
             });
         }
-        if let Err(error) = validate_secret_name(secret) {
-            return Some(invalid(ValidationProblem::InvalidSecretName(error)));
-        }
-        if route.inline_certificate {
-            return Some(invalid(ValidationProblem::InlineCertificateConflict));
-        }
         None
+    }
+
+    /// Decides a route without an external certificate from the route alone, as the
+    /// router's extended validation does: its TLS configuration, and its inline
+    /// certificate when it has one.
+    fn decide_locally(
+        &mut self,
+        key: &RouteKey,
+        route: &Arc<RouteCopy>,
+        effects: &mut Vec<Effect>,
+    ) {
+        self.release(key, effects);
+        self.set_stand(key, route, Stand::Local);
+        let host = route.host.as_deref().map(str::to_owned);
+        let mut warnings = Vec::new();
+        let mut certificate = None;
+        if let Some(tls) = route.tls.as_deref() {
+            let served = match (&tls.termination, tls.certificate.as_deref()) {
+                (TlsTermination::Passthrough, _) | (_, None) => None,
+                (_, Some(pem)) => match self.options.validator.validate_inline(
+                    pem,
+                    tls.key.as_deref(),
+                    host.as_deref(),
+                ) {
+                    Ok(validated) => Some(Arc::new(validated)),
+                    Err(rejection) => {
+                        let problem = TlsConfigProblem::Inline(rejection);
+                        let reason = Reason::ExtendedValidationFailed {
+                            route: key.clone(),
+                            problem,
+                        };
+                        self.reject(key, reason, effects);
+                        return;
+                    }
+                },
+            };
+            let leaf = served
+                .as_ref()
+                .filter(|_| tls.ca_certificate.is_some())
+                .and_then(|served| served.leaf_der());
+            if let Err(problem) = self
+                .options
+                .validator
+                .check_route_config(&tls.config(false), leaf.as_deref())
+            {
+                let reason = Reason::ExtendedValidationFailed {
+                    route: key.clone(),
+                    problem,
+                };
+                self.reject(key, reason, effects);
+                return;
+            }
+            if let Some(tls) = served {
+                warnings = tls.warnings().to_vec();
+                certificate = Some(RouteCertificate {
+                    source: CertificateSource::Inline,
+                    tls,
+                });
+            }
+        }
+        let admitted = AdmittedRoute {
+            route: key.clone(),
+            sni: route.sni(),
+            host,
+            created: route.created,
+            certificate,
+            warnings,
+            routing: Arc::clone(&route.routing),
+        };
+        self.emit(key, RouteOutcome::Admitted(admitted), effects);
     }
 
     /// Queues the route's apply; an apply in flight for it is redone instead.
@@ -432,25 +537,15 @@ impl RouteMachine {
         }
         self.cancel_retry(&key);
 
-        let Some(secret) = route.secret.as_deref().map(str::to_owned) else {
-            self.release(&key, effects);
-            self.set_stand(&key, &route, Stand::Unmanaged);
-            if self
-                .routes
-                .get_mut(&key)
-                .and_then(|e| e.told.take())
-                .is_some()
-            {
-                effects.push(Effect::Emit(Box::new(RouteOutcome::Removed(key.clone()))));
-            }
-            self.mark_decided(&key, effects);
-            return;
-        };
-        if let Some(reason) = self.refusal(&key, &route, &secret) {
+        if let Some(reason) = self.refusal(&key, &route) {
             self.refuse(&key, &route, effects);
             self.reject(&key, reason, effects);
             return;
         }
+        let Some(secret) = route.secret.as_deref().map(str::to_owned) else {
+            self.decide_locally(&key, &route, effects);
+            return;
+        };
 
         let held = self
             .routes
@@ -575,7 +670,7 @@ impl RouteMachine {
                 self.get_failed(&key, secret, detail, now, effects);
             }
             PreparedOutcome::Ready(SecretLookup::Found(version)) => {
-                self.evaluate(&key, version, false, now, effects);
+                self.evaluate(&key, version, now, effects);
             }
             PreparedOutcome::Ready(SecretLookup::NotFound) => {
                 // Still watched: creating the secret admits the route.
@@ -640,17 +735,12 @@ impl RouteMachine {
         // The secret decides the route now: a retry of a failed read is moot.
         self.cancel_retry(key);
         match change {
-            SecretChange::Present(version) => {
-                let recreated = seen == SecretSeen::Deleted;
-                self.evaluate(key, version, recreated, now, effects);
-            }
+            SecretChange::Present(version) => self.evaluate(key, version, now, effects),
             SecretChange::Deleted => {
-                self.set_seen(key, SecretSeen::Deleted);
-                let reason = Reason::ExternalCertificateSecretDeleted {
-                    route: key.clone(),
-                    secret: secret.to_string(),
-                };
-                self.reject(key, reason, effects);
+                // Still watched: what the router says of a secret that does not exist.
+                self.set_seen(key, SecretSeen::Missing);
+                let problem = ValidationProblem::SecretNotFound;
+                self.reject_validation(key, &secret, problem, effects);
             }
         }
     }
@@ -660,7 +750,6 @@ impl RouteMachine {
         &mut self,
         key: &RouteKey,
         version: SecretVersion,
-        recreated: bool,
         now: Instant,
         effects: &mut Vec<Effect>,
     ) {
@@ -673,39 +762,64 @@ impl RouteMachine {
         };
         let secret = secret.to_owned();
         self.set_seen(key, SecretSeen::Evaluated(version.id));
-        match version.validation {
-            Ok(tls) => {
-                // The certificate becomes valid or expires: applied again then, so that
-                // the status message follows (the shell validates the version anew).
-                let dates_change = dates::dates_change_in(&tls, version.as_of)
-                    .and_then(|delay| now.checked_add(delay));
-                let host = route.host.as_deref().map(str::to_owned);
-                let mut warnings = tls.warnings().to_vec();
-                warnings.extend(host.as_deref().and_then(|host| tls.host_warning(host)));
-                let reason = recreated.then(|| Reason::ExternalCertificateSecretRecreated {
-                    route: key.clone(),
-                    secret: secret.clone(),
-                });
-                let admitted = AdmittedRoute {
-                    route: key.clone(),
-                    sni: route.sni(),
-                    host,
-                    created: route.created,
-                    secret,
-                    tls,
-                    warnings,
-                    reason,
-                    routing: Arc::clone(&route.routing),
-                };
-                self.emit(key, RouteOutcome::Admitted(admitted), effects);
-                if let Some(at) = dates_change {
-                    self.schedule_retry(key, at);
-                }
-            }
+        let tls = match version.validation {
+            Ok(tls) => Some(tls),
+            // A secret without a certificate: the router copies nothing to serve,
+            // validates no certificate, and serves the route with its default one.
+            Err(TlsRejection::CertificateEmpty | TlsRejection::CertificateMissing) => None,
             Err(rejection) => {
                 let problem = ValidationProblem::Tls(rejection);
                 self.reject_validation(key, &secret, problem, effects);
+                return;
             }
+        };
+        // What the route's own TLS configuration allows around the secret's certificate
+        // (passthrough serves none; a caCertificate must have issued it), as the
+        // router's extended validation checks after it copied the secret in.
+        let fields = route.tls.as_deref();
+        let leaf = fields
+            .filter(|fields| fields.ca_certificate.is_some())
+            .and(tls.as_ref())
+            .and_then(|tls| tls.leaf_der());
+        if let Some(fields) = fields
+            && let Err(problem) = self
+                .options
+                .validator
+                .check_route_config(&fields.config(true), leaf.as_deref())
+        {
+            let reason = Reason::ExtendedValidationFailed {
+                route: key.clone(),
+                problem,
+            };
+            self.reject(key, reason, effects);
+            return;
+        }
+        let host = route.host.as_deref().map(str::to_owned);
+        let mut warnings = Vec::new();
+        let mut dates_change = None;
+        if let Some(tls) = &tls {
+            // The certificate becomes valid or expires: applied again then, so that the
+            // status message follows (the shell validates the version anew).
+            dates_change =
+                dates::dates_change_in(tls, version.as_of).and_then(|delay| now.checked_add(delay));
+            warnings = tls.warnings().to_vec();
+            warnings.extend(host.as_deref().and_then(|host| tls.host_warning(host)));
+        }
+        let admitted = AdmittedRoute {
+            route: key.clone(),
+            sni: route.sni(),
+            host,
+            created: route.created,
+            certificate: tls.map(|tls| RouteCertificate {
+                source: CertificateSource::Secret(secret),
+                tls,
+            }),
+            warnings,
+            routing: Arc::clone(&route.routing),
+        };
+        self.emit(key, RouteOutcome::Admitted(admitted), effects);
+        if let Some(at) = dates_change {
+            self.schedule_retry(key, at);
         }
     }
 
@@ -787,7 +901,10 @@ impl RouteMachine {
             RouteOutcome::Admitted(admitted) => (
                 Told::Admitted {
                     object,
-                    fingerprint: admitted.tls.fingerprint().0,
+                    fingerprint: admitted
+                        .certificate
+                        .as_ref()
+                        .map(|certificate| certificate.tls.fingerprint().0),
                     host,
                     wildcard_subdomain,
                     warnings: admitted.warnings.iter().map(ToString::to_string).collect(),

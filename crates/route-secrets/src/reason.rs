@@ -1,11 +1,16 @@
-//! Why a route with an external certificate was rejected or re-admitted.
+//! Why a route was rejected.
 //!
 //! [`Reason::name`] is the reason string OpenShift's router writes into the route's
-//! `Admitted` condition; the [`Display`](std::fmt::Display) text is the condition's
-//! message; [`Reason::cause`] is a small, stable class of the cause
-//! ([`RejectionCause`]), for metric labels and alerts. Messages name the route and the secret, say what is wrong and what to do.
-//! They never contain secret data: callers must not put secret bytes into the free-text
-//! `detail` of [`Reason::ExternalCertificateGetFailed`].
+//! `Admitted` condition for the same state; the [`Display`](std::fmt::Display) text is
+//! the condition's message; [`Reason::cause`] is a small, stable class of the cause
+//! ([`RejectionCause`]), for metric labels and alerts. Messages name the route (and the
+//! secret), say what is wrong and what to do. They never contain secret data: callers
+//! must not put secret bytes into the free-text `detail` of
+//! [`Reason::ExternalCertificateGetFailed`].
+//!
+//! A reason says what is wrong *now*, never what happened: a deleted secret is a secret
+//! that does not exist, a re-created one is a secret that does, so that any router (a
+//! replica started later, say) writes the same for the same cluster.
 
 use std::fmt;
 
@@ -14,7 +19,7 @@ use kube_common::Verb;
 use crate::route::RouteKey;
 use crate::route::SecretNameError;
 use crate::route::admission::Admission;
-use crate::tls::{ROUTER_REASON_CERTIFICATE, TlsCause, TlsRejection};
+use crate::tls::{ROUTER_REASON_CERTIFICATE, TlsCause, TlsConfigProblem, TlsRejection};
 
 /// What made the validation of an external certificate fail.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -26,12 +31,6 @@ pub enum ValidationProblem {
          name of a kubernetes.io/tls secret in the route's namespace"
     )]
     InvalidSecretName(SecretNameError),
-    /// Both an inline certificate or key and an external certificate are set.
-    #[error(
-        "spec.tls sets an inline certificate or key as well as externalCertificate; remove \
-         one of them"
-    )]
-    InlineCertificateConflict,
     /// The router's identity lacks a verb on the secret.
     #[error(
         "the router ({identity}) is not allowed to {verb} the secret; grant get, list and \
@@ -44,10 +43,10 @@ pub enum ValidationProblem {
         /// Who asked, e.g. `system:serviceaccount:openshift-ingress:router`.
         identity: String,
     },
-    /// The secret does not exist in the route's namespace.
+    /// The secret does not exist in the route's namespace (never created, or deleted).
     #[error(
         "the secret does not exist in the route's namespace; create it there (a route can \
-         only use secrets from its own namespace)"
+         only use secrets from its own namespace; the route is admitted once it exists)"
     )]
     SecretNotFound,
     /// The secret's TLS material is not usable.
@@ -60,7 +59,6 @@ impl ValidationProblem {
     pub fn cause(&self) -> RejectionCause {
         match self {
             Self::InvalidSecretName(_) => RejectionCause::InvalidReference,
-            Self::InlineCertificateConflict => RejectionCause::InlineConflict,
             Self::AccessDenied { .. } => RejectionCause::Rbac,
             Self::SecretNotFound => RejectionCause::SecretMissing,
             Self::Tls(rejection) => match rejection.cause() {
@@ -69,6 +67,19 @@ impl ValidationProblem {
             },
         }
     }
+}
+
+/// Why the router's host admission refuses a route before anything else is looked at.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdmissionProblem {
+    /// A wildcard route (`spec.wildcardPolicy: Subdomain`) on a router that admits none.
+    #[error(
+        "wildcard routes are not allowed: spec.wildcardPolicy is Subdomain, and this router \
+         does not admit wildcard routes; set spec.wildcardPolicy to None, or start the \
+         router with --allow-wildcard-routes"
+    )]
+    WildcardNotAllowed,
 }
 
 /// The class of the cause of a rejection: few and stable, with a lowercase label, for
@@ -81,39 +92,43 @@ pub enum RejectionCause {
     Rbac,
     /// The secret does not exist (`secret_missing`).
     SecretMissing,
-    /// The secret was deleted after the route used it (`secret_deleted`).
-    SecretDeleted,
     /// The secret is not of type `kubernetes.io/tls` (`secret_type`).
     SecretType,
     /// `spec.tls.externalCertificate.name` is not a valid secret name
     /// (`invalid_reference`).
     InvalidReference,
-    /// The route sets an inline certificate or key as well (`inline_conflict`).
-    InlineConflict,
     /// The API server or the watch cache could not answer (`api_error`); retried.
     ApiError,
     /// A wildcard route, and wildcard routes are not admitted (`wildcard`).
     Wildcard,
+    /// The route has no host (`no_host`).
+    NoHost,
+    /// The route's host is not a valid DNS name (`invalid_host`).
+    InvalidHost,
     /// An older route holds the host (`host_claimed`).
     HostClaimed,
-    /// The certificate or key is unusable, with the TLS validation's class (its label:
-    /// `missing_data`, `bad_pem`, `key_mismatch`, `unsupported_key`, `weak_key`,
-    /// `weak_signature`).
+    /// The route's TLS configuration around its certificate: the termination's rules,
+    /// `caCertificate`, `destinationCACertificate` (`tls_config`).
+    TlsConfig,
+    /// The certificate or key (a secret's, or the route's inline ones) is unusable, with
+    /// the TLS validation's class (its label: `missing_data`, `bad_pem`, `key_mismatch`,
+    /// `unsupported_key`, `weak_key`, `weak_signature`).
     Tls(TlsCause),
 }
 
 impl RejectionCause {
     /// Every class, for metric label sets.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::Rbac,
         Self::SecretMissing,
-        Self::SecretDeleted,
         Self::SecretType,
         Self::InvalidReference,
-        Self::InlineConflict,
         Self::ApiError,
         Self::Wildcard,
+        Self::NoHost,
+        Self::InvalidHost,
         Self::HostClaimed,
+        Self::TlsConfig,
         Self::Tls(TlsCause::MissingData),
         Self::Tls(TlsCause::BadPem),
         Self::Tls(TlsCause::KeyMismatch),
@@ -127,14 +142,15 @@ impl RejectionCause {
         match self {
             Self::Rbac => "rbac",
             Self::SecretMissing => "secret_missing",
-            Self::SecretDeleted => "secret_deleted",
             // The secret's type is checked with the access rights, as a secret problem.
             Self::SecretType | Self::Tls(TlsCause::WrongType) => "secret_type",
             Self::InvalidReference => "invalid_reference",
-            Self::InlineConflict => "inline_conflict",
             Self::ApiError => "api_error",
             Self::Wildcard => "wildcard",
+            Self::NoHost => "no_host",
+            Self::InvalidHost => "invalid_host",
             Self::HostClaimed => "host_claimed",
+            Self::TlsConfig => "tls_config",
             Self::Tls(cause) => cause.as_str(),
         }
     }
@@ -146,13 +162,13 @@ impl RejectionCause {
             | Self::SecretMissing
             | Self::SecretType
             | Self::Tls(TlsCause::WrongType)
-            | Self::InvalidReference
-            | Self::InlineConflict => Reason::NAMES[0],
-            Self::Tls(_) => Reason::NAMES[1],
+            | Self::InvalidReference => Reason::NAMES[0],
+            Self::Tls(_) | Self::TlsConfig => Reason::NAMES[1],
             Self::ApiError => Reason::NAMES[2],
-            Self::SecretDeleted => Reason::NAMES[3],
-            Self::Wildcard => Reason::NAMES[5],
-            Self::HostClaimed => Reason::NAMES[6],
+            Self::HostClaimed => Reason::NAMES[3],
+            Self::Wildcard => Reason::NAMES[4],
+            Self::NoHost => Reason::NAMES[5],
+            Self::InvalidHost => Reason::NAMES[6],
         }
     }
 }
@@ -163,11 +179,11 @@ impl fmt::Display for RejectionCause {
     }
 }
 
-/// The reason recorded for a route whose external certificate changed its fate.
+/// Why a route is not admitted, as the router would say it for the same state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Reason {
-    /// The route or its secret failed validation (RBAC, existence, type, TLS material).
+    /// The route's secret failed validation (RBAC, existence, type, TLS material).
     ExternalCertificateValidationFailed {
         /// The route.
         route: RouteKey,
@@ -185,26 +201,18 @@ pub enum Reason {
         /// What went wrong; never secret data.
         detail: String,
     },
-    /// The secret was deleted; the router keeps watching for it.
-    ExternalCertificateSecretDeleted {
+    /// The route's own TLS configuration fails the router's extended validation: its
+    /// inline certificate and key, CA certificates, or what its termination allows.
+    ExtendedValidationFailed {
         /// The route.
         route: RouteKey,
-        /// The secret's name (in the route's namespace).
-        secret: String,
-    },
-    /// The secret was created again and the route passed validation again.
-    ExternalCertificateSecretRecreated {
-        /// The route.
-        route: RouteKey,
-        /// The secret's name (in the route's namespace).
-        secret: String,
+        /// What failed.
+        problem: TlsConfigProblem,
     },
     /// An older route holds the route's host (and path, or the host's namespace).
     HostAlreadyClaimed {
         /// The route.
         route: RouteKey,
-        /// The secret's name (in the route's namespace); not looked at.
-        secret: String,
         /// The host.
         host: String,
         /// The older route that holds it.
@@ -213,13 +221,24 @@ pub enum Reason {
         /// namespace-ownership check), rather than for an older claim on the same path.
         by_namespace: bool,
     },
-    /// The route asks to serve a whole subdomain (`spec.wildcardPolicy: Subdomain`) and
-    /// the router does not admit wildcard routes.
-    WildcardPolicyNotAllowed {
+    /// The router's host admission refuses the route (its `RouteNotAdmitted`).
+    RouteNotAdmitted {
         /// The route.
         route: RouteKey,
-        /// The secret's name (in the route's namespace); not looked at.
-        secret: String,
+        /// Why.
+        problem: AdmissionProblem,
+    },
+    /// The route has no host.
+    NoHostValue {
+        /// The route.
+        route: RouteKey,
+    },
+    /// The route's host is not a valid DNS name.
+    InvalidHost {
+        /// The route.
+        route: RouteKey,
+        /// The host, shortened for messages.
+        host: String,
     },
 }
 
@@ -229,15 +248,16 @@ impl Reason {
         "ExternalCertificateValidationFailed",
         ROUTER_REASON_CERTIFICATE,
         "ExternalCertificateGetFailed",
-        "ExternalCertificateSecretDeleted",
-        "ExternalCertificateSecretRecreated",
-        "WildcardPolicyNotAllowed",
         "HostAlreadyClaimed",
+        "RouteNotAdmitted",
+        "NoHostValue",
+        "InvalidHost",
     ];
 
     /// The reason as OpenShift's router writes it into the `Admitted` condition:
     /// `ExternalCertificateValidationFailed` for access and secret problems (name,
-    /// existence, type), `ExtendedValidationFailed` for certificate and key problems.
+    /// existence, type), `ExtendedValidationFailed` for certificate, key and TLS
+    /// configuration problems, the host admission's names for host problems.
     pub fn name(&self) -> &'static str {
         match self {
             Self::ExternalCertificateValidationFailed {
@@ -245,26 +265,31 @@ impl Reason {
                 ..
             } => rejection.router_reason(),
             Self::ExternalCertificateValidationFailed { .. } => Self::NAMES[0],
+            Self::ExtendedValidationFailed { .. } => Self::NAMES[1],
             Self::ExternalCertificateGetFailed { .. } => Self::NAMES[2],
-            Self::ExternalCertificateSecretDeleted { .. } => Self::NAMES[3],
-            Self::ExternalCertificateSecretRecreated { .. } => Self::NAMES[4],
-            Self::WildcardPolicyNotAllowed { .. } => Self::NAMES[5],
-            Self::HostAlreadyClaimed { .. } => Self::NAMES[6],
+            Self::HostAlreadyClaimed { .. } => Self::NAMES[3],
+            Self::RouteNotAdmitted { .. } => Self::NAMES[4],
+            Self::NoHostValue { .. } => Self::NAMES[5],
+            Self::InvalidHost { .. } => Self::NAMES[6],
         }
     }
 
-    /// The class of the cause of a rejection; `None` for
-    /// [`ExternalCertificateSecretRecreated`](Self::ExternalCertificateSecretRecreated),
-    /// which admits the route.
-    pub fn cause(&self) -> Option<RejectionCause> {
-        Some(match self {
+    /// The class of the cause.
+    pub fn cause(&self) -> RejectionCause {
+        match self {
             Self::ExternalCertificateValidationFailed { problem, .. } => problem.cause(),
             Self::ExternalCertificateGetFailed { .. } => RejectionCause::ApiError,
-            Self::ExternalCertificateSecretDeleted { .. } => RejectionCause::SecretDeleted,
-            Self::ExternalCertificateSecretRecreated { .. } => return None,
-            Self::WildcardPolicyNotAllowed { .. } => RejectionCause::Wildcard,
+            Self::ExtendedValidationFailed { problem, .. } => problem
+                .tls_cause()
+                .map_or(RejectionCause::TlsConfig, RejectionCause::Tls),
             Self::HostAlreadyClaimed { .. } => RejectionCause::HostClaimed,
-        })
+            Self::RouteNotAdmitted {
+                problem: AdmissionProblem::WildcardNotAllowed,
+                ..
+            } => RejectionCause::Wildcard,
+            Self::NoHostValue { .. } => RejectionCause::NoHost,
+            Self::InvalidHost { .. } => RejectionCause::InvalidHost,
+        }
     }
 
     /// The route concerned.
@@ -272,34 +297,27 @@ impl Reason {
         match self {
             Self::ExternalCertificateValidationFailed { route, .. }
             | Self::ExternalCertificateGetFailed { route, .. }
-            | Self::ExternalCertificateSecretDeleted { route, .. }
-            | Self::ExternalCertificateSecretRecreated { route, .. }
-            | Self::WildcardPolicyNotAllowed { route, .. }
-            | Self::HostAlreadyClaimed { route, .. } => route,
+            | Self::ExtendedValidationFailed { route, .. }
+            | Self::HostAlreadyClaimed { route, .. }
+            | Self::RouteNotAdmitted { route, .. }
+            | Self::NoHostValue { route }
+            | Self::InvalidHost { route, .. } => route,
         }
     }
 
-    /// The name of the secret concerned.
-    pub fn secret(&self) -> &str {
+    /// The name of the secret concerned, for a reason about the route's secret.
+    pub fn secret(&self) -> Option<&str> {
         match self {
             Self::ExternalCertificateValidationFailed { secret, .. }
-            | Self::ExternalCertificateGetFailed { secret, .. }
-            | Self::ExternalCertificateSecretDeleted { secret, .. }
-            | Self::ExternalCertificateSecretRecreated { secret, .. }
-            | Self::WildcardPolicyNotAllowed { secret, .. }
-            | Self::HostAlreadyClaimed { secret, .. } => secret,
+            | Self::ExternalCertificateGetFailed { secret, .. } => Some(secret),
+            _ => None,
         }
     }
 
-    /// Whether the route is served after this event (only a re-creation admits).
-    pub fn admits(&self) -> bool {
-        matches!(self, Self::ExternalCertificateSecretRecreated { .. })
-    }
-
-    /// The condition to record in the route's status.
+    /// The condition to record in the route's status: `Admitted=False` with this reason.
     pub fn admission(&self) -> Admission {
         Admission {
-            admitted: self.admits(),
+            admitted: false,
             reason: Some(self.name().to_owned()),
             message: Some(self.to_string()),
         }
@@ -329,23 +347,14 @@ impl fmt::Display for Reason {
                  {detail}; check that the secret exists and the router may read it, the \
                  router retries when the secret changes"
             ),
-            Self::ExternalCertificateSecretDeleted { route, secret } => write!(
-                f,
-                "route {route}: external certificate secret {namespace}/{secret} was deleted; \
-                 recreate it (the route is admitted again automatically) or point \
-                 spec.tls.externalCertificate.name at another secret"
-            ),
-            Self::ExternalCertificateSecretRecreated { route, secret } => write!(
-                f,
-                "route {route}: external certificate secret {namespace}/{secret} was \
-                 recreated and validated; the route is served again"
-            ),
+            Self::ExtendedValidationFailed { route, problem } => {
+                write!(f, "route {route}: spec.tls failed validation: {problem}")
+            }
             Self::HostAlreadyClaimed {
                 route,
                 host,
                 owner,
                 by_namespace: true,
-                ..
             } => write!(
                 f,
                 "route {route}: host {host} belongs to namespace {owner_namespace}, where \
@@ -361,11 +370,16 @@ impl fmt::Display for Reason {
                  route {owner}; use another host or path (this route takes over if {owner} \
                  is deleted or changes host)"
             ),
-            Self::WildcardPolicyNotAllowed { route, .. } => write!(
+            Self::RouteNotAdmitted { route, problem } => write!(f, "route {route}: {problem}"),
+            Self::NoHostValue { route } => write!(
                 f,
-                "route {route}: spec.wildcardPolicy is Subdomain, and this router does not \
-                 admit wildcard routes; set spec.wildcardPolicy to None, or start the \
-                 router with --allow-wildcard-routes"
+                "route {route}: no host value was defined for the route; set spec.host"
+            ),
+            Self::InvalidHost { route, host } => write!(
+                f,
+                "route {route}: host {host:?} must conform to DNS 952 subdomain conventions \
+                 (lower-case letters, digits, '-' and '.', labels of at most 63 characters); \
+                 correct spec.host"
             ),
         }
     }
@@ -392,32 +406,19 @@ mod tests {
                 secret: "shop-tls".into(),
                 detail: "watch not synced".into(),
             },
-            Reason::ExternalCertificateSecretDeleted {
-                route: route(),
-                secret: "shop-tls".into(),
-            },
-            Reason::ExternalCertificateSecretRecreated {
-                route: route(),
-                secret: "shop-tls".into(),
-            },
         ];
         let names: Vec<_> = reasons.iter().map(Reason::name).collect();
-        assert_eq!(
-            names,
-            [
-                Reason::NAMES[0],
-                Reason::NAMES[2],
-                Reason::NAMES[3],
-                Reason::NAMES[4]
-            ]
-        );
+        assert_eq!(names, [Reason::NAMES[0], Reason::NAMES[2]]);
         for reason in &reasons {
             let message = reason.to_string();
             assert!(message.contains("team-a/shop"), "{message}");
             assert!(message.contains("team-a/shop-tls"), "{message}");
             assert_eq!(reason.route(), &route());
-            assert_eq!(reason.secret(), "shop-tls");
+            assert_eq!(reason.secret(), Some("shop-tls"));
         }
+        let no_host = Reason::NoHostValue { route: route() };
+        assert_eq!(no_host.secret(), None);
+        assert!(no_host.to_string().contains("team-a/shop"));
     }
 
     fn validation_failed(problem: ValidationProblem) -> Reason {
@@ -429,8 +430,9 @@ mod tests {
     }
 
     /// Access and secret problems are the router's `ExternalCertificateValidationFailed`,
-    /// certificate and key problems its `ExtendedValidationFailed`; every rejection has a
-    /// class whose reason name is the rejection's.
+    /// certificate, key and TLS configuration problems its `ExtendedValidationFailed`,
+    /// host problems its host admission's reasons; every rejection has a class whose
+    /// reason name is the rejection's.
     #[test]
     fn every_rejection_has_a_cause_class_of_its_reason() {
         let wrong_type = TlsRejection::WrongSecretType {
@@ -461,11 +463,6 @@ mod tests {
                 "invalid_reference",
             ),
             (
-                validation_failed(ValidationProblem::InlineCertificateConflict),
-                "ExternalCertificateValidationFailed",
-                "inline_conflict",
-            ),
-            (
                 validation_failed(TlsRejection::KeyEmpty.into()),
                 "ExtendedValidationFailed",
                 "missing_data",
@@ -480,25 +477,47 @@ mod tests {
                 "api_error",
             ),
             (
-                Reason::ExternalCertificateSecretDeleted {
+                Reason::ExtendedValidationFailed {
                     route: route(),
-                    secret: "shop-tls".into(),
+                    problem: TlsConfigProblem::PassthroughWithCertificate {
+                        fields: "spec.tls.externalCertificate".into(),
+                    },
                 },
-                "ExternalCertificateSecretDeleted",
-                "secret_deleted",
+                "ExtendedValidationFailed",
+                "tls_config",
             ),
             (
-                Reason::WildcardPolicyNotAllowed {
+                Reason::ExtendedValidationFailed {
                     route: route(),
-                    secret: "shop-tls".into(),
+                    problem: TlsConfigProblem::Inline(TlsRejection::KeyEmpty),
                 },
-                "WildcardPolicyNotAllowed",
+                "ExtendedValidationFailed",
+                "missing_data",
+            ),
+            (
+                Reason::RouteNotAdmitted {
+                    route: route(),
+                    problem: AdmissionProblem::WildcardNotAllowed,
+                },
+                "RouteNotAdmitted",
                 "wildcard",
+            ),
+            (
+                Reason::NoHostValue { route: route() },
+                "NoHostValue",
+                "no_host",
+            ),
+            (
+                Reason::InvalidHost {
+                    route: route(),
+                    host: "Shop.example".into(),
+                },
+                "InvalidHost",
+                "invalid_host",
             ),
             (
                 Reason::HostAlreadyClaimed {
                     route: route(),
-                    secret: "shop-tls".into(),
                     host: "shop.example".into(),
                     owner: RouteKey::new("team-b", "older"),
                     by_namespace: true,
@@ -508,19 +527,17 @@ mod tests {
             ),
         ];
         for (reason, name, label) in cases {
-            let cause = reason.cause().expect("a rejection");
+            let cause = reason.cause();
             assert_eq!((reason.name(), cause.as_str()), (name, label), "{reason}");
             assert_eq!(cause.reason_name(), name, "{cause}");
+            let admission = reason.admission();
+            assert!(!admission.admitted);
+            assert_eq!(admission.reason.as_deref(), Some(name));
         }
-        let recreated = Reason::ExternalCertificateSecretRecreated {
-            route: route(),
-            secret: "shop-tls".into(),
-        };
-        assert_eq!(recreated.cause(), None);
     }
 
-    /// Labels are distinct and lowercase, and every reason name of a rejection is
-    /// reachable from a class.
+    /// Labels are distinct and lowercase, and every reason name is reachable from a
+    /// class.
     #[test]
     fn cause_labels_are_stable_and_distinct() {
         let labels: std::collections::BTreeSet<_> =
@@ -535,11 +552,8 @@ mod tests {
             .iter()
             .map(|c| c.reason_name())
             .collect();
-        let rejecting: std::collections::BTreeSet<_> = Reason::NAMES
-            .into_iter()
-            .filter(|name| *name != "ExternalCertificateSecretRecreated")
-            .collect();
-        assert_eq!(reasons, rejecting);
+        let all: std::collections::BTreeSet<_> = Reason::NAMES.into_iter().collect();
+        assert_eq!(reasons, all);
         // TLS's own classes are reused as they are, but for the secret's type (a secret
         // problem, labelled as such).
         for cause in TlsCause::ALL {
@@ -549,31 +563,6 @@ mod tests {
             };
             assert_eq!(RejectionCause::Tls(cause).as_str(), expected);
         }
-    }
-
-    #[test]
-    fn admission_follows_reason() {
-        let deleted = Reason::ExternalCertificateSecretDeleted {
-            route: route(),
-            secret: "s".into(),
-        };
-        let admission = deleted.admission();
-        assert!(!admission.admitted);
-        assert_eq!(
-            admission.reason.as_deref(),
-            Some("ExternalCertificateSecretDeleted")
-        );
-        assert!(
-            admission
-                .message
-                .unwrap()
-                .contains("was deleted; recreate it")
-        );
-        let recreated = Reason::ExternalCertificateSecretRecreated {
-            route: route(),
-            secret: "s".into(),
-        };
-        assert!(recreated.admission().admitted);
     }
 
     #[test]
@@ -605,5 +594,18 @@ mod tests {
 
         let name = ValidationProblem::InvalidSecretName(SecretNameError::Empty);
         assert!(name.to_string().contains("secret name is empty"));
+
+        let passthrough = Reason::ExtendedValidationFailed {
+            route: route(),
+            problem: TlsConfigProblem::PassthroughWithCertificate {
+                fields: "spec.tls.externalCertificate".into(),
+            },
+        };
+        assert!(
+            passthrough
+                .to_string()
+                .contains("passthrough termination does not support certificates"),
+            "{passthrough}"
+        );
     }
 }

@@ -425,14 +425,12 @@ impl Route {
     }
 
     /// The name of the secret holding the route's certificate: `Some` when the route has
-    /// `spec.tls.externalCertificate` and a termination for which the router serves a
-    /// certificate (edge, reencrypt). The name is returned as written, even empty or
-    /// invalid; check it with [`validate_secret_name`].
+    /// `spec.tls.externalCertificate`, whatever its termination (a passthrough route
+    /// with one is rejected, as by the router, once its secret is checked). The name is
+    /// returned as written, even empty or invalid; check it with
+    /// [`validate_secret_name`].
     pub fn external_certificate_name(&self) -> Option<&str> {
         let tls = self.spec.tls.as_ref()?;
-        if !tls.termination.router_serves_certificate() {
-            return None;
-        }
         tls.external_certificate
             .as_ref()
             .map(|reference| reference.name.as_str())
@@ -566,7 +564,7 @@ mod tests {
             route.spec.tls.as_ref().unwrap().termination,
             TlsTermination::Other("quantum".into())
         );
-        assert_eq!(route.external_certificate_name(), None);
+        assert_eq!(route.external_certificate_name(), Some("shop-tls"));
         assert_eq!(serde_json::to_value(&route).unwrap(), value);
     }
 
@@ -597,14 +595,14 @@ mod tests {
     }
 
     #[test]
-    fn external_certificate_name_depends_on_termination() {
+    fn external_certificate_name_is_read_whatever_the_termination() {
         let mut route: Route = serde_json::from_value(sample()).unwrap();
         assert_eq!(route.external_certificate_name(), Some("shop-tls"));
         let tls = route.spec.tls.as_mut().unwrap();
         tls.termination = TlsTermination::Edge;
         assert_eq!(route.external_certificate_name(), Some("shop-tls"));
         route.spec.tls.as_mut().unwrap().termination = TlsTermination::Passthrough;
-        assert_eq!(route.external_certificate_name(), None);
+        assert_eq!(route.external_certificate_name(), Some("shop-tls"));
         route.spec.tls.as_mut().unwrap().termination = TlsTermination::Edge;
         route.spec.tls.as_mut().unwrap().external_certificate = None;
         assert_eq!(route.external_certificate_name(), None);

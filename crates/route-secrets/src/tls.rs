@@ -17,8 +17,9 @@
 //!    than P-224, P-256, P-384, P-521);
 //! 6. no certificate that is not self-signed is signed with MD2, MD4, MD5 or SHA-1 (the
 //!    router refuses MD2, MD5, SHA-1; HAProxy refuses all four);
-//! 7. no certificate has an RSA or DSA key under 2048 bits (HAProxy refuses them, the
-//!    router does not check);
+//! 7. no certificate has a key weaker than HAProxy's OpenSSL loads at the validator's
+//!    [`SecurityLevel`] (default the router image's, 1: RSA and DSA keys of 1024 bits
+//!    and more; Debian's 2: 2048 bits and more), which the router does not check;
 //! 8. every PEM block of `tls.key` is a private key (or `EC PARAMETERS`);
 //! 9. every private key block (of `tls.crt`, then `tls.key`) is an unencrypted RSA or
 //!    ECDSA key in PKCS#8, PKCS#1 or SEC1, whatever its label says, and there is one;
@@ -37,10 +38,12 @@
 //! [`SecretPem::expose_secret`].
 
 mod chain;
+mod config;
 pub(crate) mod der;
 mod error;
 mod host;
 mod key;
+mod level;
 mod pem;
 mod secret;
 
@@ -56,11 +59,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::GeneralName;
 
+use crate::route::TlsTermination;
+
+pub use config::{CaField, CaProblem, TlsConfigProblem};
 pub use error::{
     ROUTER_REASON_CERTIFICATE, ROUTER_REASON_SECRET, TlsCause, TlsRejection, TlsWarning,
 };
 pub use host::{dns_name_covers, names_cover};
 pub use key::{KeyAlgorithm, KeyEncoding};
+pub use level::{SecurityLevel, SecurityLevelError};
 pub use pem::PemProblem;
 pub use secret::TlsSecret;
 
@@ -275,6 +282,40 @@ impl fmt::Debug for TlsMaterial<'_> {
     }
 }
 
+/// A route's TLS configuration, as [`TlsValidator::check_route_config`] reads it.
+#[derive(Clone, Copy)]
+pub struct RouteTlsConfig<'a> {
+    /// `spec.tls.termination`.
+    pub termination: &'a TlsTermination,
+    /// Whether `spec.tls.externalCertificate` names a secret.
+    pub external_certificate: bool,
+    /// `spec.tls.certificate`.
+    pub certificate: Option<&'a str>,
+    /// `spec.tls.key` (only whether it is set is read here).
+    pub key: Option<&'a str>,
+    /// `spec.tls.caCertificate`.
+    pub ca_certificate: Option<&'a str>,
+    /// `spec.tls.destinationCACertificate`.
+    pub destination_ca_certificate: Option<&'a str>,
+}
+
+/// Shows which fields are set; never the key.
+impl fmt::Debug for RouteTlsConfig<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RouteTlsConfig")
+            .field("termination", self.termination)
+            .field("external_certificate", &self.external_certificate)
+            .field("certificate", &self.certificate.is_some())
+            .field("key", &self.key.is_some())
+            .field("ca_certificate", &self.ca_certificate.is_some())
+            .field(
+                "destination_ca_certificate",
+                &self.destination_ca_certificate.is_some(),
+            )
+            .finish()
+    }
+}
+
 /// TLS material that passed every check, normalized for serving.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ValidatedTls {
@@ -297,6 +338,15 @@ impl ValidatedTls {
     /// comments or other blocks).
     pub fn chain_pem(&self) -> &str {
         self.chain_pem.as_str()
+    }
+
+    /// The server certificate's DER (the first block of [`chain_pem`](Self::chain_pem)).
+    pub fn leaf_der(&self) -> Option<Vec<u8>> {
+        pem::scan(self.chain_pem())
+            .blocks
+            .into_iter()
+            .next()
+            .map(|block| block.der)
     }
 
     /// The private key as PEM, with its original label (PKCS#8, PKCS#1 or SEC1).
@@ -404,12 +454,14 @@ impl fmt::Debug for ValidatedTls {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsValidator {
     expiry_warning: SignedDuration,
+    security_level: SecurityLevel,
 }
 
 impl Default for TlsValidator {
     fn default() -> Self {
         Self {
             expiry_warning: DEFAULT_EXPIRY_WARNING,
+            security_level: SecurityLevel::default(),
         }
     }
 }
@@ -419,12 +471,26 @@ impl TlsValidator {
     pub fn with_expiry_warning(window: SignedDuration) -> Self {
         Self {
             expiry_warning: window,
+            ..Self::default()
+        }
+    }
+
+    /// The same validator, for a HAProxy whose OpenSSL runs at `level`.
+    pub fn security_level(self, level: SecurityLevel) -> Self {
+        Self {
+            security_level: level,
+            ..self
         }
     }
 
     /// The expiry warning window.
     pub fn expiry_warning(&self) -> SignedDuration {
         self.expiry_warning
+    }
+
+    /// The OpenSSL security level keys are checked for.
+    pub fn openssl_security_level(&self) -> SecurityLevel {
+        self.security_level
     }
 
     /// Validates a secret's TLS material for a route whose host is `route_host` (no host
@@ -463,6 +529,89 @@ impl TlsValidator {
         route_host: Option<&str>,
         now: Timestamp,
     ) -> Result<ValidatedTls, TlsRejection> {
+        self.validate_at(material, route_host, Some(now))
+    }
+
+    /// Validates a route's inline certificate and key (`spec.tls.certificate`,
+    /// `spec.tls.key`) as the router does (as a secret's `tls.crt` and `tls.key`), with
+    /// no date warnings: the route's object holds them, and no clock is needed to
+    /// decide it.
+    pub fn validate_inline(
+        &self,
+        certificate: &str,
+        key: Option<&str>,
+        route_host: Option<&str>,
+    ) -> Result<ValidatedTls, TlsRejection> {
+        let material = TlsMaterial {
+            secret_type: Some(SECRET_TYPE_TLS),
+            certificate: Some(certificate.as_bytes()),
+            key: key.map(str::as_bytes),
+        };
+        self.validate_at(material, route_host, None)
+    }
+
+    /// The router's checks of a route's TLS configuration around its certificate: what
+    /// the termination allows, `spec.tls.caCertificate` (which must have issued `leaf`,
+    /// the served certificate's DER, when there is one) and
+    /// `spec.tls.destinationCACertificate`.
+    pub fn check_route_config(
+        &self,
+        config: &RouteTlsConfig<'_>,
+        leaf: Option<&[u8]>,
+    ) -> Result<(), TlsConfigProblem> {
+        let given = |value: Option<&str>| value.is_some_and(|text| !text.is_empty());
+        match config.termination {
+            TlsTermination::Passthrough => {
+                let fields: Vec<&str> = [
+                    (config.external_certificate, "spec.tls.externalCertificate"),
+                    (given(config.certificate), "spec.tls.certificate"),
+                    (given(config.key), "spec.tls.key"),
+                    (given(config.ca_certificate), "spec.tls.caCertificate"),
+                    (
+                        given(config.destination_ca_certificate),
+                        "spec.tls.destinationCACertificate",
+                    ),
+                ]
+                .into_iter()
+                .filter_map(|(set, field)| set.then_some(field))
+                .collect();
+                if !fields.is_empty() {
+                    return Err(TlsConfigProblem::PassthroughWithCertificate {
+                        fields: fields.join(", "),
+                    });
+                }
+            }
+            TlsTermination::Edge if given(config.destination_ca_certificate) => {
+                return Err(TlsConfigProblem::EdgeWithDestinationCa);
+            }
+            TlsTermination::Other(value) => {
+                return Err(TlsConfigProblem::UnknownTermination {
+                    value: shorten(value.as_str()),
+                });
+            }
+            TlsTermination::Edge | TlsTermination::Reencrypt => {}
+        }
+        if let Some(text) = config.ca_certificate.filter(|text| !text.is_empty()) {
+            let authorities = config::ca_certificates(text, CaField::CaCertificate)?;
+            if let Some(leaf) = leaf {
+                config::issued_by(leaf, &authorities)?;
+            }
+        }
+        if let Some(text) = config
+            .destination_ca_certificate
+            .filter(|text| !text.is_empty())
+        {
+            config::ca_certificates(text, CaField::DestinationCaCertificate)?;
+        }
+        Ok(())
+    }
+
+    fn validate_at(
+        &self,
+        material: TlsMaterial<'_>,
+        route_host: Option<&str>,
+        now: Option<Timestamp>,
+    ) -> Result<ValidatedTls, TlsRejection> {
         if material.secret_type != Some(SECRET_TYPE_TLS) {
             return Err(TlsRejection::WrongSecretType {
                 found: material.secret_type.map(str::to_owned),
@@ -491,7 +640,7 @@ impl TlsValidator {
             .map(|block| block.der.as_slice())
             .collect();
         let certificates = chain::parse(&ders)?;
-        chain::check_each(&certificates)?;
+        chain::check_each(&certificates, self.security_level)?;
         let Some(leaf) = certificates.first() else {
             return Err(no_certificate(certificate_bytes, &crt));
         };
@@ -524,12 +673,14 @@ impl TlsValidator {
         let subject = shorten(leaf.subject().to_string());
         let not_before = timestamp(leaf.validity().not_before.timestamp())?;
         let not_after = timestamp(leaf.validity().not_after.timestamp())?;
-        warnings.extend(validity_warning(
-            not_before,
-            not_after,
-            now,
-            self.expiry_warning,
-        ));
+        if let Some(now) = now {
+            warnings.extend(validity_warning(
+                not_before,
+                not_after,
+                now,
+                self.expiry_warning,
+            ));
+        }
         let (dns_names, ip_addresses) = identities(leaf);
         if let Some(warning) =
             route_host.and_then(|host| host_warning(&dns_names, &ip_addresses, host))

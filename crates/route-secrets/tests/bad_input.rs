@@ -29,7 +29,6 @@ enum Expect {
     NotFound,
     Denied(Verb),
     InvalidName,
-    InlineConflict,
     /// Accepted: valid although unusual.
     Admitted,
 }
@@ -101,11 +100,9 @@ const CASES: &[(&str, Material, Expect)] = &[
         Certificate(testing::NOT_PEM_TEXT),
         Expect::Tls("no_certificate"),
     ),
-    (
-        "crt-empty",
-        Certificate(""),
-        Expect::Tls("certificate_empty"),
-    ),
+    // No certificate to serve: admitted as the router admits it, with the default
+    // certificate.
+    ("crt-empty", Certificate(""), Expect::Admitted),
     (
         "not-a-cert",
         NotACertificate,
@@ -115,11 +112,7 @@ const CASES: &[(&str, Material, Expect)] = &[
     ("non-utf8", NonUtf8Certificate, Expect::Admitted),
     ("huge-valid", HugeValid, Expect::Admitted),
     ("huge-junk", HugeJunk, Expect::Tls("no_certificate")),
-    (
-        "crt-missing",
-        CertificateMissing,
-        Expect::Tls("certificate_missing"),
-    ),
+    ("crt-missing", CertificateMissing, Expect::Admitted),
     ("key-missing", KeyMissing, Expect::Tls("key_missing")),
     ("missing", Absent, Expect::NotFound),
     (
@@ -247,7 +240,6 @@ fn ends_as(outcome: Option<&RouteOutcome>, expect: Expect) -> bool {
             *denied == verb
         }
         (Expect::InvalidName, ValidationProblem::InvalidSecretName(_)) => true,
-        (Expect::InlineConflict, ValidationProblem::InlineCertificateConflict) => true,
         _ => false,
     }
 }
@@ -262,13 +254,10 @@ fn rejected_as(expect: Expect) -> Option<(&'static str, &'static str)> {
         Expect::NotFound => ("secret_missing", SECRET),
         Expect::Denied(_) => ("rbac", SECRET),
         Expect::InvalidName => ("invalid_reference", SECRET),
-        Expect::InlineConflict => ("inline_conflict", SECRET),
         Expect::Tls("wrong_secret_type") => ("secret_type", SECRET),
         Expect::Tls("key_mismatch") => ("key_mismatch", CERTIFICATE),
         Expect::Tls("unsupported_key") => ("unsupported_key", CERTIFICATE),
-        Expect::Tls("key_empty" | "key_missing" | "certificate_empty" | "certificate_missing") => {
-            ("missing_data", CERTIFICATE)
-        }
+        Expect::Tls("key_empty" | "key_missing") => ("missing_data", CERTIFICATE),
         Expect::Tls(_) => ("bad_pem", CERTIFICATE),
     })
 }
@@ -309,9 +298,12 @@ async fn every_bad_input_is_rejected_specifically_and_disturbs_nothing() {
     inline.spec.tls.as_mut().unwrap().certificate = Some(certificate.leaf_pem().to_owned());
     put_route_unchecked(&sim, &inline);
     expectations.extend([
-        ("empty-name", Expect::InvalidName),
+        // No secret named: no external certificate, as for the router (served with the
+        // default certificate).
+        ("empty-name", Expect::Admitted),
         ("invalid-name", Expect::InvalidName),
-        ("inline", Expect::InlineConflict),
+        // The secret's certificate replaces the inline one, as in the router.
+        ("inline", Expect::Admitted),
     ]);
 
     let mut h = Harness::start(&sim, HarnessOptions::default()).await;
@@ -330,7 +322,7 @@ async fn every_bad_input_is_rejected_specifically_and_disturbs_nothing() {
             let message = rejected.reason.to_string();
             assert!(message.contains(&route.to_string()), "{message}");
             assert!(!message.contains("BEGIN"), "no PEM in messages: {message}");
-            let cause = rejected.cause().map(|cause| cause.as_str());
+            let cause = Some(rejected.cause().as_str());
             assert_eq!(
                 (cause, Some(rejected.reason.name())),
                 (expected.map(|e| e.0), expected.map(|e| e.1)),
@@ -379,11 +371,10 @@ async fn changes_while_routes_register_leave_nothing_behind() {
         h.rejected(&vanishing).is_some_and(|r| {
             matches!(
                 &r.reason,
-                Reason::ExternalCertificateSecretDeleted { .. }
-                    | Reason::ExternalCertificateValidationFailed {
-                        problem: ValidationProblem::SecretNotFound,
-                        ..
-                    }
+                Reason::ExternalCertificateValidationFailed {
+                    problem: ValidationProblem::SecretNotFound,
+                    ..
+                }
             )
         })
     })

@@ -35,8 +35,9 @@ enum Step {
     DeleteSecret(&'static str),
     /// The route is admitted with the secret's latest certificate.
     Admitted(&'static str, &'static str),
-    /// The route is admitted again after its secret was re-created.
-    Recreated(&'static str, &'static str),
+    /// The route is admitted without a certificate of its own (no external certificate:
+    /// the router's default certificate).
+    AdmittedLocally(&'static str),
     /// The route is admitted with a warning that its certificate misses the host.
     HostWarning(&'static str),
     Rejected(&'static str, &'static str),
@@ -83,9 +84,11 @@ const SCENARIOS: &[(&str, &[Step])] = &[
             Route("r", Some("b"), "elsewhere.example"),
             HostWarning("r"),
             Watches(&["b"]),
-            // No external certificate any more: removed, watch closed.
+            // No external certificate any more: admitted as the router admits an edge
+            // route without a certificate (its default one), watch closed.
             Route("r", None, "b.shop.example"),
-            Removed("r"),
+            AdmittedLocally("r"),
+            Status("r", true, None),
             Watches(&[]),
             // An external certificate again.
             Route("r", Some("a"), "a.shop.example"),
@@ -112,15 +115,17 @@ const SCENARIOS: &[(&str, &[Step])] = &[
             Rotate("a", "a.shop.example"),
             Admitted("r", "a"),
             Status("r", true, None),
-            // Deleted: rejected, status says so, the watch stays.
+            // Deleted: rejected as for a secret that does not exist (what the router
+            // says of that state), the watch stays.
             DeleteSecret("a"),
-            Rejected("r", "ExternalCertificateSecretDeleted"),
-            Status("r", false, Some("ExternalCertificateSecretDeleted")),
+            Rejected("r", "ExternalCertificateValidationFailed"),
+            Status("r", false, Some("ExternalCertificateValidationFailed")),
             Watches(&["a"]),
-            // Re-created: re-validated and re-admitted, with the reason recorded.
+            // Re-created: re-validated and re-admitted, without a reason (a secret that
+            // exists).
             Rotate("a", "a.shop.example"),
-            Recreated("r", "a"),
-            Status("r", true, Some("ExternalCertificateSecretRecreated")),
+            Admitted("r", "a"),
+            Status("r", true, None),
             Watches(&["a"]),
         ],
     ),
@@ -159,7 +164,7 @@ const SCENARIOS: &[(&str, &[Step])] = &[
             // Another outcome (secret deleted) is one more write; the write's own route
             // event (a status-only change) produces none.
             DeleteSecret("a"),
-            Status("r", false, Some("ExternalCertificateSecretDeleted")),
+            Status("r", false, Some("ExternalCertificateValidationFailed")),
             // A further, unrelated change round-trips through the pipeline.
             Route("other", Some("b"), "b.shop.example"),
             Admitted("other", "b"),
@@ -288,14 +293,18 @@ async fn perform(w: &mut World, step: Step, at: &str) {
             w.fingerprints.insert(secret, fingerprint_of_leaf(&leaf));
         }
         DeleteSecret(secret) => delete(&sim, "secrets", NS, secret),
-        Admitted(route, secret) | Recreated(route, secret) => {
+        Admitted(route, secret) => {
             let fingerprint = w.fingerprints.get(secret).copied();
             let admitted = w.h.until_admitted(&key(NS, route), fingerprint).await;
-            assert_eq!(admitted.secret, secret, "{at}");
-            let recreated = admitted.reason.as_ref().map(|r| r.name());
-            let expected =
-                matches!(step, Recreated(..)).then_some("ExternalCertificateSecretRecreated");
-            assert_eq!(recreated, expected, "{at}");
+            assert_eq!(admitted.secret(), Some(secret), "{at}");
+        }
+        AdmittedLocally(route) => {
+            let route = key(NS, route);
+            w.h.until(at, |h| {
+                h.admitted(&route)
+                    .is_some_and(|admitted| admitted.certificate.is_none())
+            })
+            .await;
         }
         HostWarning(route) => {
             let route = key(NS, route);
@@ -379,14 +388,11 @@ async fn the_bundle_is_the_secrets_chain_then_its_key() {
         .unwrap()
     };
     let bundle = bundle(&admitted);
-    assert!(bundle.starts_with(admitted.tls.chain_pem()));
-    assert!(bundle.ends_with(admitted.tls.key_pem().expose_secret()));
+    let tls = admitted.tls().expect("a certificate");
+    assert!(bundle.starts_with(tls.chain_pem()));
+    assert!(bundle.ends_with(tls.key_pem().expose_secret()));
     assert_eq!(
-        admitted
-            .tls
-            .chain_pem()
-            .matches("BEGIN CERTIFICATE")
-            .count(),
+        tls.chain_pem().matches("BEGIN CERTIFICATE").count(),
         decode("tls.crt").matches("BEGIN CERTIFICATE").count()
     );
     assert!(admitted.warnings.is_empty(), "{:?}", admitted.warnings);

@@ -69,19 +69,20 @@ async fn thousand_routes_start_in_one_round_of_concurrent_syncs() {
         };
         let secret = (
             admitted.route.namespace.to_string(),
-            admitted.secret.clone(),
+            admitted.secret().expect("from a secret").to_owned(),
         );
+        let tls = admitted.tls().expect("a certificate");
         match material.get(&secret) {
             Some(first) => {
                 assert!(
-                    std::sync::Arc::ptr_eq(first, &admitted.tls),
+                    std::sync::Arc::ptr_eq(first, tls),
                     "{} validated its secret again",
                     admitted.route
                 );
                 shared += 1;
             }
             None => {
-                material.insert(secret, admitted.tls.clone());
+                material.insert(secret, tls.clone());
             }
         }
     }

@@ -25,8 +25,8 @@ use proptest::test_runner::{Config, TestRunner};
 use route_secrets::testing::haproxy::{Bundle, HaproxyCheck, Verdict};
 use route_secrets::testing::{self, KeyKind, LeafSpec, Pki, openssl};
 use route_secrets::tls::{
-    KeyEncoding, ROUTER_REASON_CERTIFICATE, ROUTER_REASON_SECRET, SECRET_TYPE_TLS, TlsCause,
-    TlsValidator, TlsWarning, ValidatedTls,
+    KeyEncoding, ROUTER_REASON_CERTIFICATE, ROUTER_REASON_SECRET, SECRET_TYPE_TLS, SecurityLevel,
+    TlsCause, TlsValidator, TlsWarning, ValidatedTls,
 };
 
 const HOST: &str = openssl::HOST;
@@ -37,12 +37,35 @@ fn now() -> Timestamp {
     Timestamp::from_second(1_767_225_600).unwrap()
 }
 
+/// HAProxy at Debian's OpenSSL security level (2), for the table: certwatch validates at
+/// the same level there ([`validate`]).
 fn haproxy() -> &'static HaproxyCheck {
     static HAPROXY: OnceLock<HaproxyCheck> = OnceLock::new();
     HAPROXY.get_or_init(|| HaproxyCheck::new().expect("HAProxy is needed for this test"))
 }
 
+/// HAProxy at the OpenShift router image's OpenSSL security level (1), certwatch's
+/// default.
+fn haproxy_at_router_level() -> &'static HaproxyCheck {
+    static HAPROXY: OnceLock<HaproxyCheck> = OnceLock::new();
+    HAPROXY.get_or_init(|| {
+        HaproxyCheck::new()
+            .expect("HAProxy is needed for this test")
+            .at_level(SecurityLevel::ROUTER_IMAGE)
+    })
+}
+
+/// Validates at Debian's OpenSSL security level (2), the level of the table's HAProxy.
 fn validate(
+    secret_type: &str,
+    crt: &[u8],
+    key: &[u8],
+) -> Result<ValidatedTls, route_secrets::tls::TlsRejection> {
+    validate_at(SecurityLevel::DEBIAN_DEFAULT, secret_type, crt, key)
+}
+
+fn validate_at(
+    level: SecurityLevel,
     secret_type: &str,
     crt: &[u8],
     key: &[u8],
@@ -53,12 +76,18 @@ fn validate(
         Some(secret_type),
         testing::tls_data(crt.to_vec(), key.to_vec()),
     );
-    TlsValidator::default().validate_secret(&secret, Some(HOST), now())
+    TlsValidator::default()
+        .security_level(level)
+        .validate_secret(&secret, Some(HOST), now())
 }
 
-/// HAProxy's verdict on one bundle for `HOST`.
+/// HAProxy's verdict on one bundle for `HOST` (at Debian's level).
 fn haproxy_verdict(pem: &str) -> Verdict {
-    haproxy()
+    verdict_of(haproxy(), pem)
+}
+
+fn verdict_of(check: &HaproxyCheck, pem: &str) -> Verdict {
+    check
         .bundles(&[Bundle {
             pem,
             sni: Some(HOST),
@@ -91,12 +120,15 @@ impl Difference {
     fn why(self) -> &'static str {
         match self {
             Self::HaproxyRefuses => {
-                "HAProxy (OpenSSL security level 2) refuses it, and with it the whole \
-                 crt-list: one tenant would break TLS for all"
+                "HAProxy at OpenSSL security level 2 (Debian's default; the table's) refuses \
+                 it, and with it the whole crt-list: one tenant would break TLS for all; at \
+                 the router image's level 1 (`--openssl-security-level 1`, the default) both \
+                 admit it"
             }
             Self::NothingToServe => {
-                "the router validates nothing and serves its default certificate for the \
-                 host; certwatch has no certificate for this route, so it gets no line"
+                "the validation finds no certificate to serve; the route itself is admitted \
+                 by both, served with the default certificate (certwatch gives it no \
+                 crt-list line)"
             }
         }
     }
@@ -1058,13 +1090,20 @@ fn whatever_certwatch_admits_haproxy_loads() {
     let counts = std::sync::Mutex::new((0usize, 0usize));
     let result = runner.run(&case_strategy(), |case| {
         let (crt, key) = case.material();
-        match validate(SECRET_TYPE_TLS, &crt, &key) {
-            Ok(validated) => {
-                let verdict = haproxy_verdict(validated.pem_bundle().expose_secret());
-                prop_assert!(verdict.is_accepted(), "{case:?}: {verdict}");
-                counts.lock().unwrap().0 += 1;
+        // At the router image's level (certwatch's default) and at Debian's, each with
+        // a HAProxy at that level.
+        for (level, check) in [
+            (SecurityLevel::ROUTER_IMAGE, haproxy_at_router_level()),
+            (SecurityLevel::DEBIAN_DEFAULT, haproxy()),
+        ] {
+            match validate_at(level, SECRET_TYPE_TLS, &crt, &key) {
+                Ok(validated) => {
+                    let verdict = verdict_of(check, validated.pem_bundle().expose_secret());
+                    prop_assert!(verdict.is_accepted(), "level {level}, {case:?}: {verdict}");
+                    counts.lock().unwrap().0 += 1;
+                }
+                Err(_) => counts.lock().unwrap().1 += 1,
             }
-            Err(_) => counts.lock().unwrap().1 += 1,
         }
         Ok(())
     });
@@ -1078,4 +1117,81 @@ fn whatever_certwatch_admits_haproxy_loads() {
         admitted >= 5 && rejected >= 5,
         "admitted {admitted}, rejected {rejected}"
     );
+}
+
+/// Key strength follows the HAProxy it feeds: at the router image's OpenSSL security
+/// level (1) the RSA-1024 cases of the table are admitted and that HAProxy loads them;
+/// at Debian's (2) they are rejected with a reason naming the level, and that HAProxy
+/// refuses them; P-224, loaded at 2, is rejected at 3, where HAProxy refuses it too.
+#[test]
+fn key_strength_follows_the_openssl_security_level() {
+    let level_three = SecurityLevel::new(3).unwrap();
+    let haproxy_at_three = haproxy().clone().at_level(level_three);
+    let cases = [
+        (
+            openssl::LEAF_RSA_1024,
+            SecurityLevel::ROUTER_IMAGE,
+            SecurityLevel::DEBIAN_DEFAULT,
+        ),
+        (
+            openssl::SELF_SIGNED_RSA_1024,
+            SecurityLevel::ROUTER_IMAGE,
+            SecurityLevel::DEBIAN_DEFAULT,
+        ),
+        (
+            openssl::LEAF_UNDER_RSA_1024,
+            SecurityLevel::ROUTER_IMAGE,
+            SecurityLevel::DEBIAN_DEFAULT,
+        ),
+        (
+            openssl::LEAF_EC_P224,
+            SecurityLevel::DEBIAN_DEFAULT,
+            level_three,
+        ),
+    ];
+    let check_at = |level: SecurityLevel| {
+        if level == SecurityLevel::ROUTER_IMAGE {
+            haproxy_at_router_level()
+        } else if level == SecurityLevel::DEBIAN_DEFAULT {
+            haproxy()
+        } else {
+            &haproxy_at_three
+        }
+    };
+    for (fixture, loads_at, refused_at) in cases {
+        let crt = fixture.chain_pem();
+        let admitted = validate_at(
+            loads_at,
+            SECRET_TYPE_TLS,
+            crt.as_bytes(),
+            fixture.key.as_bytes(),
+        )
+        .unwrap_or_else(|error| panic!("{} at level {loads_at}: {error}", fixture.name));
+        let verdict = verdict_of(check_at(loads_at), admitted.pem_bundle().expose_secret());
+        assert!(
+            verdict.is_accepted(),
+            "{} at level {loads_at}: {verdict}",
+            fixture.name
+        );
+
+        let rejection = validate_at(
+            refused_at,
+            SECRET_TYPE_TLS,
+            crt.as_bytes(),
+            fixture.key.as_bytes(),
+        )
+        .expect_err(fixture.name);
+        assert_eq!(rejection.cause(), TlsCause::WeakKey, "{}", fixture.name);
+        let message = rejection.to_string();
+        assert!(
+            message.contains(&format!("OpenSSL security level {refused_at}")),
+            "{message}"
+        );
+        let verdict = verdict_of(check_at(refused_at), admitted.pem_bundle().expose_secret());
+        assert!(
+            !verdict.is_accepted(),
+            "{} at level {refused_at}: {verdict}",
+            fixture.name
+        );
+    }
 }

@@ -9,8 +9,8 @@ use route_secrets::reason::{Reason, ValidationProblem};
 use route_secrets::route::RouteKey;
 use route_secrets::testing::{self, KeyKind, LeafSpec, Pki, TestKey, openssl};
 use route_secrets::tls::{
-    self, KeyAlgorithm, KeyEncoding, PemProblem, SECRET_TYPE_TLS, TlsCause, TlsMaterial,
-    TlsRejection, TlsValidator, TlsWarning, ValidatedTls,
+    self, KeyAlgorithm, KeyEncoding, PemProblem, SECRET_TYPE_TLS, SecurityLevel, TlsCause,
+    TlsMaterial, TlsRejection, TlsValidator, TlsWarning, ValidatedTls,
 };
 
 const HOST: &str = "shop.example.com";
@@ -297,7 +297,7 @@ fn weak_signatures_are_refused_unless_self_signed() {
 }
 
 #[test]
-fn small_rsa_keys_are_refused_anywhere_in_the_chain() {
+fn small_rsa_keys_are_refused_anywhere_in_the_chain_at_level_two() {
     let cases: [(String, &str, usize); 4] = [
         (
             openssl::LEAF_RSA_1024.chain_pem(),
@@ -326,8 +326,21 @@ fn small_rsa_keys_are_refused_anywhere_in_the_chain() {
             3,
         ),
     ];
+    let at_level_two = TlsValidator::default().security_level(SecurityLevel::DEBIAN_DEFAULT);
     for (crt, key, expected_position) in cases {
-        let err = check_fixture(&crt, key).unwrap_err();
+        // The router image's level (the default) loads them; Debian's does not.
+        check_fixture(&crt, key).expect("RSA 1024 at level 1");
+        let err = at_level_two
+            .validate(
+                TlsMaterial {
+                    secret_type: Some(SECRET_TYPE_TLS),
+                    certificate: Some(crt.as_bytes()),
+                    key: Some(key.as_bytes()),
+                },
+                Some(openssl::HOST),
+                fixture_now(),
+            )
+            .unwrap_err();
         match &err {
             TlsRejection::WeakKey {
                 position,
@@ -340,7 +353,11 @@ fn small_rsa_keys_are_refused_anywhere_in_the_chain() {
             other => panic!("unexpected {other}"),
         }
         assert_eq!(err.cause(), TlsCause::WeakKey);
-        assert!(err.to_string().contains("HAProxy refuses"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("HAProxy refuses to load at OpenSSL security level 2"),
+            "{err}"
+        );
     }
     // DSA 2048 in the chain is strong enough.
     let validated = check_fixture(

@@ -131,6 +131,9 @@ pub enum FieldErrorKind {
     TooLong,
     /// The value is not one of the supported ones.
     NotSupported(Option<String>),
+    /// An unacceptable value shown as `null` (what kube-apiserver shows for a rule about
+    /// the whole object).
+    InvalidNull,
     /// A value that occurs twice where it must be unique.
     Duplicate(String),
 }
@@ -207,6 +210,15 @@ impl FieldError {
         }
     }
 
+    /// An unacceptable value shown as `null`.
+    pub fn invalid_null(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        FieldError {
+            field: field.into(),
+            kind: FieldErrorKind::InvalidNull,
+            detail: detail.into(),
+        }
+    }
+
     /// A value that must be unique and is not.
     pub fn duplicate(field: impl Into<String>, value: impl Into<String>) -> Self {
         FieldError {
@@ -223,6 +235,7 @@ impl FieldError {
             FieldErrorKind::Forbidden => "FieldValueForbidden",
             FieldErrorKind::TooLong => "FieldValueTooLong",
             FieldErrorKind::NotSupported(_) => "FieldValueNotSupported",
+            FieldErrorKind::InvalidNull => "FieldValueInvalid",
             FieldErrorKind::Duplicate(_) => "FieldValueDuplicate",
         }
     }
@@ -237,6 +250,7 @@ impl FieldError {
             FieldErrorKind::TooLong => "Too long".to_string(),
             FieldErrorKind::NotSupported(Some(v)) => format!("Unsupported value: {v:?}"),
             FieldErrorKind::NotSupported(None) => "Unsupported value".to_string(),
+            FieldErrorKind::InvalidNull => "Invalid value: null".to_string(),
             FieldErrorKind::Duplicate(v) => format!("Duplicate value: {v:?}"),
         };
         if self.detail.is_empty() {

@@ -1798,3 +1798,197 @@ async fn leases_answer_as_kube_apiserver_answers() {
         differ.join("\n")
     );
 }
+
+/// An answer to a route's creation, as both servers must give it: the code; for a
+/// created route its spec (with the CRD's defaults); for a refusal the Status with its
+/// causes sorted (kube-apiserver reports the properties of one schema in map order),
+/// and its message only when there is a single cause.
+fn comparable_route_answer(answer: &Answer) -> Value {
+    let body: Value = serde_json::from_str(&answer.body).unwrap_or(Value::Null);
+    if answer.code == 201 {
+        return json!({"code": 201, "spec": body["spec"]});
+    }
+    let mut causes: Vec<Value> = body["details"]["causes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    causes.sort_by_key(|cause| cause.to_string());
+    let message = (causes.len() == 1).then(|| body["message"].clone());
+    json!({
+        "code": answer.code,
+        "reason": body["reason"],
+        "details": {
+            "name": body["details"]["name"],
+            "group": body["details"]["group"],
+            "kind": body["details"]["kind"],
+            "causes": causes,
+        },
+        "message": message,
+    })
+}
+
+/// Routes the Route CRD (its schema and CEL rules) accepts or refuses, on one server:
+/// case → the answer to its creation.
+async fn route_creations(server: &Server) -> Vec<(&'static str, Value)> {
+    let admin = server.client("admin").await;
+    let namespace = "routes-crd";
+    let created = ask(
+        &admin,
+        http::Method::POST,
+        "/api/v1/namespaces",
+        Some(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})),
+    )
+    .await;
+    assert_eq!(created.code, 201, "{}", created.body);
+    let to = json!({"kind": "Service", "name": "app"});
+    let edge_external = json!({"termination": "edge", "externalCertificate": {"name": "s"}});
+    let cases: Vec<(&'static str, Value)> = vec![
+        // Accepted by the CRD (and decided by the router, which refuses some).
+        (
+            "passthrough with an external certificate",
+            json!({"host": "a.example", "to": to,
+            "tls": {"termination": "passthrough", "externalCertificate": {"name": "s"}}}),
+        ),
+        (
+            "edge with an external certificate",
+            json!({"host": "b.example", "to": to, "tls": edge_external}),
+        ),
+        (
+            "an inline key beside an external certificate",
+            json!({"host": "c.example", "to": to,
+            "tls": {"termination": "edge", "key": "k", "externalCertificate": {"name": "s"}}}),
+        ),
+        (
+            "an upper-case host",
+            json!({"host": "Upper.example", "to": {"name": "app"}}),
+        ),
+        (
+            "an empty external certificate name",
+            json!({"host": "d.example", "to": to,
+            "tls": {"termination": "edge", "externalCertificate": {"name": ""}}}),
+        ),
+        (
+            "an external certificate name that is no name",
+            json!({"host": "e.example", "to": to,
+            "tls": {"termination": "edge", "externalCertificate": {"name": "Not_A_Name"}}}),
+        ),
+        (
+            "an external certificate without a name",
+            json!({"host": "f.example", "to": to,
+            "tls": {"termination": "edge", "externalCertificate": {}}}),
+        ),
+        (
+            "reencrypt with a destination CA and an external certificate",
+            json!({"host": "g.example",
+            "to": to, "tls": {"termination": "reencrypt", "destinationCACertificate": "ca",
+            "externalCertificate": {"name": "s"}}}),
+        ),
+        (
+            "alternate backends defaulted",
+            json!({"host": "h.example", "to": {"name": "app"},
+            "alternateBackends": [{"name": "canary", "weight": 10}, {"name": "other"}]}),
+        ),
+        // Refused by the CEL rules.
+        (
+            "an empty certificate beside an external certificate",
+            json!({"host": "i.example", "to": to,
+            "tls": {"termination": "edge", "certificate": "", "externalCertificate": {"name": "s"}}}),
+        ),
+        (
+            "a certificate beside an external certificate",
+            json!({"host": "j.example", "to": to,
+            "tls": {"termination": "edge", "certificate": "c", "externalCertificate": {"name": "s"}}}),
+        ),
+        (
+            "passthrough allowing plain HTTP",
+            json!({"host": "k.example", "to": to,
+            "tls": {"termination": "passthrough", "insecureEdgeTerminationPolicy": "Allow"}}),
+        ),
+        // Refused by the schema.
+        (
+            "passthrough with a key and a CA",
+            json!({"host": "l.example", "to": to,
+            "tls": {"termination": "passthrough", "key": "k", "caCertificate": "c"}}),
+        ),
+        (
+            "edge with a destination CA",
+            json!({"host": "m.example", "to": to,
+            "tls": {"termination": "edge", "destinationCACertificate": "ca"}}),
+        ),
+        (
+            "passthrough with a path",
+            json!({"host": "n.example", "path": "/x", "to": to,
+            "tls": {"termination": "passthrough"}}),
+        ),
+        (
+            "a wildcard route without a host",
+            json!({"to": to, "wildcardPolicy": "Subdomain"}),
+        ),
+        (
+            "a host that is no DNS name",
+            json!({"host": "a_b.example", "to": to}),
+        ),
+        (
+            "a path without a slash",
+            json!({"host": "o.example", "path": "x", "to": to}),
+        ),
+        (
+            "an unknown termination",
+            json!({"host": "p.example", "to": to, "tls": {"termination": "quantum"}}),
+        ),
+        (
+            "no termination",
+            json!({"host": "q.example", "to": to, "tls": {}}),
+        ),
+        (
+            "an unknown insecure policy",
+            json!({"host": "r.example", "to": to,
+            "tls": {"termination": "edge", "insecureEdgeTerminationPolicy": "Sometimes"}}),
+        ),
+        (
+            "an unknown wildcard policy",
+            json!({"host": "s.example", "to": to, "wildcardPolicy": "Some"}),
+        ),
+        ("no target", json!({"host": "t.example"})),
+    ];
+    let routes = format!("/apis/route.openshift.io/v1/namespaces/{namespace}/routes");
+    let mut answers = Vec::new();
+    for (index, (what, spec)) in cases.into_iter().enumerate() {
+        let body = json!({
+            "apiVersion": "route.openshift.io/v1",
+            "kind": "Route",
+            "metadata": {"name": format!("route-{index}")},
+            "spec": spec,
+        });
+        let answer = ask(&admin, http::Method::POST, &routes, Some(&body)).await;
+        answers.push((what, comparable_route_answer(&answer)));
+    }
+    answers
+}
+
+/// kube-sim validates routes as the real Route CRD does (its OpenAPI schema and CEL
+/// rules, with kube-apiserver's causes): what it accepts (a passthrough route with an
+/// external certificate, upper-case hosts, any external certificate name), what it
+/// refuses and how it says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_are_validated_as_the_route_crd_validates_them() {
+    let real = Server::real(ControlPlaneOptions::from_env()).await;
+    let sim = Server::sim(SimConfig::default()).await;
+    let on_sim = route_creations(&sim).await;
+    let on_real = route_creations(&real).await;
+    assert_eq!(on_sim.len(), on_real.len());
+    let mut differ = Vec::new();
+    for ((what, s), (_, r)) in on_sim.iter().zip(&on_real) {
+        eprintln!("{what}: {r}");
+        if s != r {
+            differ.push(format!(
+                "{what}:\n  kube-sim:       {s}\n  kube-apiserver: {r}"
+            ));
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "kube-sim validates routes differently:\n{}",
+        differ.join("\n")
+    );
+}

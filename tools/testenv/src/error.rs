@@ -25,6 +25,39 @@ were built); put that directory there, or set CERTWATCH_TEST_CONTROL_PLANE to a 
         /// Whether it came from `CERTWATCH_TEST_CONTROL_PLANE`.
         from_env: bool,
     },
+    /// Neither `CERTWATCH_TEST_OPENSHIFT_ROUTER` nor the shared tool directory holds the
+    /// OpenShift router. Tests fail (never skip) with this message.
+    #[error(
+        "no OpenShift router at {}{}: it needs start, stop and rbac.yaml (the tool that runs \
+openshift/router with its HAProxy template). The project keeps it in shared/tools/openshift-router \
+beside the workspace (../shared/tools/openshift-router from the repository root, with the README \
+that says how it was built); put that directory there, or set CERTWATCH_TEST_OPENSHIFT_ROUTER to a \
+copy of it",
+        dir.display(),
+        if *from_env { " (from CERTWATCH_TEST_OPENSHIFT_ROUTER)" } else { "" }
+    )]
+    RouterNotFound {
+        /// The directory looked in.
+        dir: PathBuf,
+        /// Whether it came from `CERTWATCH_TEST_OPENSHIFT_ROUTER`.
+        from_env: bool,
+    },
+    /// The OpenShift router runs HAProxy, which is not on `PATH`.
+    #[error(
+        "haproxy is not on PATH, and the OpenShift router needs it (its reload script runs it): \
+install it (apt-get install -y haproxy: HAProxy 2.6 on Debian 12; scripts/test does so as root)"
+    )]
+    HaproxyNotFound,
+    /// The tool's `start` failed.
+    #[error(
+        "the OpenShift router did not start: {reason}\n--- last lines of its log ---\n{log_tail}"
+    )]
+    RouterNotStarted {
+        /// What `start` said.
+        reason: String,
+        /// The end of the router's log.
+        log_tail: String,
+    },
     /// A binary could not be unpacked.
     #[error("cannot unpack {}: {reason}", archive.display())]
     Unpack {

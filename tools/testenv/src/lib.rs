@@ -41,6 +41,10 @@
 //!   its user, user agent, verb, object and status code); [`ControlPlane::metrics`]
 //!   reads `/metrics` (`apiserver_request_total`, API Priority and Fairness
 //!   rejections).
+//! - **The real OpenShift router.** [`OpenShiftRouter`] runs openshift/router with its
+//!   HAProxy template from the shared tool (`<workspace>/../shared/tools/openshift-router`,
+//!   or `CERTWATCH_TEST_OPENSHIFT_ROUTER`) against a control plane: the judge of
+//!   differential tests and the reference row of start-up measurements.
 //! - **Objects.** [`Installer::generate`] creates the same cluster kube-sim generates
 //!   for a [`kube_sim::GenerateSpec`] (routes, secrets with real certificates, RBAC),
 //!   concurrently, so thousands take seconds.
@@ -50,6 +54,7 @@ pub mod binaries;
 mod control_plane;
 mod error;
 pub mod install;
+pub mod openshift_router;
 mod pki;
 pub mod process;
 
@@ -61,3 +66,4 @@ pub use control_plane::{
 };
 pub use error::TestEnvError;
 pub use install::Installer;
+pub use openshift_router::{OpenShiftRouter, RouterOptions, RouterVariant};

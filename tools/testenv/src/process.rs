@@ -16,12 +16,13 @@ use std::time::{Duration, Instant};
 use crate::error::TestEnvError;
 
 /// The watchdog: runs "$@" in the background with its output in the log file, writes
-/// its pid, then waits for end-of-file on stdin and kills it. It ignores SIGINT and
-/// SIGHUP so that a Ctrl-C that kills the test process leaves it alive to clean up.
+/// its pid, then waits for end-of-file on stdin and kills it. It ignores SIGINT, SIGHUP
+/// and SIGTERM so that a signal to the whole process group (a Ctrl-C, `timeout`) that
+/// ends the test process leaves it alive to clean up; the program gets them as usual.
 const WATCHDOG: &str = r#"
-trap '' INT HUP
+trap '' INT HUP TERM
 pidfile=$1; log=$2; shift 2
-"$@" </dev/null >"$log" 2>&1 &
+(trap - INT HUP TERM; exec "$@") </dev/null >"$log" 2>&1 &
 child=$!
 echo "$child" >"$pidfile.tmp" && mv "$pidfile.tmp" "$pidfile"
 while read -r _; do :; done

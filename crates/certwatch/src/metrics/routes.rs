@@ -55,8 +55,8 @@ struct CertificateLabels {
 pub enum RouteState {
     /// Served.
     Admitted,
-    /// Not served, for this reason (e.g. `ExternalCertificateSecretDeleted`) and cause
-    /// class (e.g. `secret_deleted`).
+    /// Not served, for this reason (e.g. `ExternalCertificateValidationFailed`) and
+    /// cause class (e.g. `secret_missing`).
     Rejected {
         /// The reason's name.
         reason: &'static str,
@@ -146,11 +146,7 @@ impl RouteMetrics {
                 reason,
             }));
         }
-        for (outcome, reason) in [
-            ("admitted", ""),
-            ("admitted", "ExternalCertificateSecretRecreated"),
-            ("removed", ""),
-        ] {
+        for (outcome, reason) in [("admitted", ""), ("removed", "")] {
             drop(
                 self.outcomes
                     .get_or_create(&OutcomeLabels { outcome, reason }),
@@ -343,8 +339,8 @@ mod tests {
         let a = RouteKey::new("ns", "a");
         let b = RouteKey::new("ns", "b");
         let deleted = RouteState::Rejected {
-            reason: "ExternalCertificateSecretDeleted",
-            cause: "secret_deleted",
+            reason: "ExternalCertificateValidationFailed",
+            cause: "secret_missing",
         };
         states.set(&metrics.routes, &a, Some(RouteState::Admitted));
         states.set(&metrics.routes, &b, Some(deleted));
@@ -354,7 +350,7 @@ mod tests {
         assert!(text.contains("certwatch_routes_admitted 0\n"), "{text}");
         assert!(
             text.contains(
-                "certwatch_routes_rejected{reason=\"ExternalCertificateSecretDeleted\",cause=\"secret_deleted\"} 1\n"
+                "certwatch_routes_rejected{reason=\"ExternalCertificateValidationFailed\",cause=\"secret_missing\"} 1\n"
             ),
             "{text}"
         );
@@ -427,8 +423,8 @@ mod tests {
             &metrics.routes,
             &route,
             Some(RouteState::Rejected {
-                reason: "ExternalCertificateSecretDeleted",
-                cause: "secret_deleted",
+                reason: "ExternalCertificateValidationFailed",
+                cause: "secret_missing",
             }),
         );
         assert!(metrics.encode().contains(&series("new")));

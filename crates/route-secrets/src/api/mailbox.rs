@@ -5,9 +5,9 @@
 //!
 //! The secret monitor delivers events while it holds the secret's entry
 //! ([`EventSink::deliver`] must return at once), so the mailbox takes every event
-//! without waiting: a newer event replaces the one waiting for the same registration.
-//! Only a deletion followed by a re-creation is kept as both, since the machine tells
-//! a re-created secret apart (`ExternalCertificateSecretRecreated`).
+//! without waiting: a newer event replaces the one waiting for the same registration
+//! (a deletion followed by a re-creation is the new version: what the route's answer
+//! depends on is the secret's state, never its history).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -29,25 +29,9 @@ pub(crate) enum Change {
     Present(Arc<TlsSecret>),
     /// The secret was deleted.
     Deleted,
-    /// The secret was deleted, then created again in this version.
-    Recreated(Arc<TlsSecret>),
 }
 
 impl Change {
-    /// `self` followed by `event`, as one change.
-    fn then(self, event: ObjectEvent<TlsSecret>) -> Self {
-        match (self, event) {
-            (_, ObjectEvent::Deleted(_)) => Self::Deleted,
-            (Self::Deleted | Self::Recreated(_), ObjectEvent::Added(new))
-            | (Self::Deleted | Self::Recreated(_), ObjectEvent::Updated { new, .. }) => {
-                Self::Recreated(new)
-            }
-            (Self::Present(_), ObjectEvent::Added(new) | ObjectEvent::Updated { new, .. }) => {
-                Self::Present(new)
-            }
-        }
-    }
-
     fn of(event: ObjectEvent<TlsSecret>) -> Self {
         match event {
             ObjectEvent::Added(new) | ObjectEvent::Updated { new, .. } => Self::Present(new),
@@ -90,19 +74,15 @@ impl SecretMailbox {
         kube_common::sync::lock(&self.waiting)
     }
 
-    /// Files `event` for registration `tag`, folded into the change waiting for it.
+    /// Files `event` for registration `tag`: the secret's state now replaces the change
+    /// waiting for it.
     pub(crate) fn put(&self, tag: Tag, event: ObjectEvent<TlsSecret>) {
         {
             let mut waiting = self.waiting();
             let Waiting { changes, order } = &mut *waiting;
-            match changes.remove(&tag) {
-                Some(change) => {
-                    changes.insert(tag, change.then(event));
-                }
-                None => {
-                    order.push_back(tag.clone());
-                    changes.insert(tag, Change::of(event));
-                }
+            // The latest state replaces what waits; a registration keeps its place.
+            if changes.insert(tag.clone(), Change::of(event)).is_none() {
+                order.push_back(tag);
             }
         }
         self.arrived.notify_one();
@@ -176,9 +156,6 @@ mod tests {
                 let change = match change {
                     Change::Present(s) => format!("present {}", s.resource_version().unwrap_or("")),
                     Change::Deleted => "deleted".to_owned(),
-                    Change::Recreated(s) => {
-                        format!("recreated {}", s.resource_version().unwrap_or(""))
-                    }
                 };
                 (route.name.to_string(), change)
             })
@@ -206,7 +183,7 @@ mod tests {
     }
 
     #[test]
-    fn a_deletion_and_a_re_creation_are_kept_as_both() {
+    fn the_latest_state_is_what_waits() {
         let mailbox = SecretMailbox::default();
         let cases: [(&[ObjectEvent<TlsSecret>], &str); 5] = [
             (
@@ -218,7 +195,7 @@ mod tests {
                     ObjectEvent::Deleted(secret("1")),
                     ObjectEvent::Added(secret("2")),
                 ],
-                "recreated 2",
+                "present 2",
             ),
             (
                 &[
@@ -226,7 +203,7 @@ mod tests {
                     ObjectEvent::Added(secret("2")),
                     updated("3"),
                 ],
-                "recreated 3",
+                "present 3",
             ),
             (
                 &[

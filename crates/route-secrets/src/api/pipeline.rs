@@ -155,6 +155,7 @@ impl RoutePipeline {
             denial_recheck_min: options.retry.initial,
             retry: options.retry,
             seed: rand::random(),
+            validator: options.validator.clone(),
             // Without a status writer the machine need not keep whole routes.
             record_status: status.is_some(),
         });
@@ -380,28 +381,17 @@ impl RoutePipeline {
         }
     }
 
-    /// The machine's inputs for a registration's change: a re-creation is the
-    /// deletion, then the new version.
+    /// The machine's input for a registration's change.
     fn secret_inputs(&self, (route, registration): Tag, change: Change) -> Vec<Input> {
-        let input = |route, change| Input::Secret {
+        let change = match change {
+            Change::Present(object) => SecretChange::Present(self.validations.version(&object)),
+            Change::Deleted => SecretChange::Deleted,
+        };
+        vec![Input::Secret {
             route,
             registration,
             change,
-        };
-        match change {
-            Change::Present(object) => {
-                let version = self.validations.version(&object);
-                vec![input(route, SecretChange::Present(version))]
-            }
-            Change::Deleted => vec![input(route, SecretChange::Deleted)],
-            Change::Recreated(object) => {
-                let version = self.validations.version(&object);
-                vec![
-                    input(route.clone(), SecretChange::Deleted),
-                    input(route, SecretChange::Present(version)),
-                ]
-            }
-        }
+        }]
     }
 }
 

@@ -5,8 +5,8 @@
 //!
 //! The rules (`pkg/router/controller/unique_host.go`):
 //!
-//! * Claims are ordered by creation time (routes without one last), then namespace,
-//!   then name: the older claim wins.
+//! * Claims are ordered by creation time (routes without one last), then uid (the
+//!   router's `RouteLessThan`), then namespace and name: the older claim wins.
 //! * Namespace ownership (unless disabled): a host belongs to the namespace of its
 //!   oldest claim; a route of another namespace is refused whatever its path.
 //! * Within the owning namespace (or anywhere, with the ownership check disabled),
@@ -27,9 +27,12 @@ use crate::route::{Route, RouteKey};
 pub(super) struct Claim {
     /// Sorts claims without a creation time (not from an API server) last.
     undated: bool,
-    /// When the route was created.
+    /// When the route was created (to the second, as the API server records it).
     created: Option<Timestamp>,
-    /// The route (namespace, then name: the tie-break).
+    /// `metadata.uid`: the router's tie-break between routes created in the same
+    /// second (compared as strings, as Go compares them).
+    uid: Option<Arc<str>>,
+    /// The route (namespace, then name: the tie-break without uids).
     route: RouteKey,
     /// `spec.path`, empty when unset.
     path: String,
@@ -43,6 +46,7 @@ impl Claim {
         let claim = Self {
             undated: created.is_none(),
             created,
+            uid: route.metadata.uid.as_deref().map(Arc::from),
             route: route.key()?,
             path: route.spec.path.clone().unwrap_or_default(),
         };
@@ -182,6 +186,7 @@ mod tests {
         Claim {
             undated: created.is_none(),
             created,
+            uid: None,
             route: RouteKey::new(namespace, name),
             path: path.to_owned(),
         }
@@ -313,5 +318,18 @@ mod tests {
             .map(|(host, claim)| (host.to_owned(), claim.clone()));
         assert!(!hosts.set(&new_key, same));
         assert_eq!(hosts.len(), 1);
+    }
+
+    /// Routes created in the same second: the router's tie-break is the uid (as a
+    /// string), whatever the names.
+    #[test]
+    fn the_uid_breaks_ties_of_the_same_second() {
+        let mut a = claim("ns", "a", Some(1), "");
+        let mut b = claim("ns", "b", Some(1), "");
+        a.uid = Some(Arc::from("f0"));
+        b.uid = Some(Arc::from("0f"));
+        assert!(b < a, "the smaller uid is the older claim");
+        let older = claim("ns", "z", Some(0), "");
+        assert!(older < b, "an older second wins before any uid");
     }
 }

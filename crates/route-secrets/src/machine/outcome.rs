@@ -1,5 +1,6 @@
 //! What the machine tells its consumer: each route's outcome, and start-up progress.
 
+use std::fmt;
 use std::sync::Arc;
 
 use jiff::Timestamp;
@@ -10,7 +11,7 @@ use crate::route::routing::RouteRouting;
 use crate::route::{Route, RouteKey, WildcardPolicy};
 use crate::tls::{TlsWarning, ValidatedTls};
 
-/// A route the router serves, with its TLS material.
+/// A route the router serves, with the certificate it is served with.
 #[derive(Clone, Debug)]
 pub struct AdmittedRoute {
     /// The route.
@@ -22,53 +23,102 @@ pub struct AdmittedRoute {
     pub sni: Sni,
     /// When the route was created; older routes win host conflicts.
     pub created: Option<Timestamp>,
-    /// The secret the material comes from (in the route's namespace).
-    pub secret: String,
-    /// The validated certificate chain and key.
-    pub tls: Arc<ValidatedTls>,
+    /// The certificate the route is served with: its secret's, or its inline one.
+    /// `None` for a route the router serves no certificate of its own for: without TLS,
+    /// passthrough, or edge and reencrypt without a certificate (the router's default
+    /// certificate answers for them).
+    pub certificate: Option<RouteCertificate>,
     /// Things to tell people (expiring soon, host not covered).
     pub warnings: Vec<TlsWarning>,
-    /// Set when the admission follows a re-created secret.
-    pub reason: Option<Reason>,
     /// Where the route's traffic goes: termination, path, backends and their weights,
     /// target port, insecure policy, CA certificates, the annotations a router reads.
     pub routing: Arc<RouteRouting>,
 }
 
+/// The certificate an admitted route is served with, and where it comes from.
+#[derive(Clone, Debug)]
+pub struct RouteCertificate {
+    /// Its secret, or the route itself.
+    pub source: CertificateSource,
+    /// The validated certificate chain and key.
+    pub tls: Arc<ValidatedTls>,
+}
+
+/// Where a route's certificate comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CertificateSource {
+    /// The secret `spec.tls.externalCertificate` names (in the route's namespace).
+    Secret(String),
+    /// The route's own `spec.tls.certificate` and `spec.tls.key`.
+    Inline,
+}
+
+impl CertificateSource {
+    /// The secret's name, for a certificate from a secret.
+    pub fn secret(&self) -> Option<&str> {
+        match self {
+            Self::Secret(name) => Some(name),
+            Self::Inline => None,
+        }
+    }
+}
+
+impl fmt::Display for CertificateSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Secret(name) => write!(f, "external certificate secret {name}"),
+            Self::Inline => f.write_str("inline certificate (spec.tls.certificate)"),
+        }
+    }
+}
+
 impl AdmittedRoute {
-    /// The condition to record in the route's status: `Admitted=True`, with the
-    /// re-creation's reason when there is one, and a message naming every warning
-    /// [shown in status](TlsWarning::shown_in_status) (an expired or not yet valid
-    /// certificate, served as the router serves it). Without either, no reason and no
-    /// message, as the router writes it; so renewing the certificate clears the message.
-    pub fn admission(&self) -> Admission {
-        let mut admission = self
-            .reason
+    /// The served certificate, if the route has one of its own.
+    pub fn tls(&self) -> Option<&Arc<ValidatedTls>> {
+        self.certificate
             .as_ref()
-            .map_or_else(Admission::admitted, Reason::admission);
+            .map(|certificate| &certificate.tls)
+    }
+
+    /// The secret the route's certificate comes from, if it comes from one.
+    pub fn secret(&self) -> Option<&str> {
+        self.certificate
+            .as_ref()
+            .and_then(|certificate| certificate.source.secret())
+    }
+
+    /// The condition to record in the route's status: `Admitted=True`, with a message
+    /// naming every warning [shown in status](TlsWarning::shown_in_status) (an expired
+    /// or not yet valid certificate, served as the router serves it). Without one, no
+    /// reason and no message, as the router writes it; so renewing the certificate
+    /// clears the message.
+    pub fn admission(&self) -> Admission {
+        let admission = Admission::admitted();
         let namespace = &self.route.namespace;
+        let source = match self
+            .certificate
+            .as_ref()
+            .map(|certificate| &certificate.source)
+        {
+            Some(CertificateSource::Secret(secret)) => {
+                format!("external certificate secret {namespace}/{secret}")
+            }
+            Some(CertificateSource::Inline) | None => "inline certificate".to_owned(),
+        };
         let warnings: Vec<String> = self
             .warnings
             .iter()
             .filter(|warning| warning.shown_in_status())
-            .map(|warning| {
-                format!(
-                    "external certificate secret {namespace}/{secret}: {warning}",
-                    secret = self.secret
-                )
-            })
+            .map(|warning| format!("{source}: {warning}"))
             .collect();
         if warnings.is_empty() {
             return admission;
         }
-        let warnings = warnings.join("; ");
-        let message = match admission.message.take() {
-            Some(reason) => format!("{reason}; {warnings}"),
-            // Alone, the message names the route, as rejection messages do.
-            None => format!("route {}: {warnings}", self.route),
-        };
-        admission.message = Some(message);
-        admission
+        Admission {
+            // The message names the route, as rejection messages do.
+            message: Some(format!("route {}: {}", self.route, warnings.join("; "))),
+            ..admission
+        }
     }
 }
 
@@ -128,8 +178,8 @@ pub struct RejectedRoute {
 
 impl RejectedRoute {
     /// The class of the cause, for metric labels (`rbac`, `secret_missing`, `bad_pem`,
-    /// ...). `None` only for a reason that admits, which a rejection never carries.
-    pub fn cause(&self) -> Option<RejectionCause> {
+    /// ...).
+    pub fn cause(&self) -> RejectionCause {
         self.reason.cause()
     }
 }
@@ -141,7 +191,7 @@ pub enum RouteOutcome {
     Admitted(AdmittedRoute),
     /// Do not serve the route.
     Rejected(RejectedRoute),
-    /// The route is gone, or no longer has an external certificate.
+    /// The route is gone (or out of scope).
     Removed(RouteKey),
 }
 

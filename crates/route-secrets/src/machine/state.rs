@@ -13,7 +13,8 @@ use super::inputs::SecretVersionId;
 use super::outcome::Sni;
 use crate::route::admission::Admission;
 use crate::route::routing::RouteRouting;
-use crate::route::{Route, RouteKey, RouteSpec, WildcardPolicy};
+use crate::route::{Route, RouteKey, RouteSpec, TlsConfig, TlsTermination, WildcardPolicy};
+use crate::tls::RouteTlsConfig;
 
 /// The machine's copy of one version of a route: what it decides with, and the object
 /// itself only when the route's status is written from it.
@@ -31,11 +32,13 @@ pub(super) struct RouteCopy {
     pub host: Option<Arc<str>>,
     /// `spec.wildcardPolicy` is `Subdomain`.
     pub wildcard_subdomain: bool,
-    /// The secret named by `spec.tls.externalCertificate`, for a termination whose
-    /// certificate the router serves ([`Route::external_certificate_name`]), as written.
+    /// The secret named by `spec.tls.externalCertificate` ([`Route::external_certificate_name`]),
+    /// as written; `None` also when the name is empty (the router then has no external
+    /// certificate either).
     pub secret: Option<Arc<str>>,
-    /// The route also carries an inline certificate or key.
-    pub inline_certificate: bool,
+    /// `spec.tls`, when the route has TLS: its termination and the certificate
+    /// fields the router checks.
+    pub tls: Option<Arc<TlsFields>>,
     /// Where its traffic goes (shared with every outcome told of this copy).
     pub routing: Arc<RouteRouting>,
     /// A digest of the whole spec: a later copy of the same object with the same
@@ -58,10 +61,11 @@ impl RouteCopy {
             created: route.metadata.creation_timestamp.as_ref().map(|t| t.0),
             host: route.host().map(Arc::from),
             wildcard_subdomain: route.spec.wildcard_policy == Some(WildcardPolicy::Subdomain),
-            secret: route.external_certificate_name().map(Arc::from),
-            inline_certificate: tls.is_some_and(|tls| {
-                tls.certificate.as_deref().is_some_and(|c| !c.is_empty()) || tls.key.is_some()
-            }),
+            secret: route
+                .external_certificate_name()
+                .filter(|name| !name.is_empty())
+                .map(Arc::from),
+            tls: tls.map(|tls| Arc::new(TlsFields::of(tls))),
             routing: Arc::new(RouteRouting::of(&route)),
             spec_digest: spec_digest(&route.spec, &route),
             object: None,
@@ -87,6 +91,61 @@ impl RouteCopy {
     /// The server names an admission of this copy is served for.
     pub fn sni(&self) -> Sni {
         Sni::for_host(self.host.as_deref(), self.wildcard_subdomain)
+    }
+}
+
+/// What the router reads of a route's `spec.tls`: the termination, and the certificate
+/// fields (empty ones as absent). The key is never shown by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub(super) struct TlsFields {
+    pub termination: TlsTermination,
+    pub certificate: Option<String>,
+    pub key: Option<String>,
+    pub ca_certificate: Option<String>,
+    pub destination_ca_certificate: Option<String>,
+}
+
+impl TlsFields {
+    fn of(tls: &TlsConfig) -> Self {
+        let given = |value: &Option<String>| value.clone().filter(|text| !text.is_empty());
+        Self {
+            termination: tls.termination.clone(),
+            certificate: given(&tls.certificate),
+            key: given(&tls.key),
+            ca_certificate: given(&tls.ca_certificate),
+            destination_ca_certificate: given(&tls.destination_ca_certificate),
+        }
+    }
+
+    /// The fields as the validator reads them, for a route with (`external`) or without
+    /// an external certificate.
+    pub fn config(&self, external: bool) -> RouteTlsConfig<'_> {
+        RouteTlsConfig {
+            termination: &self.termination,
+            external_certificate: external,
+            certificate: self.certificate.as_deref(),
+            key: self.key.as_deref(),
+            ca_certificate: self.ca_certificate.as_deref(),
+            destination_ca_certificate: self.destination_ca_certificate.as_deref(),
+        }
+    }
+}
+
+impl std::fmt::Debug for TlsFields {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsFields")
+            .field("termination", &self.termination)
+            .field("certificate", &self.certificate.as_ref().map(String::len))
+            .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .field(
+                "ca_certificate",
+                &self.ca_certificate.as_ref().map(String::len),
+            )
+            .field(
+                "destination_ca_certificate",
+                &self.destination_ca_certificate.as_ref().map(String::len),
+            )
+            .finish()
     }
 }
 
@@ -215,8 +274,8 @@ pub(super) enum RouteState {
 /// What an applied route holds and waits for.
 #[derive(Debug)]
 pub(super) enum Stand {
-    /// No external certificate the router serves: nothing held, nothing to tell.
-    Unmanaged,
+    /// No external certificate: decided from the route alone, nothing held.
+    Local,
     /// Rejected before registering (bad reference, access denied, registration
     /// failed): nothing held.
     Refused,
@@ -238,12 +297,10 @@ pub(super) enum Stand {
 pub(super) enum SecretSeen {
     /// Just registered: the apply reads the secret next.
     Pending,
-    /// Absent from the cache when the route registered: creating it admits the route.
+    /// Absent from the cache (never created, or deleted): creating it admits the route.
     Missing,
     /// This version was evaluated (`None`: a version without uid/resourceVersion).
     Evaluated(Option<SecretVersionId>),
-    /// Deleted after it was seen: a re-creation is reported as such.
-    Deleted,
 }
 
 /// A summary of an outcome the consumer was told, about which object (uid) of the
@@ -252,7 +309,8 @@ pub(super) enum SecretSeen {
 pub(super) enum Told {
     Admitted {
         object: Option<Arc<str>>,
-        fingerprint: [u8; 32],
+        /// The served certificate's, if the route has one of its own.
+        fingerprint: Option<[u8; 32]>,
         /// The host and wildcard policy of the copy admitted (they decide its SNI).
         host: Option<Arc<str>>,
         wildcard_subdomain: bool,

@@ -103,15 +103,12 @@ fn an_hour_before_expiry(tls: &ValidatedTls) -> Timestamp {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Said {
     Admitted,
-    /// Admitted after the secret was re-created.
-    Recreated,
     Rejected(&'static str),
     Removed,
 }
 
 fn said(outcome: &RouteOutcome) -> Said {
     match outcome {
-        RouteOutcome::Admitted(admitted) if admitted.reason.is_some() => Said::Recreated,
         RouteOutcome::Admitted(_) => Said::Admitted,
         RouteOutcome::Rejected(rejected) => Said::Rejected(rejected.reason.name()),
         RouteOutcome::Removed(_) => Said::Removed,
@@ -148,6 +145,7 @@ impl Driver {
                 retry: BackoffPolicy::default(),
                 denial_recheck_min: Duration::from_millis(800),
                 seed: 7,
+                validator: crate::tls::TlsValidator::default(),
                 record_status: true,
             }),
             now: Instant::now(),
@@ -266,8 +264,8 @@ enum State {
     Pending,
     /// Its apply waits for the network (registering).
     Applying,
-    /// Applied without an external certificate.
-    Unmanaged,
+    /// Applied without an external certificate: decided from the route alone.
+    Local,
     /// Rejected for a bad secret name: nothing held, nothing retried.
     RefusedName,
     /// Denied: nothing held, checked again when the denial expires.
@@ -280,7 +278,8 @@ enum State {
     InvalidMaterial,
     /// Registered; the secret does not exist.
     Missing,
-    /// Registered; the secret was deleted after it was seen.
+    /// Registered; the secret was deleted after it was seen (which is what a secret
+    /// that does not exist is, to the router).
     SecretDeleted,
     /// Registered; the cached secret could not be read: retried with backoff.
     LookupFailed,
@@ -291,7 +290,7 @@ enum State {
 const STATES: [State; 12] = [
     State::Pending,
     State::Applying,
-    State::Unmanaged,
+    State::Local,
     State::RefusedName,
     State::Denied,
     State::Unanswered,
@@ -331,7 +330,7 @@ fn in_state(state: State) -> Driver {
             d.step(Input::Applied(r_with(Some("s"))));
         }
         State::Applying => d.step(Input::Applied(r_with(Some("s")))),
-        State::Unmanaged => d.step(Input::Applied(r_with(None))),
+        State::Local => d.step(Input::Applied(r_with(None))),
         State::RefusedName => d.step(Input::Applied(r_with(Some("Not_A_Name")))),
         State::Denied => {
             d.step(Input::Applied(r_with(Some("s"))));
@@ -425,7 +424,7 @@ const EVENTS: [Event; 12] = [
 
 fn the_route_of(state: State) -> Route {
     match state {
-        State::Unmanaged => r_with(None),
+        State::Local => r_with(None),
         State::RefusedName => r_with(Some("Not_A_Name")),
         _ => r_with(Some("s")),
     }
@@ -497,7 +496,7 @@ fn stands(d: &Driver) -> &'static str {
         (_, true) => "queued",
         (RouteState::Pending, false) => "pending",
         (RouteState::Applied { stand, .. }, false) => match stand {
-            Stand::Unmanaged => "unmanaged",
+            Stand::Local => "local",
             Stand::Refused if entry.retry_at.is_some() => "refused, retrying",
             Stand::Refused => "refused",
             Stand::Registering => "registering",
@@ -515,7 +514,6 @@ fn stands(d: &Driver) -> &'static str {
                 SecretSeen::Pending => "registered",
                 SecretSeen::Missing => "registered, secret missing",
                 SecretSeen::Evaluated(_) => "registered, evaluated",
-                SecretSeen::Deleted => "registered, secret deleted",
             },
         },
     }
@@ -534,7 +532,8 @@ const TABLE: &[Row] = {
     use State::*;
     // Certificate and key problems are the router's ExtendedValidationFailed.
     const EV: &str = "ExtendedValidationFailed";
-    const SD: &str = "ExternalCertificateSecretDeleted";
+    // A deleted secret is a missing one: the router's ExternalCertificateValidationFailed.
+    const VF: &str = "ExternalCertificateValidationFailed";
     &[
         (Pending, Unchanged, None, "queued", 0),
         (Pending, OtherSecret, None, "queued", 0),
@@ -562,22 +561,22 @@ const TABLE: &[Row] = {
         (Applying, SecretStale, None, "applying", 0),
         (Applying, Minute, None, "applying", 0),
 
-        (Unmanaged, Unchanged, None, "unmanaged", 0),
-        (Unmanaged, OtherSecret, None, "applying", 0),
-        (Unmanaged, NoCertificate, None, "unmanaged", 0),
-        (Unmanaged, Delete, None, "gone", 0),
-        (Unmanaged, RelistWith, None, "unmanaged", 0),
-        (Unmanaged, RelistWithout, None, "gone", 0),
-        (Unmanaged, SecretValid, None, "unmanaged", 0),
-        (Unmanaged, SecretInvalid, None, "unmanaged", 0),
-        (Unmanaged, SecretSame, None, "unmanaged", 0),
-        (Unmanaged, SecretGone, None, "unmanaged", 0),
-        (Unmanaged, SecretStale, None, "unmanaged", 0),
-        (Unmanaged, Minute, None, "unmanaged", 0),
+        (Local, Unchanged, None, "local", 0),
+        (Local, OtherSecret, None, "applying", 0),
+        (Local, NoCertificate, None, "local", 0),
+        (Local, Delete, Some(Removed), "gone", 0),
+        (Local, RelistWith, None, "local", 0),
+        (Local, RelistWithout, Some(Removed), "gone", 0),
+        (Local, SecretValid, None, "local", 0),
+        (Local, SecretInvalid, None, "local", 0),
+        (Local, SecretSame, None, "local", 0),
+        (Local, SecretGone, None, "local", 0),
+        (Local, SecretStale, None, "local", 0),
+        (Local, Minute, None, "local", 0),
 
         (RefusedName, Unchanged, None, "refused", 0),
         (RefusedName, OtherSecret, None, "applying", 0),
-        (RefusedName, NoCertificate, Some(Removed), "unmanaged", 0),
+        (RefusedName, NoCertificate, Some(Admitted), "local", 0),
         (RefusedName, Delete, Some(Removed), "gone", 0),
         (RefusedName, RelistWith, None, "refused", 0),
         (RefusedName, RelistWithout, Some(Removed), "gone", 0),
@@ -590,7 +589,7 @@ const TABLE: &[Row] = {
 
         (Denied, Unchanged, None, "refused, retrying", 0),
         (Denied, OtherSecret, None, "applying", 0),
-        (Denied, NoCertificate, Some(Removed), "unmanaged", 0),
+        (Denied, NoCertificate, Some(Admitted), "local", 0),
         (Denied, Delete, Some(Removed), "gone", 0),
         (Denied, RelistWith, None, "refused, retrying", 0),
         (Denied, RelistWithout, Some(Removed), "gone", 0),
@@ -604,7 +603,7 @@ const TABLE: &[Row] = {
 
         (Unanswered, Unchanged, None, "refused, retrying", 0),
         (Unanswered, OtherSecret, None, "applying", 0),
-        (Unanswered, NoCertificate, Some(Removed), "unmanaged", 0),
+        (Unanswered, NoCertificate, Some(Admitted), "local", 0),
         (Unanswered, Delete, Some(Removed), "gone", 0),
         (Unanswered, RelistWith, None, "refused, retrying", 0),
         (Unanswered, RelistWithout, Some(Removed), "gone", 0),
@@ -617,20 +616,20 @@ const TABLE: &[Row] = {
 
         (Serving, Unchanged, None, "admitted, dates watched", 1),
         (Serving, OtherSecret, None, "applying", 0),
-        (Serving, NoCertificate, Some(Removed), "unmanaged", 0),
+        (Serving, NoCertificate, Some(Admitted), "local", 0),
         (Serving, Delete, Some(Removed), "gone", 0),
         (Serving, RelistWith, None, "admitted, dates watched", 1),
         (Serving, RelistWithout, Some(Removed), "gone", 0),
         (Serving, SecretValid, Some(Admitted), "admitted, dates watched", 1),
         (Serving, SecretInvalid, Some(Rejected(EV)), "registered, evaluated", 1),
         (Serving, SecretSame, None, "admitted, dates watched", 1),
-        (Serving, SecretGone, Some(Rejected(SD)), "registered, secret deleted", 1),
+        (Serving, SecretGone, Some(Rejected(VF)), "registered, secret missing", 1),
         (Serving, SecretStale, None, "admitted, dates watched", 1),
         (Serving, Minute, None, "admitted, dates watched", 1),
 
         (InvalidMaterial, Unchanged, None, "registered, evaluated", 1),
         (InvalidMaterial, OtherSecret, None, "applying", 0),
-        (InvalidMaterial, NoCertificate, Some(Removed), "unmanaged", 0),
+        (InvalidMaterial, NoCertificate, Some(Admitted), "local", 0),
         (InvalidMaterial, Delete, Some(Removed), "gone", 0),
         (InvalidMaterial, RelistWith, None, "registered, evaluated", 1),
         (InvalidMaterial, RelistWithout, Some(Removed), "gone", 0),
@@ -638,13 +637,13 @@ const TABLE: &[Row] = {
         // A new version that is invalid in the same way says nothing new.
         (InvalidMaterial, SecretInvalid, None, "registered, evaluated", 1),
         (InvalidMaterial, SecretSame, None, "registered, evaluated", 1),
-        (InvalidMaterial, SecretGone, Some(Rejected(SD)), "registered, secret deleted", 1),
+        (InvalidMaterial, SecretGone, Some(Rejected(VF)), "registered, secret missing", 1),
         (InvalidMaterial, SecretStale, None, "registered, evaluated", 1),
         (InvalidMaterial, Minute, None, "registered, evaluated", 1),
 
         (Missing, Unchanged, None, "registered, secret missing", 1),
         (Missing, OtherSecret, None, "applying", 0),
-        (Missing, NoCertificate, Some(Removed), "unmanaged", 0),
+        (Missing, NoCertificate, Some(Admitted), "local", 0),
         (Missing, Delete, Some(Removed), "gone", 0),
         (Missing, RelistWith, None, "registered, secret missing", 1),
         (Missing, RelistWithout, Some(Removed), "gone", 0),
@@ -652,26 +651,28 @@ const TABLE: &[Row] = {
         (Missing, SecretValid, Some(Admitted), "admitted, dates watched", 1),
         (Missing, SecretInvalid, Some(Rejected(EV)), "registered, evaluated", 1),
         (Missing, SecretSame, Some(Admitted), "admitted, dates watched", 1),
-        (Missing, SecretGone, Some(Rejected(SD)), "registered, secret deleted", 1),
+        // Deleted while missing: the same rejection, not said again.
+        (Missing, SecretGone, None, "registered, secret missing", 1),
         (Missing, SecretStale, None, "registered, secret missing", 1),
         (Missing, Minute, None, "registered, secret missing", 1),
 
-        (SecretDeleted, Unchanged, None, "registered, secret deleted", 1),
+        (SecretDeleted, Unchanged, None, "registered, secret missing", 1),
         (SecretDeleted, OtherSecret, None, "applying", 0),
-        (SecretDeleted, NoCertificate, Some(Removed), "unmanaged", 0),
+        (SecretDeleted, NoCertificate, Some(Admitted), "local", 0),
         (SecretDeleted, Delete, Some(Removed), "gone", 0),
-        (SecretDeleted, RelistWith, None, "registered, secret deleted", 1),
+        (SecretDeleted, RelistWith, None, "registered, secret missing", 1),
         (SecretDeleted, RelistWithout, Some(Removed), "gone", 0),
-        (SecretDeleted, SecretValid, Some(Recreated), "admitted, dates watched", 1),
+        // Re-created: admitted as any secret that exists.
+        (SecretDeleted, SecretValid, Some(Admitted), "admitted, dates watched", 1),
         (SecretDeleted, SecretInvalid, Some(Rejected(EV)), "registered, evaluated", 1),
-        (SecretDeleted, SecretSame, Some(Recreated), "admitted, dates watched", 1),
-        (SecretDeleted, SecretGone, None, "registered, secret deleted", 1),
-        (SecretDeleted, SecretStale, None, "registered, secret deleted", 1),
-        (SecretDeleted, Minute, None, "registered, secret deleted", 1),
+        (SecretDeleted, SecretSame, Some(Admitted), "admitted, dates watched", 1),
+        (SecretDeleted, SecretGone, None, "registered, secret missing", 1),
+        (SecretDeleted, SecretStale, None, "registered, secret missing", 1),
+        (SecretDeleted, Minute, None, "registered, secret missing", 1),
 
         (LookupFailed, Unchanged, None, "registered, retrying", 1),
         (LookupFailed, OtherSecret, None, "applying", 0),
-        (LookupFailed, NoCertificate, Some(Removed), "unmanaged", 0),
+        (LookupFailed, NoCertificate, Some(Admitted), "local", 0),
         (LookupFailed, Delete, Some(Removed), "gone", 0),
         (LookupFailed, RelistWith, None, "registered, retrying", 1),
         (LookupFailed, RelistWithout, Some(Removed), "gone", 0),
@@ -679,7 +680,7 @@ const TABLE: &[Row] = {
         (LookupFailed, SecretValid, Some(Admitted), "admitted, dates watched", 1),
         (LookupFailed, SecretInvalid, Some(Rejected(EV)), "registered, evaluated", 1),
         (LookupFailed, SecretSame, Some(Admitted), "admitted, dates watched", 1),
-        (LookupFailed, SecretGone, Some(Rejected(SD)), "registered, secret deleted", 1),
+        (LookupFailed, SecretGone, Some(Rejected(VF)), "registered, secret missing", 1),
         (LookupFailed, SecretStale, None, "registered, retrying", 1),
         // The retry re-checks with the registration held: no new registration.
         (LookupFailed, Minute, None, "applying", 1),
@@ -1002,22 +1003,22 @@ fn a_certificate_served_despite_its_dates_says_so_in_the_status_until_renewed() 
         "{message}"
     );
 
-    // Re-created with an expired certificate: the re-creation's reason, and both
-    // messages.
+    // Deleted, then re-created with an expired certificate: admitted as any secret that
+    // exists, with no reason from its history, and the expiry in the message.
     d.secret("r", SecretChange::Deleted);
+    assert_eq!(
+        d.said_to("r").last(),
+        Some(&Said::Rejected("ExternalCertificateValidationFailed"))
+    );
     d.secret(
         "r",
         SecretChange::Present(version("uid-s2", 1, Ok(Arc::clone(&m.expired)))),
     );
-    assert_eq!(d.said_to("r").last(), Some(&Said::Recreated));
+    assert_eq!(d.said_to("r").last(), Some(&Said::Admitted));
     let recreated = status(&d);
     assert!(recreated.admitted);
-    assert_eq!(
-        recreated.reason.as_deref(),
-        Some("ExternalCertificateSecretRecreated")
-    );
+    assert_eq!(recreated.reason, None);
     let message = recreated.message.expect("a message");
-    assert!(message.contains("was recreated and validated"), "{message}");
     assert!(
         message.contains(&format!("expired at {not_after}")),
         "{message}"
@@ -1071,7 +1072,7 @@ fn start_up_is_ready_once_every_listed_route_is_decided_oldest_first() {
             initial_routes: 4,
             initial_done: 1,
         },
-        "the route without a certificate needs nothing"
+        "the route without a certificate is decided from itself"
     );
     // Both secrets were prefetched the moment the listing arrived.
     assert_eq!(d.prefetched.len(), 2);
@@ -1094,7 +1095,7 @@ fn start_up_is_ready_once_every_listed_route_is_decided_oldest_first() {
         .iter()
         .map(|o| o.route().name.to_string())
         .collect();
-    assert_eq!(names, ["a", "b", "c"]);
+    assert_eq!(names, ["plain", "a", "b", "c"]);
 }
 
 #[test]
@@ -1149,20 +1150,14 @@ fn admitted_sni(d: &Driver) -> Vec<Sni> {
 #[test]
 fn a_wildcard_route_is_refused_by_default_without_touching_its_secret() {
     let mut d = listed_with(HostPolicy::default(), wildcard("www.shop.example"));
-    assert_eq!(
-        d.said_to("r"),
-        vec![Said::Rejected("WildcardPolicyNotAllowed")]
-    );
+    assert_eq!(d.said_to("r"), vec![Said::Rejected("RouteNotAdmitted")]);
     let RouteOutcome::Rejected(rejected) = &d.outcomes[0] else {
         panic!("rejected");
     };
-    assert_eq!(
-        rejected.cause().map(crate::reason::RejectionCause::as_str),
-        Some("wildcard")
-    );
+    assert_eq!(rejected.cause().as_str(), "wildcard");
     assert_eq!(
         d.statuses,
-        vec![(key("r"), false, Some("WildcardPolicyNotAllowed".to_owned()))]
+        vec![(key("r"), false, Some("RouteNotAdmitted".to_owned()))]
     );
     // Decided from the route alone: no prefetch, no access check, no registration.
     assert!(d.preparing.is_none());
@@ -1187,19 +1182,15 @@ fn a_wildcard_route_is_refused_by_default_without_touching_its_secret() {
 }
 
 /// The checks made on the route alone are the same ahead of the queue and at its
-/// apply: a route that carries an inline certificate besides its secret is refused
-/// without its secret being prefetched, watched or checked.
+/// apply: a route whose host is not a DNS name, or whose secret name is not a name, is
+/// refused without its secret being prefetched, watched or checked.
 #[test]
 fn a_route_refused_on_its_own_is_never_prefetched() {
-    let mut inline = route("r", Some("s"), "r.example", 10, "uid-r");
-    inline.spec.tls.as_mut().expect("tls").certificate = Some("-----BEGIN".to_owned());
+    let upper = route("r", Some("s"), "R.example", 10, "uid-r");
     let bad_name = route("b", Some("Not_A_Name"), "b.example", 11, "uid-b");
     let mut d = Driver::new();
-    d.step(Input::Listed(vec![inline, bad_name]));
-    assert_eq!(
-        d.said_to("r"),
-        vec![Said::Rejected("ExternalCertificateValidationFailed")]
-    );
+    d.step(Input::Listed(vec![upper, bad_name]));
+    assert_eq!(d.said_to("r"), vec![Said::Rejected("InvalidHost")]);
     assert_eq!(
         d.said_to("b"),
         vec![Said::Rejected("ExternalCertificateValidationFailed")]
@@ -1208,6 +1199,20 @@ fn a_route_refused_on_its_own_is_never_prefetched() {
     assert!(d.preparing.is_none());
     assert_eq!(d.held_by("r") + d.held_by("b"), 0);
     assert!(d.readiness.is_ready());
+}
+
+/// A route with an external certificate and an inline key (the API allows both) is
+/// served with its secret's certificate and key, as the router copies the secret over
+/// the inline fields.
+#[test]
+fn a_secret_replaces_the_inline_fields() {
+    let mut both = route("r", Some("s"), "r.example", 10, "uid-r");
+    both.spec.tls.as_mut().expect("tls").key = Some("-----BEGIN".to_owned());
+    let mut d = Driver::new();
+    d.step(Input::Listed(vec![both]));
+    d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
+    assert_eq!(d.said_to("r"), vec![Said::Admitted]);
+    assert_eq!(d.held_by("r"), 1);
 }
 
 #[test]
@@ -1242,10 +1247,10 @@ fn an_allowed_wildcard_route_is_served_for_its_domain() {
     );
 }
 
-/// A route without a host is admitted (its material is valid) but explicitly gets no
-/// crt-list line; a wildcard route whose host has no parent domain neither.
+/// A route without a host is rejected as the router rejects it (`NoHostValue`); a
+/// wildcard route whose host has no parent domain is admitted but gets no crt-list line.
 #[test]
-fn a_route_without_a_host_is_admitted_without_a_crt_list_line() {
+fn a_route_without_a_host_is_rejected_and_a_wildcard_host_without_a_domain_gets_no_line() {
     let allow = HostPolicy {
         allow_wildcard_routes: true,
         ..HostPolicy::default()
@@ -1255,13 +1260,15 @@ fn a_route_without_a_host_is_admitted_without_a_crt_list_line() {
             HostPolicy::default(),
             route("r", Some("s"), "", 10, "uid-r"),
         ),
-        (allow, wildcard("localhost")),
         (allow, wildcard("")),
     ] {
-        let mut d = listed_with(hosts, route);
-        d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
-        assert_eq!(admitted_sni(&d), vec![Sni::NoHost]);
+        let d = listed_with(hosts, route);
+        assert_eq!(d.said_to("r"), vec![Said::Rejected("NoHostValue")]);
+        assert!(d.preparing.is_none(), "nothing to check for it");
     }
+    let mut d = listed_with(allow, wildcard("localhost"));
+    d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
+    assert_eq!(admitted_sni(&d), vec![Sni::NoHost]);
 }
 
 /// A route in namespace `ns` claiming `host` (with `path`), created at second `age`.
@@ -1314,10 +1321,7 @@ fn the_oldest_claim_on_a_host_wins_and_the_next_takes_over_when_it_goes() {
     };
     let message = rejected.reason.to_string();
     assert!(message.contains("a/older"), "{message}");
-    assert_eq!(
-        rejected.cause().map(crate::reason::RejectionCause::as_str),
-        Some("host_claimed")
-    );
+    assert_eq!(rejected.cause().as_str(), "host_claimed");
     // The refused claimant holds nothing.
     assert_eq!(
         d.held.values().filter(|(r, _)| *r == younger_key).count(),
@@ -1827,7 +1831,7 @@ impl World {
             let route = key(name);
             let last = self.d.said_to(name).last().cloned();
             let expected = match self.routes.get(&index) {
-                None | Some((None, _)) => {
+                None => {
                     prop_assert!(
                         last.is_none() || last == Some(Said::Removed),
                         "{name}: {last:?}"
@@ -1835,13 +1839,18 @@ impl World {
                     prop_assert_eq!(self.d.held_by(name), 0);
                     continue;
                 }
+                // Decided from the route alone, holding nothing.
+                Some((None, _)) => {
+                    prop_assert_eq!(self.d.held_by(name), 0);
+                    prop_assert_eq!(last, Some(Said::Admitted), "{}", route);
+                    continue;
+                }
+                // What is said follows from the secret as it is now, never from
+                // what happened to it.
                 Some((Some(secret), _)) => match self.secrets.get(secret) {
-                    Some((_, true)) => vec![Said::Admitted, Said::Recreated],
+                    Some((_, true)) => vec![Said::Admitted],
                     Some((_, false)) => vec![Said::Rejected("ExtendedValidationFailed")],
-                    None => vec![
-                        Said::Rejected("ExternalCertificateValidationFailed"),
-                        Said::Rejected("ExternalCertificateSecretDeleted"),
-                    ],
+                    None => vec![Said::Rejected("ExternalCertificateValidationFailed")],
                 },
             };
             prop_assert!(
@@ -1924,7 +1933,9 @@ fn a_route_copy_keeps_what_the_machine_reads_and_the_object_only_for_status() {
         lean.created,
         Some(Timestamp::from_second(1_700_000_001).expect("time"))
     );
-    assert!(!lean.inline_certificate && !lean.wildcard_subdomain);
+    assert!(!lean.wildcard_subdomain);
+    let tls = lean.tls.as_deref().expect("spec.tls read");
+    assert!(tls.certificate.is_none() && tls.key.is_none());
 
     let kept = state::RouteCopy::of(original.clone(), true);
     let object = kept
@@ -2016,4 +2027,217 @@ fn record_all_records_every_decided_route_again_on_its_latest_copy() {
             .any(|(key, _, status)| *key == self::key("r") && *status)
     );
     assert_eq!(d.statuses.len(), before, "nothing else happened");
+}
+
+/// A route of `NS` named `name` with `tls` as its `spec.tls` (JSON), and its own host.
+fn route_with_tls(name: &str, age: i64, tls: Option<serde_json::Value>) -> Route {
+    let mut spec = serde_json::json!({"host": format!("{name}.example"), "to": {"kind": "Service", "name": "app"}});
+    if let Some(tls) = tls {
+        spec["tls"] = tls;
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "route.openshift.io/v1",
+        "kind": "Route",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": format!("uid-{name}"),
+            "creationTimestamp": Timestamp::from_second(1_700_000_000 + age)
+                .expect("time")
+                .to_string(),
+        },
+        "spec": spec,
+    }))
+    .expect("a route")
+}
+
+/// Every route kind gets the router's answer, decided from the route alone when it
+/// names no secret: no TLS, passthrough, edge with the default certificate, inline
+/// certificates (valid, broken, issued by the route's caCertificate or not), and the
+/// termination's rules; nothing is registered or prefetched for them.
+#[test]
+fn routes_without_an_external_certificate_are_decided_from_the_route() {
+    let now = Timestamp::now();
+    let pki = Pki::new(now);
+    let leaf = pki.issue(&LeafSpec::new("inline.example", now));
+    let ca = format!("{}{}", pki.intermediate_pem(), pki.root_pem());
+    let foreign = Pki::new(now);
+    let cases: Vec<(&str, Option<serde_json::Value>, Said, bool)> = vec![
+        ("plain", None, Said::Admitted, false),
+        (
+            "passthrough",
+            Some(serde_json::json!({"termination": "passthrough"})),
+            Said::Admitted,
+            false,
+        ),
+        (
+            "edge",
+            Some(serde_json::json!({"termination": "edge"})),
+            Said::Admitted,
+            false,
+        ),
+        (
+            "inline",
+            Some(
+                serde_json::json!({"termination": "edge", "certificate": leaf.chain_pem(), "key": leaf.key_pem()}),
+            ),
+            Said::Admitted,
+            true,
+        ),
+        (
+            "inline-with-ca",
+            Some(
+                serde_json::json!({"termination": "reencrypt", "certificate": leaf.chain_pem(), "key": leaf.key_pem(),
+                      "caCertificate": ca, "destinationCACertificate": pki.root_pem()}),
+            ),
+            Said::Admitted,
+            true,
+        ),
+        (
+            "inline-foreign-ca",
+            Some(
+                serde_json::json!({"termination": "edge", "certificate": leaf.chain_pem(), "key": leaf.key_pem(),
+                      "caCertificate": foreign.root_pem()}),
+            ),
+            Said::Rejected("ExtendedValidationFailed"),
+            false,
+        ),
+        (
+            "inline-garbage",
+            Some(
+                serde_json::json!({"termination": "edge", "certificate": "not PEM", "key": leaf.key_pem()}),
+            ),
+            Said::Rejected("ExtendedValidationFailed"),
+            false,
+        ),
+        (
+            "edge-destination-ca",
+            Some(
+                serde_json::json!({"termination": "edge", "destinationCACertificate": pki.root_pem()}),
+            ),
+            Said::Rejected("ExtendedValidationFailed"),
+            false,
+        ),
+        (
+            "reencrypt-bad-destination-ca",
+            Some(
+                serde_json::json!({"termination": "reencrypt", "destinationCACertificate": "not PEM"}),
+            ),
+            Said::Rejected("ExtendedValidationFailed"),
+            false,
+        ),
+        (
+            "passthrough-inline",
+            Some(
+                serde_json::json!({"termination": "passthrough", "certificate": leaf.chain_pem()}),
+            ),
+            Said::Rejected("ExtendedValidationFailed"),
+            false,
+        ),
+    ];
+    let routes: Vec<Route> = cases
+        .iter()
+        .enumerate()
+        .map(|(age, (name, tls, ..))| route_with_tls(name, age as i64, tls.clone()))
+        .collect();
+    let mut d = Driver::new();
+    d.step(Input::Listed(routes));
+    assert!(d.readiness.is_ready(), "every route decided at once");
+    assert!(d.preparing.is_none() && d.prefetches.is_empty());
+    for (name, _, said, has_certificate) in &cases {
+        assert_eq!(d.said_to(name), vec![said.clone()], "{name}");
+        assert_eq!(d.held_by(name), 0, "{name}");
+        let certificate = d.outcomes.iter().find_map(|outcome| match outcome {
+            RouteOutcome::Admitted(admitted) if admitted.route == key(name) => {
+                Some(admitted.certificate.clone())
+            }
+            _ => None,
+        });
+        if *said == Said::Admitted {
+            let certificate = certificate.expect("admitted");
+            assert_eq!(certificate.is_some(), *has_certificate, "{name}");
+            if let Some(certificate) = certificate {
+                assert_eq!(certificate.source, CertificateSource::Inline);
+            }
+        }
+    }
+    let garbage = d
+        .outcomes
+        .iter()
+        .find_map(|outcome| match outcome {
+            RouteOutcome::Rejected(rejected) if rejected.route == key("inline-garbage") => {
+                Some(rejected.clone())
+            }
+            _ => None,
+        })
+        .expect("rejected");
+    assert_eq!(garbage.cause().as_str(), "bad_pem");
+    assert!(
+        garbage.reason.to_string().contains("spec.tls.certificate"),
+        "{}",
+        garbage.reason
+    );
+}
+
+/// A passthrough route with an external certificate is checked as any route with one
+/// (access, existence, type: a missing secret is `ExternalCertificateValidationFailed`),
+/// then refused as the router refuses it: passthrough serves no certificate. A
+/// caCertificate is checked against the secret's certificate.
+#[test]
+fn passthrough_with_a_secret_and_a_foreign_ca_are_refused_after_the_secret() {
+    let foreign = Pki::new(Timestamp::now());
+    let passthrough = route_with_tls(
+        "r",
+        1,
+        Some(
+            serde_json::json!({"termination": "passthrough", "externalCertificate": {"name": "s"}}),
+        ),
+    );
+    let mut d = Driver::new();
+    d.step(Input::Listed(vec![passthrough.clone()]));
+    d.answer(PreparedOutcome::Ready(SecretLookup::NotFound));
+    assert_eq!(
+        d.said_to("r"),
+        vec![Said::Rejected("ExternalCertificateValidationFailed")]
+    );
+    d.secret(
+        "r",
+        SecretChange::Present(version("uid-s", 1, Ok(Arc::clone(&material().valid[0])))),
+    );
+    assert_eq!(
+        d.said_to("r").last(),
+        Some(&Said::Rejected("ExtendedValidationFailed"))
+    );
+    assert_eq!(d.held_by("r"), 1, "still watched, as by the router");
+
+    let with_ca = route_with_tls(
+        "c",
+        2,
+        Some(
+            serde_json::json!({"termination": "edge", "externalCertificate": {"name": "s"},
+                   "caCertificate": foreign.root_pem()}),
+        ),
+    );
+    let mut d = Driver::new();
+    d.step(Input::Listed(vec![with_ca]));
+    d.found(version("uid-s", 1, Ok(Arc::clone(&material().valid[0]))));
+    assert_eq!(
+        d.said_to("c"),
+        vec![Said::Rejected("ExtendedValidationFailed")]
+    );
+}
+
+/// A wildcard route the router refuses claims no host: a younger route of the same
+/// host is admitted, as the router's host admission drops the refused route before its
+/// unique-host index sees it.
+#[test]
+fn a_refused_wildcard_route_claims_no_host() {
+    let mut older = route("w", Some("s"), "www.shop.example", 1, "uid-w");
+    older.spec.wildcard_policy = Some(crate::route::WildcardPolicy::Subdomain);
+    let younger = route("y", Some("s"), "www.shop.example", 2, "uid-y");
+    let mut d = Driver::new();
+    d.step(Input::Listed(vec![older, younger]));
+    d.found(version("uid-s", 1, Ok(Arc::clone(&material().valid[0]))));
+    assert_eq!(d.said_to("w"), vec![Said::Rejected("RouteNotAdmitted")]);
+    assert_eq!(d.said_to("y"), vec![Said::Admitted]);
 }

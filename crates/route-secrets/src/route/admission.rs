@@ -260,7 +260,7 @@ mod tests {
     fn records_a_new_entry_and_leaves_others_alone() {
         let mut route = route_with_foreign_entry();
         let before = foreign_entry(&route);
-        let rejection = Admission::rejected("ExternalCertificateSecretDeleted", "gone");
+        let rejection = Admission::rejected("ExternalCertificateValidationFailed", "gone");
         assert!(record_admission(&mut route, &router(), &rejection, t(100)));
         assert_eq!(foreign_entry(&route), before);
         let ours = router_ingress(&route, "default").unwrap();
@@ -273,7 +273,7 @@ mod tests {
         assert_eq!(condition.status, ConditionStatus::False);
         assert_eq!(
             condition.reason.as_deref(),
-            Some("ExternalCertificateSecretDeleted")
+            Some("ExternalCertificateValidationFailed")
         );
         assert_eq!(condition.message.as_deref(), Some("gone"));
         assert_eq!(condition.last_transition_time, Some(Time(t(100))));
@@ -311,7 +311,7 @@ mod tests {
         let mut route = route_with_foreign_entry();
         let first = Admission::rejected("ExternalCertificateValidationFailed", "bad key");
         record_admission(&mut route, &router(), &first, t(100));
-        let second = Admission::rejected("ExternalCertificateSecretDeleted", "gone");
+        let second = Admission::rejected("ExternalCertificateValidationFailed", "gone");
         assert!(!records_admission(&route, &router(), &second));
         assert!(record_admission(&mut route, &router(), &second, t(200)));
         let time = |route: &Route| {

@@ -21,6 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rcgen::{CertificateParams, KeyPair};
 
+use crate::tls::SecurityLevel;
+
 /// Environment variable naming the HAProxy binary to use instead of `haproxy`.
 pub const HAPROXY_BINARY_ENV: &str = "CERTWATCH_HAPROXY";
 
@@ -82,6 +84,9 @@ pub struct HaproxyCheck {
     /// A self-signed certificate and key, so that a `bind` always has a certificate even
     /// when the crt-list under test is empty (as HAProxy requires).
     default_pem: String,
+    /// The OpenSSL security level HAProxy runs at (through `OPENSSL_CONF`); `None`: its
+    /// OpenSSL's own default (Debian's: 2).
+    level: Option<SecurityLevel>,
 }
 
 impl HaproxyCheck {
@@ -116,7 +121,17 @@ impl HaproxyCheck {
             binary,
             version,
             default_pem,
+            level: None,
         })
+    }
+
+    /// The same HAProxy, run at OpenSSL security `level` (as the router image runs
+    /// HAProxy at 1), through an `OPENSSL_CONF` written for each check.
+    pub fn at_level(self, level: SecurityLevel) -> Self {
+        Self {
+            level: Some(level),
+            ..self
+        }
     }
 
     /// The first line of `haproxy -v`.
@@ -167,11 +182,14 @@ impl HaproxyCheck {
                 list = crt_list.display(),
             ),
         )?;
-        let output = Command::new(&self.binary)
-            .arg("-c")
-            .arg("-f")
-            .arg(&config)
-            .output()?;
+        let mut command = Command::new(&self.binary);
+        command.arg("-c").arg("-f").arg(&config);
+        if let Some(level) = self.level {
+            let openssl_conf = scratch.path.join("openssl.cnf");
+            write_private(&openssl_conf, &level.openssl_conf())?;
+            command.env("OPENSSL_CONF", &openssl_conf);
+        }
+        let output = command.output()?;
         if output.status.success() {
             return Ok(Verdict::Accepted);
         }

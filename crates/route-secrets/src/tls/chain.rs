@@ -15,9 +15,10 @@ use x509_parser::x509::X509Name;
 
 use super::error::{TlsRejection, shorten};
 use super::key::CertificateKey;
+use super::level::SecurityLevel;
 
-/// Smallest RSA or DSA key HAProxy's OpenSSL accepts (security level 2: 112 bits).
-pub(crate) const MIN_RSA_DSA_BITS: usize = 2048;
+/// ring verifies RSA signatures only from keys of at least this many bits.
+const RING_MIN_RSA_BITS: usize = 2048;
 
 /// Parses each DER certificate; positions in errors are 1-based.
 pub(crate) fn parse<'a>(ders: &[&'a [u8]]) -> Result<Vec<X509Certificate<'a>>, TlsRejection> {
@@ -163,6 +164,13 @@ fn key_identifiers<'a>(
     (authority, subject)
 }
 
+/// The digest of the certificate's signature when it is one HAProxy refuses (and the
+/// router, but for MD4 and RSASSA-PSS with SHA-1, which it cannot read): `MD2`, `MD4`,
+/// `MD5` or `SHA-1`.
+pub(crate) fn weak_digest(certificate: &X509Certificate<'_>) -> Option<&'static str> {
+    signature_kind(certificate).weak_digest
+}
+
 /// Whether a certificate is self-signed as the router and OpenSSL decide it (OpenSSL's
 /// `EXFLAG_SS`): issuer and subject are the same, the authority key identifier is absent
 /// or names the certificate's own key, and the signature algorithm is one for the
@@ -177,8 +185,11 @@ pub(crate) fn is_self_signed(certificate: &X509Certificate<'_>) -> bool {
 
 /// Runs the per-certificate checks, in this order over the whole chain: every public key
 /// is one the router can parse; no CA-signed certificate uses a weak digest; no key is
-/// too small for HAProxy.
-pub(crate) fn check_each(certificates: &[X509Certificate<'_>]) -> Result<(), TlsRejection> {
+/// too small for HAProxy at OpenSSL security `level`.
+pub(crate) fn check_each(
+    certificates: &[X509Certificate<'_>],
+    level: SecurityLevel,
+) -> Result<(), TlsRejection> {
     let keys: Vec<CertificateKey> = certificates
         .iter()
         .map(|certificate| CertificateKey::of(certificate.public_key()))
@@ -206,15 +217,19 @@ pub(crate) fn check_each(certificates: &[X509Certificate<'_>]) -> Result<(), Tls
         }
     }
     for (index, key) in keys.iter().enumerate() {
-        let bits = match key {
-            CertificateKey::Rsa { bits, .. } | CertificateKey::Dsa { bits } => *bits,
+        let allowed = match key {
+            CertificateKey::Rsa { bits, .. } | CertificateKey::Dsa { bits } => {
+                level.allows_rsa_bits(*bits)
+            }
+            CertificateKey::Ec(curve) => level.allows_ec_bits(curve.bits()),
             _ => continue,
         };
-        if bits < MIN_RSA_DSA_BITS {
+        if !allowed {
             return Err(TlsRejection::WeakKey {
                 position: index + 1,
                 subject: subject(index),
                 algorithm: key.to_string(),
+                level: level.get(),
             });
         }
     }
@@ -309,7 +324,10 @@ fn same_text(a: &X509Name<'_>, b: &X509Name<'_>) -> Option<bool> {
 /// Whether `issuer`'s signature on `certificate` does not rule it out as the issuer:
 /// verified, or made with an algorithm or key size ring cannot check (then names and
 /// identifiers decide). A signature that ring checks and finds wrong rules it out.
-fn signature_fits(certificate: &X509Certificate<'_>, issuer: &X509Certificate<'_>) -> bool {
+pub(crate) fn signature_fits(
+    certificate: &X509Certificate<'_>,
+    issuer: &X509Certificate<'_>,
+) -> bool {
     !matches!(
         certificate.verify_signature(Some(issuer.public_key())),
         Err(X509Error::SignatureVerificationError) if ring_verifies_with(issuer)
@@ -320,7 +338,7 @@ fn signature_fits(certificate: &X509Certificate<'_>, issuer: &X509Certificate<'_
 /// failed verification says nothing.
 fn ring_verifies_with(issuer: &X509Certificate<'_>) -> bool {
     match CertificateKey::of(issuer.public_key()) {
-        CertificateKey::Rsa { bits, .. } => bits >= MIN_RSA_DSA_BITS,
+        CertificateKey::Rsa { bits, .. } => bits >= RING_MIN_RSA_BITS,
         _ => true,
     }
 }

@@ -196,12 +196,15 @@ pub enum TlsRejection {
         /// The digest: `MD2`, `MD4`, `MD5` or `SHA-1`.
         digest: &'static str,
     },
-    /// A certificate's RSA or DSA key is under 2048 bits, which HAProxy's OpenSSL
-    /// (security level 2) refuses for the server certificate and for every chain
+    /// A certificate's key is weaker than HAProxy's OpenSSL loads at its security level
+    /// (RSA and DSA under 1024 bits at level 1, 2048 at level 2, ...; elliptic curves
+    /// under 256 bits from level 3), for the server certificate and for every chain
     /// certificate, self-signed or not. The router itself would admit it.
     #[error(
         "certificate #{position} in tls.crt ({subject}) has an {algorithm} key, which \
-         HAProxy refuses to load (2048 bits at least); re-issue it with a larger key"
+         HAProxy refuses to load at OpenSSL security level {level} (certwatch's \
+         --openssl-security-level, which must be the level of the HAProxy it feeds); \
+         re-issue it with a larger key"
     )]
     WeakKey {
         /// Position in tls.crt.
@@ -210,6 +213,8 @@ pub enum TlsRejection {
         subject: String,
         /// The key, e.g. `RSA 1024-bit`.
         algorithm: String,
+        /// The security level it was checked at.
+        level: u8,
     },
     /// `tls.key` holds no private key and is not text.
     #[error(
@@ -298,7 +303,7 @@ pub enum TlsCause {
     KeyMismatch,
     /// A key of a kind that is not served (encrypted, Ed25519, DSA, another curve...).
     UnsupportedKey,
-    /// An RSA or DSA key under 2048 bits somewhere in the chain (HAProxy refuses it).
+    /// A key somewhere in the chain that HAProxy refuses at its OpenSSL security level.
     WeakKey,
     /// A CA signature with MD2, MD4, MD5 or SHA-1 (the router and HAProxy refuse it).
     WeakSignature,

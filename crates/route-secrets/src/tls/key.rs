@@ -129,6 +129,16 @@ impl Curve {
         }
     }
 
+    /// The curve's size in bits (its order's).
+    pub(crate) fn bits(self) -> usize {
+        match self {
+            Self::P224 => 224,
+            Self::P256 => 256,
+            Self::P384 => 384,
+            Self::P521 => 521,
+        }
+    }
+
     fn scalar_len(self) -> usize {
         match self {
             Self::P224 => 28,

@@ -303,8 +303,9 @@ impl Harness {
     ) -> AdmittedRoute {
         let what = format!("{route} is admitted");
         self.until(&what, |h| {
-            h.admitted(route)
-                .is_some_and(|a| fingerprint.is_none_or(|f| a.tls.fingerprint().0 == f))
+            h.admitted(route).is_some_and(|a| {
+                fingerprint.is_none_or(|f| a.tls().is_some_and(|tls| tls.fingerprint().0 == f))
+            })
         })
         .await;
         self.admitted(route).cloned().expect("admitted")
@@ -400,7 +401,10 @@ async fn client_for_admin(sim: &Simulator) -> kube::Client {
 
 pub fn summary(outcome: &RouteOutcome) -> String {
     match outcome {
-        RouteOutcome::Admitted(a) => format!("admitted {}", a.tls.fingerprint().to_hex()),
+        RouteOutcome::Admitted(a) => match a.tls() {
+            Some(tls) => format!("admitted {}", tls.fingerprint().to_hex()),
+            None => "admitted without a certificate".to_owned(),
+        },
         RouteOutcome::Rejected(r) => format!("rejected {}: {}", r.reason.name(), r.reason),
         RouteOutcome::Removed(_) => "removed".to_owned(),
     }
@@ -488,7 +492,12 @@ pub fn grant(sim: &Simulator, namespace: &str, role: &str, verbs: &[&str], names
 
 /// The PEM bundle a proxy gets for an admitted route.
 pub fn bundle(admitted: &AdmittedRoute) -> String {
-    admitted.tls.pem_bundle().expose_secret().to_owned()
+    admitted
+        .tls()
+        .expect("admitted with a certificate")
+        .pem_bundle()
+        .expose_secret()
+        .to_owned()
 }
 
 pub fn fingerprint_of_leaf(leaf: &route_secrets::testing::Leaf) -> [u8; 32] {

@@ -47,14 +47,11 @@ pub fn validate_name(def: &ResourceDef, name: &str) -> Result<(), String> {
     }
 }
 
-fn str_at<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
-    v.pointer(ptr).and_then(Value::as_str)
-}
-
 /// Fills in server-side defaults on a new or updated object: a Secret's `stringData`
 /// is merged into `data` and its `type` defaults to `Opaque`; a Namespace gets its
 /// `kubernetes.io/metadata.name` label, finalizer and `Active` phase; a Route gets
-/// `wildcardPolicy: None`; a Service its type, session affinity, port protocols and
+/// `wildcardPolicy: None` and its target references `kind: Service`, `weight: 100`; a
+/// Service its type, session affinity, port protocols and
 /// target ports ([`crate::objects::network`]; its addresses are allocated by the store).
 pub fn apply_defaults(id: ResourceId, obj: &mut Value) {
     let Some(map) = obj.as_object_mut() else {
@@ -122,6 +119,22 @@ pub fn apply_defaults(id: ResourceId, obj: &mut Value) {
             if let Some(spec) = map.get_mut("spec").and_then(Value::as_object_mut) {
                 spec.entry("wildcardPolicy")
                     .or_insert_with(|| json!("None"));
+                // The CRD's defaults of every target reference.
+                let default_target = |target: &mut Value| {
+                    if let Some(target) = target.as_object_mut() {
+                        target.entry("kind").or_insert_with(|| json!("Service"));
+                        target.entry("weight").or_insert_with(|| json!(100));
+                    }
+                };
+                if let Some(to) = spec.get_mut("to") {
+                    default_target(to);
+                }
+                if let Some(backends) = spec
+                    .get_mut("alternateBackends")
+                    .and_then(Value::as_array_mut)
+                {
+                    backends.iter_mut().for_each(default_target);
+                }
             }
         }
         "services" => crate::objects::network::default_service(map),
@@ -329,58 +342,205 @@ fn validate_secret(obj: &Value, old: Option<&Value>, errs: &mut Vec<FieldError>)
     }
 }
 
+/// The pattern of `spec.host` and `spec.subdomain` in the Route CRD (DNS labels of
+/// letters of either case, digits and `-`).
+const ROUTE_HOST_PATTERN: &str = r"^([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])(\.([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9\-]{0,61}[a-zA-Z0-9]))*$";
+
+/// Whether `host` matches [`ROUTE_HOST_PATTERN`].
+fn matches_route_host_pattern(host: &str) -> bool {
+    host.split('.').all(|label| {
+        let bytes = label.as_bytes();
+        !bytes.is_empty()
+            && bytes.len() <= 63
+            && bytes[0].is_ascii_alphanumeric()
+            && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || *b == b'-')
+    })
+}
+
+/// The Route CRD's rules (route.openshift.io/v1 as MicroShift installs it: its OpenAPI
+/// schema, then its CEL rules), with kube-apiserver's messages. As there, the CEL rules
+/// are evaluated only when the schema found no error of a kind they could depend on
+/// (required, enum, length); otherwise one `<nil>` cause says they were not checked.
+/// The schema's composition rules (anyOf, allOf, not) report themselves as `<nil>`
+/// causes around the errors of their first alternative.
 fn validate_route(obj: &Value, errs: &mut Vec<FieldError>) {
-    if let Some(host) = str_at(obj, "/spec/host")
-        && !host.is_empty()
-        && let Err(e) = dns1123_subdomain(host)
-    {
-        errs.push(FieldError::invalid("spec.host", host, e));
-    }
-    let Some(tls) = obj.pointer("/spec/tls").filter(|t| !t.is_null()) else {
+    let Some(spec) = obj.get("spec").filter(|spec| spec.is_object()) else {
         return;
     };
-    let termination = tls.get("termination").and_then(Value::as_str);
-    match termination {
-        None | Some("") => errs.push(FieldError::required("spec.tls.termination", "")),
-        Some("edge" | "passthrough" | "reencrypt") => {}
-        Some(other) => errs.push(FieldError::not_supported(
-            "spec.tls.termination",
-            Some(other.to_string()),
-            "supported values: \"edge\", \"passthrough\", \"reencrypt\"",
-        )),
+    fn text(value: Option<&Value>) -> Option<&str> {
+        value.and_then(Value::as_str)
     }
-    if let Some(ext) = tls.get("externalCertificate").filter(|e| !e.is_null()) {
-        match ext.get("name").and_then(Value::as_str) {
-            None | Some("") => errs.push(FieldError::required(
-                "spec.tls.externalCertificate.name",
-                "",
-            )),
-            Some(name) => {
-                if let Err(e) = dns1123_subdomain(name) {
-                    errs.push(FieldError::invalid(
-                        "spec.tls.externalCertificate.name",
-                        name,
-                        e,
-                    ));
+    let given = |value: Option<&Value>| text(value).is_some_and(|text| !text.is_empty());
+    let composition = |field: &str, rule: &str| {
+        FieldError::invalid("<nil>", "", format!("{field:?} must {rule}"))
+    };
+    let empty_only = |field: &str| FieldError::too_long(field, "may not be more than 0 bytes");
+    let tls = spec.get("tls").filter(|tls| tls.is_object());
+    let termination = tls.and_then(|tls| text(tls.get("termination")));
+    let mut blocking = false;
+
+    // spec: allOf [anyOf [no path, no tls, not passthrough], anyOf [a host, not Subdomain]].
+    let mut spec_errors = Vec::new();
+    if given(spec.get("path")) && termination == Some("passthrough") {
+        spec_errors.push(composition("spec", "validate at least one schema (anyOf)"));
+        spec_errors.push(empty_only("spec.path"));
+        blocking = true;
+    }
+    if !given(spec.get("host")) && text(spec.get("wildcardPolicy")) == Some("Subdomain") {
+        spec_errors.push(composition("spec", "validate at least one schema (anyOf)"));
+        spec_errors.push(composition("spec", "not validate the schema (not)"));
+    }
+    if !spec_errors.is_empty() {
+        errs.append(&mut spec_errors);
+        errs.push(composition("spec", "validate all the schemas (allOf)"));
+    }
+
+    for field in ["host", "subdomain"] {
+        let Some(value) = text(spec.get(field)).filter(|value| !value.is_empty()) else {
+            continue;
+        };
+        let path = format!("spec.{field}");
+        if value.len() > 253 {
+            errs.push(FieldError::too_long(path, "may not be more than 253 bytes"));
+            blocking = true;
+        } else if !matches_route_host_pattern(value) {
+            errs.push(FieldError::invalid(
+                &path,
+                value,
+                format!("{path} in body should match '{ROUTE_HOST_PATTERN}'"),
+            ));
+        }
+    }
+    if let Some(path) = text(spec.get("path"))
+        && !path.starts_with('/')
+    {
+        errs.push(FieldError::invalid(
+            "spec.path",
+            path,
+            "spec.path in body should match '^/'",
+        ));
+    }
+
+    if let Some(tls) = tls {
+        // spec.tls: allOf [anyOf [no certificates, not passthrough], anyOf [no
+        // destination CA, not edge]].
+        let mut tls_errors = Vec::new();
+        if termination == Some("passthrough") {
+            let set: Vec<&str> = [
+                "caCertificate",
+                "certificate",
+                "destinationCACertificate",
+                "key",
+            ]
+            .into_iter()
+            .filter(|field| given(tls.get(*field)))
+            .collect();
+            if !set.is_empty() {
+                tls_errors.push(composition(
+                    "spec.tls",
+                    "validate at least one schema (anyOf)",
+                ));
+                for field in set {
+                    tls_errors.push(empty_only(&format!("spec.tls.{field}")));
                 }
             }
         }
-        if tls
-            .get("certificate")
-            .and_then(Value::as_str)
-            .is_some_and(|c| !c.is_empty())
+        if termination == Some("edge") && given(tls.get("destinationCACertificate")) {
+            tls_errors.push(composition(
+                "spec.tls",
+                "validate at least one schema (anyOf)",
+            ));
+            tls_errors.push(empty_only("spec.tls.destinationCACertificate"));
+        }
+        if !tls_errors.is_empty() {
+            errs.append(&mut tls_errors);
+            errs.push(composition("spec.tls", "validate all the schemas (allOf)"));
+            blocking = true;
+        }
+        if let Some(policy) = text(tls.get("insecureEdgeTerminationPolicy"))
+            && !matches!(policy, "Allow" | "None" | "Redirect" | "")
+        {
+            errs.push(FieldError::not_supported(
+                "spec.tls.insecureEdgeTerminationPolicy",
+                Some(policy.to_string()),
+                "supported values: \"Allow\", \"None\", \"Redirect\", \"\"",
+            ));
+            blocking = true;
+        }
+        match termination {
+            None => {
+                errs.push(FieldError::required("spec.tls.termination", ""));
+                blocking = true;
+            }
+            Some("edge" | "reencrypt" | "passthrough") => {}
+            Some(other) => {
+                errs.push(FieldError::not_supported(
+                    "spec.tls.termination",
+                    Some(other.to_string()),
+                    "supported values: \"edge\", \"reencrypt\", \"passthrough\"",
+                ));
+                blocking = true;
+            }
+        }
+    }
+    match spec.get("to").filter(|to| to.is_object()) {
+        None => {
+            errs.push(FieldError::required("spec.to", ""));
+            blocking = true;
+        }
+        Some(to) => {
+            if text(to.get("name")).is_none() {
+                errs.push(FieldError::required("spec.to.name", ""));
+                blocking = true;
+            }
+        }
+    }
+    if let Some(policy) = text(spec.get("wildcardPolicy"))
+        && !matches!(policy, "None" | "Subdomain" | "")
+    {
+        errs.push(FieldError::not_supported(
+            "spec.wildcardPolicy",
+            Some(policy.to_string()),
+            "supported values: \"None\", \"Subdomain\", \"\"",
+        ));
+        blocking = true;
+    }
+
+    if blocking {
+        errs.push(FieldError::invalid_null(
+            "<nil>",
+            "some validation rules were not checked because the object was invalid; correct \
+             the existing errors to complete validation",
+        ));
+        return;
+    }
+    // The CEL rules (x-kubernetes-validations). `has()` is true for a field that is set,
+    // even to "".
+    if let Some(tls) = tls {
+        if tls.get("certificate").is_some() && tls.get("externalCertificate").is_some() {
+            errs.push(FieldError::invalid_redacted(
+                "spec.tls",
+                "cannot have both spec.tls.certificate and spec.tls.externalCertificate",
+            ));
+        }
+        if termination == Some("passthrough")
+            && text(tls.get("insecureEdgeTerminationPolicy")) == Some("Allow")
         {
             errs.push(FieldError::invalid_redacted(
-                "spec.tls.externalCertificate",
-                "cannot specify both tls.certificate and tls.externalCertificate",
+                "spec.tls",
+                "cannot have both spec.tls.termination: passthrough and \
+                 spec.tls.insecureEdgeTerminationPolicy: Allow",
             ));
         }
-        if termination == Some("passthrough") {
-            errs.push(FieldError::invalid_redacted(
-                "spec.tls.externalCertificate",
-                "passthrough termination does not support certificates",
-            ));
-        }
+    }
+    if termination == Some("passthrough") && spec.get("httpHeaders").is_some() {
+        errs.push(FieldError::invalid_redacted(
+            "spec",
+            "header actions are not permitted when tls termination is passthrough.",
+        ));
     }
 }
 
@@ -564,11 +724,49 @@ mod tests {
 
     #[test]
     fn route_tls_rules() {
-        let r = json!({"metadata":{"name":"r","namespace":"n"},"spec":{"host":"a.example.com",
-            "tls":{"termination":"passthrough","externalCertificate":{"name":"s"}}}});
-        assert!(!validate(ROUTES, &r, None).is_empty());
-        let ok = json!({"metadata":{"name":"r","namespace":"n"},"spec":{"host":"a.example.com",
-            "tls":{"termination":"edge","externalCertificate":{"name":"s"}}}});
-        assert!(validate(ROUTES, &ok, None).is_empty());
+        let route =
+            |spec: Value| json!({"metadata": {"name": "r", "namespace": "n"}, "spec": spec});
+        let to = json!({"kind": "Service", "name": "app"});
+        // The CRD accepts a passthrough route with an external certificate (the router
+        // refuses it), upper-case hosts and any external certificate name.
+        for spec in [
+            json!({"host": "a.example.com", "to": to,
+                   "tls": {"termination": "passthrough", "externalCertificate": {"name": "s"}}}),
+            json!({"host": "A.example.com", "to": to,
+                   "tls": {"termination": "edge", "externalCertificate": {"name": "Not_A_Name"}}}),
+            json!({"host": "a.example.com", "to": to,
+                   "tls": {"termination": "edge", "key": "k", "externalCertificate": {"name": "s"}}}),
+        ] {
+            assert_eq!(
+                validate(ROUTES, &route(spec.clone()), None),
+                vec![],
+                "{spec}"
+            );
+        }
+        let fields = |spec: Value| -> Vec<String> {
+            validate(ROUTES, &route(spec), None)
+                .into_iter()
+                .map(|error| error.field)
+                .collect()
+        };
+        // CEL: has() holds for a field set to "".
+        assert_eq!(
+            fields(json!({"host": "a.example.com", "to": to,
+                          "tls": {"termination": "edge", "certificate": "", "externalCertificate": {"name": "s"}}})),
+            ["spec.tls"]
+        );
+        assert_eq!(
+            fields(json!({"host": "a.example.com", "to": to,
+                          "tls": {"termination": "passthrough", "certificate": "c"}})),
+            ["<nil>", "spec.tls.certificate", "<nil>", "<nil>"]
+        );
+        assert_eq!(
+            fields(json!({"host": "a.example.com", "to": to, "tls": {}})),
+            ["spec.tls.termination", "<nil>"]
+        );
+        assert_eq!(
+            fields(json!({"host": "a.example.com"})),
+            ["spec.to", "<nil>"]
+        );
     }
 }

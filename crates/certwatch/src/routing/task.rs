@@ -515,6 +515,10 @@ impl Worker {
         let mut asked: Option<(u64, bool)> = None;
         let mut absent_logged = false;
         while Instant::now() < deadline {
+            // The controller's state before HAProxy is asked: a reload it saw end had
+            // its new worker answering by then, so an older digest after it means that
+            // reload loaded older files (not that the answer came from the old worker).
+            let now = *status.borrow();
             match loaded_digest(socket, timeout).await {
                 Ok(Some(loaded)) if loaded == digest => {
                     if let Ok(instance) = current_instance(socket, timeout).await {
@@ -522,7 +526,6 @@ impl Worker {
                     }
                 }
                 Ok(_) => {
-                    let now = *status.borrow();
                     let ask = match &mut asked {
                         None => true,
                         Some((loads, seen_reloading)) => {

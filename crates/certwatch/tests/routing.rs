@@ -453,7 +453,9 @@ async fn processes(master: &Path) -> (u64, Vec<u32>) {
 /// and runs HAProxy in master-worker mode on them; certwatch (`--run-haproxy false`)
 /// renders the routes' configuration into the shared directory and drives that HAProxy:
 /// certificates and endpoint changes through its runtime API, route changes by reloads
-/// through its master CLI. Readiness means that HAProxy serves the routes.
+/// through its master CLI. Readiness means that HAProxy serves the routes. HAProxy
+/// outlives a certwatch restart; the next certwatch reloads it only when what it
+/// renders differs from what HAProxy holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_haproxy_routes_what_certwatch_renders_and_reloads_through_its_master_cli() {
     let dir = tempfile::tempdir().unwrap();
@@ -637,8 +639,31 @@ async fn a_sidecar_haproxy_routes_what_certwatch_renders_and_reloads_through_its
     assert_eq!(during.status, 200, "{during:?}");
     let again = Certwatch::launch(launch("certwatch-2.log"));
     again.wait_ready().await;
+    // It renders what HAProxy holds (the same routes and endpoints): no reload.
+    assert_eq!(processes(&master).await.0, 2, "{}", again.log_text());
+    assert_eq!(again.metric(routes_reloads), None);
     let after = https_get(https, "shop.example", "/", false).await.unwrap();
     assert_eq!(after.status, 200, "{after:?}");
     let late_after = https_get(https, "late.example", "/", false).await.unwrap();
     assert_eq!(late_after.status, 503, "{late_after:?}");
+
+    // A route added while certwatch is away: the next certwatch finds HAProxy on older
+    // files, reloads it once, and is ready only once the route is served.
+    let mut again = again;
+    assert_eq!(again.terminate().code(), Some(0));
+    tls_route_only(&admin, "late", "late.example", "edge", "", to("green")).await;
+    let third = Certwatch::launch(launch("certwatch-3.log"));
+    third.wait_ready().await;
+    let late = https_get(https, "late.example", "/", false).await.unwrap();
+    assert_eq!(
+        (late.status, late.backend.as_deref()),
+        (200, Some("green-1")),
+        "{late:?}"
+    );
+    assert_eq!(processes(&master).await.0, 3, "{}", third.log_text());
+    eventually("the reload counted by the third certwatch", || {
+        (third.metric(routes_reloads) == Some(1.0)).then_some(())
+    })
+    .await;
+    assert_eq!(processes(&master).await.0, 3);
 }

@@ -215,8 +215,17 @@ struct Worker {
     dirty_services: HashSet<ServiceKey>,
     last_load: Option<Instant>,
     due: Option<Instant>,
+    /// When to check next that the instance that loaded the configuration still
+    /// answers, and whether that check is due.
+    next_check: Instant,
+    check_identity: bool,
     backoff: Backoff,
 }
+
+/// How often the routing task checks, without news, that the HAProxy answering is the
+/// one that loaded its configuration: one started again by others (a sidecar's
+/// restart) loaded the files, not the server slots changed since.
+const IDENTITY_CHECK: Duration = Duration::from_secs(5);
 
 impl Worker {
     fn new(
@@ -242,6 +251,8 @@ impl Worker {
             dirty_services: HashSet::new(),
             last_load: None,
             due: None,
+            next_check: Instant::now() + IDENTITY_CHECK,
+            check_identity: false,
             backoff: Backoff::new(BackoffPolicy::default()),
         }
     }
@@ -267,6 +278,10 @@ impl Worker {
                 }
                 () = sleep_until(self.due), if self.due.is_some() => {
                     self.due = None;
+                }
+                () = tokio::time::sleep_until(self.next_check), if self.instance.is_some() => {
+                    self.next_check = Instant::now() + IDENTITY_CHECK;
+                    self.check_identity = true;
                 }
             }
             self.step().await;
@@ -334,12 +349,15 @@ impl Worker {
             self.load().await;
             return;
         }
-        if self.dirty_services.is_empty() {
+        let check_identity = std::mem::take(&mut self.check_identity);
+        if self.dirty_services.is_empty() && !check_identity {
             return;
         }
-        // A HAProxy reloaded by someone else (the certificates' controller, for a
-        // certificate too large for its runtime API) loaded the files as they were
-        // written, not the server slots changed since: load them anew instead.
+        // A HAProxy reloaded or restarted by someone else (the certificates' controller
+        // for a certificate too large for its runtime API; a sidecar started again)
+        // loaded the files as they were written, not the server slots changed since:
+        // load them anew instead (a HAProxy run by others is reloaded only if what is
+        // rendered now differs from what it loaded).
         if self.instance.is_some() {
             let now = current_instance(
                 &self.options.render.admin_socket,
@@ -353,6 +371,9 @@ impl Worker {
                 self.due = Some(Instant::now());
                 return;
             }
+        }
+        if self.dirty_services.is_empty() {
+            return;
         }
         let services: Vec<ServiceKey> = self.dirty_services.drain().collect();
         let mut commands = Vec::new();

@@ -487,19 +487,21 @@ async fn a_sidecar_haproxy_routes_what_certwatch_renders_and_reloads_through_its
         "{script}"
     );
     let path = format!("/usr/sbin:{}", std::env::var("PATH").unwrap_or_default());
-    let sidecar_log = dir.path().join("haproxy.log");
-    let _sidecar = Sidecar(
-        std::process::Command::new("sh")
-            .arg("-c")
-            .arg(&script)
-            .envs(env.iter().map(|(name, value)| (name, value)))
-            .env("PATH", &path)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::fs::File::create(&sidecar_log).unwrap())
-            .stderr(std::fs::File::create(dir.path().join("haproxy.stderr")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let start_sidecar = |log: &str| {
+        Sidecar(
+            std::process::Command::new("sh")
+                .arg("-c")
+                .arg(&script)
+                .envs(env.iter().map(|(name, value)| (name, value)))
+                .env("PATH", &path)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::fs::File::create(dir.path().join(format!("{log}.log"))).unwrap())
+                .stderr(std::fs::File::create(dir.path().join(format!("{log}.stderr"))).unwrap())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let sidecar = start_sidecar("haproxy");
     assert!(
         env.iter().any(|(name, value)| name == "OPENSSL_CONF"
             && Path::new(value) == config_dir.join("openssl.cnf")),
@@ -666,4 +668,29 @@ async fn a_sidecar_haproxy_routes_what_certwatch_renders_and_reloads_through_its
     })
     .await;
     assert_eq!(processes(&master).await.0, 3);
+
+    // The sidecar started again (its container restarted) loads the files, which miss
+    // an endpoint change made since through the runtime API: certwatch notices the new
+    // HAProxy without any news from the cluster and reloads it once onto the endpoints.
+    set_endpoints(&admin, NS, "blue", &[&blue[0]]).await;
+    eventually_async("the gone endpoint gets no traffic", || async {
+        let counts = spread(https, "shop.example", 8).await;
+        (counts.keys().collect::<Vec<_>>() == ["blue-1"]).then_some(())
+    })
+    .await;
+    assert_eq!(processes(&master).await.0, 3, "no reload for it");
+    let written = std::fs::read_to_string(config_dir.join("haproxy.cfg")).unwrap();
+    assert!(
+        written.contains(&format!(" {} ", blue[1].addr)),
+        "the files still name the gone endpoint:\n{written}"
+    );
+    drop(sidecar);
+    let _sidecar = start_sidecar("haproxy-2");
+    eventually("the restarted HAProxy reloaded onto the endpoints", || {
+        let (reloads, _) = show_proc(&master)?;
+        (reloads == 1 && third.metric(routes_reloads) == Some(2.0)).then_some(())
+    })
+    .await;
+    let counts = spread(https, "shop.example", 12).await;
+    assert_eq!(counts.keys().collect::<Vec<_>>(), ["blue-1"], "{counts:?}");
 }

@@ -23,9 +23,8 @@ use std::process::Command;
 use common::traffic::{
     Backend, Response, create_service, http_get, https_get, set_endpoints, set_endpoints_each,
 };
-use common::{Certwatch, create_tls_secret, eventually_async, free_port};
-use kube::api::{Api, PostParams};
-use route_secrets::route::Route;
+use common::{Certwatch, create_route_spec, create_tls_secret, eventually_async, free_port};
+use kube::api::Api;
 use testenv::{ControlPlane, ControlPlaneOptions, Installer};
 
 const NS: &str = "shop";
@@ -124,19 +123,6 @@ fn apply_router_rbac(kubeconfig: &Path) {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-}
-
-async fn create_route(admin: &kube::Client, name: &str, spec: serde_json::Value) {
-    let route: Route = serde_json::from_value(serde_json::json!({
-        "apiVersion": "route.openshift.io/v1", "kind": "Route",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": spec,
-    }))
-    .unwrap();
-    Api::<Route>::namespaced(admin.clone(), NS)
-        .create(&PostParams::default(), &route)
-        .await
-        .unwrap();
 }
 
 /// What one request through one router got, as compared.
@@ -317,7 +303,7 @@ async fn traffic_through_certwatch_matches_the_real_router() {
             spec["alternateBackends"] =
                 serde_json::json!([{"kind": "Service", "name": "green", "weight": 3}]);
         }
-        create_route(&admin, name, spec).await;
+        create_route_spec(&admin, NS, name, spec).await;
     }
 
     let router = RealRouter::start(&kubeconfig, &dir.path().join("router"), "real");

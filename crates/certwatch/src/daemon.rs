@@ -436,16 +436,18 @@ impl Parts {
         let pipeline = tokio::spawn(pipeline.run(events));
 
         let cert_dir_path = cert_dir.path().to_owned();
-        // The EndpointSlices' list goes out beside the routes' (start-up keeps its round
-        // trips), paced by the same window.
-        let routing_client = options
-            .routing
-            .as_ref()
-            .map(|_| kube_common::adaptive::sequential_client(client.clone(), limiter.clone()));
+        let routing = options.routing.clone().map(|mut routing| {
+            // The crt-list by the path the certificates' synchronisation names it.
+            routing.render.crt_list = cert_dir.crt_list_path();
+            // The EndpointSlices' list goes out now, beside the routes': start-up keeps
+            // its round trips. Paced by the same window.
+            let paced = kube_common::adaptive::sequential_client(client.clone(), limiter.clone());
+            Routing::spawn(paced, routing, Arc::clone(&metrics))
+        });
         let (outputs, resync, haproxy_handle) = spawn_outputs(
             cert_dir,
             options,
-            routing_client,
+            routing,
             &metrics,
             started,
             status_sender,
@@ -549,12 +551,12 @@ impl Endpoints {
 
 /// Starts the outputs task (cert directory, reload command, HAProxy, readiness) on the
 /// pipeline's outcomes; returns it with the sender of re-synchronisation requests and
-/// the HAProxy controller's handle. `routing_client` (set when routing is configured)
-/// is the routing task's client.
+/// the HAProxy controller's handle. `routing` is the routing task, when routing is
+/// configured.
 fn spawn_outputs(
     cert_dir: CertDir,
     options: &DaemonOptions,
-    routing_client: Option<kube::Client>,
+    routing: Option<Routing>,
     metrics: &Arc<Metrics>,
     started: Instant,
     status: watch::Sender<DaemonStatus>,
@@ -579,15 +581,6 @@ fn spawn_outputs(
         )
     });
     let haproxy_handle = haproxy.as_ref().map(Haproxy::handle);
-    let routing = options
-        .routing
-        .clone()
-        .zip(routing_client)
-        .map(|(mut routing, client)| {
-            // The crt-list by the path the certificates' synchronisation names it.
-            routing.render.crt_list = crt_list_path.clone();
-            Routing::spawn(client, routing, Arc::clone(metrics))
-        });
     let (resync, resync_requests) = watch::channel(0);
     let outputs = tokio::spawn(
         Outputs {

@@ -66,6 +66,8 @@ impl Harness {
         let admin = control_plane.admin_client().await.unwrap();
         OpenShiftRouter::grant_cluster_rights(&admin).await.unwrap();
         let installer = Installer::new(admin.clone());
+        // certwatch elects its status writer on a Lease, as deployed (lease-role.yaml).
+        installer.grant_router_leases().await.unwrap();
         for namespace in NAMESPACES {
             installer.namespace(namespace).await.unwrap();
         }

@@ -465,11 +465,18 @@ impl Parts {
         let pipeline = tokio::spawn(pipeline.run(events));
 
         let cert_dir_path = cert_dir.path().to_owned();
+        let routing = options.routing.clone().map(|mut routing| {
+            // The crt-list by the path the certificates' synchronisation names it.
+            routing.render.crt_list = cert_dir.crt_list_path();
+            // The EndpointSlices' list goes out now, beside the routes': start-up keeps
+            // its round trips. Paced by the same window.
+            let paced = kube_common::adaptive::sequential_client(client.clone(), limiter.clone());
+            Routing::spawn(paced, routing, Arc::clone(&metrics))
+        });
         let (outputs, resync, haproxy_handle) = spawn_outputs(
             cert_dir,
             options,
-            &client,
-            &limiter,
+            routing,
             &metrics,
             started,
             status_sender,
@@ -517,8 +524,7 @@ impl Parts {
 fn spawn_outputs(
     cert_dir: CertDir,
     options: &DaemonOptions,
-    client: &kube::Client,
-    limiter: &AdaptiveLimiter,
+    routing: Option<Routing>,
     metrics: &Arc<Metrics>,
     started: Instant,
     status: watch::Sender<DaemonStatus>,
@@ -543,14 +549,6 @@ fn spawn_outputs(
         )
     });
     let haproxy_handle = haproxy.as_ref().map(Haproxy::handle);
-    let routing = options.routing.clone().map(|mut routing| {
-        // The crt-list by the path the certificates' synchronisation names it.
-        routing.render.crt_list = crt_list_path.clone();
-        // The EndpointSlices' list goes out now, beside the routes': start-up keeps its
-        // round trips. Paced by the same window.
-        let paced = kube_common::adaptive::sequential_client(client.clone(), limiter.clone());
-        Routing::spawn(paced, routing, Arc::clone(metrics))
-    });
     let (resync, resync_requests) = watch::channel(0);
     let outputs = tokio::spawn(
         Outputs {

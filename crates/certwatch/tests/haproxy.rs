@@ -268,11 +268,14 @@ async fn haproxy_accepts_the_files_after_every_step() {
                 grant_secret(&admin, "app-0", "tls-hostless").await;
                 create_tls_secret(&admin, "app-0", "tls-hostless", &host("hostless")).await;
                 create_route(&admin, "app-0", "hostless", None, "tls-hostless").await;
-                // Written (the route is admitted), but never listed.
-                eventually("the host-less route's bundle", || {
-                    cert_dir.join("app-0:hostless.pem").exists().then_some(())
+                // Rejected as the router rejects it (no host to serve it under): no
+                // bundle, no line.
+                eventually("the host-less route's rejection", || {
+                    let log = certwatch.log_text();
+                    (log.contains("app-0/hostless") && log.contains("NoHostValue")).then_some(())
                 })
                 .await;
+                assert!(!cert_dir.join("app-0:hostless.pem").exists());
             }
             Step::RotateRoute0 => {
                 let secret = rotate_secret(&admin, "app-0", "tls-0", &host("route-0")).await;

@@ -119,6 +119,7 @@ pub use error::{ApiError, FieldError, FieldErrorKind, SimError};
 pub use generator::generate::{
     GENERATED_LABEL, GenerateSpec, GeneratedCluster, GeneratedRoute, ROUTER_CLUSTER_ROLE,
     ROUTER_LEASES_ROLE, ROUTER_NAMESPACE, ROUTER_SECRETS_ROLE, ROUTER_SERVICE_ACCOUNT, SHARD_LABEL,
+    router_leases_binding, router_leases_role,
 };
 pub use generator::loadgen;
 pub use kube_common::labels::LabelSelector;

@@ -601,7 +601,7 @@ async fn admin_api_over_http() {
 
     // Seeding takes YAML, not JSON.
     let conn = H2Connection::connect(sim.addr(), "").await.unwrap();
-    let manifests = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: seeded\n  namespace: team\nstringData:\n  a: b\n---\napiVersion: route.openshift.io/v1\nkind: Route\nmetadata:\n  name: r\n  namespace: team\nspec:\n  host: r.example.com\n";
+    let manifests = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: seeded\n  namespace: team\nstringData:\n  a: b\n---\napiVersion: route.openshift.io/v1\nkind: Route\nmetadata:\n  name: r\n  namespace: team\nspec:\n  host: r.example.com\n  to:\n    kind: Service\n    name: app\n";
     let (status, body) = conn
         .request(
             Method::POST,

@@ -239,6 +239,26 @@ impl Installer {
         .map(|_| ())
     }
 
+    /// Lets the router elect one status writer among its replicas: the Lease rules in
+    /// its own namespace that kube-sim's generator writes (and deploy/ grants), created
+    /// with the namespace when missing.
+    pub async fn grant_router_leases(&self) -> Result<(), TestEnvError> {
+        self.namespace(kube_sim::ROUTER_NAMESPACE).await?;
+        self.create_values(
+            &ApiResource::erase::<Role>(&()),
+            vec![kube_sim::router_leases_role()],
+            true,
+        )
+        .await?;
+        self.create_values(
+            &ApiResource::erase::<RoleBinding>(&()),
+            vec![kube_sim::router_leases_binding()],
+            true,
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// Lets the router get, list and watch exactly `names` (and the names it already
     /// may) among the secrets of `namespace`: the Role and RoleBinding kube-sim's
     /// generator writes, applied server-side.

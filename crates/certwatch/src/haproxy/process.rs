@@ -351,9 +351,19 @@ impl MasterCli {
 pub struct LogTail {
     /// Guards the last [`LOG_TAIL`] lines.
     lines: Arc<Mutex<VecDeque<String>>>,
+    /// Output streams still being read: HAProxy's last words (why it exited) may still
+    /// be in a pipe when its exit is seen.
+    open: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 impl LogTail {
+    /// Waits until every output stream reached its end, for at most `patience` (a
+    /// process HAProxy left behind may hold a pipe open).
+    pub async fn settled(&self, patience: Duration) {
+        let mut open = self.open.subscribe();
+        let _ = tokio::time::timeout(patience, open.wait_for(|open| *open == 0)).await;
+    }
+
     fn push(&self, line: String) {
         let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
         if lines.len() == LOG_TAIL {
@@ -374,6 +384,7 @@ impl LogTail {
 
 /// Forwards HAProxy's output to the log, keeping its end.
 fn forward(stream: impl AsyncRead + Unpin + Send + 'static, tail: LogTail) {
+    tail.open.send_modify(|open| *open += 1);
     tokio::spawn(async move {
         let mut lines = BufReader::new(stream).lines();
         while let Ok(Some(line)) = lines.next_line().await {
@@ -390,6 +401,7 @@ fn forward(stream: impl AsyncRead + Unpin + Send + 'static, tail: LogTail) {
             }
             tail.push(line);
         }
+        tail.open.send_modify(|open| *open = open.saturating_sub(1));
     });
 }
 
@@ -464,7 +476,7 @@ impl HaproxyProcess {
                 )
                 .await
         };
-        let processes = waited?;
+        let processes = with_last_words(waited, &process.tail).await?;
         let worker = processes
             .current_worker()
             .ok_or_else(|| ProcessError::Unexpected {
@@ -520,7 +532,8 @@ impl HaproxyProcess {
         } = self;
         let reloaded = master
             .reload_watching(timeout, || check_alive(child, tail))
-            .await?;
+            .await;
+        let reloaded = with_last_words(reloaded, tail).await?;
         debug!(worker = reloaded.worker, took = ?reloaded.took, "HAProxy reloaded");
         Ok(reloaded)
     }
@@ -567,6 +580,24 @@ pub enum Stopped {
     Terminated,
     /// `SIGKILL`.
     Killed,
+}
+
+/// An exit's error with HAProxy's output read to its end: the exit is seen by its
+/// status, possibly before the lines that say why were read from the pipes.
+async fn with_last_words<T>(
+    result: Result<T, ProcessError>,
+    tail: &LogTail,
+) -> Result<T, ProcessError> {
+    match result {
+        Err(ProcessError::Exited { status, .. }) => {
+            tail.settled(Duration::from_secs(2)).await;
+            Err(ProcessError::Exited {
+                status,
+                log: tail.text(),
+            })
+        }
+        other => other,
+    }
 }
 
 fn check_alive(child: &mut Child, tail: &LogTail) -> Result<(), ProcessError> {

@@ -67,6 +67,8 @@ impl Harness {
         OpenShiftRouter::grant_cluster_rights(&admin).await.unwrap();
         grant_leases(&admin).await;
         let installer = Installer::new(admin.clone());
+        // certwatch elects its status writer on a Lease, as deployed (lease-role.yaml).
+        installer.grant_router_leases().await.unwrap();
         for namespace in NAMESPACES {
             installer.namespace(namespace).await.unwrap();
         }

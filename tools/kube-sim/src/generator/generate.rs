@@ -217,7 +217,7 @@ fn router_subject() -> Value {
 
 /// The router's rules in its own namespace: the Leases that elect one status writer
 /// among its replicas (created when missing, then read, watched and renewed).
-pub(crate) fn router_leases_role() -> Value {
+pub fn router_leases_role() -> Value {
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
@@ -229,7 +229,8 @@ pub(crate) fn router_leases_role() -> Value {
     })
 }
 
-pub(crate) fn router_leases_binding() -> Value {
+/// The binding of [`router_leases_role`] to the router's service account.
+pub fn router_leases_binding() -> Value {
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",

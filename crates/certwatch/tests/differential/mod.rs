@@ -65,7 +65,6 @@ impl Harness {
             .unwrap();
         let admin = control_plane.admin_client().await.unwrap();
         OpenShiftRouter::grant_cluster_rights(&admin).await.unwrap();
-        grant_leases(&admin).await;
         let installer = Installer::new(admin.clone());
         // certwatch elects its status writer on a Lease, as deployed (lease-role.yaml).
         installer.grant_router_leases().await.unwrap();
@@ -265,35 +264,6 @@ fn admitted(condition: Option<&route_secrets::route::RouteIngressCondition>) -> 
 
 /// Polls `check` every half second until it returns `true` or `patience` has passed;
 /// returns whether it did. A bound on a hang, never a statement about speed.
-/// Lets the router identity elect its status writer on a Lease in its own namespace
-/// (what deploy/ grants certwatch): certwatch runs with its default `--leader-elect`,
-/// and a replica that cannot read its Lease writes no status.
-async fn grant_leases(admin: &kube::Client) {
-    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-    let namespace = "openshift-ingress";
-    let role: Role = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "certwatch-leases"},
-        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                   "verbs": ["create", "get", "list", "watch", "update"]}],
-    }))
-    .unwrap();
-    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "certwatch-leases"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                    "name": "certwatch-leases"},
-        "subjects": [{"kind": "ServiceAccount", "name": "router", "namespace": namespace}],
-    }))
-    .unwrap();
-    Api::<Role>::namespaced(admin.clone(), namespace)
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    Api::<RoleBinding>::namespaced(admin.clone(), namespace)
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-}
-
 pub async fn wait_until(patience: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
     let deadline = Instant::now() + patience;
     loop {

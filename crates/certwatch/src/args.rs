@@ -114,7 +114,12 @@ bearer tokens the API server authorizes to get /metrics).\n\n\
 Examples:\n  certwatch run --cert-dir /var/lib/certwatch --haproxy-socket /run/haproxy/admin.sock\n  \
 certwatch run --namespace-selector router=public --route-selector shard=a --cert-dir /certs \\\n      \
 --reload-command 'systemctl reload haproxy'\n\n\
-A simulated cluster started in-process is in the lab build: certwatch-lab run --embedded --cert-dir /tmp/certs"
+A simulated cluster started in-process is in the lab build: certwatch-lab run --embedded --cert-dir /tmp/certs",
+    group(
+        clap::ArgGroup::new("haproxy_target")
+            .args(["haproxy_socket", "haproxy_config_dir"])
+            .multiple(true)
+    )
 )]
 pub struct RunArgs {
     /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, then the in-cluster
@@ -253,12 +258,14 @@ pub struct RunArgs {
     /// HAProxy's master CLI socket: with --haproxy-config, where certwatch creates it
     /// (default: the stats socket's path with `.master` appended); without, the socket
     /// of a HAProxy run by someone else in master-worker mode, which certwatch may then
-    /// reload for certificates too large for the runtime API.
+    /// reload for certificates too large for the runtime API. With --haproxy-config-dir
+    /// and --run-haproxy false: the master CLI of the HAProxy others run on that
+    /// directory's configuration (a sidecar), which certwatch reloads for route changes.
     #[arg(
         long,
         env = "CERTWATCH_HAPROXY_MASTER_SOCKET",
         value_name = "PATH",
-        requires = "haproxy_socket",
+        requires = "haproxy_target",
         help_heading = "HAProxy"
     )]
     pub haproxy_master_socket: Option<PathBuf>,
@@ -510,7 +517,8 @@ pub struct RunArgs {
     pub haproxy_config_dir: Option<PathBuf>,
 
     /// Run HAProxy (master-worker, reloaded by certwatch) on --haproxy-config-dir; off:
-    /// only write the files, for an HAProxy run by others.
+    /// only write the files, for an HAProxy run by others (started on DIR/haproxy.cfg
+    /// once it exists), which certwatch reloads through --haproxy-master-socket.
     #[arg(
         long,
         env = "CERTWATCH_RUN_HAPROXY",
@@ -626,11 +634,25 @@ pub enum ArgsError {
         /// `--lease-retry-period`.
         retry: Duration,
     },
+    /// A master socket for the HAProxy certwatch runs on --haproxy-config-dir.
+    #[error(
+        "--haproxy-master-socket with --haproxy-config-dir names the master CLI of a HAProxy \
+         run by others: set --run-haproxy false (certwatch's own HAProxy has its master CLI \
+         in DIR/run/master.sock)"
+    )]
+    MasterSocketOfManagedRouting,
 }
 
 impl RunArgs {
     /// The daemon options these arguments describe.
     pub fn daemon_options(&self) -> Result<DaemonOptions, ArgsError> {
+        if self.haproxy_config_dir.is_some()
+            && self.run_haproxy
+            && self.haproxy_config.is_none()
+            && self.haproxy_master_socket.is_some()
+        {
+            return Err(ArgsError::MasterSocketOfManagedRouting);
+        }
         let access_policy = match self.access_check {
             AccessCheck::SelfRules => AccessPolicy::SelfRules,
             AccessCheck::SelfReview => AccessPolicy::SelfReviews,
@@ -708,17 +730,21 @@ impl RunArgs {
             });
             let mut routing = RoutingOptions::new(render);
             routing.haproxy_binary = self.run_haproxy.then(|| self.haproxy_binary.clone());
+            routing.reload_external = !self.run_haproxy && self.haproxy_master_socket.is_some();
+            routing.render.openssl_security_level = self.openssl_security_level;
             routing.reload_interval = self.haproxy_min_reload_interval;
             options.routing = Some(routing);
             // Certificates reach the HAProxy certwatch configures through its socket.
             if options.haproxy.is_none() {
                 // HAProxy's master CLI too, so that a certificate too large for the
                 // runtime API is loaded by a reload (the routing task notices it).
-                let master = self.run_haproxy.then(|| {
-                    crate::routing::supervisor::master_socket(
+                let master = if self.run_haproxy {
+                    Some(crate::routing::supervisor::master_socket(
                         &dir.join(crate::routing::CONFIG_FILE),
-                    )
-                });
+                    ))
+                } else {
+                    self.haproxy_master_socket.clone()
+                };
                 let mut haproxy = HaproxyOptions::with_master(socket, master);
                 haproxy.min_reload_interval = self.haproxy_min_reload_interval;
                 haproxy.command_timeout = self.haproxy_command_timeout;

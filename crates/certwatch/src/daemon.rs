@@ -581,6 +581,11 @@ fn spawn_outputs(
         )
     });
     let haproxy_handle = haproxy.as_ref().map(Haproxy::handle);
+    // Route changes that need a reload of a HAProxy run by others go through the
+    // controller's master CLI.
+    if let (Some(routing), Some(handle)) = (&routing, &haproxy_handle) {
+        routing.use_haproxy(handle.clone());
+    }
     let (resync, resync_requests) = watch::channel(0);
     let outputs = tokio::spawn(
         Outputs {

@@ -84,6 +84,9 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
             HaproxyState::Down | HaproxyState::WaitingForFiles => {
                 "HAProxy does not answer (see certwatch's log); retrying".to_owned()
             }
+            HaproxyState::Serving if status.routed == Some(false) => {
+                "HAProxy has not loaded the routes' configuration yet".to_owned()
+            }
             HaproxyState::Serving => format!(
                 "HAProxy serves {} of the {} routes present at start-up",
                 haproxy.startup_routes - haproxy.startup_unserved,

@@ -9,7 +9,8 @@
 //! Ready means: the pipeline has decided every route present at start-up, every
 //! admitted route's bundle is on disk with its current material, the crt-list naming
 //! them is written ("files ready"), and, when certwatch feeds a HAProxy, HAProxy
-//! serves every route present at start-up and answers now. Only once start-up is
+//! serves every route present at start-up and answers now (and, with routing, holds
+//! the routes' configuration). Only once start-up is
 //! decided is the crt-list written for the first time, are bundles of routes that no
 //! longer exist removed, does HAProxy get anything and does the reload command run:
 //! until then the proxy keeps what it had. While writes fail (a full or read-only cert
@@ -72,6 +73,9 @@ pub struct DaemonStatus {
     pub files_ready_after: Option<Duration>,
     /// What the HAProxy controller says, when certwatch feeds a HAProxy.
     pub haproxy: Option<HaproxyStatus>,
+    /// With routing (`--haproxy-config-dir`): whether HAProxy has loaded the routes'
+    /// configuration.
+    pub routed: Option<bool>,
     /// Routes served now.
     pub admitted: usize,
     /// Routes rejected now.
@@ -154,6 +158,7 @@ impl Outputs {
         let mut resync_open = true;
         let mut haproxy_status = self.haproxy.as_ref().map(Haproxy::status);
         let mut rejected = self.haproxy.as_ref().map(Haproxy::rejected);
+        let mut routing_served = self.routing.as_ref().map(Routing::served);
         loop {
             tokio::select! {
                 biased;
@@ -186,6 +191,11 @@ impl Outputs {
                 changed = changed_or_pending(&mut haproxy_status) => {
                     if changed.is_err() {
                         haproxy_status = None;
+                    }
+                }
+                changed = changed_or_pending(&mut routing_served) => {
+                    if changed.is_err() {
+                        routing_served = None;
                     }
                 }
                 changed = changed_or_pending(&mut rejected) => {
@@ -249,7 +259,14 @@ impl Outputs {
             .haproxy
             .as_ref()
             .map(|haproxy| *haproxy.status().borrow());
-        let ready = progress.files_ready && haproxy.is_none_or(|haproxy| haproxy.ready());
+        // With routing, HAProxy also holds the routes' configuration.
+        let routed = self
+            .routing
+            .as_ref()
+            .map(|routing| *routing.served().borrow());
+        let ready = progress.files_ready
+            && haproxy.is_none_or(|haproxy| haproxy.ready())
+            && routed != Some(false);
         if ready && progress.ready_after.is_none() {
             let elapsed = self.started.elapsed();
             progress.ready_after = Some(elapsed);
@@ -282,6 +299,7 @@ impl Outputs {
                 files_ready: progress.files_ready,
                 files_ready_after: progress.files_ready_after,
                 haproxy,
+                routed,
                 admitted,
                 rejected,
                 bundles,

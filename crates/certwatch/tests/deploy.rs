@@ -123,29 +123,42 @@ fn manifests_parse_and_match_the_daemon() {
         "{projected:?}"
     );
     // The routes' traffic is published as the router publishes itself: a LoadBalancer
-    // Service on 443, to HAProxy's port.
+    // Service on 80 and 443, to HAProxy's ports in the sidecar.
     let haproxy = pod["containers"]
         .as_sequence()
         .unwrap()
         .iter()
         .find(|container| container["name"] == "haproxy")
         .expect("the HAProxy container");
-    let https_port = haproxy["ports"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == "https")
-        .expect("HAProxy's https port")["containerPort"]
-        .as_u64()
-        .unwrap();
+    let port_of = |name: &str| {
+        haproxy["ports"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("HAProxy's {name} port"))["containerPort"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!((port_of("http"), port_of("https")), (8080, 8443));
     let router = documents("base/deployment.yaml")
         .into_iter()
         .find(|doc| doc["kind"] == "Service" && doc["metadata"]["name"] == "certwatch-router")
         .expect("the routes' Service");
     assert_eq!(router["spec"]["type"], "LoadBalancer");
-    assert_eq!(router["spec"]["ports"][0]["port"], 443);
-    assert_eq!(router["spec"]["ports"][0]["targetPort"], "https");
-    assert_eq!(https_port, 8443);
+    let published: Vec<(u64, &str)> = router["spec"]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|port| {
+            (
+                port["port"].as_u64().unwrap(),
+                port["targetPort"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(published, [(80, "http"), (443, "https")]);
+    sidecar_runs_what_certwatch_renders(pod);
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_certwatch"))
         .args(["run", "--help"])
         .output()
@@ -157,6 +170,84 @@ fn manifests_parse_and_match_the_daemon() {
             help.contains(&format!("[env: {name}=")),
             "{name} is not an option"
         );
+    }
+}
+
+/// The HAProxy sidecar runs on what certwatch writes, and certwatch drives it: the
+/// configuration directory and the cert dir are the same volumes at the same paths in
+/// both containers (the configuration names files by their paths); certwatch does not
+/// run HAProxy and reloads it through the master CLI the sidecar opens; HAProxy starts
+/// once the configuration and the crt-list exist, at certwatch's OpenSSL level, with
+/// certwatch's binds; both containers run the same image (so the same user, which the
+/// sockets' and bundles' modes need). No ConfigMap configures HAProxy any more.
+fn sidecar_runs_what_certwatch_renders(pod: &Value) {
+    let containers = pod["containers"].as_sequence().unwrap();
+    let (certwatch, haproxy) = (&containers[0], &containers[1]);
+    assert_eq!(haproxy["name"], "haproxy");
+    assert_eq!(certwatch["image"], haproxy["image"]);
+    let env = |container: &Value, name: &str| -> String {
+        container["env"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|variable| variable["name"] == name)
+            .unwrap_or_else(|| panic!("{name} is not set"))["value"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let mount = |container: &Value, volume: &str| -> String {
+        container["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|mount| mount["name"] == volume)
+            .unwrap_or_else(|| panic!("{volume} not mounted in {:?}", container["name"]))
+            ["mountPath"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let config_dir = env(certwatch, "CERTWATCH_HAPROXY_CONFIG_DIR");
+    assert_eq!(env(certwatch, "CERTWATCH_RUN_HAPROXY"), "false");
+    let master = env(certwatch, "CERTWATCH_HAPROXY_MASTER_SOCKET");
+    assert_eq!(master, format!("{config_dir}/master.sock"));
+    assert_eq!(env(certwatch, "CERTWATCH_HTTP_BIND"), ":8080");
+    assert_eq!(env(certwatch, "CERTWATCH_HTTPS_BIND"), ":8443");
+    for volume in ["haproxy-run", "certs", "default-cert"] {
+        assert_eq!(mount(certwatch, volume), mount(haproxy, volume), "{volume}");
+    }
+    assert_eq!(mount(certwatch, "haproxy-run"), config_dir);
+    let cert_dir = env(certwatch, "CERTWATCH_CERT_DIR");
+    assert_eq!(mount(certwatch, "certs"), cert_dir);
+    assert!(
+        env(certwatch, "CERTWATCH_DEFAULT_CERTIFICATE")
+            .starts_with(&format!("{}/", mount(certwatch, "default-cert")))
+    );
+    assert_eq!(
+        env(haproxy, "OPENSSL_CONF"),
+        format!("{config_dir}/openssl.cnf")
+    );
+    let script = haproxy["args"][0].as_str().unwrap();
+    let wait = format!(
+        "until [ -f {config_dir}/haproxy.cfg ] && [ -f {cert_dir}/crt-list ]; do sleep 1; done;"
+    );
+    assert!(script.starts_with(&wait), "{script}");
+    assert!(
+        script.ends_with(&format!(
+            "exec haproxy -W -db -S {master},mode,600 -f {config_dir}/haproxy.cfg"
+        )),
+        "{script}"
+    );
+    let kustomization = documents("base/kustomization.yaml");
+    for resource in kustomization[0]["resources"].as_sequence().unwrap() {
+        let file = format!("base/{}", resource.as_str().unwrap());
+        for doc in documents(&file) {
+            assert!(
+                !(doc["kind"] == "ConfigMap" && doc["metadata"]["name"] == "certwatch-haproxy"),
+                "{file}: a static HAProxy configuration"
+            );
+        }
     }
 }
 
@@ -238,6 +329,7 @@ fn monitoring_and_network_policy_fit_together() {
     let rules = policy["spec"]["ingress"].as_sequence().unwrap();
     assert_eq!(rules.len(), 2, "{rules:?}");
     assert_eq!(rules[0]["ports"][0]["port"], "https");
+    assert_eq!(rules[0]["ports"][1]["port"], "http");
     assert!(rules[0]["from"].is_null(), "client traffic from anywhere");
     assert_eq!(rules[1]["ports"][0]["port"], "metrics");
     assert!(
@@ -693,7 +785,17 @@ async fn an_api_outage_at_start_never_fails_a_probe_that_restarts() {
     let local = |name: &str, value: &str| -> String {
         match name {
             "CERTWATCH_CERT_DIR" => temp.path().join("certs").display().to_string(),
-            "CERTWATCH_HAPROXY_SOCKET" => temp.path().join("admin.sock").display().to_string(),
+            "CERTWATCH_HAPROXY_CONFIG_DIR" => temp.path().join("haproxy").display().to_string(),
+            "CERTWATCH_HAPROXY_MASTER_SOCKET" => temp
+                .path()
+                .join("haproxy/master.sock")
+                .display()
+                .to_string(),
+            "CERTWATCH_HTTP_BIND" | "CERTWATCH_HTTPS_BIND" => {
+                format!("127.0.0.1:{}", common::free_port())
+            }
+            // A self-signed one in the configuration directory.
+            "CERTWATCH_DEFAULT_CERTIFICATE" => String::new(),
             "CERTWATCH_LISTEN" | "CERTWATCH_METRICS_LISTEN" => "127.0.0.1:0".to_owned(),
             "CERTWATCH_METRICS_TLS_CERT" | "CERTWATCH_METRICS_TLS_KEY" => String::new(),
             _ => value.to_owned(),

@@ -28,6 +28,7 @@ use common::traffic::{
 };
 use common::{Certwatch, create_route_spec, create_tls_secret, eventually_async, free_port};
 use kube::api::Api;
+use route_secrets::route::Route;
 use testenv::{ControlPlane, ControlPlaneOptions, Installer};
 
 const NS: &str = "shop";
@@ -419,7 +420,7 @@ async fn traffic_through_certwatch_matches_the_real_router() {
     for (name, host, spec) in &kinds {
         let mut spec = spec.clone();
         spec["host"] = (*host).into();
-        create_route(&admin, name, spec).await;
+        create_route_spec(&admin, NS, name, spec).await;
     }
 
     let router = RealRouter::start(&kubeconfig, &dir.path().join("router"), "real");

@@ -37,8 +37,10 @@ fn replace(path: &Path, content: &[u8]) -> io::Result<()> {
 }
 
 /// Writes a rendered configuration into its directory: the error pages, the destination
-/// CA files, the maps, then `haproxy.cfg` (last, so that a configuration on disk never
-/// names a file that is not there yet). Returns the configuration file's path.
+/// CA files, the maps, HAProxy's OpenSSL configuration, then `haproxy.cfg` (last, so
+/// that a configuration on disk never names a file that is not there yet: whoever
+/// starts HAProxy once `haproxy.cfg` exists finds every file it needs). Returns the
+/// configuration file's path.
 pub fn write_config(rendered: &RenderedConfig, options: &RenderOptions) -> io::Result<PathBuf> {
     let dir = &options.config_dir;
     std::fs::create_dir_all(dir.join("run"))?;
@@ -61,6 +63,10 @@ pub fn write_config(rendered: &RenderedConfig, options: &RenderOptions) -> io::R
     }
     for (name, text) in &rendered.maps {
         replace(&dir.join(name), text.as_bytes())?;
+    }
+    let openssl_conf = options.openssl_conf();
+    if std::fs::read(&openssl_conf).ok().as_deref() != Some(rendered.openssl_conf.as_bytes()) {
+        replace(&openssl_conf, rendered.openssl_conf.as_bytes())?;
     }
     let config = dir.join(CONFIG_FILE);
     replace(&config, rendered.config.as_bytes())?;

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 
 use md5::{Digest, Md5};
 use route_secrets::route::routing::{InsecurePolicy, Termination};
+use route_secrets::tls::SecurityLevel;
 
 use super::endpoints::EndpointTable;
 use super::model::{BackendPlan, RoutingTable, ServedRoute};
@@ -82,6 +83,10 @@ pub struct RenderOptions {
     /// Health check interval of servers of backends with several endpoints
     /// (`ROUTER_BACKEND_CHECK_INTERVAL`, `5000ms`).
     pub health_check_interval: String,
+    /// The OpenSSL security level HAProxy loads certificates at: the same as
+    /// certwatch's validation, through the `OPENSSL_CONF` file written beside the
+    /// configuration ([`OPENSSL_CONF_FILE`]).
+    pub openssl_security_level: SecurityLevel,
 }
 
 impl RenderOptions {
@@ -107,6 +112,7 @@ impl RenderOptions {
             load_balance_algorithm: "random".into(),
             tcp_balance_scheme: "source".into(),
             health_check_interval: "5000ms".into(),
+            openssl_security_level: SecurityLevel::default(),
         }
     }
 
@@ -120,7 +126,21 @@ impl RenderOptions {
     fn map(&self, name: &str) -> PathBuf {
         self.config_dir.join(name)
     }
+
+    /// The OpenSSL configuration HAProxy runs with (its `OPENSSL_CONF`).
+    pub fn openssl_conf(&self) -> PathBuf {
+        self.config_dir.join(OPENSSL_CONF_FILE)
+    }
 }
+
+/// The OpenSSL configuration's file name in the configuration directory: HAProxy's
+/// `OPENSSL_CONF`, at certwatch's security level (Debian's OpenSSL alone is at 2).
+pub const OPENSSL_CONF_FILE: &str = "openssl.cnf";
+
+/// The environment variable the configuration sets to [`RenderedConfig::digest`]
+/// (`setenv` in a `global` section of its own, last): `show env` on the runtime API
+/// then says which configuration the answering HAProxy loaded.
+pub const DIGEST_VARIABLE: &str = "CERTWATCH_CONFIG_DIGEST";
 
 /// The rendered configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,6 +154,11 @@ pub struct RenderedConfig {
     /// Each backend's servers as rendered, spare ones included: what the runtime API
     /// starts from after HAProxy loads this configuration.
     pub backends: Vec<RenderedBackend>,
+    /// The OpenSSL configuration (at the options' security level).
+    pub openssl_conf: String,
+    /// SHA-256 (hex, first 16 bytes) of everything above: the value of
+    /// [`DIGEST_VARIABLE`] in a HAProxy that loaded these files.
+    pub digest: String,
 }
 
 /// A backend as rendered: its servers' names and what each points at.
@@ -340,12 +365,31 @@ pub fn render(
             }
             (*name, text)
         })
+        .collect::<Vec<_>>();
+    let openssl_conf = options.openssl_security_level.openssl_conf();
+    let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
+    hash.update(out.as_bytes());
+    for (name, text) in &maps {
+        hash.update(name.as_bytes());
+        hash.update(text.as_bytes());
+    }
+    for (path, pem) in &ca_files {
+        hash.update(path.as_os_str().as_encoded_bytes());
+        hash.update(pem.as_bytes());
+    }
+    hash.update(openssl_conf.as_bytes());
+    let digest: String = hash.finish().as_ref()[..16]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
         .collect();
+    let _ = writeln!(out, "global\n  setenv {DIGEST_VARIABLE} {digest}");
     RenderedConfig {
         config: out,
         maps,
         ca_files,
         backends,
+        openssl_conf,
+        digest,
     }
 }
 

@@ -85,6 +85,11 @@ impl HaproxyProcess {
             .arg(config)
             .arg(&pid_file)
             .arg(master_socket(config))
+            // Certificates load at certwatch's OpenSSL security level.
+            .env(
+                "OPENSSL_CONF",
+                config.with_file_name(super::render::OPENSSL_CONF_FILE),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

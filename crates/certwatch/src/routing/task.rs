@@ -15,6 +15,12 @@
 //!   `reload_interval`, each taking every change since the last.
 //! - A failed write, reload or command is retried with [`kube_common::backoff`] by a
 //!   full render and reload.
+//! - HAProxy run by others on these files (a sidecar container, [`RoutingOptions::
+//!   reload_external`]) is reloaded through the certificates' controller
+//!   ([`HaproxyHandle::request_reload`], its master CLI): a load is done once the
+//!   HAProxy answering the runtime API says (`show env`) it holds the configuration's
+//!   [`super::render::DIGEST_VARIABLE`]. It starts on the first files itself; one
+//!   already running on older files is reloaded.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -31,7 +37,7 @@ use kube_common::backoff::{Backoff, BackoffPolicy};
 use kube_common::time::sleep_until;
 use route_secrets::route::RouteKey;
 use route_secrets::route::routing::Termination;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -39,9 +45,10 @@ use tracing::{debug, info, warn};
 use super::dynamic::LoadedBackend;
 use super::endpoints::{EndpointTable, ServiceKey};
 use super::model::{RoutingTable, ServedRoute};
-use super::render::{RenderOptions, primary_service_host, render};
+use super::render::{DIGEST_VARIABLE, RenderOptions, primary_service_host, render};
 use super::supervisor::HaproxyProcess;
 use super::write_config;
+use crate::haproxy::HaproxyHandle;
 use crate::haproxy::runtime::{Instance, RuntimeError, current_instance, one_shot};
 use crate::metrics::Metrics;
 
@@ -50,9 +57,14 @@ use crate::metrics::Metrics;
 pub struct RoutingOptions {
     /// What the configuration is made of and where it goes.
     pub render: RenderOptions,
-    /// The HAProxy binary certwatch runs on the configuration; `None`: the files are
-    /// written, and whoever runs HAProxy reloads it.
+    /// The HAProxy binary certwatch runs on the configuration; `None`: HAProxy is run
+    /// by others on the files (see `reload_external`).
     pub haproxy_binary: Option<PathBuf>,
+    /// With `haproxy_binary` `None`: the HAProxy run by others is in master-worker mode
+    /// and certwatch reloads it through the certificates' controller (its master CLI);
+    /// a load is done once that HAProxy holds the configuration written. Off: the files
+    /// are the hand-off (whoever runs HAProxy reloads it).
+    pub reload_external: bool,
     /// Reloads come at most this often.
     pub reload_interval: Duration,
     /// Deadline of each runtime API exchange.
@@ -69,6 +81,7 @@ impl RoutingOptions {
         Self {
             render,
             haproxy_binary: Some(PathBuf::from("haproxy")),
+            reload_external: false,
             reload_interval: Duration::from_secs(5),
             command_timeout: Duration::from_secs(10),
             load_timeout: Duration::from_secs(600),
@@ -91,6 +104,8 @@ pub enum RouteChange {
 #[derive(Debug)]
 pub struct Routing {
     changes: mpsc::UnboundedSender<RouteChange>,
+    served: watch::Receiver<bool>,
+    haproxy: watch::Sender<Option<HaproxyHandle>>,
     task: JoinHandle<()>,
 }
 
@@ -98,11 +113,30 @@ impl Routing {
     /// Starts the task: its EndpointSlice watch through `client` at once.
     pub fn spawn(client: kube::Client, options: RoutingOptions, metrics: Arc<Metrics>) -> Self {
         let (changes, inputs) = mpsc::unbounded_channel();
+        let (served_tx, served) = watch::channel(false);
+        let (haproxy, haproxy_rx) = watch::channel(None);
         let slices = slice_events(client, Arc::clone(&metrics));
         metrics.register_routing();
-        let worker = Worker::new(options, metrics);
+        let worker = Worker::new(options, metrics, haproxy_rx, served_tx);
         let task = tokio::spawn(worker.run(inputs, slices));
-        Self { changes, task }
+        Self {
+            changes,
+            served,
+            haproxy,
+            task,
+        }
+    }
+
+    /// The certificates' controller, which reloads a HAProxy run by others
+    /// ([`RoutingOptions::reload_external`]); given before start-up is decided.
+    pub fn use_haproxy(&self, haproxy: HaproxyHandle) {
+        self.haproxy.send_replace(Some(haproxy));
+    }
+
+    /// Whether HAProxy has loaded the routes' configuration (it did once: the first
+    /// load after start-up); `/readyz` waits for it.
+    pub fn served(&self) -> watch::Receiver<bool> {
+        self.served.clone()
     }
 
     /// Tells the task of a route change.
@@ -166,8 +200,13 @@ struct Worker {
     listed: bool,
     decided: bool,
     process: Option<HaproxyProcess>,
-    /// What the running HAProxy holds, per backend; empty until it has loaded a
-    /// configuration certwatch wrote.
+    /// The certificates' controller: reloads a HAProxy run by others.
+    haproxy: watch::Receiver<Option<HaproxyHandle>>,
+    /// Set once HAProxy first holds the routes' configuration.
+    served: watch::Sender<bool>,
+    /// Whether the running HAProxy holds the configuration last written.
+    current: bool,
+    /// What the running HAProxy holds, per backend.
     loaded: HashMap<String, LoadedBackend>,
     /// The instance that loaded it.
     instance: Option<Instance>,
@@ -177,14 +216,31 @@ struct Worker {
     dirty_services: HashSet<ServiceKey>,
     last_load: Option<Instant>,
     due: Option<Instant>,
+    /// When to check next that the instance that loaded the configuration still
+    /// answers, and whether that check is due.
+    next_check: Instant,
+    check_identity: bool,
     backoff: Backoff,
 }
 
+/// How often the routing task checks, without news, that the HAProxy answering is the
+/// one that loaded its configuration: one started again by others (a sidecar's
+/// restart) loaded the files, not the server slots changed since.
+const IDENTITY_CHECK: Duration = Duration::from_secs(5);
+
 impl Worker {
-    fn new(options: RoutingOptions, metrics: Arc<Metrics>) -> Self {
+    fn new(
+        options: RoutingOptions,
+        metrics: Arc<Metrics>,
+        haproxy: watch::Receiver<Option<HaproxyHandle>>,
+        served: watch::Sender<bool>,
+    ) -> Self {
         Self {
             options,
             metrics,
+            haproxy,
+            served,
+            current: false,
             table: RoutingTable::new(),
             endpoints: EndpointTable::new(),
             listed: false,
@@ -196,6 +252,8 @@ impl Worker {
             dirty_services: HashSet::new(),
             last_load: None,
             due: None,
+            next_check: Instant::now() + IDENTITY_CHECK,
+            check_identity: false,
             backoff: Backoff::new(BackoffPolicy::default()),
         }
     }
@@ -221,6 +279,10 @@ impl Worker {
                 }
                 () = sleep_until(self.due), if self.due.is_some() => {
                     self.due = None;
+                }
+                () = tokio::time::sleep_until(self.next_check), if self.instance.is_some() => {
+                    self.next_check = Instant::now() + IDENTITY_CHECK;
+                    self.check_identity = true;
                 }
             }
             self.step().await;
@@ -271,15 +333,16 @@ impl Worker {
         if !running {
             warn!("HAProxy is not running: starting it again");
             self.process = None;
+            self.current = false;
             self.loaded.clear();
             self.structure_dirty = true;
         }
-        if self.loaded.is_empty() || self.structure_dirty {
+        if !self.current || self.structure_dirty {
             let now = Instant::now();
             let due = self
                 .last_load
                 .map(|last| last + self.options.reload_interval)
-                .filter(|due| *due > now && !self.loaded.is_empty());
+                .filter(|due| *due > now && self.current);
             if let Some(due) = due {
                 self.due = Some(due);
                 return;
@@ -287,13 +350,16 @@ impl Worker {
             self.load().await;
             return;
         }
-        if self.dirty_services.is_empty() {
+        let check_identity = std::mem::take(&mut self.check_identity);
+        if self.dirty_services.is_empty() && !check_identity {
             return;
         }
-        // A HAProxy reloaded by someone else (the certificates' controller, for a
-        // certificate too large for its runtime API) loaded the files as they were
-        // written, not the server slots changed since: load them anew instead.
-        if self.options.haproxy_binary.is_some() {
+        // A HAProxy reloaded or restarted by someone else (the certificates' controller
+        // for a certificate too large for its runtime API; a sidecar started again)
+        // loaded the files as they were written, not the server slots changed since:
+        // load them anew instead (a HAProxy run by others is reloaded only if what is
+        // rendered now differs from what it loaded).
+        if self.instance.is_some() {
             let now = current_instance(
                 &self.options.render.admin_socket,
                 self.options.command_timeout,
@@ -306,6 +372,9 @@ impl Worker {
                 self.due = Some(Instant::now());
                 return;
             }
+        }
+        if self.dirty_services.is_empty() {
+            return;
         }
         let services: Vec<ServiceKey> = self.dirty_services.drain().collect();
         let mut commands = Vec::new();
@@ -375,11 +444,33 @@ impl Worker {
         self.dirty_services.clear();
         self.last_load = Some(started);
         let Some(binary) = self.options.haproxy_binary.clone() else {
-            // Someone else runs HAProxy: the files are the hand-off.
-            self.loaded = loaded_backends(&self.table, &rendered, &self.options.render);
-            self.metrics
-                .routing
-                .loaded(started.elapsed(), self.table.len());
+            // Someone else runs HAProxy: reloaded through the controller's master CLI,
+            // or the files are the hand-off.
+            let haproxy = self.haproxy.borrow().clone();
+            let instance = match haproxy.filter(|_| self.options.reload_external) {
+                Some(haproxy) => match self.wait_external(&haproxy, &rendered.digest).await {
+                    Some(instance) => Some(instance),
+                    None => {
+                        warn!(
+                            digest = %rendered.digest,
+                            "HAProxy did not load the routes' configuration; will retry"
+                        );
+                        self.retry_later();
+                        return;
+                    }
+                },
+                None => None,
+            };
+            self.instance = instance;
+            self.loaded_now(&rendered, started);
+            info!(
+                routes = self.table.len(),
+                services = self.endpoints.services(),
+                pid = instance.map(|instance| instance.pid),
+                digest = %rendered.digest,
+                elapsed = ?started.elapsed(),
+                "HAProxy holds the routes' configuration"
+            );
             return;
         };
         let previous = self.instance;
@@ -402,11 +493,7 @@ impl Worker {
         match self.wait_for_load(previous).await {
             Some(instance) => {
                 self.instance = Some(instance);
-                self.loaded = loaded_backends(&self.table, &rendered, &self.options.render);
-                self.backoff = Backoff::new(BackoffPolicy::default());
-                self.metrics
-                    .routing
-                    .loaded(started.elapsed(), self.table.len());
+                self.loaded_now(&rendered, started);
                 info!(
                     routes = self.table.len(),
                     services = self.endpoints.services(),
@@ -420,6 +507,70 @@ impl Worker {
                 self.retry_later();
             }
         }
+    }
+
+    /// HAProxy holds `rendered`, loaded from the files (what each backend's slots are).
+    fn loaded_now(&mut self, rendered: &super::RenderedConfig, started: Instant) {
+        self.loaded = loaded_backends(&self.table, rendered, &self.options.render);
+        self.current = true;
+        self.backoff = Backoff::new(BackoffPolicy::default());
+        self.metrics
+            .routing
+            .loaded(started.elapsed(), self.table.len());
+        self.served
+            .send_if_modified(|served| !std::mem::replace(served, true));
+    }
+
+    /// Waits until the HAProxy run by others answers the runtime API with the
+    /// configuration whose digest is `digest`: it starts on the files itself (its
+    /// first start waits for them), and one that holds another configuration is
+    /// reloaded through the controller, asked again after each reload that ended
+    /// without it (the controller coalesces requests, and a reload begun before the
+    /// files were written loads the older ones).
+    async fn wait_external(&self, haproxy: &HaproxyHandle, digest: &str) -> Option<Instance> {
+        let socket = &self.options.render.admin_socket;
+        let timeout = self.options.command_timeout;
+        let status = haproxy.status();
+        let deadline = Instant::now() + self.options.load_timeout;
+        // The controller's loads when the reload was asked for, and whether a reload
+        // was seen running since.
+        let mut asked: Option<(u64, bool)> = None;
+        let mut absent_logged = false;
+        while Instant::now() < deadline {
+            // The controller's state before HAProxy is asked: a reload it saw end had
+            // its new worker answering by then, so an older digest after it means that
+            // reload loaded older files (not that the answer came from the old worker).
+            let now = *status.borrow();
+            match loaded_digest(socket, timeout).await {
+                Ok(Some(loaded)) if loaded == digest => {
+                    if let Ok(instance) = current_instance(socket, timeout).await {
+                        return Some(instance);
+                    }
+                }
+                Ok(_) => {
+                    let ask = match &mut asked {
+                        None => true,
+                        Some((loads, seen_reloading)) => {
+                            *seen_reloading |= now.reloading;
+                            !now.reloading && (now.loads > *loads || *seen_reloading)
+                        }
+                    };
+                    if ask {
+                        debug!(digest, "HAProxy holds another configuration: reloading it");
+                        haproxy.request_reload(ROUTES_RELOAD);
+                        asked = Some((now.loads, false));
+                    }
+                }
+                Err(error) => {
+                    if !absent_logged {
+                        info!(%error, socket = %socket.display(), "waiting for HAProxy to start on the routes' configuration");
+                        absent_logged = true;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
     }
 
     /// Waits until a process other than `previous` answers on the admin socket.
@@ -448,9 +599,27 @@ impl Worker {
     fn retry_later(&mut self) {
         self.metrics.routing.load_failed();
         self.structure_dirty = true;
+        self.current = false;
         self.loaded.clear();
         self.due = Some(Instant::now() + self.backoff.next_delay());
     }
+}
+
+/// The reason of the reloads the routes' configuration asks of the controller.
+pub const ROUTES_RELOAD: &str = "routes";
+
+/// The digest of the configuration the HAProxy at `socket` loaded (`show env`), if it
+/// loaded one of certwatch's.
+async fn loaded_digest(
+    socket: &std::path::Path,
+    timeout: Duration,
+) -> Result<Option<String>, RuntimeError> {
+    let answer = one_shot(socket, &format!("show env {DIGEST_VARIABLE}"), timeout).await?;
+    Ok(answer.lines().find_map(|line| {
+        line.strip_prefix(DIGEST_VARIABLE)
+            .and_then(|rest| rest.strip_prefix('='))
+            .map(|value| value.trim().to_owned())
+    }))
 }
 
 /// The backends a loaded configuration holds, with what their spare slots verify.

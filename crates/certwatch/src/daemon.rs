@@ -379,7 +379,7 @@ impl Parts {
 
     /// Starts the daemon's tasks: the HTTP endpoints first (binding them is the one
     /// step that can still fail, before anything else runs), then the route watches
-    /// and the pipeline, the outputs (cert directory, reload command, HAProxy), the
+    /// and the pipeline, the outputs (cert directory, reload command, HAProxy, routing), the
     /// progress display and the throttling log.
     async fn spawn(self, options: &DaemonOptions) -> Result<Daemon, DaemonError> {
         let Self {
@@ -401,41 +401,12 @@ impl Parts {
         let (status_sender, status) = watch::channel(DaemonStatus::default());
         // The endpoints come first: binding them is what can still fail, and nothing
         // runs yet that a failure would leave behind.
-        let secure_metrics = match &options.secure_metrics {
-            Some(secure) => Some(
-                secure_metrics::serve(
-                    secure,
-                    client.clone(),
-                    Arc::clone(&metrics),
-                    refresher(&metrics, &manager, &pool, &limiter, status_writes.as_ref()),
-                    shutdown.clone(),
-                )
-                .await?,
-            ),
-            None => None,
-        };
-        let (http_addr, http) = match options.listen {
-            Some(addr) => {
-                let refresh =
-                    refresher(&metrics, &manager, &pool, &limiter, status_writes.as_ref());
-                let (local, task) = http::serve(
-                    addr,
-                    Arc::clone(&metrics),
-                    secure_metrics.is_none(),
-                    status.clone(),
-                    refresh,
-                    shutdown.clone(),
-                )
-                .await
-                .map_err(|source| {
-                    // Stops the authorized metrics endpoint, if it was started.
-                    shutdown.cancel();
-                    DaemonError::Listen { addr, source }
-                })?;
-                (Some(local), Some(task))
-            }
-            None => (None, None),
-        };
+        let refresh = || refresher(&metrics, &manager, &pool, &limiter, status_writes.as_ref());
+        let Endpoints {
+            secure_metrics,
+            http_addr,
+            http,
+        } = Endpoints::serve(options, &client, &metrics, refresh, &status, &shutdown).await?;
 
         // Whether the server serves streaming lists is asked once, with the routes'
         // own collection (which this identity lists anyway; the name exists nowhere),
@@ -518,9 +489,70 @@ impl Parts {
     }
 }
 
+/// The daemon's HTTP endpoints, bound.
+struct Endpoints {
+    secure_metrics: Option<SecureMetrics>,
+    http_addr: Option<SocketAddr>,
+    http: Option<JoinHandle<()>>,
+}
+
+impl Endpoints {
+    /// Binds the authorized metrics endpoint and the plain HTTP endpoint that `options`
+    /// ask for (`/metrics` on the plain one only without the authorized one); each
+    /// gets its own `refresh`. A bind that fails stops what was started.
+    async fn serve(
+        options: &DaemonOptions,
+        client: &kube::Client,
+        metrics: &Arc<Metrics>,
+        refresh: impl Fn() -> http::Refresh,
+        status: &watch::Receiver<DaemonStatus>,
+        shutdown: &CancellationToken,
+    ) -> Result<Self, DaemonError> {
+        let secure_metrics = match &options.secure_metrics {
+            Some(secure) => Some(
+                secure_metrics::serve(
+                    secure,
+                    client.clone(),
+                    Arc::clone(metrics),
+                    refresh(),
+                    shutdown.clone(),
+                )
+                .await?,
+            ),
+            None => None,
+        };
+        let (http_addr, http) = match options.listen {
+            Some(addr) => {
+                let (local, task) = http::serve(
+                    addr,
+                    Arc::clone(metrics),
+                    secure_metrics.is_none(),
+                    status.clone(),
+                    refresh(),
+                    shutdown.clone(),
+                )
+                .await
+                .map_err(|source| {
+                    // Stops the authorized metrics endpoint, if it was started.
+                    shutdown.cancel();
+                    DaemonError::Listen { addr, source }
+                })?;
+                (Some(local), Some(task))
+            }
+            None => (None, None),
+        };
+        Ok(Self {
+            secure_metrics,
+            http_addr,
+            http,
+        })
+    }
+}
+
 /// Starts the outputs task (cert directory, reload command, HAProxy, readiness) on the
 /// pipeline's outcomes; returns it with the sender of re-synchronisation requests and
-/// the HAProxy controller's handle.
+/// the HAProxy controller's handle. `routing` is the routing task, when routing is
+/// configured.
 fn spawn_outputs(
     cert_dir: CertDir,
     options: &DaemonOptions,

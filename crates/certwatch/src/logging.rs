@@ -4,9 +4,10 @@
 //! with the bar hidden and redrawn after it, so the two never garble each other.
 
 use std::io::{self, IsTerminal, Write};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use indicatif::ProgressBar;
+use kube_common::sync;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
@@ -26,14 +27,11 @@ static PROGRESS_BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
 
 /// Makes log lines go around `bar` while it is drawn; `None` when it is finished.
 pub fn set_progress_bar(bar: Option<ProgressBar>) {
-    *PROGRESS_BAR.lock().unwrap_or_else(PoisonError::into_inner) = bar;
+    *sync::lock(&PROGRESS_BAR) = bar;
 }
 
 fn current_bar() -> Option<ProgressBar> {
-    PROGRESS_BAR
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
+    sync::lock(&PROGRESS_BAR).clone()
 }
 
 /// Installs the global subscriber: `RUST_LOG` when set, `default_filter` otherwise

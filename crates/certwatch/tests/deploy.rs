@@ -507,29 +507,7 @@ impl ControlPlane {
 
     /// `kubectl --context admin ARGS` with `stdin`; returns (success, stdout + stderr).
     fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> (bool, String) {
-        use std::io::Write as _;
-        let mut child = std::process::Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(["--context", "admin"])
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("kubectl must be on PATH (scripts/test installs it)");
-        let mut input = child.stdin.take().unwrap();
-        if let Some(text) = stdin {
-            input.write_all(text.as_bytes()).unwrap();
-        }
-        drop(input);
-        let output = child.wait_with_output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        (output.status.success(), text)
+        common::delegation::kubectl_with(&self.kubeconfig, args, stdin)
     }
 }
 

@@ -19,7 +19,6 @@ use common::{Certwatch, SimProcess, eventually, eventually_async};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams};
 use route_secrets::route::Route;
-use route_secrets::route::admission::{admitted_condition, router_ingress};
 
 /// Routes of the scenarios; `CERTWATCH_HA_ROUTES` sets another number for a measured
 /// run (docs/deploy.md states the API cost per replica at 10,000), in a namespace per
@@ -137,27 +136,6 @@ fn status_writes(sim: &SimProcess, since: u64) -> (Vec<(String, u64)>, u64) {
     (writes, last)
 }
 
-/// Routes whose status for this router says `admitted`.
-async fn with_status(admin: &kube::Client, admitted: bool) -> usize {
-    let Ok(routes) = Api::<Route>::all(admin.clone())
-        .list(&ListParams::default())
-        .await
-    else {
-        return 0;
-    };
-    routes
-        .items
-        .iter()
-        .filter(|route| {
-            router_ingress(route, ROUTER_NAME)
-                .and_then(admitted_condition)
-                .is_some_and(|condition| {
-                    (condition.status == route_secrets::route::ConditionStatus::True) == admitted
-                })
-        })
-        .count()
-}
-
 async fn delete_secrets(admin: &kube::Client, routes: &[kube_sim::GeneratedRoute]) {
     for route in routes {
         Api::<Secret>::namespaced(admin.clone(), &route.namespace)
@@ -212,7 +190,7 @@ async fn three_replicas_write_each_change_once_and_survive_a_killed_leader() {
         assert_eq!(served(&replica.cert_dir), count, "{}", replica.name);
     }
     eventually_async("every route Admitted=True in its status", || async {
-        (with_status(&admin, true).await == count).then_some(())
+        (common::routes_with_status(&admin, ROUTER_NAME, true).await == count).then_some(())
     })
     .await;
     let leader = one_leader(&replicas).await;
@@ -244,7 +222,7 @@ async fn three_replicas_write_each_change_once_and_survive_a_killed_leader() {
     let routes = generated(&sim).await;
     delete_secrets(&admin, &routes[..10]).await;
     eventually_async("10 routes rejected in their status", || async {
-        (with_status(&admin, false).await == 10).then_some(())
+        (common::routes_with_status(&admin, ROUTER_NAME, false).await == 10).then_some(())
     })
     .await;
     let (writes, last) = status_writes(&sim, seq);
@@ -260,7 +238,7 @@ async fn three_replicas_write_each_change_once_and_survive_a_killed_leader() {
     delete_secrets(&admin, &routes[10..15]).await;
     let dead = replicas.remove(leader);
     eventually_async("15 routes rejected in their status", || async {
-        (with_status(&admin, false).await == 15).then_some(())
+        (common::routes_with_status(&admin, ROUTER_NAME, false).await == 15).then_some(())
     })
     .await;
     let written_after = killed_at.elapsed();
@@ -327,7 +305,7 @@ async fn a_rolling_restart_writes_nothing_and_keeps_every_route_served() {
         replica.certwatch.wait_ready().await;
     }
     eventually_async("every route Admitted=True in its status", || async {
-        (with_status(&admin, true).await == count).then_some(())
+        (common::routes_with_status(&admin, ROUTER_NAME, true).await == count).then_some(())
     })
     .await;
     one_leader(&running).await;
@@ -388,5 +366,8 @@ async fn a_rolling_restart_writes_nothing_and_keeps_every_route_served() {
         writes.len()
     );
     assert!(writes.is_empty(), "{writes:?}");
-    assert_eq!(with_status(&admin, true).await, count);
+    assert_eq!(
+        common::routes_with_status(&admin, ROUTER_NAME, true).await,
+        count
+    );
 }

@@ -15,10 +15,8 @@ use std::time::Instant;
 use common::{Certwatch, eventually, eventually_async};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams};
 use kube_sim::GenerateSpec;
-use route_secrets::route::admission::{admitted_condition, router_ingress};
-use route_secrets::route::{ConditionStatus, Route};
 use testenv::{AuditLog, ControlPlane, ControlPlaneOptions, Installer, ROUTER_USER};
 
 const ROUTES: usize = 100;
@@ -69,24 +67,6 @@ fn status_writes(audit: &AuditLog) -> Vec<(String, u16)> {
         .collect()
 }
 
-async fn with_status(admin: &kube::Client, admitted: bool) -> usize {
-    let Ok(routes) = Api::<Route>::all(admin.clone())
-        .list(&ListParams::default())
-        .await
-    else {
-        return 0;
-    };
-    routes
-        .items
-        .iter()
-        .filter(|route| {
-            router_ingress(route, ROUTER_NAME)
-                .and_then(admitted_condition)
-                .is_some_and(|condition| (condition.status == ConditionStatus::True) == admitted)
-        })
-        .count()
-}
-
 fn leads(certwatch: &Certwatch) -> bool {
     certwatch.metric("certwatch_status_leader") == Some(1.0)
 }
@@ -110,7 +90,7 @@ async fn two_replicas_on_a_real_lease_write_each_change_once() {
         certwatch.wait_ready().await;
     }
     eventually_async("every route Admitted=True in its status", || async {
-        (with_status(&admin, true).await == ROUTES).then_some(())
+        (common::routes_with_status(&admin, ROUTER_NAME, true).await == ROUTES).then_some(())
     })
     .await;
     let leader = eventually("exactly one replica leads", || {
@@ -143,7 +123,7 @@ async fn two_replicas_on_a_real_lease_write_each_change_once() {
         .await
         .unwrap();
     eventually_async("the route rejected in its status", || async {
-        (with_status(&admin, false).await == 1).then_some(())
+        (common::routes_with_status(&admin, ROUTER_NAME, false).await == 1).then_some(())
     })
     .await;
     let writes = status_writes(&control_plane.audit().unwrap());
@@ -161,7 +141,7 @@ async fn two_replicas_on_a_real_lease_write_each_change_once() {
             .unwrap();
     }
     eventually_async("4 routes rejected in their status", || async {
-        (with_status(&admin, false).await == 4).then_some(())
+        (common::routes_with_status(&admin, ROUTER_NAME, false).await == 4).then_some(())
     })
     .await;
     let took = killed.elapsed();

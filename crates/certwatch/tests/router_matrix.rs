@@ -942,11 +942,11 @@ const ROUTER_TAKES_OVER: &str = "admitted (activated when the older claim goes)"
 const DISABLE_OWNERSHIP: &str = "--disable-namespace-ownership-check";
 
 /// Host claims (openshift/router `unique_host.go`: the oldest claim wins, by creation
-/// time, then namespace, then name; a host belongs to the namespace of its oldest claim
+/// time, then uid; a host belongs to the namespace of its oldest claim
 /// unless the ownership check is disabled; a refused claimant takes over when the
 /// older claim goes) and wildcard routes. Routes that claim one host are created in one
-/// batch, the older one first; should they get the same creation second, the owner's
-/// name (or namespace) sorts first, so it is the older either way.
+/// batch, the older one first, each claim in a later second than the route before it
+/// (within one second the order is the routes' uids).
 fn host_claims_and_wildcards(m: &mut Matrix, rsa: &Material, valid_b: &Material) {
     use Action::*;
     use Step::*;
@@ -1183,6 +1183,15 @@ struct World {
     default_leaf: Vec<u8>,
     /// Each route's host, as the actions so far set it.
     claimed: BTreeMap<RouteId, Claimed>,
+    /// The second (Unix time) the last route was created in.
+    last_created: u64,
+}
+
+fn unix_second() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }
 
 impl World {
@@ -1234,6 +1243,7 @@ impl World {
                     wildcard: false,
                 };
                 create(secret.as_ref(), &claimed, None).await;
+                self.last_created = unix_second();
                 self.claimed.insert((namespace, route), claimed);
             }
             Action::CreateClaim {
@@ -1246,7 +1256,14 @@ impl World {
                     host: host.clone(),
                     wildcard: *wildcard,
                 };
+                // A claim is younger than every route created before it: in a later
+                // second, since within one second the router (and certwatch) order
+                // routes by their uids, which are random.
+                while unix_second() <= self.last_created {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
                 create(Some(secret), &claimed, *path).await;
+                self.last_created = unix_second();
                 self.claimed.insert((namespace, route), claimed);
             }
             Action::SetHost(host) => {
@@ -1543,6 +1560,7 @@ async fn the_router_matrix_through_the_binary() {
         haproxy_port,
         default_leaf,
         claimed: BTreeMap::new(),
+        last_created: 0,
     };
 
     let mut expected: BTreeMap<RouteId, Expected> = BTreeMap::new();

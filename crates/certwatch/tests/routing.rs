@@ -18,25 +18,13 @@ use common::traffic::{
     Backend, create_service, http_get, https_get, set_endpoints, set_endpoints_each,
 };
 use common::{
-    Certwatch, SimProcess, create_tls_secret, eventually, eventually_async, free_port, grant_secret,
+    Certwatch, SimProcess, create_route_spec, create_tls_secret, eventually, eventually_async,
+    free_port, grant_secret,
 };
 use kube::api::{Api, PostParams};
 use route_secrets::route::Route;
 
 const NS: &str = "app-0";
-
-async fn create_route(admin: &kube::Client, name: &str, spec: serde_json::Value) {
-    let route: Route = serde_json::from_value(serde_json::json!({
-        "apiVersion": "route.openshift.io/v1", "kind": "Route",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": spec,
-    }))
-    .unwrap();
-    Api::<Route>::namespaced(admin.clone(), NS)
-        .create(&PostParams::default(), &route)
-        .await
-        .unwrap();
-}
 
 /// The secret of route `name`, for `host`, created and granted.
 async fn route_secret(admin: &kube::Client, name: &str, host: &str) {
@@ -76,7 +64,7 @@ async fn tls_route_only(
     if !policy.is_empty() {
         spec["tls"]["insecureEdgeTerminationPolicy"] = policy.into();
     }
-    create_route(admin, name, spec).await;
+    create_route_spec(admin, NS, name, spec).await;
 }
 
 fn to(service: &str) -> serde_json::Value {

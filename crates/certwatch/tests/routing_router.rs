@@ -1,8 +1,11 @@
 //! Judged by the real router: the same routes, secrets, Services and EndpointSlices on
 //! the real control plane (testenv), served by the real OpenShift router
 //! (`../shared/tools/openshift-router`, its own HAProxy) and by certwatch
-//! (`--haproxy-config-dir`, the HAProxy it runs), each under its own router name; the
-//! same HTTP and HTTPS (SNI) requests go through both to real backends on this machine,
+//! (`--haproxy-config-dir`, the HAProxy it runs, `--write-status`), each under its own
+//! router name, for every route kind (no TLS; edge with an external, an inline or no
+//! certificate of its own; passthrough; reencrypt without, with a right and with a wrong
+//! destination CA); once both have admitted every route, the same HTTP and HTTPS (SNI)
+//! requests go through both to real backends on this machine,
 //! and per route the status, who answered (and how weights split the requests), the
 //! certificate served, the ALPN negotiated and the redirect are compared; then an
 //! endpoint is added and one removed, and both must send to the same backends.
@@ -23,8 +26,8 @@ use std::process::Command;
 use common::traffic::{
     Backend, Response, create_service, http_get, https_get, set_endpoints, set_endpoints_each,
 };
-use common::{Certwatch, create_tls_secret, eventually_async, free_port};
-use kube::api::{Api, PostParams};
+use common::{Certwatch, create_route_spec, create_tls_secret, eventually_async, free_port};
+use kube::api::Api;
 use route_secrets::route::Route;
 use testenv::{ControlPlane, ControlPlaneOptions, Installer};
 
@@ -126,19 +129,6 @@ fn apply_router_rbac(kubeconfig: &Path) {
     );
 }
 
-async fn create_route(admin: &kube::Client, name: &str, spec: serde_json::Value) {
-    let route: Route = serde_json::from_value(serde_json::json!({
-        "apiVersion": "route.openshift.io/v1", "kind": "Route",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": spec,
-    }))
-    .unwrap();
-    Api::<Route>::namespaced(admin.clone(), NS)
-        .create(&PostParams::default(), &route)
-        .await
-        .unwrap();
-}
-
 /// What one request through one router got, as compared.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Seen {
@@ -213,6 +203,58 @@ async fn requests(
     out
 }
 
+/// A route's inline certificate: self-signed for its host.
+struct Inline {
+    certificate: String,
+    key: String,
+    der: Vec<u8>,
+}
+
+impl Inline {
+    fn new(host: &str) -> Self {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec![host.to_owned()]).unwrap();
+        let certificate = params.self_signed(&key).unwrap();
+        Self {
+            certificate: certificate.pem(),
+            key: key.serialize_pem(),
+            der: certificate.der().to_vec(),
+        }
+    }
+}
+
+fn certificate_pem(der: &[u8]) -> String {
+    pem::encode(&pem::Pem::new("CERTIFICATE", der.to_vec()))
+}
+
+/// The routes in [`NS`] that router `name` has written `Admitted: True` for.
+async fn admitted_by(admin: &kube::Client, name: &str) -> BTreeSet<String> {
+    let routes = Api::<Route>::namespaced(admin.clone(), NS)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    routes
+        .items
+        .iter()
+        .filter(|route| {
+            let value = serde_json::to_value(route).unwrap();
+            value["status"]["ingress"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|ingress| ingress["routerName"] == name)
+                .flat_map(|ingress| {
+                    ingress["conditions"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .any(|c| c["type"] == "Admitted" && c["status"] == "True")
+        })
+        .filter_map(|route| route.metadata.name.clone())
+        .collect()
+}
+
 /// The share of requests `backend` answered, out of `count` HTTPS requests.
 async fn share(https: SocketAddr, host: &str, backend: &str, count: usize) -> f64 {
     let mut hits = 0;
@@ -250,12 +292,18 @@ async fn traffic_through_certwatch_matches_the_real_router() {
     let blue = [Backend::http("blue-1").await, Backend::http("blue-2").await];
     let green = Backend::http("green-1").await;
     let secure = Backend::https("secure-1", "secure.shop.svc").await;
-    for service in ["blue", "green", "secure"] {
+    // A passthrough route's backend presents its own certificate to the client; a
+    // reencrypt route's backend with a destination CA of its own.
+    let pass = Backend::https("pass-1", "pass.example").await;
+    let pinned = Backend::https("pinned-1", "pinned.shop.svc").await;
+    for service in ["blue", "green", "secure", "pass", "pinned"] {
         create_service(&admin, NS, service).await;
     }
     set_endpoints_each(&admin, NS, "blue", &[&blue[0], &blue[1]]).await;
     set_endpoints(&admin, NS, "green", &[&green]).await;
     set_endpoints(&admin, NS, "secure", &[&secure]).await;
+    set_endpoints(&admin, NS, "pass", &[&pass]).await;
+    set_endpoints(&admin, NS, "pinned", &[&pinned]).await;
 
     let cases: &[(&str, &str, &str, &str, serde_json::Value)] = &[
         (
@@ -317,7 +365,62 @@ async fn traffic_through_certwatch_matches_the_real_router() {
             spec["alternateBackends"] =
                 serde_json::json!([{"kind": "Service", "name": "green", "weight": 3}]);
         }
-        create_route(&admin, name, spec).await;
+        create_route_spec(&admin, NS, name, spec).await;
+    }
+    // Every other route kind: without TLS, edge and reencrypt with an inline
+    // certificate, edge without a certificate of its own (the default certificate),
+    // passthrough, and reencrypt verifying its backend with the route's destination CA
+    // (one right, one wrong).
+    let inline = Inline::new("inline.example");
+    let pinned_inline = Inline::new("pinned.example");
+    leaves.insert(inline.der.clone(), "inline".to_owned());
+    leaves.insert(pinned_inline.der.clone(), "pinned".to_owned());
+    leaves.insert(pass.certificate.clone().unwrap(), "pass-backend".to_owned());
+    let pinned_ca = certificate_pem(pinned.certificate.as_ref().unwrap());
+    let other_ca = certificate_pem(&Inline::new("pinned.shop.svc").der);
+    let kinds: Vec<(&str, &str, serde_json::Value)> = vec![
+        (
+            "plain",
+            "plain.example",
+            serde_json::json!({"to": {"kind": "Service", "name": "blue"}}),
+        ),
+        (
+            "inline",
+            "inline.example",
+            serde_json::json!({"to": {"kind": "Service", "name": "green"},
+                "tls": {"termination": "edge", "certificate": inline.certificate,
+                        "key": inline.key}}),
+        ),
+        (
+            "default-cert",
+            "default.example",
+            serde_json::json!({"to": {"kind": "Service", "name": "blue"},
+                "tls": {"termination": "edge"}}),
+        ),
+        (
+            "passthrough",
+            "pass.example",
+            serde_json::json!({"to": {"kind": "Service", "name": "pass"},
+                "tls": {"termination": "passthrough"}}),
+        ),
+        (
+            "pinned",
+            "pinned.example",
+            serde_json::json!({"to": {"kind": "Service", "name": "pinned"},
+                "tls": {"termination": "reencrypt", "certificate": pinned_inline.certificate,
+                        "key": pinned_inline.key, "destinationCACertificate": pinned_ca}}),
+        ),
+        (
+            "wrong-ca",
+            "wrong-ca.example",
+            serde_json::json!({"to": {"kind": "Service", "name": "pinned"},
+                "tls": {"termination": "reencrypt", "destinationCACertificate": other_ca}}),
+        ),
+    ];
+    for (name, host, spec) in &kinds {
+        let mut spec = spec.clone();
+        spec["host"] = (*host).into();
+        create_route_spec(&admin, NS, name, spec).await;
     }
 
     let router = RealRouter::start(&kubeconfig, &dir.path().join("router"), "real");
@@ -330,6 +433,7 @@ async fn traffic_through_certwatch_matches_the_real_router() {
         &[
             "--router-name",
             "certwatch",
+            "--write-status",
             "--haproxy-config-dir",
             config_dir.to_str().unwrap(),
             "--http-bind",
@@ -353,7 +457,44 @@ async fn traffic_through_certwatch_matches_the_real_router() {
         SocketAddr::from(([127, 0, 0, 1], router.port("ROUTER_HTTP_PORT"))),
         SocketAddr::from(([127, 0, 0, 1], router.port("ROUTER_HTTPS_PORT"))),
     );
-    // Both serve every route before anything is compared.
+    // Both admit every route, and serve each before anything is compared.
+    let mut all_routes: Vec<&str> = cases.iter().map(|(name, ..)| *name).collect();
+    all_routes.extend(kinds.iter().map(|(name, ..)| *name));
+    for who in ["real", "certwatch"] {
+        let all_routes = &all_routes;
+        let admin = &admin;
+        eventually_async(&format!("{who} admits every route"), || async move {
+            admitted_by(admin, who)
+                .await
+                .is_superset(&all_routes.iter().map(|n| (*n).to_owned()).collect())
+                .then_some(())
+        })
+        .await;
+    }
+    for (addr, who) in [(ours, "certwatch"), (theirs, "the router")] {
+        let leaves = &leaves;
+        eventually_async(&format!("{who} serves plain.example"), || async move {
+            http_get(addr.0, "plain.example", "/")
+                .await
+                .filter(|r| r.status == 200 && r.backend.is_some())
+        })
+        .await;
+        for (host, certificate, backend) in [
+            ("inline.example", "inline", "green-1"),
+            ("default.example", "default", ""),
+            ("pass.example", "pass-backend", "pass-1"),
+            ("pinned.example", "pinned", "pinned-1"),
+        ] {
+            eventually_async(&format!("{who} serves {host}"), || async move {
+                https_get(addr.1, host, "/", false).await.filter(|r| {
+                    r.status == 200
+                        && certificate_name(&r.certificate, leaves).as_deref() == Some(certificate)
+                        && (backend.is_empty() || r.backend.as_deref() == Some(backend))
+                })
+            })
+            .await;
+        }
+    }
     for (addr, who) in [(ours.1, "certwatch"), (theirs.1, "the router")] {
         for (name, host, ..) in cases {
             let name = (*name).to_owned();
@@ -372,6 +513,7 @@ async fn traffic_through_certwatch_matches_the_real_router() {
 
     let mut differences: BTreeSet<(String, String, String)> = BTreeSet::new();
     let mut hosts: Vec<(&str, &str)> = cases.iter().map(|(n, h, ..)| (*n, *h)).collect();
+    hosts.extend(kinds.iter().map(|(n, h, _)| (*n, *h)));
     hosts.push(("unknown", "unknown.example"));
     for (name, host) in hosts {
         let on_router = requests(theirs.0, theirs.1, host, &leaves).await;
@@ -391,6 +533,23 @@ async fn traffic_through_certwatch_matches_the_real_router() {
             }
         }
     }
+    // wrong-ca's 503 is HAProxy refusing the backend's certificate, not a route it does
+    // not know: both configurations hold its backend, verified against the route's CA.
+    let router_config =
+        std::fs::read_to_string(dir.path().join("router/haproxy/conf/haproxy.config")).unwrap();
+    let certwatch_config = std::fs::read_to_string(config_dir.join("haproxy.cfg")).unwrap();
+    for (who, config) in [("router", &router_config), ("certwatch", &certwatch_config)] {
+        let section = config
+            .split("\nbackend ")
+            .find(|section| section.starts_with("be_secure:shop:wrong-ca\n"))
+            .unwrap_or_else(|| panic!("{who}'s configuration has no backend for wrong-ca"));
+        assert!(
+            section.contains(&pinned.addr.to_string())
+                && section.contains("verify required ca-file"),
+            "{who}: {section}"
+        );
+    }
+
     // Weights: the same split through both (round robin over 42, 42 and 256).
     let router_green = share(theirs.1, "weighted.example", "green-1", 170).await;
     let certwatch_green = share(ours.1, "weighted.example", "green-1", 170).await;
@@ -441,7 +600,6 @@ async fn traffic_through_certwatch_matches_the_real_router() {
         )
         .await;
     }
-    assert_eq!(answering(ours.1).await, answering(theirs.1).await);
 
     let expected: BTreeSet<(String, String, String)> = DELIBERATE
         .iter()

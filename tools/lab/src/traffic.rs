@@ -6,18 +6,13 @@
 //! refuses loopback addresses in EndpointSlices (and kube-sim does as it does).
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, PostParams};
 use route_secrets::tls::Sha256Fingerprint;
-use rustls::DigitallySignedStruct;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
-use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// This machine's address on its default route, if it has one.
 pub fn backend_ip() -> Option<IpAddr> {
@@ -111,63 +106,6 @@ pub async fn register(
     Ok(())
 }
 
-/// Accepts any certificate and keeps the server's.
-#[derive(Debug)]
-struct Keep {
-    provider: Arc<CryptoProvider>,
-    leaf: Mutex<Option<Vec<u8>>>,
-}
-
-impl ServerCertVerifier for Keep {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        if let Ok(mut leaf) = self.leaf.lock() {
-            *leaf = Some(end_entity.to_vec());
-        }
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
 /// What one HTTPS request through the proxy got.
 #[derive(Debug)]
 pub struct Answer {
@@ -184,23 +122,9 @@ pub struct Answer {
 /// `GET /` for `host`, with SNI `host`, to `https` (the certificate is shown, not
 /// verified: the demo's certificates are self-signed).
 pub async fn https_get(https: SocketAddr, host: &str) -> Option<Answer> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let keep = Arc::new(Keep {
-        provider: Arc::clone(&provider),
-        leaf: Mutex::new(None),
-    });
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .ok()?
-        .dangerous()
-        .with_custom_certificate_verifier(keep.clone())
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let stream = TcpStream::connect(https).await.ok()?;
-    let mut stream = connector
-        .connect(ServerName::try_from(host.to_owned()).ok()?, stream)
-        .await
-        .ok()?;
+    let session = testenv::tls_probe::connect(https, host, &[]).await?;
+    let certificate = session.certificate.as_deref().map(Sha256Fingerprint::of);
+    let mut stream = session.stream;
     let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut response = Vec::new();
@@ -213,7 +137,6 @@ pub async fn https_get(https: SocketAddr, host: &str) -> Option<Answer> {
             .filter(|(k, _)| k.eq_ignore_ascii_case("x-backend"))
             .map(|(_, v)| v.trim().to_owned())
     });
-    let certificate = keep.leaf.lock().ok()?.as_deref().map(Sha256Fingerprint::of);
     Some(Answer {
         status,
         backend,

@@ -69,9 +69,7 @@ pub fn binaries() -> Result<Binaries, TestEnvError> {
     let tool_dir = tool_dir()?;
     // Guards the list of unpacked tool directories. Held while unpacking (blocking
     // work, never an await) so that concurrent tests of one binary unpack once.
-    let mut unpacked = UNPACKED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut unpacked = kube_common::sync::lock(&UNPACKED);
     if let Some(found) = unpacked.iter().find(|found| found.tool_dir == tool_dir) {
         return Ok(found.clone());
     }

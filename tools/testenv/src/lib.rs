@@ -48,6 +48,8 @@
 //! - **Objects.** [`Installer::generate`] creates the same cluster kube-sim generates
 //!   for a [`kube_sim::GenerateSpec`] (routes, secrets with real certificates, RBAC),
 //!   concurrently, so thousands take seconds.
+//! - **What a proxy serves.** [`tls_probe`] completes a handshake trusting any
+//!   certificate and keeps the one the server presented (HAProxy's, the router's).
 
 pub mod accounting;
 pub mod binaries;
@@ -57,6 +59,7 @@ pub mod install;
 pub mod openshift_router;
 mod pki;
 pub mod process;
+pub mod tls_probe;
 
 pub use accounting::{AuditLog, AuditedRequest, Metrics, Sample};
 pub use binaries::CONTROL_PLANE_ENV;

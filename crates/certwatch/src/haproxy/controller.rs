@@ -44,10 +44,11 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use kube_common::backoff::{Backoff, BackoffPolicy};
+use kube_common::sync;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -210,12 +211,12 @@ struct Inbox {
 
 impl Inbox {
     fn update(&self, update: impl FnOnce(&mut InboxState)) {
-        update(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner));
+        update(&mut sync::lock(&self.state));
         self.notify.notify_one();
     }
 
     fn take(&self) -> InboxState {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = sync::lock(&self.state);
         let closed = state.closed;
         let taken = std::mem::take(&mut *state);
         state.closed = closed;

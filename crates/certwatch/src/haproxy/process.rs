@@ -27,9 +27,10 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kube_common::sync;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
@@ -365,7 +366,7 @@ impl LogTail {
     }
 
     fn push(&self, line: String) {
-        let mut lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut lines = sync::lock(&self.lines);
         if lines.len() == LOG_TAIL {
             lines.pop_front();
         }
@@ -374,7 +375,7 @@ impl LogTail {
 
     /// The kept lines, joined (`|` between them).
     pub fn text(&self) -> String {
-        let lines = self.lines.lock().unwrap_or_else(PoisonError::into_inner);
+        let lines = sync::lock(&self.lines);
         if lines.is_empty() {
             return "(no output)".to_owned();
         }

@@ -10,10 +10,11 @@
 //! | `certwatch_startup_refusals_total` | counter | | requests of the limiter the API server refused for load (429, 5xx) |
 //! | `certwatch_startup_window_decreases_total` | counter | | times the window was shrunk |
 
+use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Mutex, PoisonError};
 
 use kube_common::adaptive::LimiterSnapshot;
+use kube_common::sync;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -90,7 +91,7 @@ impl LimiterMetrics {
         self.in_flight.set(to_i64(snapshot.in_flight));
         self.waiting.set(to_i64(snapshot.waiting));
         self.throttled.set(i64::from(snapshot.throttled));
-        let _order = self.update.lock().unwrap_or_else(PoisonError::into_inner);
+        let _order = sync::lock(&self.update);
         for (counter, total) in [
             (&self.refusals, snapshot.refused),
             (&self.decreases, snapshot.decreases),

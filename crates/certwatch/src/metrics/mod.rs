@@ -25,9 +25,10 @@
 //! No label ever carries secret material: routes are named by namespace and name only.
 
 use std::fmt;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
+use kube_common::sync;
 use prometheus_client::registry::Registry;
 use secret_monitor::{MonitorError, MonitorObserver, ObjectKey};
 
@@ -139,7 +140,7 @@ impl Metrics {
     }
 
     fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+        sync::lock(&self.registry)
     }
 
     /// Adds the HAProxy metrics to the registry: only a daemon that talks to HAProxy

@@ -10,9 +10,10 @@
 //! | `process_max_fds` | gauge | the soft limit on open file descriptors |
 //! | `process_start_time_seconds` | gauge | start time since the Unix epoch |
 
+use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Mutex, PoisonError};
 
+use kube_common::sync;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
@@ -92,10 +93,7 @@ impl ProcessMetrics {
     pub fn refresh(&self) {
         let sample = ProcessSample::now();
         {
-            let _order = self
-                .cpu_update
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let _order = sync::lock(&self.cpu_update);
             let delta = sample.cpu_seconds - self.cpu.get();
             if delta > 0.0 {
                 self.cpu.inc_by(delta);

@@ -11,9 +11,10 @@
 //! | `certwatch_routes_with_certificate_warning` | gauge | `warning` | routes served now with a certificate that has this warning |
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use jiff::Timestamp;
+use kube_common::sync;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -220,11 +221,8 @@ impl RouteMetrics {
             route: route.name.to_string(),
             secret,
         };
-        let previous = self
-            .expiration_secrets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(route.clone(), secret.to_owned());
+        let previous =
+            sync::lock(&self.expiration_secrets).insert(route.clone(), secret.to_owned());
         if let Some(previous) = previous.filter(|previous| previous != secret) {
             self.expiration.remove(&labels(previous));
         }
@@ -255,10 +253,7 @@ impl RouteMetrics {
 
     fn set_served_warnings(&self, route: &RouteKey, codes: Vec<&'static str>) {
         let old = {
-            let mut served = self
-                .served_warnings
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut served = sync::lock(&self.served_warnings);
             if codes.is_empty() {
                 served.remove(route)
             } else {
@@ -282,11 +277,7 @@ impl RouteMetrics {
     /// expiration series goes, and its warnings no longer count.
     pub fn removed(&self, route: &RouteKey) {
         self.not_served(route);
-        let previous = self
-            .expiration_secrets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(route);
+        let previous = sync::lock(&self.expiration_secrets).remove(route);
         if let Some(secret) = previous {
             self.expiration.remove(&CertificateLabels {
                 route_namespace: route.namespace.to_string(),

@@ -8,6 +8,7 @@
 
 use std::sync::Mutex;
 
+use kube_common::sync;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -69,10 +70,7 @@ impl StatusMetrics {
     /// Brings the metrics up to the writer's counters and this replica's leadership.
     pub fn set(&self, stats: StatusStats, leading: bool) {
         self.leader.set(i64::from(leading));
-        let mut counted = self
-            .counted
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut counted = sync::lock(&self.counted);
         let add = |outcome: &'static str, now: u64, before: u64| {
             self.updates
                 .get_or_create(&Outcome { outcome })

@@ -34,6 +34,7 @@ use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube_common::backoff::{Backoff, BackoffPolicy};
+use kube_common::time::sleep_until;
 use route_secrets::route::RouteKey;
 use route_secrets::route::routing::Termination;
 use tokio::sync::{mpsc, watch};
@@ -693,11 +694,4 @@ enum CommandError {
     /// HAProxy refused a command of the batch.
     #[error("HAProxy refused a batch starting with {command:?}: {answer}")]
     Refused { command: String, answer: String },
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }

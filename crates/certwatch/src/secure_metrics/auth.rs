@@ -6,7 +6,7 @@
 //! period, not two per scrape.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
@@ -14,6 +14,7 @@ use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
+use kube_common::sync;
 use tokio::sync::Semaphore;
 
 /// The non-resource URL whose `get` a scraper must be allowed.
@@ -157,7 +158,7 @@ impl DelegatedAuth {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        sync::lock(&self.state)
     }
 
     /// The reviews sent so far.

@@ -17,7 +17,7 @@ pub mod auth;
 pub mod tls;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -29,6 +29,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use kube_common::sync;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -236,11 +237,7 @@ async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Resp
                 Refusal::ReviewFailed { .. } => (StatusCode::SERVICE_UNAVAILABLE, "review_failed"),
             };
             state.metrics.daemon.scrape(result);
-            let due = state
-                .refusals
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .occurred(std::time::Instant::now());
+            let due = sync::lock(&state.refusals).occurred(std::time::Instant::now());
             if let Some(count) = due {
                 tracing::warn!(
                     status = status.as_u16(),

@@ -4,9 +4,10 @@
 //! files), or, without files, a self-signed one made at start.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use kube_common::sync;
 use rustls::crypto::ring::sign::any_supported_type;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -179,10 +180,7 @@ impl ServingCert {
     }
 
     fn current(&self) -> Arc<CertifiedKey> {
-        self.current
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        sync::read(&self.current).clone()
     }
 
     /// Reads the files again; replaces the served certificate when they hold another
@@ -195,7 +193,7 @@ impl ServingCert {
         if key.cert == self.current().cert {
             return Ok(false);
         }
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(key);
+        *sync::write(&self.current) = Arc::new(key);
         Ok(true)
     }
 

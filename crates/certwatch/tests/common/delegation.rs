@@ -18,10 +18,18 @@ pub fn deploy_dir() -> PathBuf {
 
 /// `kubectl --context admin ARGS` with `stdin`; panics unless it succeeds.
 pub fn kubectl(plane: &ControlPlane, args: &[&str], stdin: Option<&str>) -> String {
+    let (success, text) = kubectl_with(plane.kubeconfig_path(), args, stdin);
+    assert!(success, "kubectl {args:?}:\n{text}");
+    text
+}
+
+/// `kubectl --kubeconfig KUBECONFIG --context admin ARGS` with `stdin`; returns
+/// (success, stdout + stderr).
+pub fn kubectl_with(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, String) {
     use std::io::Write as _;
     let mut child = std::process::Command::new("kubectl")
         .arg("--kubeconfig")
-        .arg(plane.kubeconfig_path())
+        .arg(kubeconfig)
         .args(["--context", "admin"])
         .args(args)
         .stdin(std::process::Stdio::piped())
@@ -40,8 +48,7 @@ pub fn kubectl(plane: &ControlPlane, args: &[&str], stdin: Option<&str>) -> Stri
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(output.status.success(), "kubectl {args:?}:\n{text}");
-    text
+    (output.status.success(), text)
 }
 
 /// A token for the service account `namespace/name`, from the API server's

@@ -6,92 +6,15 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
-use rustls::DigitallySignedStruct;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
-use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
 use super::{free_port, tls_of};
 
-/// Accepts any server certificate and remembers the end-entity one.
-#[derive(Debug)]
-struct Recorder {
-    provider: Arc<CryptoProvider>,
-    seen: Mutex<Option<Vec<u8>>>,
-}
-
-impl ServerCertVerifier for Recorder {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        *self.seen.lock().unwrap() = Some(end_entity.to_vec());
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
 /// The end-entity certificate HAProxy presents for `sni`, if a handshake succeeds.
 pub async fn presented(port: u16, sni: &str) -> Option<Vec<u8>> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let recorder = Arc::new(Recorder {
-        provider: Arc::clone(&provider),
-        seen: Mutex::new(None),
-    });
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(recorder.clone())
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    let name = ServerName::try_from(sni.to_owned()).ok()?;
-    connector.connect(name, stream).await.ok()?;
-    recorder.seen.lock().unwrap().clone()
+    testenv::tls_probe::presented(("127.0.0.1", port), sni).await
 }
 
 pub fn leaf_der(pem_text: &[u8]) -> Vec<u8> {

@@ -679,6 +679,38 @@ pub async fn create_route(
     if let Some(host) = host {
         spec["host"] = host.into();
     }
+    create_route_spec(admin, namespace, name, spec).await;
+}
+
+/// Routes whose status for `router` says `Admitted` is `admitted` (0 when the list
+/// fails).
+pub async fn routes_with_status(admin: &kube::Client, router: &str, admitted: bool) -> usize {
+    use route_secrets::route::admission::{admitted_condition, router_ingress};
+    use route_secrets::route::{ConditionStatus, Route};
+    let Ok(routes) = Api::<Route>::all(admin.clone())
+        .list(&kube::api::ListParams::default())
+        .await
+    else {
+        return 0;
+    };
+    routes
+        .items
+        .iter()
+        .filter(|route| {
+            router_ingress(route, router)
+                .and_then(admitted_condition)
+                .is_some_and(|condition| (condition.status == ConditionStatus::True) == admitted)
+        })
+        .count()
+}
+
+/// Creates route `namespace/name` with `spec` as it is.
+pub async fn create_route_spec(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    spec: serde_json::Value,
+) {
     let route: route_secrets::route::Route = serde_json::from_value(serde_json::json!({
         "apiVersion": "route.openshift.io/v1",
         "kind": "Route",

@@ -12,10 +12,7 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use rustls::DigitallySignedStruct;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -302,91 +299,19 @@ pub async fn http_get(addr: SocketAddr, host: &str, path: &str) -> Option<Respon
     })
 }
 
-/// Accepts any server certificate and remembers the end-entity one.
-#[derive(Debug)]
-struct Recorder {
-    provider: Arc<CryptoProvider>,
-    seen: Mutex<Option<Vec<u8>>>,
-}
-
-impl ServerCertVerifier for Recorder {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        *self.seen.lock().unwrap() = Some(end_entity.to_vec());
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
 /// An HTTPS request with SNI `sni` (and `Host: sni`) for `path` to `addr`, offering
 /// ALPN `http/1.1` only when `h2` is false, `h2` and `http/1.1` otherwise (the request
 /// itself is HTTP/1.1 either way: with `h2` negotiated only the handshake is reported).
 pub async fn https_get(addr: SocketAddr, sni: &str, path: &str, h2: bool) -> Option<Response> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let recorder = Arc::new(Recorder {
-        provider: Arc::clone(&provider),
-        seen: Mutex::new(None),
-    });
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(recorder.clone())
-        .with_no_client_auth();
-    config.alpn_protocols = if h2 {
-        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    let protocols: &[&[u8]] = if h2 {
+        &[b"h2", b"http/1.1"]
     } else {
-        vec![b"http/1.1".to_vec()]
+        &[b"http/1.1"]
     };
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let stream = TcpStream::connect(addr).await.ok()?;
-    let name = ServerName::try_from(sni.to_owned()).ok()?;
-    let stream = connector.connect(name, stream).await.ok()?;
-    let alpn = stream
-        .get_ref()
-        .1
-        .alpn_protocol()
-        .map(|p| String::from_utf8_lossy(p).into_owned());
-    let certificate = recorder.seen.lock().unwrap().clone();
+    let session = testenv::tls_probe::connect(addr, sni, protocols).await?;
+    let alpn = session.alpn();
+    let certificate = session.certificate;
+    let stream = session.stream;
     if alpn.as_deref() == Some("h2") {
         return Some(Response {
             status: 0,

@@ -26,7 +26,7 @@
 //!   served (a handshake presents it). Latencies count from the moment the PATCH is sent;
 //!   certwatch's and HAProxy's CPU over the phase are reported in cores.
 //!
-//! The bounds checked are issue 22's: served at start-up within 1.1 × HAProxy's cold
+//! The bounds checked: served at start-up within 1.1 × HAProxy's cold
 //! load after the files are ready; p99 ≤ 1 s at 50/s with certwatch under a quarter of a
 //! core; p99 ≤ 2 s up to 80 % of HAProxy's own rate. Beyond that rate the backlog is
 //! coalesced (only the newest version of a certificate is pushed): the figures show it,
@@ -34,7 +34,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use certwatch::haproxy::process::{HaproxyProcess, ProcessOptions};
@@ -43,16 +43,13 @@ use certwatch::haproxy::{HaproxyOptions, HaproxyState};
 use certwatch::{Daemon, DaemonOptions};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
+use kube_common::sync;
 use route_secrets::api::pipeline::Readiness;
-use rustls::DigitallySignedStruct;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
-use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::BenchError;
-use super::protocol::{ClientSpec, ErrorLog, ReadyReport};
-use super::report::Check;
+use super::protocol::{ClientSpec, ErrorLog, HaproxyReady, ReadyReport};
+use super::scenario::Check;
 
 /// Routes sampled by handshakes at start-up.
 const STARTUP_SAMPLE: usize = 200;
@@ -84,36 +81,6 @@ fn ms(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// What the client reports about HAProxy at ready.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct HaproxyReady {
-    /// HAProxy's TLS port (127.0.0.1).
-    pub tls_port: u16,
-    /// Its stats socket.
-    pub stats_socket: PathBuf,
-    /// certwatch's cert directory.
-    pub cert_dir: PathBuf,
-    /// The worker serving at ready.
-    pub worker: Option<u32>,
-    /// Routes in the crt-list.
-    pub listed: usize,
-    /// From the first request to the files being ready (ready on disk).
-    pub files_ready_ms: u64,
-    /// From the first request to the daemon's own ready (HAProxy serves every route).
-    pub daemon_ready_ms: u64,
-    /// From the first request to every sampled route presenting its certificate in a
-    /// handshake (ready served).
-    pub served_ms: u64,
-    /// Routes sampled by handshakes.
-    pub sampled: usize,
-    /// HAProxy's start as certwatch ran it (spawn to the first worker serving).
-    pub haproxy_start_ms: u64,
-    /// HAProxy's own cold load of the same crt-list (a second HAProxy).
-    pub cold_load_ms: u64,
-    /// The daemon's HTTP endpoint (`/metrics`).
-    pub metrics_addr: Option<std::net::SocketAddr>,
-}
-
 /// A running daemon with its HAProxy; dropping it stops both.
 pub struct HaproxyRun {
     daemon: Daemon,
@@ -128,90 +95,15 @@ impl HaproxyRun {
     }
 }
 
-/// Accepts any server certificate and remembers the end-entity one.
-#[derive(Debug)]
-struct Recorder {
-    provider: Arc<CryptoProvider>,
-    /// Guards the last end-entity certificate seen.
-    seen: Mutex<Option<Vec<u8>>>,
-}
-
-impl ServerCertVerifier for Recorder {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) = Some(end_entity.to_vec());
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
 /// The end-entity certificate HAProxy at 127.0.0.1:`port` presents for `sni`, if a
-/// handshake succeeds.
-pub async fn presented(port: u16, sni: &str) -> Option<Vec<u8>> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let recorder = Arc::new(Recorder {
-        provider: Arc::clone(&provider),
-        seen: Mutex::new(None),
-    });
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .ok()?
-        .dangerous()
-        .with_custom_certificate_verifier(recorder.clone())
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    let name = ServerName::try_from(sni.to_owned()).ok()?;
-    tokio::time::timeout(Duration::from_secs(10), connector.connect(name, stream))
-        .await
-        .ok()?
-        .ok()?;
-    recorder
-        .seen
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
+/// handshake succeeds within 10 s.
+async fn presented(port: u16, sni: &str) -> Option<Vec<u8>> {
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        testenv::tls_probe::presented(("127.0.0.1", port), sni),
+    )
+    .await
+    .ok()?
 }
 
 /// The server certificate (DER) at the start of a bundle file.
@@ -613,7 +505,7 @@ pub struct HaproxyFigures {
     pub own_rate_sample: usize,
     /// The rotation phases.
     pub rotations: Vec<RotationFigures>,
-    /// Issue 22's bounds, measured.
+    /// The bounds, measured.
     pub bounds: BTreeMap<String, Check>,
 }
 
@@ -701,9 +593,7 @@ fn this_or_later(written: &Written, index: usize, seen: Option<&Vec<u8>>) -> boo
     let Some(seen) = seen else {
         return false;
     };
-    written
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
+    sync::lock(written)
         .iter()
         .skip(index)
         .any(|leaf| leaf == seen)
@@ -800,10 +690,7 @@ async fn rotate(
         let secrets: Api<Secret> = Api::namespaced(admin.clone(), &rotation.namespace);
         let secret = rotation.secret.clone();
         let position = {
-            let mut written = rotation
-                .written
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut written = sync::lock(&rotation.written);
             written.push(rotation.leaf.clone());
             written.len() - 1
         };

@@ -127,7 +127,7 @@ process of its own, so memory and CPU are the client's alone.\n\n\
 Built-in scenarios: seed-112 (587 ms), seed-1738, customer-2000, scale-10000 (1,414 ms each; \
 scale-10000 is 10,000 routes in 100 namespaces, the others one namespace per 40 routes) and \
 apf-2000 (2,000 secrets at 1,414 ms with the simulator limited to 50 requests in flight, a queue \
-of 300 and 429 beyond it; the product bounds its first syncs to 50). Issue #14's budgets, run \
+of 300 and 429 beyond it; the product bounds its first syncs to 50). The budget scenarios, run \
 with --scenarios budgets or by name: budget-4, budget-10 and budget-50 (300 routes at 10 ms, the \
 simulator taking 4, 10 or 50 requests at once and answering 429 beyond them), the same with a \
 queue of 50 (budget-4-queue, ...), and budget-unlimited; any of them at another size as \

@@ -111,7 +111,7 @@ pub struct ReadyReport {
     pub per_secret_ms: Option<f64>,
     /// The `haproxy` strategy only: where HAProxy is and how its start-up went.
     #[serde(default)]
-    pub haproxy: Option<super::haproxy::HaproxyReady>,
+    pub haproxy: Option<HaproxyReady>,
 }
 
 /// The child's resource use and client figures at the moment the parent asked.
@@ -181,4 +181,34 @@ impl ErrorLog {
         let samples = kube_common::sync::lock(&self.samples).clone();
         (self.count.load(Ordering::Relaxed), samples)
     }
+}
+
+/// What the client reports about HAProxy at ready.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct HaproxyReady {
+    /// HAProxy's TLS port (127.0.0.1).
+    pub tls_port: u16,
+    /// Its stats socket.
+    pub stats_socket: PathBuf,
+    /// certwatch's cert directory.
+    pub cert_dir: PathBuf,
+    /// The worker serving at ready.
+    pub worker: Option<u32>,
+    /// Routes in the crt-list.
+    pub listed: usize,
+    /// From the first request to the files being ready (ready on disk).
+    pub files_ready_ms: u64,
+    /// From the first request to the daemon's own ready (HAProxy serves every route).
+    pub daemon_ready_ms: u64,
+    /// From the first request to every sampled route presenting its certificate in a
+    /// handshake (ready served).
+    pub served_ms: u64,
+    /// Routes sampled by handshakes.
+    pub sampled: usize,
+    /// HAProxy's start as certwatch ran it (spawn to the first worker serving).
+    pub haproxy_start_ms: u64,
+    /// HAProxy's own cold load of the same crt-list (a second HAProxy).
+    pub cold_load_ms: u64,
+    /// The daemon's HTTP endpoint (`/metrics`).
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }

@@ -7,29 +7,7 @@ use kube_sim::{ProtocolCounts, SimStats};
 use serde::Serialize;
 
 use super::protocol::{Measurement, ReadyReport};
-use super::scenario::{Scenario, Strategy, Targets};
-
-/// One target and whether it was met.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct Check {
-    /// The bound.
-    pub limit: f64,
-    /// The measured value.
-    pub value: f64,
-    /// `value <= limit`.
-    pub met: bool,
-}
-
-impl Check {
-    /// `value` against `limit`.
-    pub(crate) fn new(value: f64, limit: f64) -> Self {
-        Self {
-            limit,
-            value,
-            met: value <= limit,
-        }
-    }
-}
+use super::scenario::{Check, Scenario, Strategy, Targets};
 
 /// The result of one strategy in one scenario. Serialized as one JSON line.
 #[derive(Clone, Debug, Serialize)]

@@ -106,7 +106,7 @@ impl Scenario {
             "seed-1738" => Self::new(name, 1_738, ms(1_414)),
             // The customer: ~2,000 routes failing a 120 s start-up probe.
             "customer-2000" => Self::new(name, 2_000, ms(1_414)),
-            // Issue #13's scale target: 10,000 routes and secrets in 100 namespaces
+            // The scale target: 10,000 routes and secrets in 100 namespaces
             // (`--routes 10000` alone spreads them over 250, one per 40 secrets).
             "scale-10000" => Self {
                 namespaces: SCALE_NAMESPACES,
@@ -204,7 +204,7 @@ impl Scenario {
         let secrets = self.secrets as u64;
         let two_round_trips = 2 * self.latency_ms();
         let ready_ms = if let Some(seats) = self.max_inflight {
-            // Issue #14's bound: the requests needed at the server's sustained rate
+            // The budget scenarios' bound: the requests needed at the server's sustained rate
             // (its seats per round trip), times 1.5, plus 2 round trips and 2 s.
             let per_request_ms = self.latency_ms().max(1) as f64 / seats as f64;
             let serving_ms = self.requests_needed() as f64 * per_request_ms;
@@ -308,6 +308,28 @@ impl FromStr for Strategy {
             other => Err(BenchError::Usage(format!(
                 "unknown strategy {other:?} (expected serial, concurrent, daemon or haproxy)"
             ))),
+        }
+    }
+}
+
+/// One target and whether it was met.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Check {
+    /// The bound.
+    pub limit: f64,
+    /// The measured value.
+    pub value: f64,
+    /// `value <= limit`.
+    pub met: bool,
+}
+
+impl Check {
+    /// `value` against `limit`.
+    pub(crate) fn new(value: f64, limit: f64) -> Self {
+        Self {
+            limit,
+            value,
+            met: value <= limit,
         }
     }
 }

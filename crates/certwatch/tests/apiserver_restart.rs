@@ -77,7 +77,36 @@ async fn changes_after_an_apiserver_restart_reach_the_outputs() {
     // on from where it was. A restarted kube-apiserver's watch cache starts at the
     // current resourceVersion, so it answers such a watch 410 (too old): each key then
     // lists once more (a streaming list), and nothing else; no retry storm.
-    let audit = control_plane.audit().unwrap();
+    // The audit log is read once it shows every watch resumed: the resumptions are
+    // spread over a moment after the prober sees the server back, and the rotation can
+    // reach its bundle before the last of them is made.
+    let resumed_after_kill = |request: &testenv::AuditedRequest| {
+        request.received.is_some_and(|received| received > killed)
+            && request.verb == "watch"
+            && request.request_uri.contains("resourceVersion=")
+            && !request.is_streaming_list()
+            && request.code == Some(200)
+    };
+    let audit = eventually("every watch resumed, in the audit log", || {
+        let audit = control_plane.audit().ok()?;
+        let resumed_of = |resource: &str, namespace: Option<&str>, name: Option<&str>| {
+            audit.of_user(testenv::ROUTER_USER).any(|request| {
+                resumed_after_kill(request)
+                    && request.resource.as_deref() == Some(resource)
+                    && (namespace.is_none() || request.namespace.as_deref() == namespace)
+                    && (name.is_none() || request.name.as_deref() == name)
+            })
+        };
+        let secrets = cluster.routes.iter().all(|route| {
+            resumed_of(
+                "secrets",
+                Some(route.namespace.as_str()),
+                Some(route.secret.as_str()),
+            )
+        });
+        (secrets && resumed_of("routes", None, None)).then_some(audit)
+    })
+    .await;
     let after: Vec<_> = audit
         .of_user(testenv::ROUTER_USER)
         .filter(|request| request.received.is_some_and(|received| received > killed))

@@ -23,8 +23,6 @@ fn route(namespace: &str, name: &str, host: &str, secret: &str) -> Route {
 async fn a_younger_claim_waits_for_the_host_and_takes_over_when_the_owner_goes() {
     let sim = sim_with_latency(Duration::from_millis(5)).await;
     let pki = Pki::new(now());
-    // The owner's namespace sorts first, so that it is older even when both routes
-    // are created within the same second (creation times have second resolution).
     for (namespace, secret) in [("shop", "owner-tls"), ("thief", "claimant-tls")] {
         let leaf = pki.issue(&LeafSpec::new("shop.example", now()));
         put_secret(&sim, &leaf.secret(namespace, secret));
@@ -36,6 +34,12 @@ async fn a_younger_claim_waits_for_the_host_and_takes_over_when_the_owner_goes()
     let owner = key("shop", "owner");
     h.until_admitted(&owner, None).await;
 
+    // The claimant is created in a later second than the owner: creation times have
+    // second resolution, and within one second claims are ordered by uid (random).
+    let owner_second = jiff::Timestamp::now().as_second();
+    while jiff::Timestamp::now().as_second() == owner_second {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     put_route(
         &sim,
         &route("thief", "claimant", "shop.example", "claimant-tls"),

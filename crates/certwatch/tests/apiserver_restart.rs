@@ -73,18 +73,12 @@ async fn changes_after_an_apiserver_restart_reach_the_outputs() {
         arrived - changed,
         arrived - answering
     );
-    // Resumed from their resourceVersions: after the restart each secret's watch went
-    // on from where it was. A restarted kube-apiserver's watch cache starts at the
-    // current resourceVersion, so it answers such a watch 410 (too old): each key then
-    // lists once more (a streaming list), and nothing else; no retry storm.
     // The audit log is read once it shows every watch resumed: the resumptions are
     // spread over a moment after the prober sees the server back, and the rotation can
     // reach its bundle before the last of them is made.
     let resumed_after_kill = |request: &testenv::AuditedRequest| {
         request.received.is_some_and(|received| received > killed)
-            && request.verb == "watch"
-            && request.request_uri.contains("resourceVersion=")
-            && !request.is_streaming_list()
+            && resumes_a_watch(request)
             && request.code == Some(200)
     };
     let audit = eventually("every watch resumed, in the audit log", || {
@@ -107,15 +101,15 @@ async fn changes_after_an_apiserver_restart_reach_the_outputs() {
         (secrets && resumed_of("routes", None, None)).then_some(audit)
     })
     .await;
+    // Resumed from their resourceVersions: after the restart each secret's watch went
+    // on from where it was. A restarted kube-apiserver's watch cache starts at the
+    // current resourceVersion, so it answers such a watch 410 (too old): each key then
+    // lists once more (a streaming list), and nothing else; no retry storm.
     let after: Vec<_> = audit
         .of_user(testenv::ROUTER_USER)
         .filter(|request| request.received.is_some_and(|received| received > killed))
         .collect();
-    let resumed = |request: &&&testenv::AuditedRequest| {
-        request.verb == "watch"
-            && request.request_uri.contains("resourceVersion=")
-            && !request.is_streaming_list()
-    };
+    let resumed = |request: &&&testenv::AuditedRequest| resumes_a_watch(request);
     let mut relisted = 0;
     for (namespace, secret) in cluster
         .routes
@@ -176,4 +170,11 @@ async fn changes_after_an_apiserver_restart_reach_the_outputs() {
         1,
         "{log}"
     );
+}
+
+/// A watch that goes on from a resourceVersion (not a streaming list starting over).
+fn resumes_a_watch(request: &testenv::AuditedRequest) -> bool {
+    request.verb == "watch"
+        && request.request_uri.contains("resourceVersion=")
+        && !request.is_streaming_list()
 }

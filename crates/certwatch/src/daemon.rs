@@ -792,9 +792,8 @@ impl Daemon {
 }
 
 fn secret_counts(manager: &SecretManager) -> (usize, usize) {
-    let watched = manager.watched_secrets();
-    let synced = watched.values().filter(|status| status.synced).count();
-    (watched.len(), synced)
+    let counts = manager.watched_counts();
+    (counts.watched, counts.synced)
 }
 
 fn refresher(

@@ -74,7 +74,7 @@ pub use key::ObjectKey;
 pub use monitor::{EventHandler, ObjectMonitor, Registration};
 pub use object::WatchedObject;
 pub use options::{InitialList, MonitorObserver, MonitorOptions};
-pub use registry::{HandlerHandle, KeyStatus};
+pub use registry::{HandlerHandle, KeyCounts, KeyStatus};
 
 /// A monitor of individual Secrets.
 pub type SecretMonitor = ObjectMonitor<k8s_openapi::api::core::v1::Secret>;

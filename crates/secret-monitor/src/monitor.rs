@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use crate::event::{EventSink, EventStream, ObjectEvent};
 use crate::lock::StdLocks;
 use crate::options::MonitorOptions;
-use crate::registry::{HandlerHandle, KeyStatus, Registry};
+use crate::registry::{HandlerHandle, KeyCounts, KeyStatus, Registry};
 use crate::watch::{self, Transform, WatchContext};
 use crate::{MonitorError, MonitorErrorKind, ObjectKey, WatchedObject};
 
@@ -224,5 +224,11 @@ where
     /// Every watched key with its handler counts.
     pub fn watched_keys(&self) -> BTreeMap<ObjectKey, KeyStatus> {
         self.inner.registry.snapshot()
+    }
+
+    /// How many keys are watched and synced: [`watched_keys`](Self::watched_keys)'
+    /// counts, without copying the keys.
+    pub fn watched_counts(&self) -> KeyCounts {
+        self.inner.registry.counts()
     }
 }

@@ -97,6 +97,15 @@ pub struct KeyStatus {
     pub exists: bool,
 }
 
+/// How many keys are watched, and how many of them finished their first sync.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyCounts {
+    /// Keys with a live entry.
+    pub watched: usize,
+    /// Of those, the ones whose first sync has completed.
+    pub synced: usize,
+}
+
 /// The registry. Cheap to clone; clones share the same map.
 pub(crate) struct Registry<K: Send + Sync + 'static, L: LockFamily> {
     inner: Arc<RegistryInner<K, L>>,
@@ -298,6 +307,18 @@ where
                     (key.clone(), status)
                 })
                 .collect()
+        })
+    }
+
+    /// The counts of [`snapshot`](Self::snapshot), without copying a key: metrics read
+    /// them on every scrape, under the same lock the registrations take.
+    pub(crate) fn counts(&self) -> KeyCounts {
+        self.inner.slots.with(|slots| KeyCounts {
+            watched: slots.len(),
+            synced: slots
+                .values()
+                .filter(|slot| matches!(*slot.entry.sync.borrow(), SyncState::Synced))
+                .count(),
         })
     }
 

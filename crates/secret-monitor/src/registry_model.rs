@@ -15,7 +15,7 @@ use shuttle::sync::Mutex;
 use tokio::sync::mpsc;
 
 use crate::lock::{Lock, LockFamily};
-use crate::registry::{Registry, SyncDriver};
+use crate::registry::{KeyCounts, Registry, SyncDriver};
 use crate::{MonitorError, MonitorErrorKind, ObjectEvent, ObjectKey};
 
 struct ShuttleLocks;
@@ -231,6 +231,7 @@ fn model() {
             "entries left behind: {:?}",
             registry.snapshot()
         );
+        assert_eq!(registry.counts(), KeyCounts::default());
         let drivers = std::mem::take(&mut ledger.lock().expect("ledger").drivers);
         for driver in drivers {
             driver.await.expect("driver panicked");
@@ -286,6 +287,13 @@ fn concurrent_callers_share_one_sync() {
                     handles.push(ticket.attach(Box::new(sink)).expect("attach"));
                 }
                 assert_eq!(registry.snapshot()[&key()].handlers, 4);
+                assert_eq!(
+                    registry.counts(),
+                    KeyCounts {
+                        watched: 1,
+                        synced: 1
+                    }
+                );
                 for handle in &handles {
                     assert_eq!(registry.get(handle).expect("registered"), None);
                     registry.remove(handle).expect("remove");

@@ -25,6 +25,8 @@ use route_secrets::testing::{LeafSpec, Pki};
 /// Generous bound for anything the tests wait for (CI machines are slow and shared);
 /// never an assertion on how long something took.
 pub const PATIENCE: Duration = Duration::from_secs(90);
+/// How long a dropped certwatch may take to stop after SIGTERM before it is killed.
+const STOP_PATIENCE: Duration = Duration::from_secs(20);
 
 /// The binary under test: this build's, or the one `CERTWATCH_BIN` names (a measured
 /// run of a release or dist build).
@@ -423,6 +425,19 @@ impl Drop for Certwatch {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("--- certwatch run log ---\n{}", tail(&self.log));
+        }
+        // SIGTERM first: certwatch stops the HAProxy it runs (a SIGKILL would leave that
+        // child running, its ports bound, after the test).
+        let running = |child: &mut Child| matches!(child.try_wait(), Ok(None));
+        if running(&mut self.child) {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(self.child.id().to_string())
+                .status();
+            let deadline = Instant::now() + STOP_PATIENCE;
+            while running(&mut self.child) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use secret_monitor::{
-    EventSink, HandlerHandle, KeyStatus, MonitorError, ObjectEvent, ObjectKey, ObjectMonitor,
+    EventSink, HandlerHandle, KeyCounts, KeyStatus, MonitorError, ObjectEvent, ObjectKey,
+    ObjectMonitor,
 };
 use tokio::task::AbortHandle;
 
@@ -168,6 +169,12 @@ impl SecretManager {
     /// Every watched secret with its handler counts (prefetch holds included).
     pub fn watched_secrets(&self) -> BTreeMap<ObjectKey, KeyStatus> {
         self.inner.monitor.watched_keys()
+    }
+
+    /// How many secrets are watched, and how many of them synced (prefetch holds
+    /// included), without copying their names.
+    pub fn watched_counts(&self) -> KeyCounts {
+        self.inner.monitor.watched_counts()
     }
 
     /// Starts registering `namespace/secret` in the background and keeps its watch until

@@ -234,6 +234,13 @@ pub struct BenchArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     pub rotation_seconds: f64,
 
+    /// The haproxy strategy: HAProxy's `nbthread` (default: HAProxy's own, one thread
+    /// per CPU). Each `commit ssl cert` takes the write lock of the SNI tree that every
+    /// handshake reads, so with several threads serving handshakes HAProxy commits
+    /// fewer certificates per second.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub haproxy_threads: Option<u16>,
+
     /// How long one strategy may take to become ready.
     #[arg(long, value_name = "D", value_parser = duration_arg, default_value = "10m")]
     pub timeout: Duration,
@@ -534,6 +541,7 @@ async fn run_strategy(
         route_listing: args.route_listing,
         status_writes: args.status_writes,
         timeout_ms: u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX),
+        haproxy_threads: args.haproxy_threads,
     };
     let wrapper: Vec<String> = args
         .client_wrapper

@@ -72,6 +72,10 @@ pub struct ClientSpec {
     pub status_writes: bool,
     /// How long the strategy may take to become ready.
     pub timeout_ms: u64,
+    /// The haproxy strategy: HAProxy's `nbthread` (`None`: its default, one thread per
+    /// CPU).
+    #[serde(default)]
+    pub haproxy_threads: Option<u16>,
 }
 
 /// One line from the child.
@@ -211,4 +215,7 @@ pub struct HaproxyReady {
     pub cold_load_ms: u64,
     /// The daemon's HTTP endpoint (`/metrics`).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// HAProxy's `nbthread` (`None`: its default).
+    #[serde(default)]
+    pub threads: Option<u16>,
 }

@@ -509,8 +509,13 @@ fn haproxy_section(out: &mut String, r: &RunResult, h: &super::haproxy::HaproxyF
     );
     let _ = writeln!(
         out,
-        "  HAProxy's own rate: {:.0} set ssl cert + commit ssl cert per second ({} certificates, pipelined, one connection)",
-        h.own_rate_per_s, h.own_rate_sample
+        "  HAProxy's own rate: {:.0} set ssl cert + commit ssl cert per second ({} certificates, pipelined, one connection); nbthread {}",
+        h.own_rate_per_s,
+        h.own_rate_sample,
+        s.threads
+            .map_or("HAProxy's default (one per CPU)".to_owned(), |threads| {
+                threads.to_string()
+            }),
     );
     let _ = writeln!(
         out,

@@ -285,9 +285,9 @@ pub async fn run(
         .await
         .map_err(|_| failed("the daemon stopped before its files were ready"))?;
     let files_ready_ms = ms(started.elapsed());
-    let peak_mib = || super::process_stats::ProcessStats::now().rss_peak_bytes as f64 / 1_048_576.0;
+    let peak_mib = || super::report::mib(super::process_stats::ProcessStats::now().rss_peak_bytes);
     super::progress(&format!(
-        "  haproxy: files ready at {files_ready_ms} ms, peak memory so far {:.1} MiB",
+        "  haproxy: files ready at {files_ready_ms} ms, peak memory so far {} MiB",
         peak_mib()
     ));
     // Ready served, by handshakes: a sample spread over the crt-list.
@@ -310,7 +310,7 @@ pub async fn run(
     sample_until_served(port, samples).await;
     let served_ms = ms(started.elapsed());
     super::progress(&format!(
-        "  haproxy: served at {served_ms} ms, peak memory so far {:.1} MiB (with the handshake sampler's)",
+        "  haproxy: served at {served_ms} ms, peak memory so far {} MiB (with the handshake sampler's)",
         peak_mib()
     ));
     let daemon_ready_ms = daemon_ready

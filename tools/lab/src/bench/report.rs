@@ -348,7 +348,8 @@ pub fn human_ms(ms: u64) -> String {
     }
 }
 
-fn mib(bytes: u64) -> String {
+/// Bytes as MiB with one decimal.
+pub(super) fn mib(bytes: u64) -> String {
     format!("{:.1}", bytes as f64 / (1024.0 * 1024.0))
 }
 

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use certwatch_lab::traffic::{DemoBackend, backend_ip, https_get};
+use certwatch_lab::traffic::{DemoBackend, https_get};
 use clap::Parser;
 use kube_sim::{GenerateSpec, SimConfig, Simulator};
 
@@ -92,7 +92,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
-    let ip = backend_ip().expect("a non-loopback address for the backends");
+    let test_host = testenv::netns::TestHost::shared()
+        .expect("a test host for the backends (root and iproute2)");
     let sim = Simulator::start(SimConfig::default()).await.unwrap();
     let cluster = sim
         .generate(&GenerateSpec::new(args.routes, args.namespaces))
@@ -100,7 +101,7 @@ async fn main() {
     let admin = sim.client("admin").await.unwrap();
     let route = &cluster.routes[0];
     let (namespace, host) = (route.namespace.clone(), route.host.clone());
-    let first = DemoBackend::start("first", ip).await.unwrap();
+    let first = DemoBackend::start("first", test_host).await.unwrap();
     sim.load_manifests(
         &serde_json::to_string(&serde_json::json!({"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": "svc-0", "namespace": namespace},
@@ -113,7 +114,7 @@ async fn main() {
     // The route added later: its namespace, secret and grant exist before certwatch
     // starts, its service and endpoint too.
     let late_ns = "late";
-    let late_backend = DemoBackend::start("late", ip).await.unwrap();
+    let late_backend = DemoBackend::start("late", test_host).await.unwrap();
 
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
@@ -165,7 +166,7 @@ async fn main() {
         started.elapsed().as_secs_f64()
     );
 
-    let second = DemoBackend::start("second", ip).await.unwrap();
+    let second = DemoBackend::start("second", test_host).await.unwrap();
     let slices = kube::Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(
         admin.clone(),
         &namespace,

@@ -293,16 +293,21 @@ async fn prepare_traffic(
         say("  (no haproxy on PATH: no traffic through HAProxy at the end)");
         return Ok(None);
     };
-    let Some(ip) = crate::traffic::backend_ip() else {
-        say("  (no non-loopback address for a backend: no traffic through HAProxy at the end)");
-        return Ok(None);
+    let host = match testenv::netns::TestHost::shared() {
+        Ok(host) => host,
+        Err(error) => {
+            say(&format!(
+                "  (no test host for a backend: {error}; no traffic through HAProxy at the end)"
+            ));
+            return Ok(None);
+        }
     };
     let index = cluster.routes.len() / 2;
     let Some(route) = cluster.routes.get(index) else {
         return Ok(None);
     };
     let traffic = |message: String| DemoError::Traffic(message);
-    let backend = crate::traffic::DemoBackend::start("demo-backend", ip)
+    let backend = crate::traffic::DemoBackend::start("demo-backend", host)
         .await
         .map_err(|error| traffic(error.to_string()))?;
     let admin = simulator.client("admin").await?;

@@ -2,26 +2,19 @@
 //! route's Service and EndpointSlice, and one HTTPS request (with SNI) through the
 //! HAProxy certwatch runs, reporting who answered and under which certificate.
 //!
-//! The backend listens on this machine's address on its default route: Kubernetes
-//! refuses loopback addresses in EndpointSlices (and kube-sim does as it does).
+//! The backend listens in the lab's test host (`testenv::netns`: a network namespace of
+//! this process's own, joined to the machine by a veth pair): Kubernetes refuses loopback
+//! addresses in EndpointSlices (and kube-sim does as it does), and demo traffic never
+//! goes to the machine's own interface address.
 
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, PostParams};
 use route_secrets::tls::Sha256Fingerprint;
+use testenv::netns::{TestHost, TestHostError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-
-/// This machine's address on its default route, if it has one.
-pub fn backend_ip() -> Option<IpAddr> {
-    let socket = UdpSocket::bind("0.0.0.0:0").ok()?;
-    // A UDP connect sends nothing: it only picks the route's source address.
-    socket.connect("203.0.113.1:9").ok()?;
-    let ip = socket.local_addr().ok()?.ip();
-    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
-}
 
 /// A backend answering every request with `200` and its name.
 pub struct DemoBackend {
@@ -39,10 +32,15 @@ impl Drop for DemoBackend {
 }
 
 impl DemoBackend {
-    /// Starts one on `ip`.
-    pub async fn start(name: &str, ip: IpAddr) -> std::io::Result<Self> {
-        let listener = TcpListener::bind((ip, 0)).await?;
-        let addr = listener.local_addr()?;
+    /// Starts one in the test host `host`.
+    pub async fn start(name: &str, host: &TestHost) -> Result<Self, TestHostError> {
+        let listener = host.listen(0)?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| TestHostError::Bind {
+                addr: SocketAddr::new(host.ip(), 0),
+                source,
+            })?;
         let body = format!("hello from {name} ({addr})\n");
         let answer = format!(
             "HTTP/1.1 200 OK\r\nx-backend: {name}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",

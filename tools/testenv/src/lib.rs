@@ -56,6 +56,7 @@ pub mod binaries;
 mod control_plane;
 mod error;
 pub mod install;
+pub mod netns;
 pub mod openshift_router;
 mod pki;
 pub mod process;

@@ -3,10 +3,12 @@
 //! through an HAProxy and report the status, who answered, the certificate served and
 //! the ALPN negotiated.
 //!
-//! Backends listen on the machine's own non-loopback address: kube-apiserver (and so
-//! kube-sim) refuses loopback and link-local addresses in EndpointSlices.
+//! Backends listen in this test process's own test host (a network namespace joined to
+//! the machine by a veth pair, `testenv::netns`): kube-apiserver (and so kube-sim)
+//! refuses loopback and link-local addresses in EndpointSlices, and test traffic never
+//! goes to the machine's own interface address.
 
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Service;
@@ -16,17 +18,18 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// This machine's address on its default route: where the backends listen.
+/// The test host's address: where the backends listen.
 pub fn backend_ip() -> IpAddr {
-    let socket = UdpSocket::bind("0.0.0.0:0").unwrap();
-    // A UDP connect sends nothing: it only picks the source address of the route.
-    socket.connect("203.0.113.1:9").expect(
-        "the routing tests need a non-loopback IPv4 address with a default route \
-         (kube-apiserver refuses loopback addresses in EndpointSlices)",
-    );
-    let ip = socket.local_addr().unwrap().ip();
-    assert!(!ip.is_loopback() && !ip.is_unspecified(), "{ip}");
-    ip
+    testenv::netns::TestHost::shared()
+        .expect("the routing tests run their backends in a test host (root and iproute2)")
+        .ip()
+}
+
+/// A listener for a backend, on any port of the test host.
+pub fn backend_listener() -> TcpListener {
+    testenv::netns::TestHost::shared()
+        .and_then(|host| host.listen(0))
+        .expect("a backend's socket in the test host (root and iproute2)")
 }
 
 /// A backend: a name it answers with, where it listens, and what it was asked.
@@ -90,7 +93,7 @@ async fn serve_one<S: AsyncRead + AsyncWrite + Unpin>(
 impl Backend {
     /// A plain HTTP backend.
     pub async fn http(name: &str) -> Self {
-        let listener = TcpListener::bind((backend_ip(), 0)).await.unwrap();
+        let listener = backend_listener();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (task_name, task_seen) = (name.to_owned(), Arc::clone(&seen));
@@ -131,7 +134,7 @@ impl Backend {
         .unwrap();
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-        let listener = TcpListener::bind((backend_ip(), 0)).await.unwrap();
+        let listener = backend_listener();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (task_name, task_seen) = (name.to_owned(), Arc::clone(&seen));

@@ -462,6 +462,17 @@ pub struct RunArgs {
     #[arg(long, env = "CERTWATCH_ALLOW_WILDCARD_ROUTES", value_parser = boolish(), help_heading = "Router")]
     pub allow_wildcard_routes: bool,
 
+    /// The domain of routes with spec.subdomain and no spec.host: such a route is
+    /// admitted, served and recorded as `<subdomain>.<domain>`, as by the router with
+    /// ROUTER_DOMAIN; without it such routes are rejected NoHostValue.
+    #[arg(
+        long,
+        env = "CERTWATCH_ROUTER_DOMAIN",
+        value_name = "DOMAIN",
+        help_heading = "Router"
+    )]
+    pub router_domain: Option<String>,
+
     /// Let routes of any namespace claim a host (with different paths). By default a
     /// host belongs to the namespace of its oldest route, and routes of other
     /// namespaces are rejected HostAlreadyClaimed.
@@ -767,6 +778,10 @@ impl RunArgs {
         options.access_ttl = self.access_cache_ttl;
         options.access_denied_ttl = self.access_denied_ttl;
         options.hosts.allow_wildcard_routes = self.allow_wildcard_routes;
+        options.router_domain = self
+            .router_domain
+            .clone()
+            .filter(|domain| !domain.is_empty());
         options.openssl_security_level = self.openssl_security_level;
         options.hosts.disable_namespace_ownership_check = self.disable_namespace_ownership_check;
         options.identity = identity;

@@ -104,6 +104,10 @@ pub struct MachineOptions {
     /// Checks routes' inline certificates and TLS configuration (and, with the same
     /// OpenSSL security level, the shell validates secrets).
     pub validator: TlsValidator,
+    /// The router's domain (`ROUTER_DOMAIN`): a route with `spec.subdomain` and no
+    /// `spec.host` is decided, and served, as `<subdomain>.<domain>`; without one such
+    /// a route has no host (`NoHostValue`).
+    pub router_domain: Option<String>,
     /// Record outcomes in route status ([`Effect::RecordStatus`]). The machine then
     /// keeps each route's latest object for that write; without, it keeps only what it
     /// decides with (a tenth of the memory).
@@ -120,6 +124,7 @@ impl Default for MachineOptions {
             retry,
             seed: 0,
             validator: TlsValidator::default(),
+            router_domain: None,
             record_status: true,
         }
     }
@@ -284,10 +289,11 @@ impl RouteMachine {
 
     /// Records the latest copy of a route, queues it, and starts the network work its
     /// apply will need.
-    fn accept(&mut self, route: Route, effects: &mut Vec<Effect>) {
+    fn accept(&mut self, mut route: Route, effects: &mut Vec<Effect>) {
         let Some(key) = route.key() else {
             return;
         };
+        route.apply_router_domain(self.options.router_domain.as_deref());
         let claim = Claim::of(&route);
         let route = Arc::new(RouteCopy::of(route, self.options.record_status));
         // A route the host admission refuses claims nothing: the router's unique-host

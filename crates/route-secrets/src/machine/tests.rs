@@ -146,6 +146,7 @@ impl Driver {
                 denial_recheck_min: Duration::from_millis(800),
                 seed: 7,
                 validator: crate::tls::TlsValidator::default(),
+                router_domain: None,
                 record_status: true,
             }),
             now: Instant::now(),
@@ -1269,6 +1270,27 @@ fn a_route_without_a_host_is_rejected_and_a_wildcard_host_without_a_domain_gets_
     let mut d = listed_with(allow, wildcard("localhost"));
     d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
     assert_eq!(admitted_sni(&d), vec![Sni::NoHost]);
+}
+
+/// A route with `spec.subdomain` and no host is decided at `<subdomain>.<domain>` when
+/// the router has a domain, and has no host (`NoHostValue`) without one.
+#[test]
+fn a_subdomain_route_takes_its_host_from_the_routers_domain() {
+    let mut subdomain = route("r", Some("s"), "", 10, "uid-r");
+    subdomain.spec.subdomain = Some("shop".to_owned());
+    let d = listed_with(HostPolicy::default(), subdomain.clone());
+    assert_eq!(d.said_to("r"), vec![Said::Rejected("NoHostValue")]);
+    let mut d = Driver::new();
+    d.machine = RouteMachine::new(MachineOptions {
+        router_domain: Some("apps.example".to_owned()),
+        ..d.machine.options.clone()
+    });
+    d.step(Input::Listed(vec![subdomain]));
+    d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
+    assert_eq!(
+        admitted_sni(&d),
+        vec![Sni::Host("shop.apps.example".to_owned())]
+    );
 }
 
 /// A route in namespace `ns` claiming `host` (with `path`), created at second `age`.

@@ -46,10 +46,11 @@ impl Drop for Backend {
     }
 }
 
-/// The answer a backend gives: `200`, `x-backend: <name>`, body `<name>`.
-fn answer(name: &str) -> String {
+/// The answer a backend gives: `200`, `x-backend: <name>`, `x-path: <the request's
+/// path as received>`, body `<name>`.
+fn answer(name: &str, path: &str) -> String {
     format!(
-        "HTTP/1.1 200 OK\r\nx-backend: {name}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{name}",
+        "HTTP/1.1 200 OK\r\nx-backend: {name}\r\nx-path: {path}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{name}",
         name.len()
     )
 }
@@ -82,8 +83,9 @@ async fn serve_one<S: AsyncRead + AsyncWrite + Unpin>(
                 .map(|(_, v)| v.trim().to_owned())
         })
         .unwrap_or_default();
+    let response = answer(name, &path);
     seen.lock().unwrap().push((host, path));
-    let _ = stream.write_all(answer(name).as_bytes()).await;
+    let _ = stream.write_all(response.as_bytes()).await;
     let _ = stream.shutdown().await;
 }
 
@@ -256,13 +258,26 @@ pub struct Response {
     pub certificate: Option<Vec<u8>>,
     /// The ALPN protocol negotiated (HTTPS only).
     pub alpn: Option<String>,
+    /// The `x-path` header: the path the backend received.
+    pub path: Option<String>,
+    /// The `strict-transport-security` header.
+    pub hsts: Option<String>,
+}
+
+/// What an exchange read from a response: status and the headers the tests look at.
+struct Answer {
+    status: u16,
+    backend: Option<String>,
+    location: Option<String>,
+    path: Option<String>,
+    hsts: Option<String>,
 }
 
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     host: &str,
     path: &str,
-) -> Option<(u16, Option<String>, Option<String>)> {
+) -> Option<Answer> {
     let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut response = Vec::new();
@@ -283,19 +298,27 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
             })
         })
     };
-    Some((status, header("x-backend"), header("location")))
+    Some(Answer {
+        status,
+        backend: header("x-backend"),
+        location: header("location"),
+        path: header("x-path"),
+        hsts: header("strict-transport-security"),
+    })
 }
 
 /// A plain HTTP request for `host` + `path` to `addr`.
 pub async fn http_get(addr: SocketAddr, host: &str, path: &str) -> Option<Response> {
     let stream = TcpStream::connect(addr).await.ok()?;
-    let (status, backend, location) = exchange(stream, host, path).await?;
+    let answer = exchange(stream, host, path).await?;
     Some(Response {
-        status,
-        backend,
-        location,
+        status: answer.status,
+        backend: answer.backend,
+        location: answer.location,
         certificate: None,
         alpn: None,
+        path: answer.path,
+        hsts: answer.hsts,
     })
 }
 
@@ -319,14 +342,18 @@ pub async fn https_get(addr: SocketAddr, sni: &str, path: &str, h2: bool) -> Opt
             location: None,
             certificate,
             alpn,
+            path: None,
+            hsts: None,
         });
     }
-    let (status, backend, location) = exchange(stream, sni, path).await?;
+    let answer = exchange(stream, sni, path).await?;
     Some(Response {
-        status,
-        backend,
-        location,
+        status: answer.status,
+        backend: answer.backend,
+        location: answer.location,
         certificate,
         alpn,
+        path: answer.path,
+        hsts: answer.hsts,
     })
 }

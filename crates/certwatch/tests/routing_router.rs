@@ -33,6 +33,13 @@ use testenv::{ControlPlane, ControlPlaneOptions, Installer};
 
 const NS: &str = "shop";
 
+/// A route of a per-route feature: name, host, spec (without the host), annotations.
+type Feature<'a> = (&'a str, &'a str, serde_json::Value, Vec<(&'a str, &'a str)>);
+
+/// The header names whose case both routers adjust (`ROUTER_H1_CASE_ADJUST`,
+/// `--http-header-name-case-adjustments`).
+const CASE_ADJUST: &str = "Host,X-Backend";
+
 /// The routers' domain (`ROUTER_DOMAIN`, `--router-domain`), for `spec.subdomain`.
 const DOMAIN: &str = "apps.example";
 
@@ -70,6 +77,7 @@ impl RealRouter {
             .env("ROUTER_NAME", name)
             .env("ROUTER_MAX_CONNECTIONS", "2000")
             .env("ROUTER_DOMAIN", DOMAIN)
+            .env("ROUTER_H1_CASE_ADJUST", CASE_ADJUST)
             .output()
             .expect("run the router tool's start");
         assert!(
@@ -145,6 +153,10 @@ struct Seen {
     path: Option<String>,
     /// The `Strict-Transport-Security` header of the response.
     hsts: Option<String>,
+    /// The Host header's name as the backend received it (its case).
+    host_header: Option<String>,
+    /// The `x-backend` header's name as the client received it (its case).
+    backend_header: Option<String>,
 }
 
 /// Names a certificate: the route's secret it is, or `default`.
@@ -168,6 +180,8 @@ fn seen(responses: &[Option<Response>], leaves: &BTreeMap<Vec<u8>, String>) -> S
         alpn: first.as_ref().and_then(|r| r.alpn.clone()),
         path: first.as_ref().and_then(|r| r.path.clone()),
         hsts: first.as_ref().and_then(|r| r.hsts.clone()),
+        host_header: first.as_ref().and_then(|r| r.host_header.clone()),
+        backend_header: first.as_ref().and_then(|r| r.backend_header.clone()),
         backends: responses
             .iter()
             .flatten()
@@ -210,6 +224,8 @@ async fn requests(
             backends: BTreeSet::new(),
             path: None,
             hsts: None,
+            host_header: None,
+            backend_header: None,
         },
     ));
     out
@@ -285,6 +301,22 @@ async fn held_connections(addr: SocketAddr, sni: &str, count: usize) -> usize {
         }
     }
     held.len()
+}
+
+/// The certificates (DER) the proxy at `addr` presents for `sni`, in the order served.
+async fn served_chain(addr: SocketAddr, sni: &str) -> Vec<Vec<u8>> {
+    let Some(session) = testenv::tls_probe::connect(addr, sni, &[b"http/1.1"]).await else {
+        return Vec::new();
+    };
+    session
+        .stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .into_iter()
+        .flatten()
+        .map(|der| der.to_vec())
+        .collect()
 }
 
 /// The statuses of `count` HTTPS requests to `host` in a row (0: no answer).
@@ -426,6 +458,24 @@ async fn traffic_through_certwatch_matches_the_real_router() {
         );
         secrets.push(secret);
     }
+    // A certificate issued by an intermediate, for the routes' own caCertificate (the
+    // intermediate and the root): from a secret and inline.
+    let now = jiff::Timestamp::now();
+    let pki = route_secrets::testing::Pki::new(now);
+    let ca_ext = pki.issue(&route_secrets::testing::LeafSpec::new(
+        "ca-ext.example",
+        now,
+    ));
+    let ca_inline = pki.issue(&route_secrets::testing::LeafSpec::new(
+        "ca-inline.example",
+        now,
+    ));
+    let route_ca = format!("{}{}", pki.intermediate_pem(), pki.root_pem());
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(admin.clone(), NS)
+        .create(&Default::default(), &ca_ext.secret(NS, "ca-ext-tls"))
+        .await
+        .unwrap();
+    secrets.push("ca-ext-tls".to_owned());
     let names: Vec<&str> = secrets.iter().map(String::as_str).collect();
     installer.grant_router_secrets(NS, &names).await.unwrap();
     for (name, host, termination, policy, to) in cases {
@@ -517,7 +567,7 @@ async fn traffic_through_certwatch_matches_the_real_router() {
     const REWRITE: &str = "haproxy.router.openshift.io/rewrite-target";
     const LIMIT: &str = "haproxy.router.openshift.io/rate-limit-connections";
     let allow_open = format!("{client_net} 10.0.0.1");
-    let features: Vec<(&str, &str, serde_json::Value, Vec<(&str, &str)>)> = vec![
+    let features: Vec<Feature> = vec![
         (
             "allow-open",
             "allow-open.example",
@@ -585,6 +635,12 @@ async fn traffic_through_certwatch_matches_the_real_router() {
             vec![(REWRITE, "/q%25\\z")],
         ),
         (
+            "h1-case",
+            "h1-case.example",
+            plain("green"),
+            vec![("haproxy.router.openshift.io/h1-adjust-case", "true")],
+        ),
+        (
             "rewrite-bad",
             "rewrite-bad.example",
             with_path(plain("green"), "/a"),
@@ -605,6 +661,26 @@ async fn traffic_through_certwatch_matches_the_real_router() {
     )
     .await;
     let sub_host = format!("sub.{DOMAIN}");
+    create_route_spec(
+        &admin,
+        NS,
+        "ca-ext",
+        serde_json::json!({"host": "ca-ext.example", "to": {"kind": "Service", "name": "blue"},
+                           "tls": {"termination": "edge", "externalCertificate": {"name": "ca-ext-tls"},
+                                   "caCertificate": route_ca}}),
+    )
+    .await;
+    create_route_spec(
+        &admin,
+        NS,
+        "ca-inline",
+        serde_json::json!({"host": "ca-inline.example", "to": {"kind": "Service", "name": "blue"},
+                           "tls": {"termination": "edge", "certificate": ca_inline.chain_pem(),
+                                   "key": ca_inline.key_pem(), "caCertificate": route_ca}}),
+    )
+    .await;
+    leaves.insert(ca_ext.leaf_der(), "ca-ext".to_owned());
+    leaves.insert(ca_inline.leaf_der(), "ca-inline".to_owned());
     let mut limited = edge("blue");
     limited["host"] = "limited.example".into();
     limited["alternateBackends"] =
@@ -647,6 +723,8 @@ async fn traffic_through_certwatch_matches_the_real_router() {
             "2000",
             "--router-domain",
             DOMAIN,
+            "--http-header-name-case-adjustments",
+            CASE_ADJUST,
         ],
     );
     certwatch.wait_ready().await;
@@ -666,7 +744,7 @@ async fn traffic_through_certwatch_matches_the_real_router() {
     let mut all_routes: Vec<&str> = cases.iter().map(|(name, ..)| *name).collect();
     all_routes.extend(kinds.iter().map(|(name, ..)| *name));
     all_routes.extend(features.iter().map(|(name, ..)| *name));
-    all_routes.extend(["sub", "limited", "limited-pass"]);
+    all_routes.extend(["sub", "limited", "limited-pass", "ca-ext", "ca-inline"]);
     for who in ["real", "certwatch"] {
         let all_routes = &all_routes;
         let admin = &admin;
@@ -731,6 +809,8 @@ async fn traffic_through_certwatch_matches_the_real_router() {
     hosts.extend(kinds.iter().map(|(n, h, _)| (*n, *h)));
     hosts.extend(features.iter().map(|(n, h, ..)| (*n, *h)));
     hosts.push(("sub", sub_host.as_str()));
+    hosts.push(("ca-ext", "ca-ext.example"));
+    hosts.push(("ca-inline", "ca-inline.example"));
     hosts.push(("unknown", "unknown.example"));
     for (name, host) in hosts {
         let on_router = requests(theirs.0, theirs.1, host, &leaves).await;
@@ -805,6 +885,24 @@ async fn traffic_through_certwatch_matches_the_real_router() {
             .await
             .unwrap();
         assert_eq!(odd.path.as_deref(), Some("/q%25z/b"), "{who}");
+    }
+    // A route's caCertificate is served after its chain: leaf, intermediate (tls.crt),
+    // then the route's intermediate and root, through both.
+    for host in ["ca-ext.example", "ca-inline.example"] {
+        let router_chain = served_chain(theirs.1, host).await;
+        let certwatch_chain = served_chain(ours.1, host).await;
+        assert_eq!(router_chain.len(), 4, "the router's chain for {host}");
+        assert_eq!(router_chain, certwatch_chain, "{host}");
+    }
+    // Header case: responses to clients adjusted for every route, requests to the
+    // backend only for the route that asks.
+    for (who, addr) in [("certwatch", ours), ("the router", theirs)] {
+        let asked = http_get(addr.0, "h1-case.example", "/").await.unwrap();
+        assert_eq!(asked.host_header.as_deref(), Some("Host"), "{who}");
+        assert_eq!(asked.backend_header.as_deref(), Some("X-Backend"), "{who}");
+        let other = http_get(addr.0, "plain.example", "/").await.unwrap();
+        assert_eq!(other.host_header.as_deref(), Some("host"), "{who}");
+        assert_eq!(other.backend_header.as_deref(), Some("X-Backend"), "{who}");
     }
     // The subdomain route's status names the host both serve it at.
     for who in ["real", "certwatch"] {

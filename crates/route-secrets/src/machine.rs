@@ -71,7 +71,16 @@ use state::{
 
 use crate::reason::{AdmissionProblem, Reason, ValidationProblem};
 use crate::route::{Route, RouteKey, TlsTermination, validate_secret_name};
-use crate::tls::{TlsConfigProblem, TlsRejection, TlsValidator};
+use crate::tls::{TlsConfigProblem, TlsRejection, TlsValidator, ValidatedTls};
+
+/// The certificate a route is served with: `tls`, followed by the route's own
+/// `spec.tls.caCertificate` when it has one, as the router writes it.
+fn with_route_ca(tls: Arc<ValidatedTls>, ca_certificate: Option<&str>) -> Arc<ValidatedTls> {
+    match ca_certificate.filter(|ca| !ca.is_empty()) {
+        Some(ca) => Arc::new(tls.with_ca_certificate(ca)),
+        None => tls,
+    }
+}
 
 /// Which hosts the router admits, as the router's host admission options.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -430,11 +439,11 @@ impl RouteMachine {
                 self.reject(key, reason, effects);
                 return;
             }
-            if let Some(tls) = served {
-                warnings = tls.warnings().to_vec();
+            if let Some(served) = served {
+                warnings = served.warnings().to_vec();
                 certificate = Some(RouteCertificate {
                     source: CertificateSource::Inline,
-                    tls,
+                    tls: with_route_ca(served, tls.ca_certificate.as_deref()),
                 });
             }
         }
@@ -818,7 +827,7 @@ impl RouteMachine {
             created: route.created,
             certificate: tls.map(|tls| RouteCertificate {
                 source: CertificateSource::Secret(secret),
-                tls,
+                tls: with_route_ca(tls, fields.and_then(|f| f.ca_certificate.as_deref())),
             }),
             warnings,
             routing: Arc::clone(&route.routing),

@@ -83,6 +83,11 @@ pub struct RenderOptions {
     /// Health check interval of servers of backends with several endpoints
     /// (`ROUTER_BACKEND_CHECK_INTERVAL`, `5000ms`).
     pub health_check_interval: String,
+    /// HTTP header names whose case HAProxy adjusts in HTTP/1 (each as it should be
+    /// written; the router's `ROUTER_H1_CASE_ADJUST`): in every response to clients,
+    /// and in requests to the backends of routes with
+    /// `haproxy.router.openshift.io/h1-adjust-case: true`.
+    pub header_case_adjustments: Vec<String>,
     /// The OpenSSL security level HAProxy loads certificates at: the same as
     /// certwatch's validation, through the `OPENSSL_CONF` file written beside the
     /// configuration ([`OPENSSL_CONF_FILE`]).
@@ -112,6 +117,7 @@ impl RenderOptions {
             load_balance_algorithm: "random".into(),
             tcp_balance_scheme: "source".into(),
             health_check_interval: "5000ms".into(),
+            header_case_adjustments: Vec::new(),
             openssl_security_level: SecurityLevel::default(),
         }
     }
@@ -465,6 +471,7 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
         e503 = dir.join(ERROR_PAGES[0].0).display(),
         e404 = dir.join(ERROR_PAGES[1].0).display(),
     );
+    header_case_adjustments(out, options);
     let _ = writeln!(
         out,
         "frontend public\n  bind {http}\n  mode http\n  \
@@ -517,6 +524,24 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
         out,
         "backend openshift_default\n  mode http\n  option forwardfor\n  option http-pretend-keepalive\n"
     );
+}
+
+/// The header names whose case HAProxy adjusts (a `global` section of their own) and
+/// the adjustment of responses to clients (in `defaults`, which this follows).
+fn header_case_adjustments(out: &mut String, options: &RenderOptions) {
+    if options.header_case_adjustments.is_empty() {
+        return;
+    }
+    out.push_str(
+        "  option h1-case-adjust-bogus-client
+
+global
+",
+    );
+    for name in &options.header_case_adjustments {
+        let _ = writeln!(out, "  h1-case-adjust {} {name}", name.to_ascii_lowercase());
+    }
+    out.push('\n');
 }
 
 /// What every HTTP frontend does to a request before routing it: refuse an empty
@@ -617,6 +642,11 @@ fn backend(
             "append" => out.push_str("  option forwardfor\n"),
             "if-none" => out.push_str("  option forwardfor if-none\n"),
             _ => {}
+        }
+        if !options.header_case_adjustments.is_empty()
+            && annotations::is_true(annotation("haproxy.router.openshift.io/h1-adjust-case"))
+        {
+            out.push_str("  option h1-case-adjust-bogus-server\n");
         }
         let balance = balance.map(str::to_owned).unwrap_or_else(|| {
             if plan.active_services > 1 {

@@ -47,10 +47,11 @@ impl Drop for Backend {
 }
 
 /// The answer a backend gives: `200`, `x-backend: <name>`, `x-path: <the request's
-/// path as received>`, body `<name>`.
-fn answer(name: &str, path: &str) -> String {
+/// path as received>`, `x-host-header: <the Host header's name as received>`, body
+/// `<name>`.
+fn answer(name: &str, path: &str, host_header: &str) -> String {
     format!(
-        "HTTP/1.1 200 OK\r\nx-backend: {name}\r\nx-path: {path}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{name}",
+        "HTTP/1.1 200 OK\r\nx-backend: {name}\r\nx-path: {path}\r\nx-host-header: {host_header}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{name}",
         name.len()
     )
 }
@@ -83,7 +84,16 @@ async fn serve_one<S: AsyncRead + AsyncWrite + Unpin>(
                 .map(|(_, v)| v.trim().to_owned())
         })
         .unwrap_or_default();
-    let response = answer(name, &path);
+    let host_header = text
+        .lines()
+        .skip(1)
+        .find_map(|line| {
+            line.split_once(':')
+                .map(|(k, _)| k)
+                .filter(|k| k.eq_ignore_ascii_case("host"))
+        })
+        .unwrap_or("");
+    let response = answer(name, &path, host_header);
     seen.lock().unwrap().push((host, path));
     let _ = stream.write_all(response.as_bytes()).await;
     let _ = stream.shutdown().await;
@@ -262,6 +272,10 @@ pub struct Response {
     pub path: Option<String>,
     /// The `strict-transport-security` header.
     pub hsts: Option<String>,
+    /// The `x-host-header` header: the Host header's name as the backend received it.
+    pub host_header: Option<String>,
+    /// The name of the `x-backend` header as the client received it (its case).
+    pub backend_header: Option<String>,
 }
 
 /// What an exchange read from a response: status and the headers the tests look at.
@@ -271,6 +285,8 @@ struct Answer {
     location: Option<String>,
     path: Option<String>,
     hsts: Option<String>,
+    host_header: Option<String>,
+    backend_header: Option<String>,
 }
 
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
@@ -304,6 +320,15 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         location: header("location"),
         path: header("x-path"),
         hsts: header("strict-transport-security"),
+        host_header: header("x-host-header"),
+        backend_header: text.split("\r\n\r\n").next().and_then(|head| {
+            head.lines().find_map(|line| {
+                line.split_once(':')
+                    .map(|(k, _)| k)
+                    .filter(|k| k.eq_ignore_ascii_case("x-backend"))
+                    .map(str::to_owned)
+            })
+        }),
     })
 }
 
@@ -319,6 +344,8 @@ pub async fn http_get(addr: SocketAddr, host: &str, path: &str) -> Option<Respon
         alpn: None,
         path: answer.path,
         hsts: answer.hsts,
+        host_header: answer.host_header,
+        backend_header: answer.backend_header,
     })
 }
 
@@ -344,6 +371,8 @@ pub async fn https_get(addr: SocketAddr, sni: &str, path: &str, h2: bool) -> Opt
             alpn,
             path: None,
             hsts: None,
+            host_header: None,
+            backend_header: None,
         });
     }
     let answer = exchange(stream, sni, path).await?;
@@ -355,5 +384,7 @@ pub async fn https_get(addr: SocketAddr, sni: &str, path: &str, h2: bool) -> Opt
         alpn,
         path: answer.path,
         hsts: answer.hsts,
+        host_header: answer.host_header,
+        backend_header: answer.backend_header,
     })
 }

@@ -2249,6 +2249,87 @@ fn passthrough_with_a_secret_and_a_foreign_ca_are_refused_after_the_secret() {
     );
 }
 
+/// A route's own caCertificate is served after its certificate, inline or from a
+/// secret, as the router appends it to the certificate file it writes.
+#[test]
+fn the_routes_ca_certificate_is_served_after_its_chain() {
+    let now = Timestamp::now();
+    let pki = Pki::new(now);
+    let leaf = pki.issue(&LeafSpec::new("inline.example", now));
+    let ca = format!("{}{}", pki.intermediate_pem(), pki.root_pem());
+    let served = |d: &Driver, name: &str| {
+        d.outcomes
+            .iter()
+            .rev()
+            .find_map(|outcome| match outcome {
+                RouteOutcome::Admitted(admitted) if admitted.route == key(name) => {
+                    admitted.certificate.clone()
+                }
+                _ => None,
+            })
+            .expect("admitted with a certificate")
+            .tls
+    };
+    let inline = route_with_tls(
+        "inline",
+        1,
+        Some(
+            serde_json::json!({"termination": "edge", "certificate": leaf.chain_pem(),
+                                "key": leaf.key_pem(), "caCertificate": ca}),
+        ),
+    );
+    let plain_inline = route_with_tls(
+        "plain-inline",
+        2,
+        Some(
+            serde_json::json!({"termination": "edge", "certificate": leaf.chain_pem(),
+                                "key": leaf.key_pem()}),
+        ),
+    );
+    let mut d = Driver::new();
+    d.step(Input::Listed(vec![inline, plain_inline]));
+    let with = served(&d, "inline");
+    let without = served(&d, "plain-inline");
+    assert_eq!(with.chain_len(), without.chain_len() + 2);
+    assert!(with.chain_pem().starts_with(without.chain_pem()));
+    assert!(
+        with.pem_bundle()
+            .expose_secret()
+            .contains(without.key_pem().expose_secret())
+    );
+    let appended = &with.chain_pem()[without.chain_pem().len()..];
+    assert_eq!(
+        appended.matches("-----BEGIN CERTIFICATE-----").count(),
+        2,
+        "{appended}"
+    );
+    let root = pki.root_pem();
+    let root_line = root.lines().nth(1).expect("a base64 line");
+    assert!(appended.contains(root_line), "the root last: {appended}");
+
+    let secret = pki.issue(&LeafSpec::new("r.example", now)).secret(NS, "s");
+    let validated = Arc::new(
+        TlsValidator::default()
+            .validate_secret(&secret, None, now)
+            .expect("valid"),
+    );
+    let external = route_with_tls(
+        "external",
+        3,
+        Some(
+            serde_json::json!({"termination": "edge", "externalCertificate": {"name": "s"},
+                                "caCertificate": ca}),
+        ),
+    );
+    let mut d = Driver::new();
+    d.step(Input::Listed(vec![external]));
+    d.found(version("uid-s", 1, Ok(Arc::clone(&validated))));
+    assert_eq!(d.said_to("external"), vec![Said::Admitted]);
+    let with = served(&d, "external");
+    assert_eq!(with.chain_len(), validated.chain_len() + 2);
+    assert!(with.chain_pem().starts_with(validated.chain_pem()));
+}
+
 /// A wildcard route the router refuses claims no host: a younger route of the same
 /// host is admitted, as the router's host admission drops the refused route before its
 /// unique-host index sees it.

@@ -785,3 +785,48 @@ fn allow_lists_rate_limits_and_rewrites_render_as_the_router_does() {
     write_config(&rendered, &options).unwrap();
     assert!(!file.exists());
 }
+
+#[test]
+fn header_case_adjustments_are_global_and_per_route_on_request() {
+    let endpoints = endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = options_in(dir.path());
+    let mut table = RoutingTable::new();
+    let mut asking = routing(Termination::Edge, InsecurePolicy::None);
+    asking.host = Some("asking.example".into());
+    asking.annotations.insert(
+        "haproxy.router.openshift.io/h1-adjust-case".into(),
+        "true".into(),
+    );
+    table.upsert(served("asking", asking));
+    let mut not_true = routing(Termination::Http, InsecurePolicy::None);
+    not_true.annotations.insert(
+        "haproxy.router.openshift.io/h1-adjust-case".into(),
+        "yes".into(),
+    );
+    table.upsert(served("not-true", not_true));
+    // Without a list, nothing of it at all.
+    let rendered = render(&table, &endpoints, &options);
+    assert!(!rendered.config.contains("h1-case-adjust"));
+    options.header_case_adjustments = vec!["Host".into(), "X-Request-ID".into()];
+    let rendered = render(&table, &endpoints, &options);
+    let config = &rendered.config;
+    assert!(
+        config.contains("  h1-case-adjust host Host\n  h1-case-adjust x-request-id X-Request-ID\n")
+    );
+    assert!(config.contains("  option h1-case-adjust-bogus-client\n"));
+    assert_eq!(
+        config.matches("option h1-case-adjust-bogus-server").count(),
+        1
+    );
+    let asking = &config[config.find("backend be_edge_http:shop:asking\n").unwrap()..];
+    assert!(
+        asking[..asking.find("\n\n").unwrap()].contains("option h1-case-adjust-bogus-server"),
+        "{asking}"
+    );
+    // The client option sits in `defaults`, before the first frontend.
+    let defaults = config.find("\ndefaults\n").unwrap();
+    let option = config.find("option h1-case-adjust-bogus-client").unwrap();
+    assert!(defaults < option && option < config.find("\nfrontend ").unwrap());
+    haproxy_check(&write_config(&rendered, &options).unwrap());
+}

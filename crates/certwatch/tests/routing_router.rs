@@ -157,6 +157,10 @@ struct Seen {
     host_header: Option<String>,
     /// The `x-backend` header's name as the client received it (its case).
     backend_header: Option<String>,
+    /// The `x-added` request header the backend received.
+    echo_added: Option<String>,
+    /// The `x-resp` response header.
+    x_resp: Option<String>,
 }
 
 /// Names a certificate: the route's secret it is, or `default`.
@@ -182,6 +186,8 @@ fn seen(responses: &[Option<Response>], leaves: &BTreeMap<Vec<u8>, String>) -> S
         hsts: first.as_ref().and_then(|r| r.hsts.clone()),
         host_header: first.as_ref().and_then(|r| r.host_header.clone()),
         backend_header: first.as_ref().and_then(|r| r.backend_header.clone()),
+        echo_added: first.as_ref().and_then(|r| r.echo_added.clone()),
+        x_resp: first.as_ref().and_then(|r| r.x_resp.clone()),
         backends: responses
             .iter()
             .flatten()
@@ -226,6 +232,8 @@ async fn requests(
             hsts: None,
             host_header: None,
             backend_header: None,
+            echo_added: None,
+            x_resp: None,
         },
     ));
     out
@@ -680,6 +688,29 @@ async fn traffic_through_certwatch_matches_the_real_router() {
     )
     .await;
     leaves.insert(ca_ext.leaf_der(), "ca-ext".to_owned());
+    // Header actions: a request header set from the request's host, a response header
+    // set from the backend's, one deleted each way; one refused value (ignored).
+    for (name, termination) in [("headers", None), ("headers-edge", Some("edge"))] {
+        let mut spec = serde_json::json!({
+            "host": format!("{name}.example"), "to": {"kind": "Service", "name": "green"},
+            "httpHeaders": {"actions": {
+                "request": [
+                    {"name": "X-Added", "action": {"type": "Set",
+                        "set": {"value": "got %[req.hdr(host),lower] 100%%"}}},
+                    {"name": "X-Drop", "action": {"type": "Delete"}}
+                ],
+                "response": [
+                    {"name": "X-Resp", "action": {"type": "Set",
+                        "set": {"value": "from %[res.hdr(x-backend)]"}}},
+                    {"name": "X-Path", "action": {"type": "Delete"}}
+                ]
+            }}
+        });
+        if let Some(termination) = termination {
+            spec["tls"] = serde_json::json!({"termination": termination});
+        }
+        create_route_spec(&admin, NS, name, spec).await;
+    }
     leaves.insert(ca_inline.leaf_der(), "ca-inline".to_owned());
     let mut limited = edge("blue");
     limited["host"] = "limited.example".into();
@@ -744,7 +775,15 @@ async fn traffic_through_certwatch_matches_the_real_router() {
     let mut all_routes: Vec<&str> = cases.iter().map(|(name, ..)| *name).collect();
     all_routes.extend(kinds.iter().map(|(name, ..)| *name));
     all_routes.extend(features.iter().map(|(name, ..)| *name));
-    all_routes.extend(["sub", "limited", "limited-pass", "ca-ext", "ca-inline"]);
+    all_routes.extend([
+        "sub",
+        "limited",
+        "limited-pass",
+        "ca-ext",
+        "ca-inline",
+        "headers",
+        "headers-edge",
+    ]);
     for who in ["real", "certwatch"] {
         let all_routes = &all_routes;
         let admin = &admin;
@@ -811,6 +850,8 @@ async fn traffic_through_certwatch_matches_the_real_router() {
     hosts.push(("sub", sub_host.as_str()));
     hosts.push(("ca-ext", "ca-ext.example"));
     hosts.push(("ca-inline", "ca-inline.example"));
+    hosts.push(("headers", "headers.example"));
+    hosts.push(("headers-edge", "headers-edge.example"));
     hosts.push(("unknown", "unknown.example"));
     for (name, host) in hosts {
         let on_router = requests(theirs.0, theirs.1, host, &leaves).await;
@@ -903,6 +944,19 @@ async fn traffic_through_certwatch_matches_the_real_router() {
         let other = http_get(addr.0, "plain.example", "/").await.unwrap();
         assert_eq!(other.host_header.as_deref(), Some("host"), "{who}");
         assert_eq!(other.backend_header.as_deref(), Some("X-Backend"), "{who}");
+    }
+    // Header actions: the backend saw the header set, the client the response header
+    // set and not the one deleted.
+    for (who, addr) in [("certwatch", ours), ("the router", theirs)] {
+        let seen = http_get(addr.0, "headers.example", "/").await.unwrap();
+        assert_eq!(
+            seen.echo_added.as_deref(),
+            Some("got headers.example 100%"),
+            "{who}"
+        );
+        assert_eq!(seen.x_resp.as_deref(), Some("from green-1"), "{who}");
+        assert_eq!(seen.path, None, "{who}: x-path deleted");
+        assert_eq!(seen.backend.as_deref(), Some("green-1"), "{who}");
     }
     // The subdomain route's status names the host both serve it at.
     for who in ["real", "certwatch"] {

@@ -710,6 +710,10 @@ fn backend(
                 "  http-response set-header Strict-Transport-Security '{hsts}'"
             );
         }
+        out.push_str(&annotations::header_actions(
+            &routing.request_headers,
+            &routing.response_headers,
+        ));
         let _ = writeln!(out, "  dynamic-cookie-key {key}");
     }
     let verify_host = routing.termination == Termination::Reencrypt

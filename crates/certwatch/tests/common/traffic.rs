@@ -48,10 +48,13 @@ impl Drop for Backend {
 
 /// The answer a backend gives: `200`, `x-backend: <name>`, `x-path: <the request's
 /// path as received>`, `x-host-header: <the Host header's name as received>`, body
-/// `<name>`.
-fn answer(name: &str, path: &str, host_header: &str) -> String {
+/// `<name>`; and `x-echo-added: <value>` when the request had an `x-added` header.
+fn answer(name: &str, path: &str, host_header: &str, added: Option<&str>) -> String {
+    let echo = added
+        .map(|value| format!("x-echo-added: {value}\r\n"))
+        .unwrap_or_default();
     format!(
-        "HTTP/1.1 200 OK\r\nx-backend: {name}\r\nx-path: {path}\r\nx-host-header: {host_header}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{name}",
+        "HTTP/1.1 200 OK\r\nx-backend: {name}\r\nx-path: {path}\r\nx-host-header: {host_header}\r\n{echo}content-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{name}",
         name.len()
     )
 }
@@ -93,7 +96,12 @@ async fn serve_one<S: AsyncRead + AsyncWrite + Unpin>(
                 .filter(|k| k.eq_ignore_ascii_case("host"))
         })
         .unwrap_or("");
-    let response = answer(name, &path, host_header);
+    let added = text.lines().skip(1).find_map(|line| {
+        line.split_once(':')
+            .filter(|(k, _)| k.eq_ignore_ascii_case("x-added"))
+            .map(|(_, v)| v.trim())
+    });
+    let response = answer(name, &path, host_header, added);
     seen.lock().unwrap().push((host, path));
     let _ = stream.write_all(response.as_bytes()).await;
     let _ = stream.shutdown().await;
@@ -276,6 +284,10 @@ pub struct Response {
     pub host_header: Option<String>,
     /// The name of the `x-backend` header as the client received it (its case).
     pub backend_header: Option<String>,
+    /// The `x-echo-added` header: the `x-added` request header the backend received.
+    pub echo_added: Option<String>,
+    /// The `x-resp` header.
+    pub x_resp: Option<String>,
 }
 
 /// What an exchange read from a response: status and the headers the tests look at.
@@ -287,6 +299,8 @@ struct Answer {
     hsts: Option<String>,
     host_header: Option<String>,
     backend_header: Option<String>,
+    echo_added: Option<String>,
+    x_resp: Option<String>,
 }
 
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
@@ -321,6 +335,8 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         path: header("x-path"),
         hsts: header("strict-transport-security"),
         host_header: header("x-host-header"),
+        echo_added: header("x-echo-added"),
+        x_resp: header("x-resp"),
         backend_header: text.split("\r\n\r\n").next().and_then(|head| {
             head.lines().find_map(|line| {
                 line.split_once(':')
@@ -346,6 +362,8 @@ pub async fn http_get(addr: SocketAddr, host: &str, path: &str) -> Option<Respon
         hsts: answer.hsts,
         host_header: answer.host_header,
         backend_header: answer.backend_header,
+        echo_added: answer.echo_added,
+        x_resp: answer.x_resp,
     })
 }
 
@@ -373,6 +391,8 @@ pub async fn https_get(addr: SocketAddr, sni: &str, path: &str, h2: bool) -> Opt
             hsts: None,
             host_header: None,
             backend_header: None,
+            echo_added: None,
+            x_resp: None,
         });
     }
     let answer = exchange(stream, sni, path).await?;
@@ -386,5 +406,7 @@ pub async fn https_get(addr: SocketAddr, sni: &str, path: &str, h2: bool) -> Opt
         hsts: answer.hsts,
         host_header: answer.host_header,
         backend_header: answer.backend_header,
+        echo_added: answer.echo_added,
+        x_resp: answer.x_resp,
     })
 }

@@ -9,6 +9,8 @@
 
 use std::net::IpAddr;
 
+use route_secrets::route::routing::HeaderAction;
+
 /// The allow list annotation, and the older name the router still reads after it.
 pub const ALLOWLIST_ANNOTATIONS: [&str; 2] = [
     "haproxy.router.openshift.io/ip_allowlist",
@@ -278,6 +280,111 @@ pub fn rewrite_target(value: Option<&str>, path: Option<&str>) -> Option<String>
     })
 }
 
+/// Header names the API refuses in header actions.
+const RESERVED_HEADERS: [&str; 4] = ["strict-transport-security", "proxy", "cookie", "set-cookie"];
+
+/// Whether `name` is a header name the Route API takes in a header action.
+fn header_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-!#$%&'*+.^_`|~".contains(&b))
+        && !RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str())
+}
+
+/// Whether `value` is a header value the Route API takes (its pattern): text without
+/// control characters, `%%`, and `%[<fetch>(,<converter>)*]` with an optional
+/// `{flags}` of `Q`, `X`, `E`, where the fetch is `<prefix>.hdr(<name>)` or
+/// `ssl_c_der` and the converters `lower` or `base64`. `prefix`: `req` for request
+/// headers, `res` for response headers.
+fn header_value_ok(value: &str, prefix: &str) -> bool {
+    if value.is_empty() || value.len() > 16384 {
+        return false;
+    }
+    let mut rest = value;
+    while let Some(c) = rest.chars().next() {
+        if c != '%' {
+            if c.is_ascii_control() {
+                return false;
+            }
+            rest = &rest[c.len_utf8()..];
+            continue;
+        }
+        rest = &rest[1..];
+        if let Some(after) = rest.strip_prefix('%') {
+            rest = after;
+            continue;
+        }
+        if let Some(after) = rest.strip_prefix('{') {
+            let Some((flags, after)) = after.split_once('}') else {
+                return false;
+            };
+            let flag_ok = |flag: &str| {
+                let flag = flag.strip_prefix(['+', '-']).unwrap_or(flag);
+                matches!(flag, "Q" | "X" | "E")
+            };
+            if !flags.split(',').all(flag_ok) {
+                return false;
+            }
+            rest = after;
+        }
+        let Some(after) = rest.strip_prefix('[') else {
+            return false;
+        };
+        let Some((expression, after)) = after.split_once(']') else {
+            return false;
+        };
+        let mut parts = expression.split(',');
+        let fetch = parts.next().unwrap_or("");
+        let fetch_ok = fetch == "ssl_c_der"
+            || fetch
+                .strip_prefix(prefix)
+                .and_then(|f| f.strip_prefix(".hdr("))
+                .and_then(|f| f.strip_suffix(')'))
+                .is_some_and(|name| {
+                    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                });
+        if !fetch_ok || !parts.all(|converter| matches!(converter, "lower" | "base64")) {
+            return false;
+        }
+        rest = after;
+    }
+    true
+}
+
+/// Single-quoted as the router quotes header names and values (`'` as `'\''`).
+fn single_quoted(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
+/// The lines of a route's `spec.httpHeaders.actions`, request actions then response
+/// actions, in order, as the router writes them. An action the Route API would have
+/// refused (a name or value outside its patterns, a reserved header) is left out.
+pub fn header_actions(request: &[HeaderAction], response: &[HeaderAction]) -> String {
+    let mut out = String::new();
+    for (actions, direction, prefix) in [(request, "request", "req"), (response, "response", "res")]
+    {
+        for action in actions {
+            if !header_name_ok(&action.name) {
+                continue;
+            }
+            let name = single_quoted(&action.name);
+            match &action.set {
+                Some(value) if header_value_ok(value, prefix) => {
+                    out.push_str(&format!(
+                        "  http-{direction} set-header {name} {}\n",
+                        single_quoted(value)
+                    ));
+                }
+                Some(_) => {}
+                None => out.push_str(&format!("  http-{direction} del-header {name}\n")),
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,6 +466,40 @@ mod tests {
         ] {
             assert_eq!(hsts(Some(bad)), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn header_actions_take_what_the_api_takes() {
+        let set = |name: &str, value: &str| HeaderAction {
+            name: name.into(),
+            set: Some(value.into()),
+        };
+        let delete = |name: &str| HeaderAction {
+            name: name.into(),
+            set: None,
+        };
+        let lines = header_actions(
+            &[
+                set("X-Client", "%[req.hdr(host),lower] it's 100%%"),
+                set("X-Cert", "%{+Q}[ssl_c_der,base64]"),
+                delete("X-Gone"),
+                set("X-Bad", "100%"),
+                set("X-Wrong-Fetch", "%[res.hdr(a)]"),
+                set("X-Src", "%[src]"),
+                set("X-Line", "a\nb"),
+                set("Cookie", "c"),
+                set("Bad Name", "v"),
+            ],
+            &[set("X-Served", "%[res.hdr(server)]"), delete("Server")],
+        );
+        assert_eq!(
+            lines,
+            "  http-request set-header 'X-Client' '%[req.hdr(host),lower] it'\\''s 100%%'\n  \
+             http-request set-header 'X-Cert' '%{+Q}[ssl_c_der,base64]'\n  \
+             http-request del-header 'X-Gone'\n  \
+             http-response set-header 'X-Served' '%[res.hdr(server)]'\n  \
+             http-response del-header 'Server'\n"
+        );
     }
 
     #[test]

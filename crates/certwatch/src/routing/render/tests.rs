@@ -93,6 +93,8 @@ fn routing(termination: Termination, policy: InsecurePolicy) -> RouteRouting {
         ca_certificate: None,
         destination_ca_certificate: None,
         annotations: BTreeMap::new(),
+        request_headers: Vec::new(),
+        response_headers: Vec::new(),
     }
 }
 
@@ -385,6 +387,26 @@ fn feature_cases() -> Vec<ServedRoute> {
         r.annotations = pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
         cases.push(served(name, r));
     }
+    let mut headers = routing(Termination::Edge, Refuse);
+    headers.host = Some("headers.example".into());
+    let set = |name: &str, value: &str| route_secrets::route::routing::HeaderAction {
+        name: name.into(),
+        set: Some(value.into()),
+    };
+    headers.request_headers = vec![
+        set("X-Client", "%[req.hdr(host),lower] it's #1 100%%"),
+        set("X-Cert", "%{+Q}[ssl_c_der,base64]"),
+        set("X-Bad", "100%"),
+        set("X-Unknown", "%[src]"),
+    ];
+    headers.response_headers = vec![
+        set("X-Served", "%[res.hdr(server)]"),
+        route_secrets::route::routing::HeaderAction {
+            name: "Server".into(),
+            set: None,
+        },
+    ];
+    cases.push(served("headers", headers));
     cases
 }
 
@@ -756,6 +778,16 @@ fn allow_lists_rate_limits_and_rewrites_render_as_the_router_does() {
         assert!(limited.contains(line), "{line} in\n{limited}");
     }
     assert!(!limited.contains("http_req_rate ge"), "{limited}");
+    let headers = section("be_edge_http:shop:headers");
+    assert!(
+        headers.contains(
+            "  http-request set-header 'X-Client' '%[req.hdr(host),lower] it'\\''s #1 100%%'\n  \
+             http-request set-header 'X-Cert' '%{+Q}[ssl_c_der,base64]'\n  \
+             http-response set-header 'X-Served' '%[res.hdr(server)]'\n  \
+             http-response del-header 'Server'\n"
+        ),
+        "{headers}"
+    );
     let rewrite = section("be_http:shop:rewrite");
     assert!(
         rewrite.contains(

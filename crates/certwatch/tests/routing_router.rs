@@ -643,6 +643,16 @@ async fn traffic_through_certwatch_matches_the_real_router() {
             vec![(REWRITE, "/q%25\\z")],
         ),
         (
+            "dest-ca-secret",
+            "dest-ca-secret.example",
+            serde_json::json!({"to": {"kind": "Service", "name": "secure"},
+                               "tls": {"termination": "reencrypt"}}),
+            vec![(
+                "route.openshift.io/destination-ca-certificate-secret",
+                "missing-ca",
+            )],
+        ),
+        (
             "h1-case",
             "h1-case.example",
             plain("green"),
@@ -944,6 +954,17 @@ async fn traffic_through_certwatch_matches_the_real_router() {
         let other = http_get(addr.0, "plain.example", "/").await.unwrap();
         assert_eq!(other.host_header.as_deref(), Some("host"), "{who}");
         assert_eq!(other.backend_header.as_deref(), Some("X-Backend"), "{who}");
+    }
+    // The destination CA secret annotation is not the router's (the ingress-to-route
+    // controller reads it for Ingresses): a route with one is admitted and served as
+    // without it, by both.
+    for (who, addr) in [("certwatch", ours), ("the router", theirs)] {
+        let seen = https_get(addr.1, "dest-ca-secret.example", "/", false).await;
+        assert_eq!(
+            seen.and_then(|r| r.backend).as_deref(),
+            Some("secure-1"),
+            "{who}"
+        );
     }
     // Header actions: the backend saw the header set, the client the response header
     // set and not the one deleted.

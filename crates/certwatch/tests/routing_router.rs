@@ -4,11 +4,15 @@
 //! (`--haproxy-config-dir`, the HAProxy it runs, `--write-status`), each under its own
 //! router name, for every route kind (no TLS; edge with an external, an inline or no
 //! certificate of its own; passthrough; reencrypt without, with a right and with a wrong
-//! destination CA); once both have admitted every route, the same HTTP and HTTPS (SNI)
-//! requests go through both to real backends on this machine,
-//! and per route the status, who answered (and how weights split the requests), the
-//! certificate served, the ALPN negotiated and the redirect are compared; then an
-//! endpoint is added and one removed, and both must send to the same backends.
+//! destination CA) and for every per-route feature (allow lists, HSTS, rewrites, a
+//! route by `spec.subdomain`, header case, header actions, the route's own
+//! `caCertificate`, rate limits, the destination CA secret annotation); once both have
+//! admitted every route, the same HTTP and HTTPS (SNI) requests go through both to real
+//! backends on this machine, and per route the status (or a closed connection), who
+//! answered (and how weights split the requests), the certificate served, the ALPN
+//! negotiated, the redirect, the path and headers the backend received and the headers
+//! the client received are compared; then an endpoint is added and one removed, and
+//! both must send to the same backends.
 //!
 //! Every difference is either none or one of [`DELIBERATE`], listed in docs/daemon.md
 //! with its reason; a difference not in the list fails the test, and so does a listed
@@ -575,6 +579,12 @@ async fn traffic_through_certwatch_matches_the_real_router() {
     const REWRITE: &str = "haproxy.router.openshift.io/rewrite-target";
     const LIMIT: &str = "haproxy.router.openshift.io/rate-limit-connections";
     let allow_open = format!("{client_net} 10.0.0.1");
+    // More entries than a HAProxy line takes: a file, the client's network last.
+    let long_allowlist = (1..=70)
+        .map(|n| format!("10.8.0.{n}"))
+        .chain([client_net.to_owned()])
+        .collect::<Vec<_>>()
+        .join(" ");
     let features: Vec<Feature> = vec![
         (
             "allow-open",
@@ -593,6 +603,12 @@ async fn traffic_through_certwatch_matches_the_real_router() {
             "allow-old.example",
             plain("green"),
             vec![(WHITE, "192.0.2.1")],
+        ),
+        (
+            "allow-long",
+            "allow-long.example",
+            plain("blue"),
+            vec![(ALLOW, long_allowlist.as_str())],
         ),
         (
             "allow-bogus",
@@ -902,7 +918,11 @@ async fn traffic_through_certwatch_matches_the_real_router() {
                 .is_none(),
             "{who}"
         );
-        for host in ["allow-open.example", "allow-bogus.example"] {
+        for host in [
+            "allow-open.example",
+            "allow-bogus.example",
+            "allow-long.example",
+        ] {
             let served = http_get(addr.0, host, "/").await;
             assert_eq!(served.map(|r| r.status), Some(200), "{who}: {host}");
         }
@@ -1016,6 +1036,18 @@ async fn traffic_through_certwatch_matches_the_real_router() {
         assert!(
             section.contains(&pinned.addr.to_string())
                 && section.contains("verify required ca-file"),
+            "{who}: {section}"
+        );
+    }
+
+    // The long allow list is a file in both configurations.
+    for (who, config) in [("router", &router_config), ("certwatch", &certwatch_config)] {
+        let section = config
+            .split("\nbackend ")
+            .find(|section| section.starts_with("be_http:shop:allow-long\n"))
+            .unwrap_or_else(|| panic!("{who}'s configuration has no backend for allow-long"));
+        assert!(
+            section.contains("acl allowlist src -f "),
             "{who}: {section}"
         );
     }

@@ -15,6 +15,11 @@
 //! - One backend per route ([`super::model`]), its servers from the services'
 //!   endpoints, plus spare servers in maintenance (`_dynamic-pod-<n>`) that endpoint
 //!   changes take at run time without a reload ([`super::dynamic`]).
+//! - A backend carries its route's annotations and header actions as the router writes
+//!   them (allow lists, rate limits, rewrites, HSTS, header case, `httpHeaders`; the
+//!   readers in `annotations`): a malformed value affects its route only, and never
+//!   reaches HAProxy in a form its parser refuses. Allow lists longer than a line are
+//!   files in `allowlists/`.
 //!
 //! Map keys are anchored regular expressions of the host (optional trailing dot and
 //! port) and path; each map is sorted as the router sorts it: reverse lexical order

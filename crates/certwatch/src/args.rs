@@ -64,6 +64,34 @@ fn listen_arg(text: &str) -> Result<SocketAddr, ListenError> {
 }
 
 /// Boolean flags also read `1`/`0`, `yes`/`no`, `on`/`off` from their variable.
+/// HTTP header names, as given.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeaderNames(pub Vec<String>);
+
+/// A comma-separated list of HTTP header names (RFC 7230 tokens, as the router checks
+/// them; `#` and `'`, tokens HAProxy's configuration would read as a comment or a
+/// quote, are refused too). Empty: none.
+fn header_names_arg(value: &str) -> Result<HeaderNames, String> {
+    if value.is_empty() {
+        return Ok(HeaderNames::default());
+    }
+    value
+        .split(',')
+        .map(|name| {
+            let token = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!$%&*+-.^_`|~".contains(&b));
+            if token {
+                Ok(name.to_owned())
+            } else {
+                Err(format!("invalid HTTP header name: {name:?}"))
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(HeaderNames)
+}
+
 fn boolish() -> clap::builder::BoolishValueParser {
     clap::builder::BoolishValueParser::new()
 }
@@ -284,6 +312,13 @@ pub struct RunArgs {
     #[arg(long, env = "CERTWATCH_HAPROXY_MIN_RELOAD_INTERVAL", value_name = "D", value_parser = duration_arg, default_value = "5s", help_heading = "HAProxy")]
     pub haproxy_min_reload_interval: Duration,
 
+    /// HTTP header names whose case HAProxy adjusts in HTTP/1, comma-separated, each as
+    /// it should be written (the OpenShift router's ROUTER_H1_CASE_ADJUST): in every
+    /// response to clients, and in requests to the backends of routes annotated
+    /// haproxy.router.openshift.io/h1-adjust-case: true.
+    #[arg(long, env = "CERTWATCH_H1_CASE_ADJUST", value_name = "NAMES", value_parser = header_names_arg, help_heading = "HAProxy")]
+    pub http_header_name_case_adjustments: Option<HeaderNames>,
+
     /// Offer no HTTP/2 in the crt-list (no `[alpn h2,http/1.1]` on any line), as the
     /// OpenShift router's ROUTER_DISABLE_HTTP2.
     #[arg(long, env = "CERTWATCH_DISABLE_HTTP2", value_parser = boolish(), help_heading = "HAProxy")]
@@ -461,6 +496,17 @@ pub struct RunArgs {
     /// their host); rejected RouteNotAdmitted otherwise, as by the router.
     #[arg(long, env = "CERTWATCH_ALLOW_WILDCARD_ROUTES", value_parser = boolish(), help_heading = "Router")]
     pub allow_wildcard_routes: bool,
+
+    /// The domain of routes with spec.subdomain and no spec.host: such a route is
+    /// admitted, served and recorded as `<subdomain>.<domain>`, as by the router with
+    /// ROUTER_DOMAIN; without it such routes are rejected NoHostValue.
+    #[arg(
+        long,
+        env = "CERTWATCH_ROUTER_DOMAIN",
+        value_name = "DOMAIN",
+        help_heading = "Router"
+    )]
+    pub router_domain: Option<String>,
 
     /// Let routes of any namespace claim a host (with different paths). By default a
     /// host belongs to the namespace of its oldest route, and routes of other
@@ -723,6 +769,11 @@ impl RunArgs {
             render.max_connections = self.haproxy_max_connections;
             render.threads = self.haproxy_threads;
             render.disable_http2 = self.disable_http2;
+            render.header_case_adjustments = self
+                .http_header_name_case_adjustments
+                .clone()
+                .unwrap_or_default()
+                .0;
             render.default_destination_ca = self.default_destination_ca.clone().or_else(|| {
                 std::path::Path::new(SERVICE_CA_PATH)
                     .exists()
@@ -767,6 +818,10 @@ impl RunArgs {
         options.access_ttl = self.access_cache_ttl;
         options.access_denied_ttl = self.access_denied_ttl;
         options.hosts.allow_wildcard_routes = self.allow_wildcard_routes;
+        options.router_domain = self
+            .router_domain
+            .clone()
+            .filter(|domain| !domain.is_empty());
         options.openssl_security_level = self.openssl_security_level;
         options.hosts.disable_namespace_ownership_check = self.disable_namespace_ownership_check;
         options.identity = identity;
@@ -821,5 +876,22 @@ impl RunArgs {
                 identity,
             )
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_names_are_tokens_as_the_router_takes_them() {
+        assert_eq!(
+            header_names_arg("Host,X-Request-ID").unwrap(),
+            HeaderNames(vec!["Host".into(), "X-Request-ID".into()])
+        );
+        assert_eq!(header_names_arg("").unwrap(), HeaderNames::default());
+        for bad in ["Host,", "Ho st", "A:B", "X#Y", "it's"] {
+            assert!(header_names_arg(bad).is_err(), "{bad}");
+        }
     }
 }

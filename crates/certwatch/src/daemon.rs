@@ -101,6 +101,10 @@ pub struct DaemonOptions {
     pub identity: String,
     /// Which hosts are admitted (wildcard routes, namespace ownership of hosts).
     pub hosts: HostPolicy,
+    /// The router's domain: routes with `spec.subdomain` and no `spec.host` are served,
+    /// and their status written, as `<subdomain>.<domain>` (the router's
+    /// `ROUTER_DOMAIN`).
+    pub router_domain: Option<String>,
     /// The OpenSSL security level of the HAProxy the certificates are for: keys it
     /// would refuse to load are rejected (default: the router image's, 1).
     pub openssl_security_level: SecurityLevel,
@@ -139,6 +143,7 @@ impl DaemonOptions {
             access_denied_ttl: Duration::from_secs(30),
             identity: "certwatch's service account".to_owned(),
             hosts: HostPolicy::default(),
+            router_domain: None,
             openssl_security_level: SecurityLevel::default(),
             max_concurrent_syncs: None,
             sync_timeout: Duration::from_secs(120),
@@ -338,7 +343,10 @@ impl Parts {
             // Status writes follow the start-up burst: the same window paces them.
             StatusWriter::spawn_with(
                 client.clone(),
-                RouterIdentity::new(options.router_name.clone()),
+                RouterIdentity {
+                    domain: options.router_domain.clone(),
+                    ..RouterIdentity::new(options.router_name.clone())
+                },
                 StatusWriterOptions {
                     limiter: Some(limiter.clone()),
                     leadership: elector
@@ -356,6 +364,7 @@ impl Parts {
             PipelineOptions {
                 identity: options.identity.clone(),
                 hosts: options.hosts,
+                router_domain: options.router_domain.clone(),
                 validator: TlsValidator::default().security_level(options.openssl_security_level),
                 ..PipelineOptions::default()
             },

@@ -4,11 +4,15 @@
 //! (`--haproxy-config-dir`, the HAProxy it runs, `--write-status`), each under its own
 //! router name, for every route kind (no TLS; edge with an external, an inline or no
 //! certificate of its own; passthrough; reencrypt without, with a right and with a wrong
-//! destination CA); once both have admitted every route, the same HTTP and HTTPS (SNI)
-//! requests go through both to real backends on this machine,
-//! and per route the status, who answered (and how weights split the requests), the
-//! certificate served, the ALPN negotiated and the redirect are compared; then an
-//! endpoint is added and one removed, and both must send to the same backends.
+//! destination CA) and for every per-route feature (allow lists, HSTS, rewrites, a
+//! route by `spec.subdomain`, header case, header actions, the route's own
+//! `caCertificate`, rate limits, the destination CA secret annotation); once both have
+//! admitted every route, the same HTTP and HTTPS (SNI) requests go through both to real
+//! backends on this machine, and per route the status (or a closed connection), who
+//! answered (and how weights split the requests), the certificate served, the ALPN
+//! negotiated, the redirect, the path and headers the backend received and the headers
+//! the client received are compared; then an endpoint is added and one removed, and
+//! both must send to the same backends.
 //!
 //! Every difference is either none or one of [`DELIBERATE`], listed in docs/daemon.md
 //! with its reason; a difference not in the list fails the test, and so does a listed
@@ -32,6 +36,16 @@ use route_secrets::route::Route;
 use testenv::{ControlPlane, ControlPlaneOptions, Installer};
 
 const NS: &str = "shop";
+
+/// A route of a per-route feature: name, host, spec (without the host), annotations.
+type Feature<'a> = (&'a str, &'a str, serde_json::Value, Vec<(&'a str, &'a str)>);
+
+/// The header names whose case both routers adjust (`ROUTER_H1_CASE_ADJUST`,
+/// `--http-header-name-case-adjustments`).
+const CASE_ADJUST: &str = "Host,X-Backend";
+
+/// The routers' domain (`ROUTER_DOMAIN`, `--router-domain`), for `spec.subdomain`.
+const DOMAIN: &str = "apps.example";
 
 /// Differences between the router's answers and certwatch's that are deliberate or
 /// known, by (route, request): what each says. Mirrored in docs/daemon.md ("Traffic
@@ -66,6 +80,8 @@ impl RealRouter {
             .env("KUBECONFIG", kubeconfig)
             .env("ROUTER_NAME", name)
             .env("ROUTER_MAX_CONNECTIONS", "2000")
+            .env("ROUTER_DOMAIN", DOMAIN)
+            .env("ROUTER_H1_CASE_ADJUST", CASE_ADJUST)
             .output()
             .expect("run the router tool's start");
         assert!(
@@ -137,6 +153,18 @@ struct Seen {
     certificate: Option<String>,
     alpn: Option<String>,
     backends: BTreeSet<String>,
+    /// The path the backend received (after any rewrite).
+    path: Option<String>,
+    /// The `Strict-Transport-Security` header of the response.
+    hsts: Option<String>,
+    /// The Host header's name as the backend received it (its case).
+    host_header: Option<String>,
+    /// The `x-backend` header's name as the client received it (its case).
+    backend_header: Option<String>,
+    /// The `x-added` request header the backend received.
+    echo_added: Option<String>,
+    /// The `x-resp` response header.
+    x_resp: Option<String>,
 }
 
 /// Names a certificate: the route's secret it is, or `default`.
@@ -158,6 +186,12 @@ fn seen(responses: &[Option<Response>], leaves: &BTreeMap<Vec<u8>, String>) -> S
             .as_ref()
             .and_then(|r| certificate_name(&r.certificate, leaves)),
         alpn: first.as_ref().and_then(|r| r.alpn.clone()),
+        path: first.as_ref().and_then(|r| r.path.clone()),
+        hsts: first.as_ref().and_then(|r| r.hsts.clone()),
+        host_header: first.as_ref().and_then(|r| r.host_header.clone()),
+        backend_header: first.as_ref().and_then(|r| r.backend_header.clone()),
+        echo_added: first.as_ref().and_then(|r| r.echo_added.clone()),
+        x_resp: first.as_ref().and_then(|r| r.x_resp.clone()),
         backends: responses
             .iter()
             .flatten()
@@ -198,6 +232,12 @@ async fn requests(
             certificate: None,
             alpn: h2.as_ref().and_then(|r| r.alpn.clone()),
             backends: BTreeSet::new(),
+            path: None,
+            hsts: None,
+            host_header: None,
+            backend_header: None,
+            echo_added: None,
+            x_resp: None,
         },
     ));
     out
@@ -225,6 +265,83 @@ impl Inline {
 
 fn certificate_pem(der: &[u8]) -> String {
     pem::encode(&pem::Pem::new("CERTIFICATE", der.to_vec()))
+}
+
+/// Creates route `name` in [`NS`] with `spec` and `annotations`.
+async fn create_annotated_route(
+    admin: &kube::Client,
+    name: &str,
+    spec: serde_json::Value,
+    annotations: &[(&str, &str)],
+) {
+    let annotations: BTreeMap<&str, &str> = annotations.iter().copied().collect();
+    let route: Route = serde_json::from_value(serde_json::json!({
+        "apiVersion": "route.openshift.io/v1",
+        "kind": "Route",
+        "metadata": {"name": name, "namespace": NS, "annotations": annotations},
+        "spec": spec,
+    }))
+    .unwrap();
+    Api::<Route>::namespaced(admin.clone(), NS)
+        .create(&kube::api::PostParams::default(), &route)
+        .await
+        .unwrap();
+}
+
+/// The host router `name` wrote in route `route`'s `status.ingress[]` entry.
+async fn status_host(admin: &kube::Client, route: &str, name: &str) -> Option<String> {
+    let route = Api::<Route>::namespaced(admin.clone(), NS)
+        .get(route)
+        .await
+        .unwrap();
+    let value = serde_json::to_value(&route).unwrap();
+    value["status"]["ingress"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|ingress| ingress["routerName"] == name)
+        .and_then(|ingress| ingress["host"].as_str().map(str::to_owned))
+}
+
+/// How many of `count` TLS connections to `sni` the proxy at `addr` lets through to a
+/// backend's handshake, all held open together.
+async fn held_connections(addr: SocketAddr, sni: &str, count: usize) -> usize {
+    let mut held = Vec::new();
+    for _ in 0..count {
+        if let Some(session) = testenv::tls_probe::connect(addr, sni, &[b"http/1.1"]).await {
+            held.push(session);
+        }
+    }
+    held.len()
+}
+
+/// The certificates (DER) the proxy at `addr` presents for `sni`, in the order served.
+async fn served_chain(addr: SocketAddr, sni: &str) -> Vec<Vec<u8>> {
+    let Some(session) = testenv::tls_probe::connect(addr, sni, &[b"http/1.1"]).await else {
+        return Vec::new();
+    };
+    session
+        .stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .into_iter()
+        .flatten()
+        .map(|der| der.to_vec())
+        .collect()
+}
+
+/// The statuses of `count` HTTPS requests to `host` in a row (0: no answer).
+async fn statuses(addr: SocketAddr, host: &str, count: usize) -> Vec<u16> {
+    let mut out = Vec::new();
+    for _ in 0..count {
+        out.push(
+            https_get(addr, host, "/", false)
+                .await
+                .map_or(0, |r| r.status),
+        );
+    }
+    out
 }
 
 /// The routes in [`NS`] that router `name` has written `Admitted: True` for.
@@ -353,6 +470,24 @@ async fn traffic_through_certwatch_matches_the_real_router() {
         );
         secrets.push(secret);
     }
+    // A certificate issued by an intermediate, for the routes' own caCertificate (the
+    // intermediate and the root): from a secret and inline.
+    let now = jiff::Timestamp::now();
+    let pki = route_secrets::testing::Pki::new(now);
+    let ca_ext = pki.issue(&route_secrets::testing::LeafSpec::new(
+        "ca-ext.example",
+        now,
+    ));
+    let ca_inline = pki.issue(&route_secrets::testing::LeafSpec::new(
+        "ca-inline.example",
+        now,
+    ));
+    let route_ca = format!("{}{}", pki.intermediate_pem(), pki.root_pem());
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(admin.clone(), NS)
+        .create(&Default::default(), &ca_ext.secret(NS, "ca-ext-tls"))
+        .await
+        .unwrap();
+    secrets.push("ca-ext-tls".to_owned());
     let names: Vec<&str> = secrets.iter().map(String::as_str).collect();
     installer.grant_router_secrets(NS, &names).await.unwrap();
     for (name, host, termination, policy, to) in cases {
@@ -422,6 +557,207 @@ async fn traffic_through_certwatch_matches_the_real_router() {
         spec["host"] = (*host).into();
         create_route_spec(&admin, NS, name, spec).await;
     }
+    // Per-route features: allow lists (valid, invalid, the older name, passthrough),
+    // HSTS (valid, refused), rewrites (with paths), a route by subdomain, rate limits
+    // (with weights, and on passthrough).
+    let client_net = "127.0.0.0/8";
+    let elsewhere = "10.9.0.0/16";
+    let plain = |service: &str| serde_json::json!({"to": {"kind": "Service", "name": service}});
+    let edge = |service: &str| {
+        serde_json::json!({"to": {"kind": "Service", "name": service},
+                           "tls": {"termination": "edge"}})
+    };
+    let passthrough = serde_json::json!({"to": {"kind": "Service", "name": "pass"},
+                                         "tls": {"termination": "passthrough"}});
+    let with_path = |mut spec: serde_json::Value, path: &str| {
+        spec["path"] = path.into();
+        spec
+    };
+    const ALLOW: &str = "haproxy.router.openshift.io/ip_allowlist";
+    const WHITE: &str = "haproxy.router.openshift.io/ip_whitelist";
+    const HSTS: &str = "haproxy.router.openshift.io/hsts_header";
+    const REWRITE: &str = "haproxy.router.openshift.io/rewrite-target";
+    const LIMIT: &str = "haproxy.router.openshift.io/rate-limit-connections";
+    let allow_open = format!("{client_net} 10.0.0.1");
+    // More entries than a HAProxy line takes: a file, the client's network last.
+    let long_allowlist = (1..=70)
+        .map(|n| format!("10.8.0.{n}"))
+        .chain([client_net.to_owned()])
+        .collect::<Vec<_>>()
+        .join(" ");
+    let features: Vec<Feature> = vec![
+        (
+            "allow-open",
+            "allow-open.example",
+            plain("blue"),
+            vec![(ALLOW, allow_open.as_str())],
+        ),
+        (
+            "allow-closed",
+            "allow-closed.example",
+            edge("blue"),
+            vec![(ALLOW, elsewhere)],
+        ),
+        (
+            "allow-old",
+            "allow-old.example",
+            plain("green"),
+            vec![(WHITE, "192.0.2.1")],
+        ),
+        (
+            "allow-long",
+            "allow-long.example",
+            plain("blue"),
+            vec![(ALLOW, long_allowlist.as_str())],
+        ),
+        (
+            "allow-bogus",
+            "allow-bogus.example",
+            plain("green"),
+            vec![(ALLOW, "nonsense 300.0.0.1")],
+        ),
+        (
+            "allow-pass-open",
+            "allow-pass-open.example",
+            passthrough.clone(),
+            vec![(ALLOW, client_net)],
+        ),
+        (
+            "allow-pass",
+            "allow-pass.example",
+            passthrough.clone(),
+            vec![(ALLOW, elsewhere)],
+        ),
+        (
+            "hsts-good",
+            "hsts-good.example",
+            edge("blue"),
+            vec![(HSTS, "max-age=100;includeSubDomains")],
+        ),
+        (
+            "hsts-twice",
+            "hsts-twice.example",
+            edge("blue"),
+            vec![(HSTS, "max-age=1;max-age=2")],
+        ),
+        (
+            "rewrite",
+            "rewrite.example",
+            with_path(plain("green"), "/a"),
+            vec![(REWRITE, "/x")],
+        ),
+        (
+            "rewrite-root",
+            "rewrite-root.example",
+            with_path(plain("green"), "/a"),
+            vec![(REWRITE, "/")],
+        ),
+        (
+            "rewrite-odd",
+            "rewrite-odd.example",
+            with_path(edge("green"), "/a"),
+            vec![(REWRITE, "/q%25\\z")],
+        ),
+        (
+            "dest-ca-secret",
+            "dest-ca-secret.example",
+            serde_json::json!({"to": {"kind": "Service", "name": "secure"},
+                               "tls": {"termination": "reencrypt"}}),
+            vec![(
+                "route.openshift.io/destination-ca-certificate-secret",
+                "missing-ca",
+            )],
+        ),
+        (
+            "h1-case",
+            "h1-case.example",
+            plain("green"),
+            vec![("haproxy.router.openshift.io/h1-adjust-case", "true")],
+        ),
+        (
+            "rewrite-bad",
+            "rewrite-bad.example",
+            with_path(plain("green"), "/a"),
+            vec![(REWRITE, "x")],
+        ),
+    ];
+    for (name, host, spec, annotations) in &features {
+        let mut spec = spec.clone();
+        spec["host"] = (*host).into();
+        create_annotated_route(&admin, name, spec, annotations).await;
+    }
+    create_route_spec(
+        &admin,
+        NS,
+        "sub",
+        serde_json::json!({"subdomain": "sub", "to": {"kind": "Service", "name": "blue"},
+                           "tls": {"termination": "edge"}}),
+    )
+    .await;
+    let sub_host = format!("sub.{DOMAIN}");
+    create_route_spec(
+        &admin,
+        NS,
+        "ca-ext",
+        serde_json::json!({"host": "ca-ext.example", "to": {"kind": "Service", "name": "blue"},
+                           "tls": {"termination": "edge", "externalCertificate": {"name": "ca-ext-tls"},
+                                   "caCertificate": route_ca}}),
+    )
+    .await;
+    create_route_spec(
+        &admin,
+        NS,
+        "ca-inline",
+        serde_json::json!({"host": "ca-inline.example", "to": {"kind": "Service", "name": "blue"},
+                           "tls": {"termination": "edge", "certificate": ca_inline.chain_pem(),
+                                   "key": ca_inline.key_pem(), "caCertificate": route_ca}}),
+    )
+    .await;
+    leaves.insert(ca_ext.leaf_der(), "ca-ext".to_owned());
+    // Header actions: a request header set from the request's host, a response header
+    // set from the backend's, one deleted each way; one refused value (ignored).
+    for (name, termination) in [("headers", None), ("headers-edge", Some("edge"))] {
+        let mut spec = serde_json::json!({
+            "host": format!("{name}.example"), "to": {"kind": "Service", "name": "green"},
+            "httpHeaders": {"actions": {
+                "request": [
+                    {"name": "X-Added", "action": {"type": "Set",
+                        "set": {"value": "got %[req.hdr(host),lower] 100%%"}}},
+                    {"name": "X-Drop", "action": {"type": "Delete"}}
+                ],
+                "response": [
+                    {"name": "X-Resp", "action": {"type": "Set",
+                        "set": {"value": "from %[res.hdr(x-backend)]"}}},
+                    {"name": "X-Path", "action": {"type": "Delete"}}
+                ]
+            }}
+        });
+        if let Some(termination) = termination {
+            spec["tls"] = serde_json::json!({"termination": termination});
+        }
+        create_route_spec(&admin, NS, name, spec).await;
+    }
+    leaves.insert(ca_inline.leaf_der(), "ca-inline".to_owned());
+    let mut limited = edge("blue");
+    limited["host"] = "limited.example".into();
+    limited["alternateBackends"] =
+        serde_json::json!([{"kind": "Service", "name": "green", "weight": 3}]);
+    create_annotated_route(
+        &admin,
+        "limited",
+        limited,
+        &[(LIMIT, "true"), (&format!("{LIMIT}.rate-http"), "4")],
+    )
+    .await;
+    let mut limited_pass = passthrough.clone();
+    limited_pass["host"] = "limited-pass.example".into();
+    create_annotated_route(
+        &admin,
+        "limited-pass",
+        limited_pass,
+        &[(LIMIT, "true"), (&format!("{LIMIT}.concurrent-tcp"), "3")],
+    )
+    .await;
 
     let router = RealRouter::start(&kubeconfig, &dir.path().join("router"), "real");
     let (http_port, https_port) = (free_port(), free_port());
@@ -442,6 +778,10 @@ async fn traffic_through_certwatch_matches_the_real_router() {
             &format!("127.0.0.1:{https_port}"),
             "--haproxy-max-connections",
             "2000",
+            "--router-domain",
+            DOMAIN,
+            "--http-header-name-case-adjustments",
+            CASE_ADJUST,
         ],
     );
     certwatch.wait_ready().await;
@@ -460,6 +800,16 @@ async fn traffic_through_certwatch_matches_the_real_router() {
     // Both admit every route, and serve each before anything is compared.
     let mut all_routes: Vec<&str> = cases.iter().map(|(name, ..)| *name).collect();
     all_routes.extend(kinds.iter().map(|(name, ..)| *name));
+    all_routes.extend(features.iter().map(|(name, ..)| *name));
+    all_routes.extend([
+        "sub",
+        "limited",
+        "limited-pass",
+        "ca-ext",
+        "ca-inline",
+        "headers",
+        "headers-edge",
+    ]);
     for who in ["real", "certwatch"] {
         let all_routes = &all_routes;
         let admin = &admin;
@@ -479,7 +829,14 @@ async fn traffic_through_certwatch_matches_the_real_router() {
                 .filter(|r| r.status == 200 && r.backend.is_some())
         })
         .await;
+        eventually_async(&format!("{who} serves rewrite.example"), || async move {
+            http_get(addr.0, "rewrite.example", "/a/b")
+                .await
+                .filter(|r| r.status == 200 && r.backend.is_some())
+        })
+        .await;
         for (host, certificate, backend) in [
+            (sub_host.as_str(), "default", "blue"),
             ("inline.example", "inline", "green-1"),
             ("default.example", "default", ""),
             ("pass.example", "pass-backend", "pass-1"),
@@ -489,7 +846,8 @@ async fn traffic_through_certwatch_matches_the_real_router() {
                 https_get(addr.1, host, "/", false).await.filter(|r| {
                     r.status == 200
                         && certificate_name(&r.certificate, leaves).as_deref() == Some(certificate)
-                        && (backend.is_empty() || r.backend.as_deref() == Some(backend))
+                        && (backend.is_empty()
+                            || r.backend.as_deref().is_some_and(|b| b.starts_with(backend)))
                 })
             })
             .await;
@@ -514,6 +872,12 @@ async fn traffic_through_certwatch_matches_the_real_router() {
     let mut differences: BTreeSet<(String, String, String)> = BTreeSet::new();
     let mut hosts: Vec<(&str, &str)> = cases.iter().map(|(n, h, ..)| (*n, *h)).collect();
     hosts.extend(kinds.iter().map(|(n, h, _)| (*n, *h)));
+    hosts.extend(features.iter().map(|(n, h, ..)| (*n, *h)));
+    hosts.push(("sub", sub_host.as_str()));
+    hosts.push(("ca-ext", "ca-ext.example"));
+    hosts.push(("ca-inline", "ca-inline.example"));
+    hosts.push(("headers", "headers.example"));
+    hosts.push(("headers-edge", "headers-edge.example"));
     hosts.push(("unknown", "unknown.example"));
     for (name, host) in hosts {
         let on_router = requests(theirs.0, theirs.1, host, &leaves).await;
@@ -533,6 +897,132 @@ async fn traffic_through_certwatch_matches_the_real_router() {
             }
         }
     }
+    // What the features must do, through both (so that equal answers are not equally
+    // wrong): a client outside an allow list is closed, inside served; HSTS only for a
+    // value of the router's pattern; the backend sees the rewritten path.
+    for (who, addr) in [("certwatch", ours), ("the router", theirs)] {
+        assert_eq!(
+            http_get(addr.0, "allow-old.example", "/").await,
+            None,
+            "{who}"
+        );
+        assert!(
+            https_get(addr.1, "allow-closed.example", "/", false)
+                .await
+                .is_none(),
+            "{who}"
+        );
+        assert!(
+            https_get(addr.1, "allow-pass.example", "/", false)
+                .await
+                .is_none(),
+            "{who}"
+        );
+        for host in [
+            "allow-open.example",
+            "allow-bogus.example",
+            "allow-long.example",
+        ] {
+            let served = http_get(addr.0, host, "/").await;
+            assert_eq!(served.map(|r| r.status), Some(200), "{who}: {host}");
+        }
+        let pass = https_get(addr.1, "allow-pass-open.example", "/", false).await;
+        assert_eq!(
+            pass.and_then(|r| r.backend).as_deref(),
+            Some("pass-1"),
+            "{who}"
+        );
+        let good = https_get(addr.1, "hsts-good.example", "/", false)
+            .await
+            .unwrap();
+        assert_eq!(
+            good.hsts.as_deref(),
+            Some("max-age=100;includeSubDomains"),
+            "{who}"
+        );
+        let twice = https_get(addr.1, "hsts-twice.example", "/", false)
+            .await
+            .unwrap();
+        assert_eq!(twice.hsts, None, "{who}");
+        for (host, path) in [
+            ("rewrite.example", "/x/b?c=1"),
+            ("rewrite-root.example", "/b?c=1"),
+            ("rewrite-bad.example", "/a/b?c=1"),
+        ] {
+            let seen = http_get(addr.0, host, "/a/b?c=1").await.unwrap();
+            assert_eq!(seen.path.as_deref(), Some(path), "{who}: {host}");
+        }
+        let odd = https_get(addr.1, "rewrite-odd.example", "/a/b", false)
+            .await
+            .unwrap();
+        assert_eq!(odd.path.as_deref(), Some("/q%25z/b"), "{who}");
+    }
+    // A route's caCertificate is served after its chain: leaf, intermediate (tls.crt),
+    // then the route's intermediate and root, through both.
+    for host in ["ca-ext.example", "ca-inline.example"] {
+        let router_chain = served_chain(theirs.1, host).await;
+        let certwatch_chain = served_chain(ours.1, host).await;
+        assert_eq!(router_chain.len(), 4, "the router's chain for {host}");
+        assert_eq!(router_chain, certwatch_chain, "{host}");
+    }
+    // Header case: responses to clients adjusted for every route, requests to the
+    // backend only for the route that asks.
+    for (who, addr) in [("certwatch", ours), ("the router", theirs)] {
+        let asked = http_get(addr.0, "h1-case.example", "/").await.unwrap();
+        assert_eq!(asked.host_header.as_deref(), Some("Host"), "{who}");
+        assert_eq!(asked.backend_header.as_deref(), Some("X-Backend"), "{who}");
+        let other = http_get(addr.0, "plain.example", "/").await.unwrap();
+        assert_eq!(other.host_header.as_deref(), Some("host"), "{who}");
+        assert_eq!(other.backend_header.as_deref(), Some("X-Backend"), "{who}");
+    }
+    // The destination CA secret annotation is not the router's (the ingress-to-route
+    // controller reads it for Ingresses): a route with one is admitted and served as
+    // without it, by both.
+    for (who, addr) in [("certwatch", ours), ("the router", theirs)] {
+        let seen = https_get(addr.1, "dest-ca-secret.example", "/", false).await;
+        assert_eq!(
+            seen.and_then(|r| r.backend).as_deref(),
+            Some("secure-1"),
+            "{who}"
+        );
+    }
+    // Header actions: the backend saw the header set, the client the response header
+    // set and not the one deleted.
+    for (who, addr) in [("certwatch", ours), ("the router", theirs)] {
+        let seen = http_get(addr.0, "headers.example", "/").await.unwrap();
+        assert_eq!(
+            seen.echo_added.as_deref(),
+            Some("got headers.example 100%"),
+            "{who}"
+        );
+        assert_eq!(seen.x_resp.as_deref(), Some("from green-1"), "{who}");
+        assert_eq!(seen.path, None, "{who}: x-path deleted");
+        assert_eq!(seen.backend.as_deref(), Some("green-1"), "{who}");
+    }
+    // The subdomain route's status names the host both serve it at.
+    for who in ["real", "certwatch"] {
+        assert_eq!(
+            status_host(&admin, "sub", who).await.as_deref(),
+            Some(sub_host.as_str()),
+            "{who}"
+        );
+    }
+    // Rate limits: requests over the HTTP rate (with weights), connections over the
+    // concurrent limit (passthrough), refused alike.
+    let router_rate = statuses(theirs.1, "limited.example", 8).await;
+    let certwatch_rate = statuses(ours.1, "limited.example", 8).await;
+    eprintln!("limited: router {router_rate:?}, certwatch {certwatch_rate:?}");
+    assert_eq!(router_rate, certwatch_rate);
+    assert!(
+        certwatch_rate.contains(&200) && certwatch_rate.contains(&0),
+        "{certwatch_rate:?}"
+    );
+    let router_held = held_connections(theirs.1, "limited-pass.example", 5).await;
+    let certwatch_held = held_connections(ours.1, "limited-pass.example", 5).await;
+    eprintln!("limited-pass: router held {router_held}, certwatch {certwatch_held}");
+    assert_eq!(router_held, certwatch_held);
+    assert!((1..5).contains(&certwatch_held), "{certwatch_held}");
+
     // wrong-ca's 503 is HAProxy refusing the backend's certificate, not a route it does
     // not know: both configurations hold its backend, verified against the route's CA.
     let router_config =
@@ -546,6 +1036,18 @@ async fn traffic_through_certwatch_matches_the_real_router() {
         assert!(
             section.contains(&pinned.addr.to_string())
                 && section.contains("verify required ca-file"),
+            "{who}: {section}"
+        );
+    }
+
+    // The long allow list is a file in both configurations.
+    for (who, config) in [("router", &router_config), ("certwatch", &certwatch_config)] {
+        let section = config
+            .split("\nbackend ")
+            .find(|section| section.starts_with("be_http:shop:allow-long\n"))
+            .unwrap_or_else(|| panic!("{who}'s configuration has no backend for allow-long"));
+        assert!(
+            section.contains("acl allowlist src -f "),
             "{who}: {section}"
         );
     }

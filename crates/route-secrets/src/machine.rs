@@ -71,7 +71,16 @@ use state::{
 
 use crate::reason::{AdmissionProblem, Reason, ValidationProblem};
 use crate::route::{Route, RouteKey, TlsTermination, validate_secret_name};
-use crate::tls::{TlsConfigProblem, TlsRejection, TlsValidator};
+use crate::tls::{TlsConfigProblem, TlsRejection, TlsValidator, ValidatedTls};
+
+/// The certificate a route is served with: `tls`, followed by the route's own
+/// `spec.tls.caCertificate` when it has one, as the router writes it.
+fn with_route_ca(tls: Arc<ValidatedTls>, ca_certificate: Option<&str>) -> Arc<ValidatedTls> {
+    match ca_certificate.filter(|ca| !ca.is_empty()) {
+        Some(ca) => Arc::new(tls.with_ca_certificate(ca)),
+        None => tls,
+    }
+}
 
 /// Which hosts the router admits, as the router's host admission options.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -104,6 +113,10 @@ pub struct MachineOptions {
     /// Checks routes' inline certificates and TLS configuration (and, with the same
     /// OpenSSL security level, the shell validates secrets).
     pub validator: TlsValidator,
+    /// The router's domain (`ROUTER_DOMAIN`): a route with `spec.subdomain` and no
+    /// `spec.host` is decided, and served, as `<subdomain>.<domain>`; without one such
+    /// a route has no host (`NoHostValue`).
+    pub router_domain: Option<String>,
     /// Record outcomes in route status ([`Effect::RecordStatus`]). The machine then
     /// keeps each route's latest object for that write; without, it keeps only what it
     /// decides with (a tenth of the memory).
@@ -120,6 +133,7 @@ impl Default for MachineOptions {
             retry,
             seed: 0,
             validator: TlsValidator::default(),
+            router_domain: None,
             record_status: true,
         }
     }
@@ -284,10 +298,11 @@ impl RouteMachine {
 
     /// Records the latest copy of a route, queues it, and starts the network work its
     /// apply will need.
-    fn accept(&mut self, route: Route, effects: &mut Vec<Effect>) {
+    fn accept(&mut self, mut route: Route, effects: &mut Vec<Effect>) {
         let Some(key) = route.key() else {
             return;
         };
+        route.apply_router_domain(self.options.router_domain.as_deref());
         let claim = Claim::of(&route);
         let route = Arc::new(RouteCopy::of(route, self.options.record_status));
         // A route the host admission refuses claims nothing: the router's unique-host
@@ -424,11 +439,11 @@ impl RouteMachine {
                 self.reject(key, reason, effects);
                 return;
             }
-            if let Some(tls) = served {
-                warnings = tls.warnings().to_vec();
+            if let Some(served) = served {
+                warnings = served.warnings().to_vec();
                 certificate = Some(RouteCertificate {
                     source: CertificateSource::Inline,
-                    tls,
+                    tls: with_route_ca(served, tls.ca_certificate.as_deref()),
                 });
             }
         }
@@ -812,7 +827,7 @@ impl RouteMachine {
             created: route.created,
             certificate: tls.map(|tls| RouteCertificate {
                 source: CertificateSource::Secret(secret),
-                tls,
+                tls: with_route_ca(tls, fields.and_then(|f| f.ca_certificate.as_deref())),
             }),
             warnings,
             routing: Arc::clone(&route.routing),

@@ -424,6 +424,28 @@ impl Route {
         self.spec.host.as_deref().filter(|host| !host.is_empty())
     }
 
+    /// The host a router with domain `domain` serves the route at: `spec.host`, or,
+    /// when that is empty, `<spec.subdomain>.<domain>` (the router's `ROUTER_DOMAIN`
+    /// rule); `None` when neither gives one.
+    pub fn host_with_domain(&self, domain: Option<&str>) -> Option<String> {
+        if let Some(host) = self.host() {
+            return Some(host.to_owned());
+        }
+        let subdomain = self.spec.subdomain.as_deref().filter(|s| !s.is_empty())?;
+        let domain = domain.filter(|d| !d.is_empty())?;
+        Some(format!("{subdomain}.{domain}"))
+    }
+
+    /// Sets `spec.host` from `spec.subdomain` and the router's domain when the route
+    /// has no host, as the router does to every route before it looks at it.
+    pub fn apply_router_domain(&mut self, domain: Option<&str>) {
+        if self.host().is_none()
+            && let Some(host) = self.host_with_domain(domain)
+        {
+            self.spec.host = Some(host);
+        }
+    }
+
     /// The name of the secret holding the route's certificate: `Some` when the route has
     /// `spec.tls.externalCertificate`, whatever its termination (a passthrough route
     /// with one is rejected, as by the router, once its secret is checked). The name is

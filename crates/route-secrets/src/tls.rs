@@ -354,6 +354,27 @@ impl ValidatedTls {
         &self.key
     }
 
+    /// The same certificate and key with the certificates of `ca_pem` served after the
+    /// chain, as the router appends a route's `spec.tls.caCertificate` to the
+    /// certificate it serves (other PEM blocks are left out; the certificates are
+    /// re-encoded from DER like the chain).
+    pub fn with_ca_certificate(&self, ca_pem: &str) -> Self {
+        let extra: Vec<pem::PemBlock> = pem::scan(ca_pem)
+            .blocks
+            .into_iter()
+            .filter(|block| block.label == PEM_LABEL_CERTIFICATE)
+            .collect();
+        let mut chain = self.chain_pem().to_owned();
+        for block in &extra {
+            chain.push_str(&pem::encode(PEM_LABEL_CERTIFICATE, &block.der));
+        }
+        Self {
+            chain_pem: chain.into(),
+            chain_len: self.chain_len + extra.len(),
+            ..self.clone()
+        }
+    }
+
     /// The chain followed by the key, as HAProxy's `crt` files expect.
     pub fn pem_bundle(&self) -> SecretPem {
         SecretPem(format!("{}{}", self.chain_pem(), self.key.expose_secret()).into())

@@ -37,7 +37,7 @@ fn replace(path: &Path, content: &[u8]) -> io::Result<()> {
 }
 
 /// Writes a rendered configuration into its directory: the error pages, the destination
-/// CA files, the maps, HAProxy's OpenSSL configuration, then `haproxy.cfg` (last, so
+/// CA and allow list files, the maps, HAProxy's OpenSSL configuration, then `haproxy.cfg` (last, so
 /// that a configuration on disk never names a file that is not there yet: whoever
 /// starts HAProxy once `haproxy.cfg` exists finds every file it needs). Returns the
 /// configuration file's path.
@@ -45,6 +45,7 @@ pub fn write_config(rendered: &RenderedConfig, options: &RenderOptions) -> io::R
     let dir = &options.config_dir;
     std::fs::create_dir_all(dir.join("run"))?;
     std::fs::create_dir_all(dir.join("cacerts"))?;
+    std::fs::create_dir_all(dir.join(render::ALLOWLIST_DIR))?;
     for (name, page) in render::ERROR_PAGES {
         let path = dir.join(name);
         if std::fs::read(&path).ok().as_deref() != Some(page.as_bytes()) {
@@ -54,9 +55,10 @@ pub fn write_config(rendered: &RenderedConfig, options: &RenderOptions) -> io::R
     let wanted: std::collections::HashSet<&Path> = rendered
         .ca_files
         .iter()
+        .chain(&rendered.allowlist_files)
         .map(|(path, _)| path.as_path())
         .collect();
-    for (path, pem) in &rendered.ca_files {
+    for (path, pem) in rendered.ca_files.iter().chain(&rendered.allowlist_files) {
         if std::fs::read(path).ok().as_deref() != Some(pem.as_bytes()) {
             replace(path, pem.as_bytes())?;
         }
@@ -70,11 +72,14 @@ pub fn write_config(rendered: &RenderedConfig, options: &RenderOptions) -> io::R
     }
     let config = dir.join(CONFIG_FILE);
     replace(&config, rendered.config.as_bytes())?;
-    // CA files of routes no longer rendered go once the configuration names them no more.
-    for entry in std::fs::read_dir(dir.join("cacerts"))? {
-        let path = entry?.path();
-        if !wanted.contains(path.as_path()) {
-            let _ = std::fs::remove_file(&path);
+    // CA and allow list files of routes no longer rendered go once the configuration
+    // names them no more.
+    for sub in ["cacerts", render::ALLOWLIST_DIR] {
+        for entry in std::fs::read_dir(dir.join(sub))? {
+            let path = entry?.path();
+            if !wanted.contains(path.as_path()) {
+                let _ = std::fs::remove_file(&path);
+            }
         }
     }
     Ok(config)

@@ -289,6 +289,8 @@ pub(crate) mod tests {
             ca_certificate: None,
             destination_ca_certificate: None,
             annotations: BTreeMap::new(),
+            request_headers: Vec::new(),
+            response_headers: Vec::new(),
         }
     }
 

@@ -15,6 +15,11 @@
 //! - One backend per route ([`super::model`]), its servers from the services'
 //!   endpoints, plus spare servers in maintenance (`_dynamic-pod-<n>`) that endpoint
 //!   changes take at run time without a reload ([`super::dynamic`]).
+//! - A backend carries its route's annotations and header actions as the router writes
+//!   them (allow lists, rate limits, rewrites, HSTS, header case, `httpHeaders`; the
+//!   readers in `annotations`): a malformed value affects its route only, and never
+//!   reaches HAProxy in a form its parser refuses. Allow lists longer than a line are
+//!   files in `allowlists/`.
 //!
 //! Map keys are anchored regular expressions of the host (optional trailing dot and
 //! port) and path; each map is sorted as the router sorts it: reverse lexical order
@@ -83,6 +88,11 @@ pub struct RenderOptions {
     /// Health check interval of servers of backends with several endpoints
     /// (`ROUTER_BACKEND_CHECK_INTERVAL`, `5000ms`).
     pub health_check_interval: String,
+    /// HTTP header names whose case HAProxy adjusts in HTTP/1 (each as it should be
+    /// written; the router's `ROUTER_H1_CASE_ADJUST`): in every response to clients,
+    /// and in requests to the backends of routes with
+    /// `haproxy.router.openshift.io/h1-adjust-case: true`.
+    pub header_case_adjustments: Vec<String>,
     /// The OpenSSL security level HAProxy loads certificates at: the same as
     /// certwatch's validation, through the `OPENSSL_CONF` file written beside the
     /// configuration ([`OPENSSL_CONF_FILE`]).
@@ -112,8 +122,17 @@ impl RenderOptions {
             load_balance_algorithm: "random".into(),
             tcp_balance_scheme: "source".into(),
             health_check_interval: "5000ms".into(),
+            header_case_adjustments: Vec::new(),
             openssl_security_level: SecurityLevel::default(),
         }
+    }
+
+    /// The file of a route's allow list when it is too long for one line
+    /// (`allowlists/<namespace>:<route>.txt`, one address or network a line).
+    pub fn allowlist_file(&self, route: &ServedRoute) -> PathBuf {
+        self.config_dir
+            .join(ALLOWLIST_DIR)
+            .join(format!("{}:{}.txt", route.key.namespace, route.key.name))
     }
 
     /// The file of a route's destination CA (`cacerts/<namespace>:<route>.pem`).
@@ -133,6 +152,9 @@ impl RenderOptions {
     }
 }
 
+/// The directory, in the configuration directory, of allow lists too long for a line.
+pub const ALLOWLIST_DIR: &str = "allowlists";
+
 /// The OpenSSL configuration's file name in the configuration directory: HAProxy's
 /// `OPENSSL_CONF`, at certwatch's security level (Debian's OpenSSL alone is at 2).
 pub const OPENSSL_CONF_FILE: &str = "openssl.cnf";
@@ -151,6 +173,8 @@ pub struct RenderedConfig {
     pub maps: Vec<(&'static str, String)>,
     /// Destination CA files (path → PEM) of reencrypt routes that have one.
     pub ca_files: Vec<(PathBuf, String)>,
+    /// Allow list files (path → content) of routes whose list is too long for a line.
+    pub allowlist_files: Vec<(PathBuf, String)>,
     /// Each backend's servers as rendered, spare ones included: what the runtime API
     /// starts from after HAProxy loads this configuration.
     pub backends: Vec<RenderedBackend>,
@@ -304,28 +328,6 @@ fn one_of<'a>(value: Option<&'a str>, allowed: &str) -> Option<&'a str> {
     value.filter(|value| allowed.split('|').any(|a| a == *value))
 }
 
-/// The `Strict-Transport-Security` value of an annotation, when it is one the router
-/// accepts (a `max-age`, optionally with `includeSubDomains` and `preload`).
-fn hsts(value: Option<&str>) -> Option<&str> {
-    let value = value?;
-    let mut max_age = false;
-    for part in value.split(';') {
-        let part = part.trim();
-        let lower = part.to_ascii_lowercase();
-        if let Some(rest) = lower.strip_prefix("max-age") {
-            let rest = rest.trim_start().strip_prefix('=')?.trim();
-            let digits = rest.trim_matches('"');
-            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            max_age = true;
-        } else if lower != "includesubdomains" && lower != "preload" {
-            return None;
-        }
-    }
-    (max_age && !value.contains('\'')).then_some(value)
-}
-
 /// Renders the configuration for `routes` with the endpoints of `endpoints`.
 pub fn render(
     routes: &RoutingTable,
@@ -336,6 +338,7 @@ pub fn render(
     global_and_frontends(&mut out, options);
     let mut maps: [Vec<String>; 5] = Default::default();
     let mut ca_files = Vec::new();
+    let mut allowlist_files = Vec::new();
     let mut backends = Vec::with_capacity(routes.len());
     for route in routes.routes() {
         map_entries(route, &mut maps);
@@ -352,7 +355,14 @@ pub fn render(
                 ca_files.push((path.clone(), pem.to_owned()));
                 path
             });
-        backends.push(backend(&mut out, route, &plan, ca_file.as_deref(), options));
+        backends.push(backend(
+            &mut out,
+            route,
+            &plan,
+            ca_file.as_deref(),
+            &mut allowlist_files,
+            options,
+        ));
     }
     let maps = MAP_FILES
         .iter()
@@ -373,9 +383,9 @@ pub fn render(
         hash.update(name.as_bytes());
         hash.update(text.as_bytes());
     }
-    for (path, pem) in &ca_files {
+    for (path, text) in ca_files.iter().chain(&allowlist_files) {
         hash.update(path.as_os_str().as_encoded_bytes());
-        hash.update(pem.as_bytes());
+        hash.update(text.as_bytes());
     }
     hash.update(openssl_conf.as_bytes());
     let digest: String = hash.finish().as_ref()[..16]
@@ -387,6 +397,7 @@ pub fn render(
         config: out,
         maps,
         ca_files,
+        allowlist_files,
         backends,
         openssl_conf,
         digest,
@@ -465,6 +476,7 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
         e503 = dir.join(ERROR_PAGES[0].0).display(),
         e404 = dir.join(ERROR_PAGES[1].0).display(),
     );
+    header_case_adjustments(out, options);
     let _ = writeln!(
         out,
         "frontend public\n  bind {http}\n  mode http\n  \
@@ -519,6 +531,24 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
     );
 }
 
+/// The header names whose case HAProxy adjusts (a `global` section of their own) and
+/// the adjustment of responses to clients (in `defaults`, which this follows).
+fn header_case_adjustments(out: &mut String, options: &RenderOptions) {
+    if options.header_case_adjustments.is_empty() {
+        return;
+    }
+    out.push_str(
+        "  option h1-case-adjust-bogus-client
+
+global
+",
+    );
+    for name in &options.header_case_adjustments {
+        let _ = writeln!(out, "  h1-case-adjust {} {name}", name.to_ascii_lowercase());
+    }
+    out.push('\n');
+}
+
 /// What every HTTP frontend does to a request before routing it: refuse an empty
 /// `Content-Length`, drop `Proxy` and client-certificate headers a client could forge,
 /// and lower-case the host (DNS names are case-insensitive).
@@ -554,10 +584,28 @@ fn backend(
     route: &ServedRoute,
     plan: &BackendPlan,
     ca_file: Option<&Path>,
+    allowlist_files: &mut Vec<(PathBuf, String)>,
     options: &RenderOptions,
 ) -> RenderedBackend {
     let routing = &route.routing;
     let annotation = |name: &str| routing.annotation(name);
+    let owned = |name: &str| routing.annotation(name).map(str::to_owned);
+    let allowlist = annotations::allowlist(owned).map(|entries| {
+        if entries.len() <= annotations::MAX_INLINE_ALLOWLIST {
+            format!("  acl allowlist src {}\n", entries.join(" "))
+        } else {
+            let path = options.allowlist_file(route);
+            let line = format!("  acl allowlist src -f {}\n", path.display());
+            allowlist_files.push((path, entries.join("\n") + "\n"));
+            line
+        }
+    });
+    let allowlist = |out: &mut String| {
+        if let Some(acl) = &allowlist {
+            out.push_str(acl);
+            out.push_str("  tcp-request content reject if !allowlist\n");
+        }
+    };
     let balance = one_of(
         annotation("haproxy.router.openshift.io/balance"),
         "roundrobin|leastconn|source|random",
@@ -580,11 +628,13 @@ fn backend(
             }
         });
         let _ = writeln!(out, "  balance {balance}");
+        allowlist(out);
         let tunnel = time_value(annotation("haproxy.router.openshift.io/timeout-tunnel"))
             .or_else(|| time_value(annotation("haproxy.router.openshift.io/timeout")));
         if let Some(tunnel) = tunnel {
             let _ = writeln!(out, "  timeout tunnel  {tunnel}");
         }
+        out.push_str(&annotations::rate_limits(owned, false));
         out.push_str("  hash-type consistent\n  timeout check 5000ms\n");
     } else {
         out.push_str("  mode http\n  option redispatch\n");
@@ -598,6 +648,11 @@ fn backend(
             "if-none" => out.push_str("  option forwardfor if-none\n"),
             _ => {}
         }
+        if !options.header_case_adjustments.is_empty()
+            && annotations::is_true(annotation("haproxy.router.openshift.io/h1-adjust-case"))
+        {
+            out.push_str("  option h1-case-adjust-bogus-server\n");
+        }
         let balance = balance.map(str::to_owned).unwrap_or_else(|| {
             if plan.active_services > 1 {
                 "roundrobin".into()
@@ -606,14 +661,22 @@ fn backend(
             }
         });
         let _ = writeln!(out, "  balance {balance}");
+        allowlist(out);
         if let Some(timeout) = time_value(annotation("haproxy.router.openshift.io/timeout")) {
             let _ = writeln!(out, "  timeout server  {timeout}");
         }
         if let Some(tunnel) = time_value(annotation("haproxy.router.openshift.io/timeout-tunnel")) {
             let _ = writeln!(out, "  timeout tunnel  {tunnel}");
         }
+        out.push_str(&annotations::rate_limits(owned, true));
         out.push_str("  timeout check 5000ms\n");
         forwarded_headers(out, forwarded);
+        if let Some(rewrite) = annotations::rewrite_target(
+            annotation("haproxy.router.openshift.io/rewrite-target"),
+            routing.path.as_deref(),
+        ) {
+            out.push_str(&rewrite);
+        }
         let cookies = annotation("haproxy.router.openshift.io/disable_cookies")
             .is_none_or(|value| !matches!(value, "true" | "TRUE" | "True" | "1" | "t" | "T"));
         let terminated = matches!(
@@ -644,13 +707,18 @@ fn backend(
             out.push_str(" dynamic\n");
         }
         if terminated
-            && let Some(hsts) = hsts(annotation("haproxy.router.openshift.io/hsts_header"))
+            && let Some(hsts) =
+                annotations::hsts(annotation("haproxy.router.openshift.io/hsts_header"))
         {
             let _ = writeln!(
                 out,
                 "  http-response set-header Strict-Transport-Security '{hsts}'"
             );
         }
+        out.push_str(&annotations::header_actions(
+            &routing.request_headers,
+            &routing.response_headers,
+        ));
         let _ = writeln!(out, "  dynamic-cookie-key {key}");
     }
     let verify_host = routing.termination == Termination::Reencrypt
@@ -789,6 +857,8 @@ fn forwarded_headers(out: &mut String, policy: &str) {
         _ => {}
     }
 }
+
+mod annotations;
 
 #[cfg(test)]
 mod tests;

@@ -49,10 +49,15 @@ impl Drop for Backend {
     }
 }
 
-/// The answer a backend gives: `200`, `x-backend: <name>`, body `<name>`.
-fn answer(name: &str) -> String {
+/// The answer a backend gives: `200`, `x-backend: <name>`, `x-path: <the request's
+/// path as received>`, `x-host-header: <the Host header's name as received>`, body
+/// `<name>`; and `x-echo-added: <value>` when the request had an `x-added` header.
+fn answer(name: &str, path: &str, host_header: &str, added: Option<&str>) -> String {
+    let echo = added
+        .map(|value| format!("x-echo-added: {value}\r\n"))
+        .unwrap_or_default();
     format!(
-        "HTTP/1.1 200 OK\r\nx-backend: {name}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{name}",
+        "HTTP/1.1 200 OK\r\nx-backend: {name}\r\nx-path: {path}\r\nx-host-header: {host_header}\r\n{echo}content-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{name}",
         name.len()
     )
 }
@@ -85,8 +90,23 @@ async fn serve_one<S: AsyncRead + AsyncWrite + Unpin>(
                 .map(|(_, v)| v.trim().to_owned())
         })
         .unwrap_or_default();
+    let host_header = text
+        .lines()
+        .skip(1)
+        .find_map(|line| {
+            line.split_once(':')
+                .map(|(k, _)| k)
+                .filter(|k| k.eq_ignore_ascii_case("host"))
+        })
+        .unwrap_or("");
+    let added = text.lines().skip(1).find_map(|line| {
+        line.split_once(':')
+            .filter(|(k, _)| k.eq_ignore_ascii_case("x-added"))
+            .map(|(_, v)| v.trim())
+    });
+    let response = answer(name, &path, host_header, added);
     seen.lock().unwrap().push((host, path));
-    let _ = stream.write_all(answer(name).as_bytes()).await;
+    let _ = stream.write_all(response.as_bytes()).await;
     let _ = stream.shutdown().await;
 }
 
@@ -259,13 +279,38 @@ pub struct Response {
     pub certificate: Option<Vec<u8>>,
     /// The ALPN protocol negotiated (HTTPS only).
     pub alpn: Option<String>,
+    /// The `x-path` header: the path the backend received.
+    pub path: Option<String>,
+    /// The `strict-transport-security` header.
+    pub hsts: Option<String>,
+    /// The `x-host-header` header: the Host header's name as the backend received it.
+    pub host_header: Option<String>,
+    /// The name of the `x-backend` header as the client received it (its case).
+    pub backend_header: Option<String>,
+    /// The `x-echo-added` header: the `x-added` request header the backend received.
+    pub echo_added: Option<String>,
+    /// The `x-resp` header.
+    pub x_resp: Option<String>,
+}
+
+/// What an exchange read from a response: status and the headers the tests look at.
+struct Answer {
+    status: u16,
+    backend: Option<String>,
+    location: Option<String>,
+    path: Option<String>,
+    hsts: Option<String>,
+    host_header: Option<String>,
+    backend_header: Option<String>,
+    echo_added: Option<String>,
+    x_resp: Option<String>,
 }
 
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     host: &str,
     path: &str,
-) -> Option<(u16, Option<String>, Option<String>)> {
+) -> Option<Answer> {
     let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut response = Vec::new();
@@ -286,19 +331,42 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
             })
         })
     };
-    Some((status, header("x-backend"), header("location")))
+    Some(Answer {
+        status,
+        backend: header("x-backend"),
+        location: header("location"),
+        path: header("x-path"),
+        hsts: header("strict-transport-security"),
+        host_header: header("x-host-header"),
+        echo_added: header("x-echo-added"),
+        x_resp: header("x-resp"),
+        backend_header: text.split("\r\n\r\n").next().and_then(|head| {
+            head.lines().find_map(|line| {
+                line.split_once(':')
+                    .map(|(k, _)| k)
+                    .filter(|k| k.eq_ignore_ascii_case("x-backend"))
+                    .map(str::to_owned)
+            })
+        }),
+    })
 }
 
 /// A plain HTTP request for `host` + `path` to `addr`.
 pub async fn http_get(addr: SocketAddr, host: &str, path: &str) -> Option<Response> {
     let stream = TcpStream::connect(addr).await.ok()?;
-    let (status, backend, location) = exchange(stream, host, path).await?;
+    let answer = exchange(stream, host, path).await?;
     Some(Response {
-        status,
-        backend,
-        location,
+        status: answer.status,
+        backend: answer.backend,
+        location: answer.location,
         certificate: None,
         alpn: None,
+        path: answer.path,
+        hsts: answer.hsts,
+        host_header: answer.host_header,
+        backend_header: answer.backend_header,
+        echo_added: answer.echo_added,
+        x_resp: answer.x_resp,
     })
 }
 
@@ -322,14 +390,26 @@ pub async fn https_get(addr: SocketAddr, sni: &str, path: &str, h2: bool) -> Opt
             location: None,
             certificate,
             alpn,
+            path: None,
+            hsts: None,
+            host_header: None,
+            backend_header: None,
+            echo_added: None,
+            x_resp: None,
         });
     }
-    let (status, backend, location) = exchange(stream, sni, path).await?;
+    let answer = exchange(stream, sni, path).await?;
     Some(Response {
-        status,
-        backend,
-        location,
+        status: answer.status,
+        backend: answer.backend,
+        location: answer.location,
         certificate,
         alpn,
+        path: answer.path,
+        hsts: answer.hsts,
+        host_header: answer.host_header,
+        backend_header: answer.backend_header,
+        echo_added: answer.echo_added,
+        x_resp: answer.x_resp,
     })
 }

@@ -59,6 +59,8 @@ pub struct PipelineOptions {
     pub hosts: HostPolicy,
     /// How many outcomes wait at most for the consumer ([`OUTCOME_QUEUE`]).
     pub outcome_queue: usize,
+    /// The router's domain, for routes with `spec.subdomain` and no `spec.host`.
+    pub router_domain: Option<String>,
 }
 
 impl Default for PipelineOptions {
@@ -69,6 +71,7 @@ impl Default for PipelineOptions {
             retry: BackoffPolicy::default(),
             hosts: HostPolicy::default(),
             outcome_queue: OUTCOME_QUEUE,
+            router_domain: None,
         }
     }
 }
@@ -156,6 +159,7 @@ impl RoutePipeline {
             retry: options.retry,
             seed: rand::random(),
             validator: options.validator.clone(),
+            router_domain: options.router_domain.clone(),
             // Without a status writer the machine need not keep whole routes.
             record_status: status.is_some(),
         });

@@ -146,6 +146,7 @@ impl Driver {
                 denial_recheck_min: Duration::from_millis(800),
                 seed: 7,
                 validator: crate::tls::TlsValidator::default(),
+                router_domain: None,
                 record_status: true,
             }),
             now: Instant::now(),
@@ -1271,6 +1272,27 @@ fn a_route_without_a_host_is_rejected_and_a_wildcard_host_without_a_domain_gets_
     assert_eq!(admitted_sni(&d), vec![Sni::NoHost]);
 }
 
+/// A route with `spec.subdomain` and no host is decided at `<subdomain>.<domain>` when
+/// the router has a domain, and has no host (`NoHostValue`) without one.
+#[test]
+fn a_subdomain_route_takes_its_host_from_the_routers_domain() {
+    let mut subdomain = route("r", Some("s"), "", 10, "uid-r");
+    subdomain.spec.subdomain = Some("shop".to_owned());
+    let d = listed_with(HostPolicy::default(), subdomain.clone());
+    assert_eq!(d.said_to("r"), vec![Said::Rejected("NoHostValue")]);
+    let mut d = Driver::new();
+    d.machine = RouteMachine::new(MachineOptions {
+        router_domain: Some("apps.example".to_owned()),
+        ..d.machine.options.clone()
+    });
+    d.step(Input::Listed(vec![subdomain]));
+    d.found(version("u", 1, Ok(Arc::clone(&material().valid[0]))));
+    assert_eq!(
+        admitted_sni(&d),
+        vec![Sni::Host("shop.apps.example".to_owned())]
+    );
+}
+
 /// A route in namespace `ns` claiming `host` (with `path`), created at second `age`.
 fn claimant(ns: &str, name: &str, host: &str, path: Option<&str>, age: i64) -> Route {
     let mut route = route(name, Some("s"), host, age, &format!("uid-{ns}-{name}"));
@@ -2225,6 +2247,87 @@ fn passthrough_with_a_secret_and_a_foreign_ca_are_refused_after_the_secret() {
         d.said_to("c"),
         vec![Said::Rejected("ExtendedValidationFailed")]
     );
+}
+
+/// A route's own caCertificate is served after its certificate, inline or from a
+/// secret, as the router appends it to the certificate file it writes.
+#[test]
+fn the_routes_ca_certificate_is_served_after_its_chain() {
+    let now = Timestamp::now();
+    let pki = Pki::new(now);
+    let leaf = pki.issue(&LeafSpec::new("inline.example", now));
+    let ca = format!("{}{}", pki.intermediate_pem(), pki.root_pem());
+    let served = |d: &Driver, name: &str| {
+        d.outcomes
+            .iter()
+            .rev()
+            .find_map(|outcome| match outcome {
+                RouteOutcome::Admitted(admitted) if admitted.route == key(name) => {
+                    admitted.certificate.clone()
+                }
+                _ => None,
+            })
+            .expect("admitted with a certificate")
+            .tls
+    };
+    let inline = route_with_tls(
+        "inline",
+        1,
+        Some(
+            serde_json::json!({"termination": "edge", "certificate": leaf.chain_pem(),
+                                "key": leaf.key_pem(), "caCertificate": ca}),
+        ),
+    );
+    let plain_inline = route_with_tls(
+        "plain-inline",
+        2,
+        Some(
+            serde_json::json!({"termination": "edge", "certificate": leaf.chain_pem(),
+                                "key": leaf.key_pem()}),
+        ),
+    );
+    let mut d = Driver::new();
+    d.step(Input::Listed(vec![inline, plain_inline]));
+    let with = served(&d, "inline");
+    let without = served(&d, "plain-inline");
+    assert_eq!(with.chain_len(), without.chain_len() + 2);
+    assert!(with.chain_pem().starts_with(without.chain_pem()));
+    assert!(
+        with.pem_bundle()
+            .expose_secret()
+            .contains(without.key_pem().expose_secret())
+    );
+    let appended = &with.chain_pem()[without.chain_pem().len()..];
+    assert_eq!(
+        appended.matches("-----BEGIN CERTIFICATE-----").count(),
+        2,
+        "{appended}"
+    );
+    let root = pki.root_pem();
+    let root_line = root.lines().nth(1).expect("a base64 line");
+    assert!(appended.contains(root_line), "the root last: {appended}");
+
+    let secret = pki.issue(&LeafSpec::new("r.example", now)).secret(NS, "s");
+    let validated = Arc::new(
+        TlsValidator::default()
+            .validate_secret(&secret, None, now)
+            .expect("valid"),
+    );
+    let external = route_with_tls(
+        "external",
+        3,
+        Some(
+            serde_json::json!({"termination": "edge", "externalCertificate": {"name": "s"},
+                                "caCertificate": ca}),
+        ),
+    );
+    let mut d = Driver::new();
+    d.step(Input::Listed(vec![external]));
+    d.found(version("uid-s", 1, Ok(Arc::clone(&validated))));
+    assert_eq!(d.said_to("external"), vec![Said::Admitted]);
+    let with = served(&d, "external");
+    assert_eq!(with.chain_len(), validated.chain_len() + 2);
+    assert!(with.chain_pem().starts_with(validated.chain_pem()));
 }
 
 /// A wildcard route the router refuses claims no host: a younger route of the same

@@ -22,6 +22,9 @@ pub struct RouterIdentity {
     pub name: String,
     /// `routerCanonicalHostname`, if the router has one.
     pub canonical_hostname: Option<String>,
+    /// The router's domain (its `ROUTER_DOMAIN`): a route with `spec.subdomain` and no
+    /// `spec.host` is served, and its entry written, as `<subdomain>.<domain>`.
+    pub domain: Option<String>,
 }
 
 impl RouterIdentity {
@@ -30,6 +33,7 @@ impl RouterIdentity {
         Self {
             name: name.into(),
             canonical_hostname: None,
+            domain: None,
         }
     }
 }
@@ -101,7 +105,9 @@ pub fn admitted_condition(ingress: &RouteIngress) -> Option<&RouteIngressConditi
 /// Writes `admission` into this router's entry of `route.status.ingress[]`, creating the
 /// entry if needed, and returns whether the status changed.
 ///
-/// The entry's host and wildcard policy follow the route's spec, its canonical host name
+/// The entry's host and wildcard policy follow the route's spec (the host from
+/// `spec.subdomain` and the router's domain when `spec.host` is empty), its canonical
+/// host name
 /// follows `router`. `lastTransitionTime` becomes `now` only when the condition's status
 /// changes (or the condition is new). Duplicate entries with this router's name are
 /// merged into the first. Other routers' entries, other conditions and unknown fields
@@ -112,7 +118,9 @@ pub fn record_admission(
     admission: &Admission,
     now: Timestamp,
 ) -> bool {
-    let host = route.spec.host.clone();
+    let host = route
+        .host_with_domain(router.domain.as_deref())
+        .or_else(|| route.spec.host.clone());
     let wildcard_policy = route.spec.wildcard_policy.clone();
     let status = route.status.get_or_insert_with(RouteStatus::default);
     let ingresses = status.ingress.get_or_insert_with(Vec::new);
@@ -233,7 +241,51 @@ mod tests {
         RouterIdentity {
             name: "default".into(),
             canonical_hostname: Some("router-default.apps.example.com".into()),
+            domain: None,
         }
+    }
+
+    #[test]
+    fn a_subdomain_route_is_recorded_at_its_host_in_the_routers_domain() {
+        let mut route: Route = serde_json::from_value(serde_json::json!({
+            "apiVersion": "route.openshift.io/v1", "kind": "Route",
+            "metadata": {"name": "shop", "namespace": "team-a"},
+            "spec": {"subdomain": "shop", "to": {"kind": "Service", "name": "shop"}},
+        }))
+        .unwrap();
+        let mut with_domain = router();
+        with_domain.domain = Some("apps.example.com".into());
+        let admitted = Admission::admitted();
+        assert!(record_admission(
+            &mut route,
+            &with_domain,
+            &admitted,
+            Timestamp::UNIX_EPOCH
+        ));
+        let ours = router_ingress(&route, "default").unwrap();
+        assert_eq!(ours.host.as_deref(), Some("shop.apps.example.com"));
+        assert!(records_admission(&route, &with_domain, &admitted));
+        // Without a domain there is no host to write; with a host, the host wins.
+        assert!(record_admission(
+            &mut route,
+            &router(),
+            &admitted,
+            Timestamp::UNIX_EPOCH
+        ));
+        assert_eq!(router_ingress(&route, "default").unwrap().host, None);
+        route.spec.host = Some("own.example.com".into());
+        record_admission(&mut route, &with_domain, &admitted, Timestamp::UNIX_EPOCH);
+        assert_eq!(
+            router_ingress(&route, "default").unwrap().host.as_deref(),
+            Some("own.example.com")
+        );
+        let mut copy = route.clone();
+        copy.spec.host = None;
+        copy.apply_router_domain(Some("apps.example.com"));
+        assert_eq!(copy.host(), Some("shop.apps.example.com"));
+        copy.spec.host = None;
+        copy.apply_router_domain(None);
+        assert_eq!(copy.host(), None);
     }
 
     fn route_with_foreign_entry() -> Route {

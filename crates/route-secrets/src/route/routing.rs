@@ -104,6 +104,47 @@ pub struct Backend {
     pub weight: u16,
 }
 
+/// One action of `spec.httpHeaders.actions`: a header set or deleted.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HeaderAction {
+    /// The header's name.
+    pub name: String,
+    /// `Some(value)`: set to this value (an HAProxy format string); `None`: deleted.
+    pub set: Option<String>,
+}
+
+/// The actions of one list of `spec.httpHeaders.actions` (`request` or `response`) the
+/// router keeps (`getHeadersList`): `Set` with a name and a non-empty value, `Delete`
+/// with a name; others are dropped.
+fn header_actions(list: Option<&serde_json::Value>) -> Vec<HeaderAction> {
+    list.and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|item| {
+            let name = item.get("name")?.as_str().filter(|n| !n.is_empty())?;
+            let action = item.get("action")?;
+            match action.get("type")?.as_str()? {
+                "Set" => {
+                    let value = action
+                        .get("set")?
+                        .get("value")?
+                        .as_str()
+                        .filter(|v| !v.is_empty())?;
+                    Some(HeaderAction {
+                        name: name.to_owned(),
+                        set: Some(value.to_owned()),
+                    })
+                }
+                "Delete" => Some(HeaderAction {
+                    name: name.to_owned(),
+                    set: None,
+                }),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
 /// A route's routing data (see the [module documentation](self)).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RouteRouting {
@@ -130,6 +171,10 @@ pub struct RouteRouting {
     pub destination_ca_certificate: Option<Arc<str>>,
     /// The route's annotations a router reads ([`ROUTER_ANNOTATION_PREFIXES`]).
     pub annotations: BTreeMap<String, String>,
+    /// `spec.httpHeaders.actions.request`, in order.
+    pub request_headers: Vec<HeaderAction>,
+    /// `spec.httpHeaders.actions.response`, in order.
+    pub response_headers: Vec<HeaderAction>,
 }
 
 /// `IntOrString` as Kubernetes' `String()` writes it.
@@ -180,6 +225,10 @@ impl RouteRouting {
             })
             .map(|(key, value)| (key.clone(), value.clone()))
             .collect();
+        let actions = spec
+            .extra
+            .get("httpHeaders")
+            .and_then(|headers| headers.get("actions"));
         Self {
             termination: Termination::of(route),
             host: route.host().map(Arc::from),
@@ -199,6 +248,8 @@ impl RouteRouting {
             destination_ca_certificate: tls
                 .and_then(|tls| non_empty(tls.destination_ca_certificate.as_ref())),
             annotations,
+            request_headers: header_actions(actions.and_then(|a| a.get("request"))),
+            response_headers: header_actions(actions.and_then(|a| a.get("response"))),
         }
     }
 
@@ -230,6 +281,43 @@ mod tests {
             "spec": spec
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn header_actions_keep_what_the_router_keeps() {
+        let routing = RouteRouting::of(&route(json!({
+            "host": "a.example", "to": {"kind": "Service", "name": "web"},
+            "httpHeaders": {"actions": {
+                "request": [
+                    {"name": "X-Set", "action": {"type": "Set", "set": {"value": "v"}}},
+                    {"name": "X-Empty", "action": {"type": "Set", "set": {"value": ""}}},
+                    {"name": "X-Gone", "action": {"type": "Delete"}},
+                    {"name": "", "action": {"type": "Delete"}},
+                    {"name": "X-Odd", "action": {"type": "Rename"}}
+                ],
+                "response": [{"name": "Server", "action": {"type": "Delete"}}]
+            }}
+        })));
+        assert_eq!(
+            routing.request_headers,
+            [
+                HeaderAction {
+                    name: "X-Set".into(),
+                    set: Some("v".into())
+                },
+                HeaderAction {
+                    name: "X-Gone".into(),
+                    set: None
+                }
+            ]
+        );
+        assert_eq!(
+            routing.response_headers,
+            [HeaderAction {
+                name: "Server".into(),
+                set: None
+            }]
+        );
     }
 
     #[test]

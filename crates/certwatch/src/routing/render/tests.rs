@@ -93,6 +93,8 @@ fn routing(termination: Termination, policy: InsecurePolicy) -> RouteRouting {
         ca_certificate: None,
         destination_ca_certificate: None,
         annotations: BTreeMap::new(),
+        request_headers: Vec::new(),
+        response_headers: Vec::new(),
     }
 }
 
@@ -271,6 +273,140 @@ fn cases() -> Vec<ServedRoute> {
     let mut hostless = routing(Termination::Edge, Refuse);
     hostless.host = None;
     cases.push(served("hostless", hostless));
+    cases
+}
+
+/// The cases of allow lists, connection limits and rewrites, valid and not.
+fn feature_cases() -> Vec<ServedRoute> {
+    use InsecurePolicy::None as Refuse;
+    let mut cases = Vec::new();
+    for (name, termination, pairs) in [
+        (
+            "allowed",
+            Termination::Edge,
+            vec![
+                (
+                    "haproxy.router.openshift.io/ip_allowlist",
+                    "127.0.0.1 10.0.0.0/8 ::1 bogus".to_owned(),
+                ),
+                (
+                    "haproxy.router.openshift.io/hsts_header",
+                    "max-age=1;max-age=2".to_owned(),
+                ),
+            ],
+        ),
+        (
+            "allowed-pass",
+            Termination::Passthrough,
+            vec![(
+                "haproxy.router.openshift.io/ip_whitelist",
+                "192.0.2.0/24".to_owned(),
+            )],
+        ),
+        (
+            "allowed-long",
+            Termination::Http,
+            vec![(
+                "haproxy.router.openshift.io/ip_allowlist",
+                (1..=70)
+                    .map(|n| format!("10.0.0.{n}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            )],
+        ),
+        (
+            "allowed-none",
+            Termination::Http,
+            vec![(
+                "haproxy.router.openshift.io/ip_allowlist",
+                "nonsense 999.1.1.1".to_owned(),
+            )],
+        ),
+        (
+            "limited",
+            Termination::Edge,
+            vec![
+                (
+                    "haproxy.router.openshift.io/rate-limit-connections",
+                    "true".to_owned(),
+                ),
+                (
+                    "haproxy.router.openshift.io/rate-limit-connections.concurrent-tcp",
+                    "3".to_owned(),
+                ),
+                (
+                    "haproxy.router.openshift.io/rate-limit-connections.rate-tcp",
+                    "+4".to_owned(),
+                ),
+                (
+                    "haproxy.router.openshift.io/rate-limit-connections.rate-http",
+                    "10".to_owned(),
+                ),
+            ],
+        ),
+        (
+            "limited-pass",
+            Termination::Passthrough,
+            vec![
+                (
+                    "haproxy.router.openshift.io/rate-limit-connections",
+                    "1".to_owned(),
+                ),
+                (
+                    "haproxy.router.openshift.io/rate-limit-connections.concurrent-tcp",
+                    "-2".to_owned(),
+                ),
+                (
+                    "haproxy.router.openshift.io/rate-limit-connections.rate-tcp",
+                    "7".to_owned(),
+                ),
+            ],
+        ),
+        (
+            "rewrite",
+            Termination::Http,
+            vec![(
+                "haproxy.router.openshift.io/rewrite-target",
+                "/v2/it's \\\\ 100% \"here\" x\\y".to_owned(),
+            )],
+        ),
+        (
+            "rewrite-odd",
+            Termination::Edge,
+            vec![(
+                "haproxy.router.openshift.io/rewrite-target",
+                "/\\\\2 {x} [y] #rest".to_owned(),
+            )],
+        ),
+    ] {
+        let mut r = routing(termination, Refuse);
+        r.host = Some(format!("{name}.example").into());
+        if name.starts_with("rewrite") {
+            r.path = Some("/api(v1)[x]{2}+'q".into());
+        }
+        r.annotations = pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        cases.push(served(name, r));
+    }
+    let mut headers = routing(Termination::Edge, Refuse);
+    headers.host = Some("headers.example".into());
+    let set = |name: &str, value: &str| route_secrets::route::routing::HeaderAction {
+        name: name.into(),
+        set: Some(value.into()),
+    };
+    headers.request_headers = vec![
+        set("X-Client", "%[req.hdr(host),lower] it's #1 100%%"),
+        set("X-Cert", "%{+Q}[ssl_c_der,base64]"),
+        set("X-Bad", "100%"),
+        set("X-Unknown", "%[src]"),
+    ];
+    headers.response_headers = vec![
+        set("X-Served", "%[res.hdr(server)]"),
+        route_secrets::route::routing::HeaderAction {
+            name: "Server".into(),
+            set: None,
+        },
+    ];
+    cases.push(served("headers", headers));
     cases
 }
 
@@ -555,6 +691,174 @@ fn regexes_quote_what_go_quotes() {
     assert_eq!(time_value(Some("10")).as_deref(), Some("10"));
     assert_eq!(time_value(Some("0s")), None);
     assert_eq!(time_value(Some("5x")), None);
-    assert_eq!(hsts(Some("max-age=\"100\"")), Some("max-age=\"100\""));
-    assert_eq!(hsts(Some("includeSubDomains")), None);
+    assert_eq!(
+        annotations::hsts(Some("max-age=\"100\"")),
+        Some("max-age=\"100\"")
+    );
+    assert_eq!(annotations::hsts(Some("includeSubDomains")), None);
+}
+
+#[test]
+fn allow_lists_rate_limits_and_rewrites_render_as_the_router_does() {
+    let endpoints = endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let options = options_in(dir.path());
+    let mut table = RoutingTable::new();
+    for (i, case) in feature_cases().into_iter().enumerate() {
+        // Each alone, then all of them with every other case.
+        let case_dir = dir.path().join(format!("case-{i}"));
+        std::fs::create_dir_all(&case_dir).unwrap();
+        let case_options = options_in(&case_dir);
+        let mut alone = RoutingTable::new();
+        alone.upsert(case.clone());
+        let rendered = render(&alone, &endpoints, &case_options);
+        haproxy_check(&write_config(&rendered, &case_options).unwrap());
+        table.upsert(case);
+    }
+    for case in cases() {
+        table.upsert(case);
+    }
+    let rendered = render(&table, &endpoints, &options);
+    let section = |name: &str| -> String {
+        let start = rendered.config.find(&format!("backend {name}\n")).unwrap();
+        let rest = &rendered.config[start..];
+        rest[..rest.find("\n\n").unwrap()].to_owned()
+    };
+    let allowed = section("be_edge_http:shop:allowed");
+    assert!(
+        allowed.contains(
+            "  acl allowlist src 127.0.0.1 10.0.0.0/8 ::1\n  tcp-request content reject if !allowlist\n"
+        ),
+        "{allowed}"
+    );
+    assert!(
+        !allowed.contains("Strict-Transport-Security"),
+        "two max-age values: no HSTS header\n{allowed}"
+    );
+    let pass = section("be_tcp:shop:allowed-pass");
+    assert!(
+        pass.contains(
+            "  acl allowlist src 192.0.2.0/24\n  tcp-request content reject if !allowlist"
+        ),
+        "{pass}"
+    );
+    let long = section("be_http:shop:allowed-long");
+    let file = options.allowlist_file(&served(
+        "allowed-long",
+        routing(Termination::Http, InsecurePolicy::None),
+    ));
+    assert!(
+        long.contains(&format!("  acl allowlist src -f {}\n", file.display())),
+        "{long}"
+    );
+    assert_eq!(rendered.allowlist_files.len(), 1);
+    assert_eq!(rendered.allowlist_files[0].0, file);
+    assert_eq!(rendered.allowlist_files[0].1.lines().count(), 70);
+    assert!(
+        rendered.allowlist_files[0]
+            .1
+            .starts_with("10.0.0.1\n10.0.0.2\n")
+    );
+    assert!(!section("be_http:shop:allowed-none").contains("allowlist"));
+    let limited = section("be_edge_http:shop:limited");
+    for line in [
+        "  stick-table type ip size 100k expire 30s store conn_cur,conn_rate(3s),http_req_rate(10s)",
+        "  tcp-request content track-sc2 src",
+        "  tcp-request content reject if { src_conn_cur ge  3 }",
+        "  #TCP connection rate not restricted",
+        "  tcp-request content reject if { src_http_req_rate ge 10 }",
+    ] {
+        assert!(limited.contains(line), "{line} in\n{limited}");
+    }
+    let limited = section("be_tcp:shop:limited-pass");
+    for line in [
+        "  tcp-request content reject if { src_conn_cur ge  -2 }",
+        "  tcp-request content reject if { src_conn_rate ge 7 }",
+    ] {
+        assert!(limited.contains(line), "{line} in\n{limited}");
+    }
+    assert!(!limited.contains("http_req_rate ge"), "{limited}");
+    let headers = section("be_edge_http:shop:headers");
+    assert!(
+        headers.contains(
+            "  http-request set-header 'X-Client' '%[req.hdr(host),lower] it'\\''s #1 100%%'\n  \
+             http-request set-header 'X-Cert' '%{+Q}[ssl_c_der,base64]'\n  \
+             http-response set-header 'X-Served' '%[res.hdr(server)]'\n  \
+             http-response del-header 'Server'\n"
+        ),
+        "{headers}"
+    );
+    let rewrite = section("be_http:shop:rewrite");
+    assert!(
+        rewrite.contains(
+            "  http-request replace-path '^/api\\(v1\\)\\[x\\]\\{2\\}\\+'\\''q(.*)$' '/v2/its \\ 100%% here xy\\1'\n"
+        ),
+        "{rewrite}"
+    );
+    let odd = section("be_edge_http:shop:rewrite-odd");
+    assert!(
+        odd.contains("' '/\\2 {x} [y] '\n"),
+        "a comment ends the target, without \\1\n{odd}"
+    );
+    // Written and checked: the allow list file exists, HAProxy takes it all.
+    let config = write_config(&rendered, &options).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        rendered.allowlist_files[0].1
+    );
+    haproxy_check(&config);
+    // A route no longer rendered takes its allow list file with it.
+    let mut fewer = RoutingTable::new();
+    fewer.upsert(served(
+        "plain",
+        routing(Termination::Http, InsecurePolicy::None),
+    ));
+    let rendered = render(&fewer, &endpoints, &options);
+    write_config(&rendered, &options).unwrap();
+    assert!(!file.exists());
+}
+
+#[test]
+fn header_case_adjustments_are_global_and_per_route_on_request() {
+    let endpoints = endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = options_in(dir.path());
+    let mut table = RoutingTable::new();
+    let mut asking = routing(Termination::Edge, InsecurePolicy::None);
+    asking.host = Some("asking.example".into());
+    asking.annotations.insert(
+        "haproxy.router.openshift.io/h1-adjust-case".into(),
+        "true".into(),
+    );
+    table.upsert(served("asking", asking));
+    let mut not_true = routing(Termination::Http, InsecurePolicy::None);
+    not_true.annotations.insert(
+        "haproxy.router.openshift.io/h1-adjust-case".into(),
+        "yes".into(),
+    );
+    table.upsert(served("not-true", not_true));
+    // Without a list, nothing of it at all.
+    let rendered = render(&table, &endpoints, &options);
+    assert!(!rendered.config.contains("h1-case-adjust"));
+    options.header_case_adjustments = vec!["Host".into(), "X-Request-ID".into()];
+    let rendered = render(&table, &endpoints, &options);
+    let config = &rendered.config;
+    assert!(
+        config.contains("  h1-case-adjust host Host\n  h1-case-adjust x-request-id X-Request-ID\n")
+    );
+    assert!(config.contains("  option h1-case-adjust-bogus-client\n"));
+    assert_eq!(
+        config.matches("option h1-case-adjust-bogus-server").count(),
+        1
+    );
+    let asking = &config[config.find("backend be_edge_http:shop:asking\n").unwrap()..];
+    assert!(
+        asking[..asking.find("\n\n").unwrap()].contains("option h1-case-adjust-bogus-server"),
+        "{asking}"
+    );
+    // The client option sits in `defaults`, before the first frontend.
+    let defaults = config.find("\ndefaults\n").unwrap();
+    let option = config.find("option h1-case-adjust-bogus-client").unwrap();
+    assert!(defaults < option && option < config.find("\nfrontend ").unwrap());
+    haproxy_check(&write_config(&rendered, &options).unwrap());
 }

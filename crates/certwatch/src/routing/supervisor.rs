@@ -3,31 +3,24 @@
 //! configuration as it is on disk; the old ones finish their connections), stopped
 //! softly by `SIGUSR1`. Its output is logged line by line.
 //!
-//! HAProxy outlives no certwatch: it runs under a small `sh` that holds a pipe whose
-//! other end only certwatch has, and stops HAProxy softly when the pipe closes, however
-//! certwatch ends (a `SIGKILL` runs no destructor).
+//! HAProxy outlives no certwatch: it runs under [`crate::haproxy::watchdog`], which
+//! stops it when certwatch ends, however it ends (a `SIGKILL` runs no destructor), and
+//! an HAProxy left on the same configuration by an earlier run is stopped before this
+//! one starts.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tracing::{info, warn};
 
-/// The watchdog: starts HAProxy (`$0` on configuration `$1`, master pid in `$2`, master
-/// CLI at `$3`), waits for end-of-file on its stdin, then stops HAProxy softly, and for
-/// good (`SIGKILL` to the master, whose workers follow it) if it has not ended within
-/// 10 s: a soft stop waits for open connections, which may never close.
-const WATCHDOG: &str = r#"trap '' INT HUP
-"$0" -W -db -S "$3",mode,600 -f "$1" -p "$2" <&- &
-child=$!
-while read -r _; do :; done
-kill -USR1 "$child" 2>/dev/null
-i=0
-while kill -0 "$child" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-kill -KILL "$child" 2>/dev/null
-wait "$child""#;
+use crate::haproxy::watchdog::{self, Watched};
+
+/// How long an HAProxy left by an earlier run gets to end on `SIGTERM` (then on
+/// `SIGKILL`).
+const LEFTOVER_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Where the master CLI of the HAProxy run on `config` listens (`run/master.sock` beside
 /// it): the certificates' controller reloads HAProxy through it for what its runtime
@@ -74,31 +67,38 @@ pub enum ProcessError {
 }
 
 impl HaproxyProcess {
-    /// Starts `binary` on `config`.
-    pub fn start(binary: &Path, config: &Path) -> Result<Self, ProcessError> {
+    /// Starts `binary` on `config`, once any HAProxy left running on `config` by an
+    /// earlier run has ended.
+    pub async fn start(binary: &Path, config: &Path) -> Result<Self, ProcessError> {
+        watchdog::stop_leftovers(config, LEFTOVER_PATIENCE).await;
         let pid_file = config.with_file_name("haproxy.pid");
         let _ = std::fs::remove_file(&pid_file);
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(WATCHDOG)
-            .arg(binary)
-            .arg(config)
-            .arg(&pid_file)
-            .arg(master_socket(config))
-            // Certificates load at certwatch's OpenSSL security level.
-            .env(
-                "OPENSSL_CONF",
-                config.with_file_name(super::render::OPENSSL_CONF_FILE),
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| ProcessError::Spawn {
-                binary: binary.to_owned(),
-                config: config.to_owned(),
-                source,
-            })?;
+        let mut master = master_socket(config).into_os_string();
+        master.push(",mode,600");
+        // Certificates load at certwatch's OpenSSL security level.
+        let openssl_conf = config.with_file_name(super::render::OPENSSL_CONF_FILE);
+        let Watched {
+            mut child,
+            lifeline,
+        } = watchdog::spawn(
+            binary,
+            &[
+                OsStr::new("-W"),
+                OsStr::new("-db"),
+                OsStr::new("-S"),
+                &master,
+                OsStr::new("-f"),
+                config.as_os_str(),
+                OsStr::new("-p"),
+                pid_file.as_os_str(),
+            ],
+            &[("OPENSSL_CONF", openssl_conf.as_os_str())],
+        )
+        .map_err(|source| ProcessError::Spawn {
+            binary: binary.to_owned(),
+            config: config.to_owned(),
+            source,
+        })?;
         for output in [
             child
                 .stdout
@@ -126,7 +126,6 @@ impl HaproxyProcess {
             });
         }
         info!(config = %config.display(), "HAProxy started");
-        let lifeline = child.stdin.take();
         Ok(Self {
             child,
             lifeline,

@@ -476,7 +476,7 @@ impl Worker {
         let previous = self.instance;
         let result = match &mut self.process {
             Some(process) => process.reload().map(|()| "reloaded"),
-            None => HaproxyProcess::start(&binary, &config).map(|process| {
+            None => HaproxyProcess::start(&binary, &config).await.map(|process| {
                 self.process = Some(process);
                 "started"
             }),

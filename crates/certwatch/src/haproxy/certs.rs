@@ -256,8 +256,8 @@ pub fn plan(
 pub enum Applied {
     /// The step succeeded.
     Done,
-    /// HAProxy refused the certificate's material (its `set` or `commit`): the
-    /// certificate is refused until its material changes.
+    /// HAProxy refused the certificate's material (its `new`, `set`, `commit` or
+    /// `add ssl crt-list`): the certificate is refused until its material changes.
     MaterialRefused(String),
     /// Another step failed: the knowledge of this certificate was wrong; read it again.
     Failed(String),
@@ -265,6 +265,15 @@ pub enum Applied {
     /// CLI session or HAProxy itself held them), or another certificate's transaction
     /// was open. Nothing changed; the step is tried again shortly.
     Busy,
+}
+
+/// Whether a refusal says that what certwatch knew of HAProxy was wrong (a certificate
+/// missing or already there), rather than that the material cannot be used.
+fn knowledge_error(reply: &Reply) -> bool {
+    reply.contains("does not exist")
+        || reply.contains("not found")
+        || reply.contains("already exists")
+        || reply.contains("Can't find")
 }
 
 /// Whether an answer says HAProxy could not act now, rather than that it refused.
@@ -312,6 +321,13 @@ impl Known {
                     Applied::MaterialRefused(message)
                 }
                 Step::Abort => Applied::Done,
+                // A store or a line HAProxy cannot make from this material (a key its
+                // OpenSSL security level refuses fails here, when the certificate's
+                // context is built). One it says is missing, or already there, is
+                // knowledge gone wrong instead.
+                Step::New | Step::AddLine if !knowledge_error(reply) => {
+                    Applied::MaterialRefused(message)
+                }
                 _ => {
                     self.stale = true;
                     Applied::Failed(message)

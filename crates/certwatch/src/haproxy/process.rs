@@ -284,6 +284,22 @@ impl MasterCli {
         }
     }
 
+    /// The master CLI at `socket` of an HAProxy certwatch runs on `config`, whose
+    /// output `tail` keeps: a failed reload is reported with HAProxy's words.
+    pub(crate) fn with_log(
+        socket: impl Into<PathBuf>,
+        timeout: Duration,
+        tail: LogTail,
+        config: PathBuf,
+    ) -> Self {
+        Self {
+            socket: socket.into(),
+            timeout,
+            log: Some(tail),
+            config: Some(config),
+        }
+    }
+
     /// The socket.
     pub fn socket(&self) -> &Path {
         &self.socket
@@ -336,7 +352,9 @@ impl MasterCli {
         self.reload_watching(timeout, || Ok(())).await
     }
 
-    async fn reload_watching(
+    /// [`MasterCli::reload`], with `alive` asked between attempts (an exited HAProxy
+    /// ends the wait).
+    pub(crate) async fn reload_watching(
         &self,
         timeout: Duration,
         alive: impl FnMut() -> Result<(), ProcessError>,
@@ -397,7 +415,8 @@ impl LogTail {
         let _ = tokio::time::timeout(patience, open.wait_for(|open| *open == 0)).await;
     }
 
-    fn push(&self, line: String) {
+    /// Keeps `line`, dropping the oldest beyond the last [`LOG_TAIL`].
+    pub(crate) fn push(&self, line: String) {
         let mut lines = sync::lock(&self.lines);
         if lines.len() == LOG_TAIL {
             lines.pop_front();

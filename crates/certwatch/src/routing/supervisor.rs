@@ -16,6 +16,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
 use tracing::{info, warn};
 
+use crate::haproxy::process::{LogTail, MasterCli};
 use crate::haproxy::watchdog::{self, Watched};
 
 /// How long an HAProxy left by an earlier run gets to end on `SIGTERM` (then on
@@ -38,6 +39,8 @@ pub struct HaproxyProcess {
     lifeline: Option<tokio::process::ChildStdin>,
     config: PathBuf,
     pid_file: PathBuf,
+    /// The end of HAProxy's output: why a load failed, in its words.
+    tail: LogTail,
 }
 
 /// Why HAProxy could not be started or signalled.
@@ -61,9 +64,10 @@ pub enum ProcessError {
         /// How it ended.
         status: String,
     },
-    /// A signal could not be sent.
-    #[error("cannot signal HAProxy's master process: {0}")]
-    Signal(std::io::Error),
+    /// A reload through the master CLI failed: HAProxy could not load the files (the
+    /// old worker keeps serving), exited, or did not answer.
+    #[error(transparent)]
+    Load(#[from] crate::haproxy::process::ProcessError),
 }
 
 impl HaproxyProcess {
@@ -99,6 +103,7 @@ impl HaproxyProcess {
             config: config.to_owned(),
             source,
         })?;
+        let tail = LogTail::default();
         for output in [
             child
                 .stdout
@@ -112,9 +117,11 @@ impl HaproxyProcess {
         .into_iter()
         .flatten()
         {
+            let tail = tail.clone();
             tokio::spawn(async move {
                 let mut lines = BufReader::new(output).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
+                    tail.push(line.clone());
                     // HAProxy's warnings are mostly its normal life (proxies stopped
                     // by a reload, servers leaving maintenance): alerts only are ours.
                     if line.contains("[ALERT]") {
@@ -131,6 +138,7 @@ impl HaproxyProcess {
             lifeline,
             config: config.to_owned(),
             pid_file,
+            tail,
         })
     }
 
@@ -152,11 +160,31 @@ impl HaproxyProcess {
             })
     }
 
-    /// Asks the master to load the configuration again.
-    pub fn reload(&mut self) -> Result<(), ProcessError> {
-        let pid = self.pid()?;
-        rustix::process::kill_process(pid, rustix::process::Signal::USR2)
-            .map_err(|errno| ProcessError::Signal(errno.into()))
+    /// Asks the master to load the configuration and its files again (its master
+    /// CLI's `reload`), and waits for at most `timeout` until it answers again: done,
+    /// or why the load failed, with HAProxy's words (the old worker then keeps
+    /// serving), or that HAProxy exited.
+    pub async fn reload(
+        &mut self,
+        timeout: Duration,
+        command_timeout: Duration,
+    ) -> Result<(), ProcessError> {
+        let master = MasterCli::with_log(
+            master_socket(&self.config),
+            command_timeout,
+            self.tail.clone(),
+            self.config.clone(),
+        );
+        let Self { child, tail, .. } = self;
+        let alive = || match child.try_wait() {
+            Ok(Some(status)) => Err(crate::haproxy::process::ProcessError::Exited {
+                status,
+                log: tail.text(),
+            }),
+            _ => Ok(()),
+        };
+        master.reload_watching(timeout, alive).await?;
+        Ok(())
     }
 
     /// Whether HAProxy still runs.

@@ -39,6 +39,7 @@ use route_secrets::route::RouteKey;
 use route_secrets::route::routing::Termination;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -46,7 +47,8 @@ use super::dynamic::LoadedBackend;
 use super::endpoints::{EndpointTable, ServiceKey};
 use super::model::{RoutingTable, ServedRoute};
 use super::render::{DIGEST_VARIABLE, RenderOptions, primary_service_host, render};
-use super::supervisor::HaproxyProcess;
+use super::supervisor::{HaproxyProcess, ProcessError};
+use crate::haproxy::process::ProcessError as LoadError;
 use super::write_config;
 use crate::haproxy::HaproxyHandle;
 use crate::haproxy::runtime::{Instance, RuntimeError, current_instance, one_shot};
@@ -105,7 +107,10 @@ pub enum RouteChange {
 pub struct Routing {
     changes: mpsc::UnboundedSender<RouteChange>,
     served: watch::Receiver<bool>,
+    repairs: watch::Receiver<u64>,
     haproxy: watch::Sender<Option<HaproxyHandle>>,
+    /// Cancelled by [`Routing::close`]: a load in progress is abandoned.
+    closing: CancellationToken,
     task: JoinHandle<()>,
 }
 
@@ -114,14 +119,19 @@ impl Routing {
     pub fn spawn(client: kube::Client, options: RoutingOptions, metrics: Arc<Metrics>) -> Self {
         let (changes, inputs) = mpsc::unbounded_channel();
         let (served_tx, served) = watch::channel(false);
+        let (repairs_tx, repairs) = watch::channel(0);
         let (haproxy, haproxy_rx) = watch::channel(None);
         let slices = slice_events(client, Arc::clone(&metrics));
         metrics.register_routing();
-        let worker = Worker::new(options, metrics, haproxy_rx, served_tx);
-        let task = tokio::spawn(worker.run(inputs, slices));
+        let mut worker = Worker::new(options, metrics, haproxy_rx, served_tx);
+        worker.repairs = repairs_tx;
+        let closing = CancellationToken::new();
+        let task = tokio::spawn(worker.run(inputs, slices, closing.clone()));
         Self {
+            closing,
             changes,
             served,
+            repairs,
             haproxy,
             task,
         }
@@ -139,13 +149,22 @@ impl Routing {
         self.served.clone()
     }
 
+    /// Bumped each time HAProxy failed to load the files: the cert directory checks
+    /// that every file its crt-list names is there (and writes again what is not)
+    /// before the next load.
+    pub fn repairs(&self) -> watch::Receiver<u64> {
+        self.repairs.clone()
+    }
+
     /// Tells the task of a route change.
     pub fn send(&self, change: RouteChange) {
         let _ = self.changes.send(change);
     }
 
-    /// Stops the task (and the HAProxy it runs) once it has taken what was sent.
+    /// Stops the task (and the HAProxy it runs): a load in progress is abandoned (a
+    /// reload HAProxy is doing may take up to the load timeout).
     pub async fn close(self) {
+        self.closing.cancel();
         drop(self.changes);
         let _ = self.task.await;
     }
@@ -204,6 +223,8 @@ struct Worker {
     haproxy: watch::Receiver<Option<HaproxyHandle>>,
     /// Set once HAProxy first holds the routes' configuration.
     served: watch::Sender<bool>,
+    /// Bumped when a load failed (see [`Routing::repairs`]).
+    repairs: watch::Sender<u64>,
     /// Whether the running HAProxy holds the configuration last written.
     current: bool,
     /// What the running HAProxy holds, per backend.
@@ -240,6 +261,7 @@ impl Worker {
             metrics,
             haproxy,
             served,
+            repairs: watch::channel(0).0,
             current: false,
             table: RoutingTable::new(),
             endpoints: EndpointTable::new(),
@@ -262,8 +284,12 @@ impl Worker {
         mut self,
         mut inputs: mpsc::UnboundedReceiver<RouteChange>,
         mut slices: futures::stream::BoxStream<'static, SliceEvent>,
+        closing: CancellationToken,
     ) {
         loop {
+            if closing.is_cancelled() {
+                break;
+            }
             tokio::select! {
                 biased;
                 input = inputs.recv() => {
@@ -284,8 +310,12 @@ impl Worker {
                     self.next_check = Instant::now() + IDENTITY_CHECK;
                     self.check_identity = true;
                 }
+                () = closing.cancelled() => break,
             }
-            self.step().await;
+            tokio::select! {
+                () = self.step() => {}
+                () = closing.cancelled() => break,
+            }
         }
         if let Some(process) = self.process.take() {
             process.stop(Duration::from_secs(5)).await;
@@ -475,7 +505,26 @@ impl Worker {
         };
         let previous = self.instance;
         let result = match &mut self.process {
-            Some(process) => process.reload().map(|()| "reloaded"),
+            Some(process) => match process
+                .reload(self.options.load_timeout, self.options.command_timeout)
+                .await
+            {
+                Ok(()) => Ok("reloaded"),
+                Err(ProcessError::Load(LoadError::ConfigRefused { log, .. })) => {
+                    // The old worker keeps serving. A file the crt-list names may be
+                    // missing (removed by others, or replaced at that moment): the cert
+                    // directory checks them and writes again what is missing, then the
+                    // files are loaded again.
+                    warn!(
+                        haproxy = %log,
+                        "HAProxy could not load the routes' configuration and files (its old worker keeps serving); checking the files and loading again"
+                    );
+                    self.repairs.send_modify(|count| *count += 1);
+                    self.retry_later();
+                    return;
+                }
+                Err(error) => Err(error),
+            },
             None => HaproxyProcess::start(&binary, &config).await.map(|process| {
                 self.process = Some(process);
                 "started"

@@ -515,8 +515,18 @@ impl Worker {
                     // missing (removed by others, or replaced at that moment): the cert
                     // directory checks them and writes again what is missing, then the
                     // files are loaded again.
+                    // HAProxy's alerts say why; the rest of its output is its life.
+                    let alerts: Vec<&str> = log
+                        .split(" | ")
+                        .filter(|line| line.contains("[ALERT]"))
+                        .collect();
+                    let words = if alerts.is_empty() {
+                        log
+                    } else {
+                        alerts.join(" | ")
+                    };
                     warn!(
-                        haproxy = %log,
+                        haproxy = %words,
                         "HAProxy could not load the routes' configuration and files (its old worker keeps serving); checking the files and loading again"
                     );
                     self.repairs.send_modify(|count| *count += 1);

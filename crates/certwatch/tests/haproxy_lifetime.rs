@@ -158,7 +158,10 @@ async fn never_outlived_never_two(root: &Path, mode: Mode) {
     let first = start("first.log");
     first.wait_ready().await;
     assert_eq!(masters_on(&mode.config).len(), 1, "one HAProxy");
-    assert!(haproxy_on(&mode.config).len() >= 2, "a master and its worker");
+    assert!(
+        haproxy_on(&mode.config).len() >= 2,
+        "a master and its worker"
+    );
     assert_eq!(listeners(mode.port), 1);
     kill9(first.pid());
     eventually("HAProxy to end with the certwatch that started it", || {

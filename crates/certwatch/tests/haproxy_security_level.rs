@@ -39,7 +39,9 @@ fn host(i: usize) -> String {
 fn rsa_1024(dir: &Path, host: &str) -> (Vec<u8>, Vec<u8>) {
     let (cert, key) = (dir.join("weak.crt"), dir.join("weak.key"));
     let status = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:1024", "-nodes", "-days", "30"])
+        .args([
+            "req", "-x509", "-newkey", "rsa:1024", "-nodes", "-days", "30",
+        ])
         .args(["-subj", &format!("/CN={host}")])
         .args(["-addext", &format!("subjectAltName=DNS:{host}")])
         .arg("-keyout")
@@ -104,7 +106,12 @@ async fn the_haproxy_certwatch_runs_takes_what_certwatch_admits() {
     // these files.
     let socket_arg = socket.display().to_string();
     let config_arg = config.display().to_string();
-    let args = ["--haproxy-socket", &socket_arg, "--haproxy-config", &config_arg];
+    let args = [
+        "--haproxy-socket",
+        &socket_arg,
+        "--haproxy-config",
+        &config_arg,
+    ];
 
     let mut certwatch = Certwatch::start(&sim.kubeconfig, &cert_dir, &root.join("1.log"), &args);
     certwatch.wait_ready().await;
@@ -114,7 +121,10 @@ async fn the_haproxy_certwatch_runs_takes_what_certwatch_admits() {
     );
     ordinary_routes_served(&admin, port).await;
     // (rustls, like webpki, takes no RSA key under 2048 bits: OpenSSL's client tells.)
-    assert_eq!(presented_to_openssl(port, WEAK_HOST), Some(weak_leaf.clone()));
+    assert_eq!(
+        presented_to_openssl(port, WEAK_HOST),
+        Some(weak_leaf.clone())
+    );
     assert_eq!(
         certwatch.metric("certwatch_haproxy_reloads_total{reason=\"start\",result=\"ok\"}"),
         Some(1.0)
@@ -185,7 +195,9 @@ async fn a_haproxy_run_by_others_refusing_a_key_is_a_refusal_of_that_route_alone
     );
     let log = certwatch.log_text();
     assert!(
-        log.contains("certwatch does not start HAProxy: it assumes HAProxy's OpenSSL security level"),
+        log.contains(
+            "certwatch does not start HAProxy: it assumes HAProxy's OpenSSL security level"
+        ),
         "{log}"
     );
     // Its line leaves the crt-list file: HAProxy can load the files on its own.
@@ -201,7 +213,9 @@ async fn a_haproxy_run_by_others_refusing_a_key_is_a_refusal_of_that_route_alone
     // Nothing retries it: a later change of another route goes through alone.
     let pushes = |certwatch: &Certwatch| {
         certwatch
-            .metric("certwatch_haproxy_commands_total{command=\"add ssl crt-list\",result=\"error\"}")
+            .metric(
+                "certwatch_haproxy_commands_total{command=\"add ssl crt-list\",result=\"error\"}",
+            )
             .unwrap_or(0.0)
     };
     assert_eq!(pushes(&certwatch), 1.0);
@@ -211,7 +225,11 @@ async fn a_haproxy_run_by_others_refusing_a_key_is_a_refusal_of_that_route_alone
         (presented(port, &host(2)).await == Some(rotated_leaf.clone())).then_some(())
     })
     .await;
-    assert_eq!(pushes(&certwatch), 1.0, "the refused certificate is not retried");
+    assert_eq!(
+        pushes(&certwatch),
+        1.0,
+        "the refused certificate is not retried"
+    );
     assert_eq!(
         certwatch
             .log_text()

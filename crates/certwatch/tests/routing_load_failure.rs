@@ -52,8 +52,13 @@ async fn a_failed_load_is_counted_repaired_and_loaded_again() {
     for name in ["new", "later"] {
         let secret = format!("tls-{name}");
         grant_secret(&admin, "app-0", &secret).await;
-        create_tls_secret(&admin, "app-0", &secret, &format!("{name}.app-0.apps.sim.example"))
-            .await;
+        create_tls_secret(
+            &admin,
+            "app-0",
+            &secret,
+            &format!("{name}.app-0.apps.sim.example"),
+        )
+        .await;
     }
     let cert_dir = root.join("certs");
     let config_dir = root.join("haproxy");
@@ -122,7 +127,10 @@ async fn a_failed_load_is_counted_repaired_and_loaded_again() {
         log.contains("HAProxy could not load the routes' configuration and files"),
         "{log}"
     );
-    assert!(log.contains(&removed), "HAProxy's words name the file: {log}");
+    assert!(
+        log.contains(&removed),
+        "HAProxy's words name the file: {log}"
+    );
     assert!(
         log.contains("files the crt-list names were removed by others; writing them again"),
         "{log}"

@@ -64,11 +64,7 @@ pub struct Watched {
 
 /// Starts `binary` with `args` under the watchdog, `env` added to its environment;
 /// stdout and stderr are piped (HAProxy's), stdin is the lifeline.
-pub fn spawn(
-    binary: &Path,
-    args: &[&OsStr],
-    env: &[(&str, &OsStr)],
-) -> std::io::Result<Watched> {
+pub fn spawn(binary: &Path, args: &[&OsStr], env: &[(&str, &OsStr)]) -> std::io::Result<Watched> {
     let mut command = Command::new("sh");
     command.arg("-c").arg(WATCHDOG).arg(binary).args(args);
     for (name, value) in env {

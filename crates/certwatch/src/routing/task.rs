@@ -39,8 +39,8 @@ use route_secrets::route::RouteKey;
 use route_secrets::route::routing::Termination;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::dynamic::LoadedBackend;
@@ -48,9 +48,9 @@ use super::endpoints::{EndpointTable, ServiceKey};
 use super::model::{RoutingTable, ServedRoute};
 use super::render::{DIGEST_VARIABLE, RenderOptions, primary_service_host, render};
 use super::supervisor::{HaproxyProcess, ProcessError};
-use crate::haproxy::process::ProcessError as LoadError;
 use super::write_config;
 use crate::haproxy::HaproxyHandle;
+use crate::haproxy::process::ProcessError as LoadError;
 use crate::haproxy::runtime::{Instance, RuntimeError, current_instance, one_shot};
 use crate::metrics::Metrics;
 
@@ -535,10 +535,12 @@ impl Worker {
                 }
                 Err(error) => Err(error),
             },
-            None => HaproxyProcess::start(&binary, &config).await.map(|process| {
-                self.process = Some(process);
-                "started"
-            }),
+            None => HaproxyProcess::start(&binary, &config)
+                .await
+                .map(|process| {
+                    self.process = Some(process);
+                    "started"
+                }),
         };
         let what = match result {
             Ok(what) => what,

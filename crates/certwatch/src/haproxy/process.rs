@@ -284,22 +284,6 @@ impl MasterCli {
         }
     }
 
-    /// The master CLI at `socket` of an HAProxy certwatch runs on `config`, whose
-    /// output `tail` keeps: a failed reload is reported with HAProxy's words.
-    pub(crate) fn with_log(
-        socket: impl Into<PathBuf>,
-        timeout: Duration,
-        tail: LogTail,
-        config: PathBuf,
-    ) -> Self {
-        Self {
-            socket: socket.into(),
-            timeout,
-            log: Some(tail),
-            config: Some(config),
-        }
-    }
-
     /// The socket.
     pub fn socket(&self) -> &Path {
         &self.socket
@@ -352,9 +336,7 @@ impl MasterCli {
         self.reload_watching(timeout, || Ok(())).await
     }
 
-    /// [`MasterCli::reload`], with `alive` asked between attempts (an exited HAProxy
-    /// ends the wait).
-    pub(crate) async fn reload_watching(
+    async fn reload_watching(
         &self,
         timeout: Duration,
         alive: impl FnMut() -> Result<(), ProcessError>,

@@ -16,7 +16,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
 use tracing::{info, warn};
 
-use crate::haproxy::process::{LogTail, MasterCli};
+use crate::haproxy::process::{LogTail, MasterCli, ProcessError as LoadError, Processes};
+use crate::haproxy::runtime::{RuntimeError, one_shot};
 use crate::haproxy::watchdog::{self, Watched};
 
 /// How long an HAProxy left by an earlier run gets to end on `SIGTERM` (then on
@@ -64,10 +65,9 @@ pub enum ProcessError {
         /// How it ended.
         status: String,
     },
-    /// A reload through the master CLI failed: HAProxy could not load the files (the
-    /// old worker keeps serving), exited, or did not answer.
+    /// HAProxy's master CLI could not be asked to reload.
     #[error(transparent)]
-    Load(#[from] crate::haproxy::process::ProcessError),
+    Load(#[from] LoadError),
 }
 
 impl HaproxyProcess {
@@ -161,30 +161,31 @@ impl HaproxyProcess {
     }
 
     /// Asks the master to load the configuration and its files again (its master
-    /// CLI's `reload`), and waits for at most `timeout` until it answers again: done,
-    /// or why the load failed, with HAProxy's words (the old worker then keeps
-    /// serving), or that HAProxy exited.
-    pub async fn reload(
-        &mut self,
-        timeout: Duration,
+    /// CLI's `reload`: the old worker serves until the new one does); returns what the
+    /// master said before, for [`HaproxyProcess::load_failed`].
+    pub async fn begin_reload(&self, command_timeout: Duration) -> Result<Processes, ProcessError> {
+        let master = MasterCli::new(master_socket(&self.config), command_timeout);
+        let before = master.processes().await?;
+        // The master closes the connection when it re-executes; what it says before
+        // does not matter.
+        match one_shot(master.socket(), "reload", command_timeout).await {
+            Ok(_) | Err(RuntimeError::Io { .. } | RuntimeError::Closed { .. }) => Ok(before),
+            Err(error) => Err(LoadError::from(error).into()),
+        }
+    }
+
+    /// HAProxy's words when the load begun after `before` failed (its old worker keeps
+    /// serving); `None` while it loads, once it has loaded, or while the master does not
+    /// answer.
+    pub async fn load_failed(
+        &self,
+        before: &Processes,
         command_timeout: Duration,
-    ) -> Result<(), ProcessError> {
-        let master = MasterCli::with_log(
-            master_socket(&self.config),
-            command_timeout,
-            self.tail.clone(),
-            self.config.clone(),
-        );
-        let Self { child, tail, .. } = self;
-        let alive = || match child.try_wait() {
-            Ok(Some(status)) => Err(crate::haproxy::process::ProcessError::Exited {
-                status,
-                log: tail.text(),
-            }),
-            _ => Ok(()),
-        };
-        master.reload_watching(timeout, alive).await?;
-        Ok(())
+    ) -> Option<String> {
+        let master = MasterCli::new(master_socket(&self.config), command_timeout);
+        let now = master.processes().await.ok()?;
+        (now.master.reloads > before.master.reloads && now.failed_reloads > 0)
+            .then(|| self.tail.text())
     }
 
     /// Whether HAProxy still runs.

@@ -47,10 +47,10 @@ use super::dynamic::LoadedBackend;
 use super::endpoints::{EndpointTable, ServiceKey};
 use super::model::{RoutingTable, ServedRoute};
 use super::render::{DIGEST_VARIABLE, RenderOptions, primary_service_host, render};
-use super::supervisor::{HaproxyProcess, ProcessError};
+use super::supervisor::HaproxyProcess;
 use super::write_config;
 use crate::haproxy::HaproxyHandle;
-use crate::haproxy::process::ProcessError as LoadError;
+use crate::haproxy::process::Processes;
 use crate::haproxy::runtime::{Instance, RuntimeError, current_instance, one_shot};
 use crate::metrics::Metrics;
 
@@ -504,37 +504,15 @@ impl Worker {
             return;
         };
         let previous = self.instance;
+        let mut reload = None;
         let result = match &mut self.process {
-            Some(process) => match process
-                .reload(self.options.load_timeout, self.options.command_timeout)
+            Some(process) => process
+                .begin_reload(self.options.command_timeout)
                 .await
-            {
-                Ok(()) => Ok("reloaded"),
-                Err(ProcessError::Load(LoadError::ConfigRefused { log, .. })) => {
-                    // The old worker keeps serving. A file the crt-list names may be
-                    // missing (removed by others, or replaced at that moment): the cert
-                    // directory checks them and writes again what is missing, then the
-                    // files are loaded again.
-                    // HAProxy's alerts say why; the rest of its output is its life.
-                    let alerts: Vec<&str> = log
-                        .split(" | ")
-                        .filter(|line| line.contains("[ALERT]"))
-                        .collect();
-                    let words = if alerts.is_empty() {
-                        log
-                    } else {
-                        alerts.join(" | ")
-                    };
-                    warn!(
-                        haproxy = %words,
-                        "HAProxy could not load the routes' configuration and files (its old worker keeps serving); checking the files and loading again"
-                    );
-                    self.repairs.send_modify(|count| *count += 1);
-                    self.retry_later();
-                    return;
-                }
-                Err(error) => Err(error),
-            },
+                .map(|before| {
+                    reload = Some(before);
+                    "reloaded"
+                }),
             None => HaproxyProcess::start(&binary, &config)
                 .await
                 .map(|process| {
@@ -551,8 +529,8 @@ impl Worker {
                 return;
             }
         };
-        match self.wait_for_load(previous).await {
-            Some(instance) => {
+        match self.wait_for_load(previous, reload.as_ref()).await {
+            Loading::Loaded(instance) => {
                 self.instance = Some(instance);
                 self.loaded_now(&rendered, started);
                 info!(
@@ -563,7 +541,29 @@ impl Worker {
                     "HAProxy {what} on the routes' configuration"
                 );
             }
-            None => {
+            Loading::Failed(log) => {
+                // The old worker keeps serving. A file the crt-list names may be
+                // missing (removed by others, or replaced at that moment): the cert
+                // directory checks them and writes again what is missing, then the files
+                // are loaded again. HAProxy's alerts say why; the rest of its output is
+                // its life.
+                let alerts: Vec<&str> = log
+                    .split(" | ")
+                    .filter(|line| line.contains("[ALERT]"))
+                    .collect();
+                let words = if alerts.is_empty() {
+                    log.clone()
+                } else {
+                    alerts.join(" | ")
+                };
+                warn!(
+                    haproxy = %words,
+                    "HAProxy could not load the routes' configuration and files (its old worker keeps serving); checking the files and loading again"
+                );
+                self.repairs.send_modify(|count| *count += 1);
+                self.retry_later();
+            }
+            Loading::NoAnswer => {
                 warn!("HAProxy did not answer on its socket after loading; will retry");
                 self.retry_later();
             }
@@ -634,14 +634,20 @@ impl Worker {
         None
     }
 
-    /// Waits until a process other than `previous` answers on the admin socket.
-    async fn wait_for_load(&mut self, previous: Option<Instance>) -> Option<Instance> {
+    /// Waits until a process other than `previous` answers on the admin socket, or
+    /// (for a reload begun after the master said `reload`) the master says the load
+    /// failed.
+    async fn wait_for_load(
+        &mut self,
+        previous: Option<Instance>,
+        reload: Option<&Processes>,
+    ) -> Loading {
         let deadline = Instant::now() + self.options.load_timeout;
         while Instant::now() < deadline {
             if let Some(process) = &mut self.process
                 && !process.running()
             {
-                return None;
+                return Loading::NoAnswer;
             }
             if let Ok(instance) = current_instance(
                 &self.options.render.admin_socket,
@@ -650,11 +656,18 @@ impl Worker {
             .await
                 && previous.is_none_or(|previous| previous != instance)
             {
-                return Some(instance);
+                return Loading::Loaded(instance);
+            }
+            if let (Some(before), Some(process)) = (reload, &self.process)
+                && let Some(log) = process
+                    .load_failed(before, self.options.command_timeout)
+                    .await
+            {
+                return Loading::Failed(log);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        None
+        Loading::NoAnswer
     }
 
     fn retry_later(&mut self) {
@@ -664,6 +677,16 @@ impl Worker {
         self.loaded.clear();
         self.due = Some(Instant::now() + self.backoff.next_delay());
     }
+}
+
+/// How a start or reload of the HAProxy certwatch runs ended.
+enum Loading {
+    /// This process answers on the admin socket.
+    Loaded(Instance),
+    /// The load failed (the old worker keeps serving): the end of HAProxy's output.
+    Failed(String),
+    /// HAProxy exited, or did not answer within the load timeout.
+    NoAnswer,
 }
 
 /// The reason of the reloads the routes' configuration asks of the controller.

@@ -548,6 +548,50 @@ mod tests {
         assert!(!known.holds("/l/ns_a.pem", Some(&wanted)));
     }
 
+    /// A key below HAProxy's OpenSSL security level passes `set` and `commit` and fails
+    /// when its line builds the SSL context: a refusal of that certificate, not a
+    /// reason to read HAProxy again. A line naming a store HAProxy does not have is
+    /// knowledge gone wrong instead.
+    #[test]
+    fn a_line_haproxy_cannot_build_is_refused() {
+        let pki = Pki::new(Timestamp::now());
+        let wanted = entry(&pki, "/l/ns_a.pem", "a.example");
+        let mut known = Known::new(Instance { pid: 1, started: 0 });
+        let plan = plan("/l/ns_a.pem", Some(&wanted), &known, "/crt-list", 16_383).unwrap();
+        let answers = [
+            "New empty certificate store '/l/ns_a.pem'!\n",
+            "Transaction created for certificate /l/ns_a.pem!\n",
+            "Committing /l/ns_a.pem\nSuccess!\n",
+            "Inserting certificate '/l/ns_a.pem' in crt-list '/crt-list'.\n\
+             unable to load SSL certificate into SSL Context '/l/ns_a.pem'.\nFailed!\n",
+        ];
+        let applied: Vec<Applied> = plan
+            .iter()
+            .zip(answers)
+            .map(|(planned, text)| known.apply(planned, Some(&wanted), &reply(text)))
+            .collect();
+        assert_eq!(applied[..3], [Applied::Done, Applied::Done, Applied::Done]);
+        assert!(
+            matches!(applied[3], Applied::MaterialRefused(_)),
+            "{applied:?}"
+        );
+        assert!(!known.stale);
+        assert!(!known.holds("/l/ns_a.pem", Some(&wanted)));
+
+        let mut known = Known::new(Instance { pid: 1, started: 0 });
+        let add = plan
+            .iter()
+            .find(|planned| planned.step == Step::AddLine)
+            .unwrap();
+        let missing = known.apply(
+            add,
+            Some(&wanted),
+            &reply("certificate '/l/ns_a.pem' does not exist!\n"),
+        );
+        assert!(matches!(missing, Applied::Failed(_)), "{missing:?}");
+        assert!(known.stale);
+    }
+
     /// HAProxy's certificate lock held by someone else is no refusal: nothing changes,
     /// and the step is tried again.
     #[test]

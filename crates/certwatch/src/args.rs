@@ -698,8 +698,6 @@ impl RunArgs {
                     let mut process = ProcessOptions::new(&self.haproxy_binary, config, master);
                     process.load_timeout = self.haproxy_load_timeout;
                     process.command_timeout = self.haproxy_command_timeout;
-                    // HAProxy loads certificates at the level they were validated at.
-                    process.security_level = Some(self.openssl_security_level);
                     HaproxyOptions::managed(socket, process)
                 }
                 None => HaproxyOptions::with_master(socket, self.haproxy_master_socket.clone()),

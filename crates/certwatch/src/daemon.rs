@@ -573,7 +573,14 @@ fn spawn_outputs(
             Arc::clone(metrics),
         )
     });
-    let haproxy = options.haproxy.clone().map(|haproxy| {
+    let haproxy = options.haproxy.clone().map(|mut haproxy| {
+        // The HAProxy certwatch runs loads certificates at the level they were
+        // validated at, unless told otherwise.
+        if let crate::haproxy::HaproxyMode::Managed(process) = &mut haproxy.mode {
+            process
+                .security_level
+                .get_or_insert(options.openssl_security_level);
+        }
         Haproxy::spawn(
             haproxy,
             crt_list_path.to_string_lossy().into_owned(),

@@ -129,7 +129,8 @@ pub struct ProcessOptions {
     pub command_timeout: Duration,
     /// The OpenSSL security level HAProxy runs at: an `OPENSSL_CONF` at that level is
     /// written beside the master socket ([`ProcessOptions::openssl_conf`]). `None`:
-    /// the system's OpenSSL configuration (Debian's is at 2).
+    /// the daemon's `openssl_security_level` (run alone: the system's OpenSSL
+    /// configuration, Debian's at 2).
     pub security_level: Option<SecurityLevel>,
 }
 

@@ -482,7 +482,9 @@ pub struct RunArgs {
     /// certificate with a key that HAProxy refuses at that level (RSA under 1024 bits at
     /// 1, under 2048 at 2, ...) is rejected, with a reason that says so, instead of
     /// breaking HAProxy's whole crt-list. The OpenShift router image runs HAProxy at 1;
-    /// Debian's OpenSSL defaults to 2 (set OPENSSL_CONF for HAProxy to change it).
+    /// Debian's OpenSSL defaults to 2. The HAProxy certwatch runs (--haproxy-config,
+    /// --haproxy-config-dir) runs at this level (an OPENSSL_CONF certwatch writes); one
+    /// run by others must be given it (its OPENSSL_CONF).
     #[arg(
         long,
         env = "CERTWATCH_OPENSSL_SECURITY_LEVEL",

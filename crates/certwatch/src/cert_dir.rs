@@ -707,6 +707,28 @@ impl CertDir {
         out
     }
 
+    /// Checks that every file the crt-list names is there (its link and the bundle it
+    /// points to); a route whose files were removed by others is written again at the
+    /// next [`CertDir::flush`] (until then, or if that write fails, its line leaves the
+    /// crt-list). Returns the names of the routes found missing. A proxy that failed
+    /// to load the files asks for this: a crt-list naming a missing file stops a load.
+    pub fn verify_files(&mut self) -> Vec<String> {
+        let missing: Vec<RouteKey> = self
+            .lines
+            .iter()
+            .filter(|(_, listed)| std::fs::metadata(&listed.entry.name).is_err())
+            .map(|(route, _)| route.clone())
+            .collect();
+        for route in &missing {
+            if let Some(desired) = self.desired.get(route) {
+                self.on_disk.remove(&desired.names.bundle);
+            }
+            self.relist.insert(route.clone());
+            self.dirty.insert(route.clone());
+        }
+        missing.iter().map(ToString::to_string).collect()
+    }
+
     /// The crt-list's lines, oldest route first.
     pub fn entries(&self) -> Vec<CrtEntry> {
         self.order

@@ -307,6 +307,7 @@ impl Parts {
             cert_dir = %cert_dir.path().display(),
             "starting"
         );
+        log_assumed_security_level(options);
         let request_observer: Arc<dyn kube_h2::RequestObserver> = metrics.clone();
         let (client, pool) =
             kube_h2::build_client(config, options.client.clone().observer(request_observer))?
@@ -581,7 +582,14 @@ fn spawn_outputs(
             Arc::clone(metrics),
         )
     });
-    let haproxy = options.haproxy.clone().map(|haproxy| {
+    let haproxy = options.haproxy.clone().map(|mut haproxy| {
+        // The HAProxy certwatch runs loads certificates at the level they were
+        // validated at, unless told otherwise.
+        if let crate::haproxy::HaproxyMode::Managed(process) = &mut haproxy.mode {
+            process
+                .security_level
+                .get_or_insert(options.openssl_security_level);
+        }
         Haproxy::spawn(
             haproxy,
             crt_list_path.to_string_lossy().into_owned(),
@@ -837,4 +845,28 @@ fn refresher(
         // The age of the oldest unserved change grows between the controller's updates.
         metrics.haproxy.refresh();
     })
+}
+
+/// Says at which OpenSSL security level certwatch validates certificates and whether
+/// the HAProxy they are for is known to run at it: the HAProxy certwatch starts does
+/// (its `OPENSSL_CONF` says so); one run by others is assumed to.
+fn log_assumed_security_level(options: &DaemonOptions) {
+    let level = options.openssl_security_level;
+    let managed = matches!(
+        options.haproxy.as_ref().map(|haproxy| &haproxy.mode),
+        Some(crate::haproxy::HaproxyMode::Managed(_))
+    ) || options
+        .routing
+        .as_ref()
+        .is_some_and(|routing| routing.haproxy_binary.is_some());
+    if managed {
+        info!(%level, "HAProxy runs at certwatch's OpenSSL security level");
+    } else if options.haproxy.is_some() || options.routing.is_some() {
+        info!(
+            %level,
+            "certwatch does not start HAProxy: it assumes HAProxy's OpenSSL security level is \
+             this one (--openssl-security-level); a certificate HAProxy refuses at a stricter \
+             level is counted as refused"
+        );
+    }
 }

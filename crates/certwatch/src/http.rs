@@ -2,6 +2,9 @@
 //! once ready, 503 before, with the progress in the body) and, unless the metrics have
 //! an authorized endpoint of their own ([`crate::secure_metrics`]), `/metrics`
 //! (Prometheus text format).
+//!
+//! Connections are bounded and timed out as [`crate::listener`] says, so that idle or
+//! slow clients cannot starve the probes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -54,12 +57,14 @@ pub(crate) async fn serve(
         status,
         refresh,
     });
-    let task = tokio::spawn(async move {
-        let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
-        if let Err(error) = server.await {
-            tracing::error!(%error, "HTTP endpoint failed");
-        }
-    });
+    // Idle and slow clients cannot starve the probes (see `crate::listener`).
+    let task = tokio::spawn(crate::listener::serve(
+        listener,
+        app,
+        |stream| std::future::ready(Ok(stream)),
+        crate::listener::Limits::default(),
+        shutdown,
+    ));
     Ok((local, task))
 }
 

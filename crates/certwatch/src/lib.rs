@@ -49,6 +49,7 @@ pub mod daemon;
 pub mod files;
 pub mod haproxy;
 mod http;
+mod listener;
 pub mod logging;
 pub mod metrics;
 pub mod outputs;

@@ -159,6 +159,7 @@ impl Outputs {
         let mut haproxy_status = self.haproxy.as_ref().map(Haproxy::status);
         let mut rejected = self.haproxy.as_ref().map(Haproxy::rejected);
         let mut routing_served = self.routing.as_ref().map(Routing::served);
+        let mut routing_repairs = self.routing.as_ref().map(Routing::repairs);
         loop {
             tokio::select! {
                 biased;
@@ -196,6 +197,22 @@ impl Outputs {
                 changed = changed_or_pending(&mut routing_served) => {
                     if changed.is_err() {
                         routing_served = None;
+                    }
+                }
+                changed = changed_or_pending(&mut routing_repairs) => {
+                    if changed.is_err() {
+                        routing_repairs = None;
+                    } else if progress.decided {
+                        // HAProxy could not load the files: whatever is missing is
+                        // written again before it loads them again.
+                        let missing = self.cert_dir.verify_files();
+                        if !missing.is_empty() {
+                            warn!(
+                                routes = ?missing,
+                                "files the crt-list names were removed by others; writing them again"
+                            );
+                        }
+                        self.flush(&mut progress).await;
                     }
                 }
                 changed = changed_or_pending(&mut rejected) => {

@@ -256,8 +256,8 @@ pub fn plan(
 pub enum Applied {
     /// The step succeeded.
     Done,
-    /// HAProxy refused the certificate's material (its `set` or `commit`): the
-    /// certificate is refused until its material changes.
+    /// HAProxy refused the certificate's material (its `new`, `set`, `commit` or
+    /// `add ssl crt-list`): the certificate is refused until its material changes.
     MaterialRefused(String),
     /// Another step failed: the knowledge of this certificate was wrong; read it again.
     Failed(String),
@@ -265,6 +265,15 @@ pub enum Applied {
     /// CLI session or HAProxy itself held them), or another certificate's transaction
     /// was open. Nothing changed; the step is tried again shortly.
     Busy,
+}
+
+/// Whether a refusal says that what certwatch knew of HAProxy was wrong (a certificate
+/// missing or already there), rather than that the material cannot be used.
+fn knowledge_error(reply: &Reply) -> bool {
+    reply.contains("does not exist")
+        || reply.contains("not found")
+        || reply.contains("already exists")
+        || reply.contains("Can't find")
 }
 
 /// Whether an answer says HAProxy could not act now, rather than that it refused.
@@ -312,6 +321,13 @@ impl Known {
                     Applied::MaterialRefused(message)
                 }
                 Step::Abort => Applied::Done,
+                // A store or a line HAProxy cannot make from this material (a key its
+                // OpenSSL security level refuses fails here, when the certificate's
+                // context is built). One it says is missing, or already there, is
+                // knowledge gone wrong instead.
+                Step::New | Step::AddLine if !knowledge_error(reply) => {
+                    Applied::MaterialRefused(message)
+                }
                 _ => {
                     self.stale = true;
                     Applied::Failed(message)
@@ -530,6 +546,50 @@ mod tests {
         assert_eq!(applied[2], Applied::Done);
         assert!(!known.stale);
         assert!(!known.holds("/l/ns_a.pem", Some(&wanted)));
+    }
+
+    /// A key below HAProxy's OpenSSL security level passes `set` and `commit` and fails
+    /// when its line builds the SSL context: a refusal of that certificate, not a
+    /// reason to read HAProxy again. A line naming a store HAProxy does not have is
+    /// knowledge gone wrong instead.
+    #[test]
+    fn a_line_haproxy_cannot_build_is_refused() {
+        let pki = Pki::new(Timestamp::now());
+        let wanted = entry(&pki, "/l/ns_a.pem", "a.example");
+        let mut known = Known::new(Instance { pid: 1, started: 0 });
+        let plan = plan("/l/ns_a.pem", Some(&wanted), &known, "/crt-list", 16_383).unwrap();
+        let answers = [
+            "New empty certificate store '/l/ns_a.pem'!\n",
+            "Transaction created for certificate /l/ns_a.pem!\n",
+            "Committing /l/ns_a.pem\nSuccess!\n",
+            "Inserting certificate '/l/ns_a.pem' in crt-list '/crt-list'.\n\
+             unable to load SSL certificate into SSL Context '/l/ns_a.pem'.\nFailed!\n",
+        ];
+        let applied: Vec<Applied> = plan
+            .iter()
+            .zip(answers)
+            .map(|(planned, text)| known.apply(planned, Some(&wanted), &reply(text)))
+            .collect();
+        assert_eq!(applied[..3], [Applied::Done, Applied::Done, Applied::Done]);
+        assert!(
+            matches!(applied[3], Applied::MaterialRefused(_)),
+            "{applied:?}"
+        );
+        assert!(!known.stale);
+        assert!(!known.holds("/l/ns_a.pem", Some(&wanted)));
+
+        let mut known = Known::new(Instance { pid: 1, started: 0 });
+        let add = plan
+            .iter()
+            .find(|planned| planned.step == Step::AddLine)
+            .unwrap();
+        let missing = known.apply(
+            add,
+            Some(&wanted),
+            &reply("certificate '/l/ns_a.pem' does not exist!\n"),
+        );
+        assert!(matches!(missing, Applied::Failed(_)), "{missing:?}");
+        assert!(known.stale);
     }
 
     /// HAProxy's certificate lock held by someone else is no refusal: nothing changes,

@@ -7,6 +7,8 @@
 //!   at start-up served.
 //! - [`process`]: HAProxy as certwatch's child in master-worker mode, and its master
 //!   CLI (`reload`, `show proc`).
+//! - [`watchdog`]: how every HAProxy certwatch starts runs, so that none outlives
+//!   certwatch (`SIGKILL` included) and none is left from an earlier run.
 //! - [`runtime`]: the runtime API over one persistent connection, commands pipelined.
 //! - [`certs`]: what one HAProxy process holds of certwatch's certificates, and the
 //!   commands that change it, certificate by certificate.
@@ -23,6 +25,7 @@ pub mod controller;
 pub mod crt_list;
 pub mod process;
 pub mod runtime;
+pub mod watchdog;
 
 pub use controller::{
     Haproxy, HaproxyHandle, HaproxyMode, HaproxyOptions, HaproxyState, HaproxyStatus,

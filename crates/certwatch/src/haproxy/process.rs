@@ -1,8 +1,12 @@
 //! HAProxy as certwatch's child, in master-worker mode, and its master CLI.
 //!
-//! [`HaproxyProcess::start`] runs `haproxy -W -S <master socket> -f <config>`: the
-//! master process stays certwatch's child, forks a worker that serves, and answers its
-//! master CLI on the master socket. HAProxy loads every certificate its configuration
+//! [`HaproxyProcess::start`] runs `haproxy -W -S <master socket> -f <config>` under
+//! [`super::watchdog`] (so that it ends with certwatch, `SIGKILL` included, and once
+//! any HAProxy left on the same configuration by an earlier run has ended): the
+//! master process stays in the foreground, forks a worker that serves, and answers its
+//! master CLI on the master socket. With [`ProcessOptions::security_level`], HAProxy
+//! runs with an `OPENSSL_CONF` certwatch writes at that level, the one certwatch
+//! validates certificates at. HAProxy loads every certificate its configuration
 //! names from the files (the crt-list), which is why it is started only once they are
 //! complete: loading the files is HAProxy's fastest way to hold thousands of
 //! certificates.
@@ -25,12 +29,14 @@
 //! as info), with target `haproxy`.
 
 use std::collections::VecDeque;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube_common::sync;
+use route_secrets::tls::SecurityLevel;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
@@ -83,6 +89,15 @@ pub enum ProcessError {
         /// The last master CLI error seen, if any (`: ...`).
         last_error: String,
     },
+    /// The OpenSSL configuration could not be written.
+    #[error("cannot write HAProxy's OpenSSL configuration {path}: {source}")]
+    OpensslConf {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// The master CLI failed.
     #[error("HAProxy's master CLI: {0}")]
     Master(#[from] RuntimeError),
@@ -112,6 +127,11 @@ pub struct ProcessOptions {
     pub load_timeout: Duration,
     /// How long one master CLI exchange may take.
     pub command_timeout: Duration,
+    /// The OpenSSL security level HAProxy runs at: an `OPENSSL_CONF` at that level is
+    /// written beside the master socket ([`ProcessOptions::openssl_conf`]). `None`:
+    /// the daemon's `openssl_security_level` (run alone: the system's OpenSSL
+    /// configuration, Debian's at 2).
+    pub security_level: Option<SecurityLevel>,
 }
 
 impl ProcessOptions {
@@ -128,9 +148,22 @@ impl ProcessOptions {
             master_socket: master_socket.into(),
             load_timeout: Duration::from_secs(600),
             command_timeout: Duration::from_secs(10),
+            security_level: None,
         }
     }
+
+    /// Where the `OPENSSL_CONF` for [`ProcessOptions::security_level`] is written: the
+    /// master socket's path with `.openssl.cnf` added.
+    pub fn openssl_conf(&self) -> PathBuf {
+        let mut path = self.master_socket.clone().into_os_string();
+        path.push(".openssl.cnf");
+        PathBuf::from(path)
+    }
 }
+
+/// How long an HAProxy left by an earlier run gets to end on `SIGTERM` (then on
+/// `SIGKILL`).
+const LEFTOVER_PATIENCE: Duration = Duration::from_secs(5);
 
 /// One line of `show proc`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -365,7 +398,8 @@ impl LogTail {
         let _ = tokio::time::timeout(patience, open.wait_for(|open| *open == 0)).await;
     }
 
-    fn push(&self, line: String) {
+    /// Keeps `line`, dropping the oldest beyond the last [`LOG_TAIL`].
+    pub(crate) fn push(&self, line: String) {
         let mut lines = sync::lock(&self.lines);
         if lines.len() == LOG_TAIL {
             lines.pop_front();
@@ -406,11 +440,17 @@ fn forward(stream: impl AsyncRead + Unpin + Send + 'static, tail: LogTail) {
     });
 }
 
-/// HAProxy's master process, certwatch's child. Dropping it kills HAProxy; use
-/// [`HaproxyProcess::stop`] to let it finish its connections.
+/// HAProxy's master process, run under certwatch's watchdog. Dropping it stops
+/// HAProxy (softly, then for good after 10 s); use [`HaproxyProcess::stop`] to choose
+/// how long its connections get.
 #[derive(Debug)]
 pub struct HaproxyProcess {
+    /// The watchdog; it exits with HAProxy's status when HAProxy exits.
     child: Child,
+    /// The watchdog's stdin: closing it stops HAProxy.
+    lifeline: Option<tokio::process::ChildStdin>,
+    /// The master's pid, as its master CLI says.
+    master_pid: u32,
     master: MasterCli,
     options: ProcessOptions,
     tail: LogTail,
@@ -422,23 +462,38 @@ impl HaproxyProcess {
     /// Starts HAProxy and waits until its first worker serves (it has loaded every
     /// file its configuration names); returns the process and that worker's pid.
     pub async fn start(options: ProcessOptions) -> Result<(Self, u32), ProcessError> {
+        super::watchdog::stop_leftovers(&options.config, LEFTOVER_PATIENCE).await;
         // A socket left by an earlier run would make HAProxy's bind fail.
         let _ = std::fs::remove_file(&options.master_socket);
-        let mut command = Command::new(&options.binary);
-        command
-            .arg("-W")
-            .arg("-S")
-            .arg(format!("{},mode,600", options.master_socket.display()))
-            .arg("-f")
-            .arg(&options.config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = command.spawn().map_err(|source| ProcessError::Spawn {
+        let openssl_conf = options.openssl_conf();
+        let mut env = Vec::new();
+        if let Some(level) = options.security_level {
+            std::fs::write(&openssl_conf, level.openssl_conf()).map_err(|source| {
+                ProcessError::OpensslConf {
+                    path: openssl_conf.clone(),
+                    source,
+                }
+            })?;
+            env.push(("OPENSSL_CONF", openssl_conf.as_os_str()));
+        }
+        let mut master_arg = options.master_socket.clone().into_os_string();
+        master_arg.push(",mode,600");
+        let watched = super::watchdog::spawn(
+            &options.binary,
+            &[
+                OsStr::new("-W"),
+                OsStr::new("-S"),
+                &master_arg,
+                OsStr::new("-f"),
+                options.config.as_os_str(),
+            ],
+            &env,
+        )
+        .map_err(|source| ProcessError::Spawn {
             binary: options.binary.clone(),
             source,
         })?;
+        let mut child = watched.child;
         let tail = LogTail::default();
         if let Some(stdout) = child.stdout.take() {
             forward(stdout, tail.clone());
@@ -455,6 +510,8 @@ impl HaproxyProcess {
         let started = Instant::now();
         let mut process = Self {
             child,
+            lifeline: watched.lifeline,
+            master_pid: 0,
             master,
             options,
             tail,
@@ -486,8 +543,9 @@ impl HaproxyProcess {
                 answer: "no worker".to_owned(),
             })?;
         process.start_duration = started.elapsed();
+        process.master_pid = processes.master.pid;
         info!(
-            pid = process.child.id().unwrap_or(0),
+            pid = process.master_pid,
             worker,
             took = ?process.start_duration,
             config = %process.options.config.display(),
@@ -507,9 +565,9 @@ impl HaproxyProcess {
         &self.master
     }
 
-    /// The master's pid.
+    /// The master's pid (`None` once HAProxy has exited).
     pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+        self.child.id().map(|_| self.master_pid)
     }
 
     /// The end of HAProxy's output.
@@ -542,9 +600,17 @@ impl HaproxyProcess {
     /// Stops HAProxy: a soft stop (`SIGUSR1`: workers finish their connections), then
     /// `SIGTERM` after `grace`, then `SIGKILL`; says which ended it.
     pub async fn stop(mut self, grace: Duration) -> Stopped {
-        let Some(pid) = self.child.id() else {
+        let stopped = self.stop_master(grace).await;
+        // The watchdog ends with HAProxy; closing its stdin is then a no-op.
+        drop(self.lifeline.take());
+        stopped
+    }
+
+    async fn stop_master(&mut self, grace: Duration) -> Stopped {
+        if self.exited().is_some() {
             return Stopped::AlreadyExited;
-        };
+        }
+        let pid = self.master_pid;
         let signal = |signal| {
             if let Some(pid) = rustix::process::Pid::from_raw(pid.cast_signed()) {
                 let _ = rustix::process::kill_process(pid, signal);
@@ -565,6 +631,7 @@ impl HaproxyProcess {
         {
             return Stopped::Terminated;
         }
+        signal(rustix::process::Signal::KILL);
         let _ = self.child.kill().await;
         Stopped::Killed
     }

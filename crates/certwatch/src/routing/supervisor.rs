@@ -3,31 +3,26 @@
 //! configuration as it is on disk; the old ones finish their connections), stopped
 //! softly by `SIGUSR1`. Its output is logged line by line.
 //!
-//! HAProxy outlives no certwatch: it runs under a small `sh` that holds a pipe whose
-//! other end only certwatch has, and stops HAProxy softly when the pipe closes, however
-//! certwatch ends (a `SIGKILL` runs no destructor).
+//! HAProxy outlives no certwatch: it runs under [`crate::haproxy::watchdog`], which
+//! stops it when certwatch ends, however it ends (a `SIGKILL` runs no destructor), and
+//! an HAProxy left on the same configuration by an earlier run is stopped before this
+//! one starts.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tracing::{info, warn};
 
-/// The watchdog: starts HAProxy (`$0` on configuration `$1`, master pid in `$2`, master
-/// CLI at `$3`), waits for end-of-file on its stdin, then stops HAProxy softly, and for
-/// good (`SIGKILL` to the master, whose workers follow it) if it has not ended within
-/// 10 s: a soft stop waits for open connections, which may never close.
-const WATCHDOG: &str = r#"trap '' INT HUP
-"$0" -W -db -S "$3",mode,600 -f "$1" -p "$2" <&- &
-child=$!
-while read -r _; do :; done
-kill -USR1 "$child" 2>/dev/null
-i=0
-while kill -0 "$child" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-kill -KILL "$child" 2>/dev/null
-wait "$child""#;
+use crate::haproxy::process::{LogTail, MasterCli, ProcessError as LoadError, Processes};
+use crate::haproxy::runtime::{RuntimeError, one_shot};
+use crate::haproxy::watchdog::{self, Watched};
+
+/// How long an HAProxy left by an earlier run gets to end on `SIGTERM` (then on
+/// `SIGKILL`).
+const LEFTOVER_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Where the master CLI of the HAProxy run on `config` listens (`run/master.sock` beside
 /// it): the certificates' controller reloads HAProxy through it for what its runtime
@@ -45,6 +40,8 @@ pub struct HaproxyProcess {
     lifeline: Option<tokio::process::ChildStdin>,
     config: PathBuf,
     pid_file: PathBuf,
+    /// The end of HAProxy's output: why a load failed, in its words.
+    tail: LogTail,
 }
 
 /// Why HAProxy could not be started or signalled.
@@ -68,37 +65,45 @@ pub enum ProcessError {
         /// How it ended.
         status: String,
     },
-    /// A signal could not be sent.
-    #[error("cannot signal HAProxy's master process: {0}")]
-    Signal(std::io::Error),
+    /// HAProxy's master CLI could not be asked to reload.
+    #[error(transparent)]
+    Load(#[from] LoadError),
 }
 
 impl HaproxyProcess {
-    /// Starts `binary` on `config`.
-    pub fn start(binary: &Path, config: &Path) -> Result<Self, ProcessError> {
+    /// Starts `binary` on `config`, once any HAProxy left running on `config` by an
+    /// earlier run has ended.
+    pub async fn start(binary: &Path, config: &Path) -> Result<Self, ProcessError> {
+        watchdog::stop_leftovers(config, LEFTOVER_PATIENCE).await;
         let pid_file = config.with_file_name("haproxy.pid");
         let _ = std::fs::remove_file(&pid_file);
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(WATCHDOG)
-            .arg(binary)
-            .arg(config)
-            .arg(&pid_file)
-            .arg(master_socket(config))
-            // Certificates load at certwatch's OpenSSL security level.
-            .env(
-                "OPENSSL_CONF",
-                config.with_file_name(super::render::OPENSSL_CONF_FILE),
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| ProcessError::Spawn {
-                binary: binary.to_owned(),
-                config: config.to_owned(),
-                source,
-            })?;
+        let mut master = master_socket(config).into_os_string();
+        master.push(",mode,600");
+        // Certificates load at certwatch's OpenSSL security level.
+        let openssl_conf = config.with_file_name(super::render::OPENSSL_CONF_FILE);
+        let Watched {
+            mut child,
+            lifeline,
+        } = watchdog::spawn(
+            binary,
+            &[
+                OsStr::new("-W"),
+                OsStr::new("-db"),
+                OsStr::new("-S"),
+                &master,
+                OsStr::new("-f"),
+                config.as_os_str(),
+                OsStr::new("-p"),
+                pid_file.as_os_str(),
+            ],
+            &[("OPENSSL_CONF", openssl_conf.as_os_str())],
+        )
+        .map_err(|source| ProcessError::Spawn {
+            binary: binary.to_owned(),
+            config: config.to_owned(),
+            source,
+        })?;
+        let tail = LogTail::default();
         for output in [
             child
                 .stdout
@@ -112,9 +117,11 @@ impl HaproxyProcess {
         .into_iter()
         .flatten()
         {
+            let tail = tail.clone();
             tokio::spawn(async move {
                 let mut lines = BufReader::new(output).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
+                    tail.push(line.clone());
                     // HAProxy's warnings are mostly its normal life (proxies stopped
                     // by a reload, servers leaving maintenance): alerts only are ours.
                     if line.contains("[ALERT]") {
@@ -126,12 +133,12 @@ impl HaproxyProcess {
             });
         }
         info!(config = %config.display(), "HAProxy started");
-        let lifeline = child.stdin.take();
         Ok(Self {
             child,
             lifeline,
             config: config.to_owned(),
             pid_file,
+            tail,
         })
     }
 
@@ -153,11 +160,32 @@ impl HaproxyProcess {
             })
     }
 
-    /// Asks the master to load the configuration again.
-    pub fn reload(&mut self) -> Result<(), ProcessError> {
-        let pid = self.pid()?;
-        rustix::process::kill_process(pid, rustix::process::Signal::USR2)
-            .map_err(|errno| ProcessError::Signal(errno.into()))
+    /// Asks the master to load the configuration and its files again (its master
+    /// CLI's `reload`: the old worker serves until the new one does); returns what the
+    /// master said before, for [`HaproxyProcess::load_failed`].
+    pub async fn begin_reload(&self, command_timeout: Duration) -> Result<Processes, ProcessError> {
+        let master = MasterCli::new(master_socket(&self.config), command_timeout);
+        let before = master.processes().await?;
+        // The master closes the connection when it re-executes; what it says before
+        // does not matter.
+        match one_shot(master.socket(), "reload", command_timeout).await {
+            Ok(_) | Err(RuntimeError::Io { .. } | RuntimeError::Closed { .. }) => Ok(before),
+            Err(error) => Err(LoadError::from(error).into()),
+        }
+    }
+
+    /// HAProxy's words when the load begun after `before` failed (its old worker keeps
+    /// serving); `None` while it loads, once it has loaded, or while the master does not
+    /// answer.
+    pub async fn load_failed(
+        &self,
+        before: &Processes,
+        command_timeout: Duration,
+    ) -> Option<String> {
+        let master = MasterCli::new(master_socket(&self.config), command_timeout);
+        let now = master.processes().await.ok()?;
+        (now.master.reloads > before.master.reloads && now.failed_reloads > 0)
+            .then(|| self.tail.text())
     }
 
     /// Whether HAProxy still runs.

@@ -40,6 +40,7 @@ use route_secrets::route::routing::Termination;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::dynamic::LoadedBackend;
@@ -49,6 +50,7 @@ use super::render::{DIGEST_VARIABLE, RenderOptions, primary_service_host, render
 use super::supervisor::HaproxyProcess;
 use super::write_config;
 use crate::haproxy::HaproxyHandle;
+use crate::haproxy::process::Processes;
 use crate::haproxy::runtime::{Instance, RuntimeError, current_instance, one_shot};
 use crate::metrics::Metrics;
 
@@ -105,7 +107,10 @@ pub enum RouteChange {
 pub struct Routing {
     changes: mpsc::UnboundedSender<RouteChange>,
     served: watch::Receiver<bool>,
+    repairs: watch::Receiver<u64>,
     haproxy: watch::Sender<Option<HaproxyHandle>>,
+    /// Cancelled by [`Routing::close`]: a load in progress is abandoned.
+    closing: CancellationToken,
     task: JoinHandle<()>,
 }
 
@@ -114,14 +119,19 @@ impl Routing {
     pub fn spawn(client: kube::Client, options: RoutingOptions, metrics: Arc<Metrics>) -> Self {
         let (changes, inputs) = mpsc::unbounded_channel();
         let (served_tx, served) = watch::channel(false);
+        let (repairs_tx, repairs) = watch::channel(0);
         let (haproxy, haproxy_rx) = watch::channel(None);
         let slices = slice_events(client, Arc::clone(&metrics));
         metrics.register_routing();
-        let worker = Worker::new(options, metrics, haproxy_rx, served_tx);
-        let task = tokio::spawn(worker.run(inputs, slices));
+        let mut worker = Worker::new(options, metrics, haproxy_rx, served_tx);
+        worker.repairs = repairs_tx;
+        let closing = CancellationToken::new();
+        let task = tokio::spawn(worker.run(inputs, slices, closing.clone()));
         Self {
+            closing,
             changes,
             served,
+            repairs,
             haproxy,
             task,
         }
@@ -139,13 +149,22 @@ impl Routing {
         self.served.clone()
     }
 
+    /// Bumped each time HAProxy failed to load the files: the cert directory checks
+    /// that every file its crt-list names is there (and writes again what is not)
+    /// before the next load.
+    pub fn repairs(&self) -> watch::Receiver<u64> {
+        self.repairs.clone()
+    }
+
     /// Tells the task of a route change.
     pub fn send(&self, change: RouteChange) {
         let _ = self.changes.send(change);
     }
 
-    /// Stops the task (and the HAProxy it runs) once it has taken what was sent.
+    /// Stops the task (and the HAProxy it runs): a load in progress is abandoned (a
+    /// reload HAProxy is doing may take up to the load timeout).
     pub async fn close(self) {
+        self.closing.cancel();
         drop(self.changes);
         let _ = self.task.await;
     }
@@ -204,6 +223,8 @@ struct Worker {
     haproxy: watch::Receiver<Option<HaproxyHandle>>,
     /// Set once HAProxy first holds the routes' configuration.
     served: watch::Sender<bool>,
+    /// Bumped when a load failed (see [`Routing::repairs`]).
+    repairs: watch::Sender<u64>,
     /// Whether the running HAProxy holds the configuration last written.
     current: bool,
     /// What the running HAProxy holds, per backend.
@@ -240,6 +261,7 @@ impl Worker {
             metrics,
             haproxy,
             served,
+            repairs: watch::channel(0).0,
             current: false,
             table: RoutingTable::new(),
             endpoints: EndpointTable::new(),
@@ -262,8 +284,12 @@ impl Worker {
         mut self,
         mut inputs: mpsc::UnboundedReceiver<RouteChange>,
         mut slices: futures::stream::BoxStream<'static, SliceEvent>,
+        closing: CancellationToken,
     ) {
         loop {
+            if closing.is_cancelled() {
+                break;
+            }
             tokio::select! {
                 biased;
                 input = inputs.recv() => {
@@ -284,8 +310,12 @@ impl Worker {
                     self.next_check = Instant::now() + IDENTITY_CHECK;
                     self.check_identity = true;
                 }
+                () = closing.cancelled() => break,
             }
-            self.step().await;
+            tokio::select! {
+                () = self.step() => {}
+                () = closing.cancelled() => break,
+            }
         }
         if let Some(process) = self.process.take() {
             process.stop(Duration::from_secs(5)).await;
@@ -474,12 +504,21 @@ impl Worker {
             return;
         };
         let previous = self.instance;
+        let mut reload = None;
         let result = match &mut self.process {
-            Some(process) => process.reload().map(|()| "reloaded"),
-            None => HaproxyProcess::start(&binary, &config).map(|process| {
-                self.process = Some(process);
-                "started"
-            }),
+            Some(process) => process
+                .begin_reload(self.options.command_timeout)
+                .await
+                .map(|before| {
+                    reload = Some(before);
+                    "reloaded"
+                }),
+            None => HaproxyProcess::start(&binary, &config)
+                .await
+                .map(|process| {
+                    self.process = Some(process);
+                    "started"
+                }),
         };
         let what = match result {
             Ok(what) => what,
@@ -490,8 +529,8 @@ impl Worker {
                 return;
             }
         };
-        match self.wait_for_load(previous).await {
-            Some(instance) => {
+        match self.wait_for_load(previous, reload.as_ref()).await {
+            Loading::Loaded(instance) => {
                 self.instance = Some(instance);
                 self.loaded_now(&rendered, started);
                 info!(
@@ -502,7 +541,29 @@ impl Worker {
                     "HAProxy {what} on the routes' configuration"
                 );
             }
-            None => {
+            Loading::Failed(log) => {
+                // The old worker keeps serving. A file the crt-list names may be
+                // missing (removed by others, or replaced at that moment): the cert
+                // directory checks them and writes again what is missing, then the files
+                // are loaded again. HAProxy's alerts say why; the rest of its output is
+                // its life.
+                let alerts: Vec<&str> = log
+                    .split(" | ")
+                    .filter(|line| line.contains("[ALERT]"))
+                    .collect();
+                let words = if alerts.is_empty() {
+                    log.clone()
+                } else {
+                    alerts.join(" | ")
+                };
+                warn!(
+                    haproxy = %words,
+                    "HAProxy could not load the routes' configuration and files (its old worker keeps serving); checking the files and loading again"
+                );
+                self.repairs.send_modify(|count| *count += 1);
+                self.retry_later();
+            }
+            Loading::NoAnswer => {
                 warn!("HAProxy did not answer on its socket after loading; will retry");
                 self.retry_later();
             }
@@ -573,14 +634,20 @@ impl Worker {
         None
     }
 
-    /// Waits until a process other than `previous` answers on the admin socket.
-    async fn wait_for_load(&mut self, previous: Option<Instance>) -> Option<Instance> {
+    /// Waits until a process other than `previous` answers on the admin socket, or
+    /// (for a reload begun after the master said `reload`) the master says the load
+    /// failed.
+    async fn wait_for_load(
+        &mut self,
+        previous: Option<Instance>,
+        reload: Option<&Processes>,
+    ) -> Loading {
         let deadline = Instant::now() + self.options.load_timeout;
         while Instant::now() < deadline {
             if let Some(process) = &mut self.process
                 && !process.running()
             {
-                return None;
+                return Loading::NoAnswer;
             }
             if let Ok(instance) = current_instance(
                 &self.options.render.admin_socket,
@@ -589,11 +656,18 @@ impl Worker {
             .await
                 && previous.is_none_or(|previous| previous != instance)
             {
-                return Some(instance);
+                return Loading::Loaded(instance);
+            }
+            if let (Some(before), Some(process)) = (reload, &self.process)
+                && let Some(log) = process
+                    .load_failed(before, self.options.command_timeout)
+                    .await
+            {
+                return Loading::Failed(log);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        None
+        Loading::NoAnswer
     }
 
     fn retry_later(&mut self) {
@@ -603,6 +677,16 @@ impl Worker {
         self.loaded.clear();
         self.due = Some(Instant::now() + self.backoff.next_delay());
     }
+}
+
+/// How a start or reload of the HAProxy certwatch runs ended.
+enum Loading {
+    /// This process answers on the admin socket.
+    Loaded(Instance),
+    /// The load failed (the old worker keeps serving): the end of HAProxy's output.
+    Failed(String),
+    /// HAProxy exited, or did not answer within the load timeout.
+    NoAnswer,
 }
 
 /// The reason of the reloads the routes' configuration asks of the controller.

@@ -25,13 +25,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use kube_common::sync;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -42,7 +37,7 @@ use crate::http::Refresh;
 use crate::logging::Repeats;
 use crate::metrics::{CONTENT_TYPE, Metrics};
 
-/// Connections served at once; more wait in the kernel's backlog.
+/// Connections served at once; one more takes the place of the one idle the longest.
 const MAX_CONNECTIONS: usize = 256;
 /// Time for a client to finish the TLS handshake, and to send a request's headers.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -159,59 +154,22 @@ pub(crate) async fn serve(
             auth: auth.clone(),
             refusals: Arc::new(Mutex::new(Repeats::new(REFUSAL_LOG_INTERVAL))),
         });
-    let task = tokio::spawn(accept(listener, acceptor, app, shutdown));
+    // Idle and slow clients (TLS handshakes, HTTP/2 connections past their preface)
+    // cannot starve authorized scrapes (see `crate::listener`).
+    let limits = crate::listener::Limits {
+        max_connections: MAX_CONNECTIONS,
+        handshake_timeout: CLIENT_TIMEOUT,
+        header_timeout: CLIENT_TIMEOUT,
+        ..crate::listener::Limits::default()
+    };
+    let task = tokio::spawn(crate::listener::serve(
+        listener,
+        app,
+        move |stream| acceptor.clone().accept(stream),
+        limits,
+        shutdown,
+    ));
     Ok(SecureMetrics { addr, task, auth })
-}
-
-async fn accept(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    app: Router,
-    shutdown: CancellationToken,
-) {
-    let graceful = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let slot = tokio::select! {
-            () = shutdown.cancelled() => break,
-            slot = Arc::clone(&slots).acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => break,
-            },
-        };
-        let (stream, _peer) = tokio::select! {
-            () = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors, say: wait instead of spinning.
-                    tracing::warn!(%error, "the metrics endpoint cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let (acceptor, app, watcher) = (acceptor.clone(), app.clone(), graceful.watcher());
-        tokio::spawn(async move {
-            let _slot = slot;
-            let Ok(Ok(tls)) = tokio::time::timeout(CLIENT_TIMEOUT, acceptor.accept(stream)).await
-            else {
-                return;
-            };
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(CLIENT_TIMEOUT);
-            let connection = builder
-                .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app))
-                .into_owned();
-            // A client that goes away mid-request is not the daemon's problem.
-            let _ = watcher.watch(connection).await;
-        });
-    }
-    drop(listener);
-    graceful.shutdown().await;
 }
 
 async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Response {

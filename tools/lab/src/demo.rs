@@ -296,7 +296,7 @@ async fn prepare_traffic(
     let host = match testenv::netns::TestHost::shared() {
         Ok(host) => host,
         Err(error) => {
-            say(&format!(
+            say(format!(
                 "  (no test host for a backend: {error}; no traffic through HAProxy at the end)"
             ));
             return Ok(None);

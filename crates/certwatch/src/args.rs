@@ -18,6 +18,7 @@ use crate::reload::ReloadOptions;
 use crate::routing::{RenderOptions, RoutingOptions};
 use crate::secure_metrics::SecureMetricsOptions;
 use crate::secure_metrics::tls::CertFiles;
+use crate::tls_policy::{TlsPolicy, TlsPolicyError, TlsProfile, TlsVersion};
 use route_secrets::api::route_watch::RouteScope;
 
 fn duration_arg(text: &str) -> Result<Duration, kube_common::DurationParseError> {
@@ -592,14 +593,86 @@ pub struct RunArgs {
     )]
     pub haproxy_max_connections: u32,
 
-    /// HAProxy's nbthread (default: HAProxy's own, one per CPU).
+    /// HAProxy's nbthread (the router's 4, whatever the node's CPUs).
     #[arg(
         long,
         env = "CERTWATCH_HAPROXY_THREADS",
         value_name = "N",
+        default_value_t = 4,
+        value_parser = clap::value_parser!(u32).range(1..=4096),
         help_heading = "Routing"
     )]
-    pub haproxy_threads: Option<u32>,
+    pub haproxy_threads: u32,
+
+    // Production traffic: the TLS policy, shutdown and draining, HAProxy's bounds, the
+    // metrics' exposure.
+    /// OpenShift's TLS security profile for every TLS listener (HAProxy's and the
+    /// metrics endpoint): old (TLS 1.0+, CBC and 3DES too), intermediate (TLS 1.2+,
+    /// AEAD only), modern (TLS 1.3 only).
+    #[arg(
+        long,
+        env = "CERTWATCH_TLS_PROFILE",
+        value_enum,
+        default_value_t,
+        help_heading = "TLS policy"
+    )]
+    pub tls_profile: TlsProfile,
+
+    /// TLS 1.2 and older ciphers instead of the profile's (an OpenSSL cipher list,
+    /// e.g. `ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256`; the router's
+    /// ROUTER_CIPHERS).
+    #[arg(
+        long,
+        env = "CERTWATCH_TLS_CIPHERS",
+        value_name = "LIST",
+        help_heading = "TLS policy"
+    )]
+    pub tls_ciphers: Option<String>,
+
+    /// TLS 1.3 suites instead of the profile's (e.g.
+    /// `TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384`; the router's
+    /// ROUTER_CIPHERSUITES).
+    #[arg(
+        long,
+        env = "CERTWATCH_TLS_CIPHERSUITES",
+        value_name = "LIST",
+        help_heading = "TLS policy"
+    )]
+    pub tls_ciphersuites: Option<String>,
+
+    /// The lowest TLS version instead of the profile's (the router's SSL_MIN_VERSION).
+    #[arg(
+        long,
+        env = "CERTWATCH_TLS_MIN_VERSION",
+        value_enum,
+        help_heading = "TLS policy"
+    )]
+    pub tls_min_version: Option<TlsVersion>,
+
+    /// Serve /metrics on --listen without authentication when there is no
+    /// --metrics-listen (for development on a loopback address: the metrics name
+    /// every tenant's namespaces, routes and secrets). Off: /metrics is only served
+    /// by --metrics-listen. Ignored with --metrics-listen.
+    #[arg(long, env = "CERTWATCH_METRICS_UNAUTHENTICATED", value_parser = boolish(), help_heading = "Metrics")]
+    pub metrics_unauthenticated: bool,
+
+    /// On SIGTERM, /readyz answers 503 at once and HAProxy keeps serving this long
+    /// (while endpoints and load balancers take the replica out), then stops softly;
+    /// a second SIGTERM or SIGINT stops at once (the router's
+    /// ROUTER_GRACEFUL_SHUTDOWN_DELAY).
+    #[arg(long, env = "CERTWATCH_SHUTDOWN_DELAY", value_name = "D", value_parser = duration_arg, default_value = "45s", help_heading = "Shutdown")]
+    pub shutdown_delay: Duration,
+
+    /// The grace period certwatch runs under (the pod's
+    /// terminationGracePeriodSeconds): a --shutdown-delay that does not fit in it is
+    /// refused at start.
+    #[arg(long, env = "CERTWATCH_TERMINATION_GRACE_PERIOD", value_name = "D", value_parser = duration_arg, help_heading = "Shutdown")]
+    pub termination_grace_period: Option<Duration>,
+
+    /// How long HAProxy's old workers may finish their connections after a reload or
+    /// a soft stop before they are stopped (HAProxy's hard-stop-after).
+    #[arg(long, env = "CERTWATCH_HAPROXY_HARD_STOP_AFTER", value_name = "D", value_parser = duration_arg, default_value = "1h", help_heading = "Shutdown")]
+    pub haproxy_hard_stop_after: Duration,
 }
 
 /// Where a pod's service account keeps the service CA bundle (OpenShift injects it).
@@ -641,6 +714,22 @@ pub enum ArgsError {
          in DIR/run/master.sock)"
     )]
     MasterSocketOfManagedRouting,
+    /// The TLS policy's flags are refused.
+    #[error(transparent)]
+    TlsPolicy(#[from] TlsPolicyError),
+    /// The shutdown delay does not fit in the grace period.
+    #[error(
+        "--shutdown-delay {delay:?} does not fit in the termination grace period \
+         ({grace:?}, --termination-grace-period): the process would be killed while \
+         still serving; shorten --shutdown-delay or lengthen the pod's \
+         terminationGracePeriodSeconds (and --termination-grace-period with it)"
+    )]
+    ShutdownDelay {
+        /// `--shutdown-delay`.
+        delay: Duration,
+        /// `--termination-grace-period`.
+        grace: Duration,
+    },
 }
 
 impl RunArgs {
@@ -673,6 +762,15 @@ impl RunArgs {
             ApiProtocol::Http1 => kube_h2::Protocol::Http1Only,
             ApiProtocol::Http2 => kube_h2::Protocol::Http2Only,
         };
+        let tls = self.tls_policy()?;
+        if let Some(grace) = self.termination_grace_period
+            && self.shutdown_delay >= grace
+        {
+            return Err(ArgsError::ShutdownDelay {
+                delay: self.shutdown_delay,
+                grace,
+            });
+        }
         let mut options = DaemonOptions::new(self.cert_dir.clone());
         options.scope = RouteScope {
             namespaces: self.namespace.clone(),
@@ -721,7 +819,9 @@ impl RunArgs {
             render.https_bind = self.https_bind.clone();
             render.spare_servers = self.haproxy_spare_servers;
             render.max_connections = self.haproxy_max_connections;
-            render.threads = self.haproxy_threads;
+            render.threads = Some(self.haproxy_threads);
+            render.tls = tls.clone();
+            render.hard_stop_after = Some(self.haproxy_hard_stop_after);
             render.disable_http2 = self.disable_http2;
             render.default_destination_ca = self.default_destination_ca.clone().or_else(|| {
                 std::path::Path::new(SERVICE_CA_PATH)
@@ -759,8 +859,10 @@ impl RunArgs {
                 .zip(self.metrics_tls_key.clone())
                 .map(|(cert, key)| CertFiles { cert, key }),
             cache_ttl: self.metrics_auth_cache_ttl,
+            tls: tls.clone(),
             ..SecureMetricsOptions::new(listen)
         });
+        options.unauthenticated_metrics = self.metrics_unauthenticated;
         options.router_name = self.router_name.clone();
         options.write_status = self.write_status;
         options.access_policy = access_policy;
@@ -778,6 +880,22 @@ impl RunArgs {
         options.progress = self.progress;
         options.leader_election = self.leader_election()?;
         Ok(options)
+    }
+
+    /// The TLS policy the flags describe (checked for HAProxy's configuration and
+    /// rustls, not yet against HAProxy: see [`TlsPolicy::check_with_haproxy`]).
+    pub fn tls_policy(&self) -> Result<TlsPolicy, TlsPolicyError> {
+        let policy = TlsPolicy::new(
+            self.tls_profile,
+            self.tls_ciphers.as_deref(),
+            self.tls_ciphersuites.as_deref(),
+            self.tls_min_version,
+        )?;
+        // The metrics endpoint needs a suite rustls has.
+        if self.metrics_listen.is_some() {
+            policy.rustls()?;
+        }
+        Ok(policy)
     }
 
     /// The election of one status writer, if it is on (`--write-status` and

@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::State;
@@ -29,15 +30,18 @@ struct AppState {
     metrics: Arc<Metrics>,
     status: watch::Receiver<DaemonStatus>,
     refresh: Refresh,
+    /// Set once the process is stopping: not ready from then on.
+    draining: Arc<AtomicBool>,
 }
 
 /// Binds `addr` and serves until `shutdown` is cancelled; `/metrics` only with
-/// `with_metrics`.
+/// `with_metrics`; `/readyz` answers 503 once `draining` is set.
 pub(crate) async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     with_metrics: bool,
     status: watch::Receiver<DaemonStatus>,
+    draining: Arc<AtomicBool>,
     refresh: Refresh,
     shutdown: CancellationToken,
 ) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
@@ -53,6 +57,7 @@ pub(crate) async fn serve(
         metrics,
         status,
         refresh,
+        draining,
     });
     let task = tokio::spawn(async move {
         let server = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned());
@@ -70,7 +75,13 @@ async fn healthz() -> &'static str {
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     let status = *state.status.borrow();
     let progress = status.readiness;
-    if status.ready {
+    if state.draining.load(Ordering::Relaxed) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: stopping (SIGTERM); still serving until the shutdown delay ends\n"
+                .to_owned(),
+        )
+    } else if status.ready {
         (
             StatusCode::OK,
             format!(

@@ -29,6 +29,7 @@ use route_secrets::tls::SecurityLevel;
 
 use super::endpoints::EndpointTable;
 use super::model::{BackendPlan, RoutingTable, ServedRoute};
+use crate::tls_policy::TlsPolicy;
 
 /// The name spare servers get, numbered from 1 (the router's dynamic servers' name).
 pub const SPARE_SERVER_PREFIX: &str = "_dynamic-pod-";
@@ -87,6 +88,13 @@ pub struct RenderOptions {
     /// certwatch's validation, through the `OPENSSL_CONF` file written beside the
     /// configuration ([`OPENSSL_CONF_FILE`]).
     pub openssl_security_level: SecurityLevel,
+    /// The TLS policy of the TLS bind (the cluster's profile; no route changes it).
+    pub tls: TlsPolicy,
+    /// How long old workers may keep serving after a reload or a soft stop
+    /// (`hard-stop-after`); `None`: unbounded.
+    pub hard_stop_after: Option<std::time::Duration>,
+    /// Whether the listeners take a PROXY protocol header (`accept-proxy`).
+    pub proxy_protocol: bool,
 }
 
 impl RenderOptions {
@@ -113,6 +121,9 @@ impl RenderOptions {
             tcp_balance_scheme: "source".into(),
             health_check_interval: "5000ms".into(),
             openssl_security_level: SecurityLevel::default(),
+            tls: TlsPolicy::default(),
+            hard_stop_after: None,
+            proxy_protocol: false,
         }
     }
 
@@ -444,15 +455,17 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
     if let Some(threads) = options.threads {
         let _ = writeln!(out, "  nbthread {threads}");
     }
+    if let Some(after) = options.hard_stop_after {
+        let _ = writeln!(out, "  hard-stop-after {}ms", after.as_millis().max(1));
+    }
     let _ = writeln!(
         out,
         "  ca-base /etc/ssl\n  crt-base /etc/ssl\n  \
          stats socket {socket} mode 600 level admin expose-fd listeners\n  stats timeout 2m\n  \
          tune.maxrewrite 8192\n  tune.bufsize 32768\n  \
-         ssl-default-bind-options ssl-min-ver TLSv1.2\n  tune.ssl.default-dh-param 2048\n  \
-         ssl-default-bind-ciphers {ciphers}\n",
+         tune.ssl.default-dh-param 2048\n{tls}",
         socket = options.admin_socket.display(),
-        ciphers = INTERMEDIATE_CIPHERS,
+        tls = options.tls.haproxy_global(),
     );
     let _ = writeln!(
         out,
@@ -544,9 +557,6 @@ fn request_hygiene(out: &mut String) {
     }
     out.push_str("  http-request set-header Host %[req.hdr(Host),lower]\n");
 }
-
-/// Mozilla's intermediate suite, the router's default (`ROUTER_CIPHERS=intermediate`).
-const INTERMEDIATE_CIPHERS: &str = "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305:ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:DHE-RSA-AES128-GCM-SHA256:DHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-AES128-SHA256:ECDHE-RSA-AES128-SHA256:ECDHE-ECDSA-AES128-SHA:ECDHE-RSA-AES256-SHA384:ECDHE-RSA-AES128-SHA:ECDHE-ECDSA-AES256-SHA384:ECDHE-ECDSA-AES256-SHA:ECDHE-RSA-AES256-SHA:DHE-RSA-AES128-SHA256:DHE-RSA-AES128-SHA:DHE-RSA-AES256-SHA256:DHE-RSA-AES256-SHA:ECDHE-ECDSA-DES-CBC3-SHA:ECDHE-RSA-DES-CBC3-SHA:EDH-RSA-DES-CBC3-SHA:AES128-GCM-SHA256:AES256-GCM-SHA384:AES128-SHA256:AES256-SHA256:AES128-SHA:AES256-SHA:DES-CBC3-SHA:!DSS";
 
 /// One route's backend section; returns its servers as rendered.
 fn backend(

@@ -41,6 +41,7 @@ use self::tls::{CertFiles, ServingCert};
 use crate::http::Refresh;
 use crate::logging::Repeats;
 use crate::metrics::{CONTENT_TYPE, Metrics};
+use crate::tls_policy::{TlsPolicy, TlsPolicyError};
 
 /// Connections served at once; more wait in the kernel's backlog.
 const MAX_CONNECTIONS: usize = 256;
@@ -58,6 +59,8 @@ pub struct SecureMetricsOptions {
     pub cert: Option<CertFiles>,
     /// How long a review's answer is trusted.
     pub cache_ttl: Duration,
+    /// The TLS versions and suites it accepts (the cluster's policy).
+    pub tls: TlsPolicy,
 }
 
 impl SecureMetricsOptions {
@@ -67,6 +70,7 @@ impl SecureMetricsOptions {
             listen,
             cert: None,
             cache_ttl: Duration::from_secs(10),
+            tls: TlsPolicy::default(),
         }
     }
 }
@@ -88,6 +92,9 @@ pub enum SecureMetricsError {
     /// rustls refused the configuration.
     #[error("the metrics endpoint's TLS configuration: {0}")]
     Tls(#[from] rustls::Error),
+    /// The TLS policy leaves rustls nothing to accept.
+    #[error(transparent)]
+    TlsPolicy(#[from] TlsPolicyError),
 }
 
 #[derive(Clone)]
@@ -120,12 +127,11 @@ pub(crate) async fn serve(
     shutdown: CancellationToken,
 ) -> Result<SecureMetrics, SecureMetricsError> {
     let cert = ServingCert::load(options.cert.clone())?;
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_no_client_auth()
-    .with_cert_resolver(cert.clone());
+    let mut config = options
+        .tls
+        .rustls_server_builder()?
+        .with_no_client_auth()
+        .with_cert_resolver(cert.clone());
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let listener =

@@ -673,6 +673,16 @@ pub struct RunArgs {
     /// a soft stop before they are stopped (HAProxy's hard-stop-after).
     #[arg(long, env = "CERTWATCH_HAPROXY_HARD_STOP_AFTER", value_name = "D", value_parser = duration_arg, default_value = "1h", help_heading = "Shutdown")]
     pub haproxy_hard_stop_after: Duration,
+
+    /// Where HAProxy itself answers `GET /healthz` with 200 (its `monitor-uri`), for a
+    /// liveness probe of the HAProxy process (the router's is :1936); default: nowhere.
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_HEALTH_BIND",
+        value_name = "ADDR",
+        help_heading = "Routing"
+    )]
+    pub haproxy_health_bind: Option<String>,
 }
 
 /// Where a pod's service account keeps the service CA bundle (OpenShift injects it).
@@ -822,6 +832,7 @@ impl RunArgs {
             render.threads = Some(self.haproxy_threads);
             render.tls = tls.clone();
             render.hard_stop_after = Some(self.haproxy_hard_stop_after);
+            render.health_bind = self.haproxy_health_bind.clone();
             render.disable_http2 = self.disable_http2;
             render.default_destination_ca = self.default_destination_ca.clone().or_else(|| {
                 std::path::Path::new(SERVICE_CA_PATH)

@@ -340,7 +340,8 @@ async fn by_default_no_metrics_are_served_unauthenticated_and_haproxy_runs_four_
     let config = std::fs::read_to_string(default.config_dir.join("haproxy.cfg")).unwrap();
     assert!(config.contains("  hard-stop-after 3600000ms\n"), "{config}");
 
-    // Asked for, and said so.
+    // Asked for, and said so; HAProxy's own health endpoint for a liveness probe.
+    let health = format!("127.0.0.1:{}", free_port());
     let explicit = router(
         dir.path(),
         &sim,
@@ -351,9 +352,13 @@ async fn by_default_no_metrics_are_served_unauthenticated_and_haproxy_runs_four_
             "2",
             "--haproxy-hard-stop-after",
             "90s",
+            "--haproxy-health-bind",
+            &health,
         ],
     )
     .await;
+    let (status, _) = common::http_request(health.parse().unwrap(), "GET", "/healthz", "");
+    assert_eq!(status, 200, "HAProxy's /healthz");
     assert_eq!(explicit.certwatch.get("/metrics").0, 200);
     assert!(
         explicit
@@ -718,4 +723,172 @@ async fn a_rolling_restart_behind_a_load_balancer_checking_readyz_fails_no_reque
         tally.failures.lock().unwrap()
     );
     assert!(ok.iter().all(|n| *n >= 20), "{ok:?}");
+}
+
+/// The `haproxy` container's script and environment from deploy/base's Deployment,
+/// its volumes' paths moved to `config_dir` and `cert_dir`.
+fn sidecar_script(config_dir: &Path, cert_dir: &Path) -> (String, Vec<(String, String)>) {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base/deployment.yaml"),
+    )
+    .unwrap();
+    let deployment: serde_yaml::Value = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .find(|doc: &serde_yaml::Value| doc["kind"] == "Deployment")
+        .unwrap();
+    let haproxy = deployment["spec"]["template"]["spec"]["containers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|container| container["name"] == "haproxy")
+        .unwrap()
+        .clone();
+    let local = |text: &str| {
+        text.replace("/run/haproxy", config_dir.to_str().unwrap())
+            .replace("/var/lib/certwatch", cert_dir.to_str().unwrap())
+    };
+    let env = haproxy["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|variable| {
+            (
+                variable["name"].as_str().unwrap().to_owned(),
+                local(variable["value"].as_str().unwrap()),
+            )
+        })
+        .collect();
+    (local(haproxy["args"][0].as_str().unwrap()), env)
+}
+
+/// The sidecar's script, as a process; SIGINT stops it at once when dropped.
+struct Sidecar {
+    child: Child,
+    stderr: PathBuf,
+}
+
+impl Sidecar {
+    fn start(dir: &Path, name: &str, script: &str, env: &[(String, String)], delay: &str) -> Self {
+        let stderr = dir.join(format!("{name}.stderr"));
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .envs(env.iter().map(|(name, value)| (name, value)))
+            .env("SHUTDOWN_DELAY", delay)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        Self { child, stderr }
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-INT")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// The Deployment's sidecar: the kubelet's SIGTERM does not stop HAProxy at once; it
+/// serves on for the delay (here longer than the test), and a second SIGTERM stops it;
+/// with a short delay it stops by itself, softly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecar_serves_through_the_shutdown_delay_and_then_stops_softly() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
+    let admin = sim.client("admin").await;
+    edge_route(&admin, "policy", "policy.example").await;
+    let leaf = leaf_of(&admin, NS, "policy-tls").await;
+    let config_dir = dir.path().join("run-haproxy");
+    let cert_dir = dir.path().join("certs");
+    std::fs::create_dir_all(&config_dir).unwrap();
+    let https = free_port();
+    let (script, env) = sidecar_script(&config_dir, &cert_dir);
+    let sidecar = Sidecar::start(dir.path(), "haproxy", &script, &env, "3600");
+    let certwatch = Certwatch::launch(
+        Launch::new(
+            &sim.kubeconfig,
+            &cert_dir,
+            &dir.path().join("certwatch.log"),
+        )
+        .env("CERTWATCH_HAPROXY_CONFIG_DIR", config_dir.to_str().unwrap())
+        .env("CERTWATCH_RUN_HAPROXY", "false")
+        .env(
+            "CERTWATCH_HAPROXY_MASTER_SOCKET",
+            config_dir.join("master.sock").to_str().unwrap(),
+        )
+        .env("CERTWATCH_HTTP_BIND", &format!("127.0.0.1:{}", free_port()))
+        .env("CERTWATCH_HTTPS_BIND", &format!("127.0.0.1:{https}"))
+        .args(&["--haproxy-max-connections", "2000"]),
+    );
+    certwatch.wait_ready().await;
+    assert_eq!(
+        handshake(https, "policy.example", TLS13).as_ref(),
+        Some(&leaf)
+    );
+
+    sidecar.signal("TERM");
+    eventually("the sidecar took SIGTERM", || {
+        sidecar
+            .stderr()
+            .contains("SIGTERM: HAProxy serves")
+            .then_some(())
+    })
+    .await;
+    for _ in 0..5 {
+        assert_eq!(
+            handshake(https, "policy.example", TLS13).as_ref(),
+            Some(&leaf)
+        );
+    }
+    let mut sidecar = sidecar;
+    assert_eq!(sidecar.child.try_wait().unwrap(), None);
+    sidecar.signal("TERM");
+    eventually("the sidecar's exit on a second SIGTERM", || {
+        sidecar.child.try_wait().unwrap()
+    })
+    .await;
+    eventually("HAProxy's listener closed", || {
+        std::net::TcpStream::connect(("127.0.0.1", https))
+            .is_err()
+            .then_some(())
+    })
+    .await;
+
+    // Started again (the container restarted) with a short delay: it stops by itself
+    // after it, softly (status 0).
+    let mut again = Sidecar::start(dir.path(), "haproxy-2", &script, &env, "1");
+    eventually_async("HAProxy serving again", || async {
+        handshake(https, "policy.example", TLS13)
+    })
+    .await;
+    again.signal("TERM");
+    let status = eventually("the sidecar's exit after the delay", || {
+        again.child.try_wait().unwrap()
+    })
+    .await;
+    assert!(status.success(), "{status}: {}", again.stderr());
+    assert!(
+        again
+            .stderr()
+            .contains("SIGTERM: HAProxy serves for 1s more")
+    );
 }

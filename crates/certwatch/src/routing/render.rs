@@ -93,8 +93,9 @@ pub struct RenderOptions {
     /// How long old workers may keep serving after a reload or a soft stop
     /// (`hard-stop-after`); `None`: unbounded.
     pub hard_stop_after: Option<std::time::Duration>,
-    /// Whether the listeners take a PROXY protocol header (`accept-proxy`).
-    pub proxy_protocol: bool,
+    /// Where HAProxy answers `GET /healthz` itself (`monitor-uri`), for a liveness
+    /// probe of the HAProxy process; `None`: nowhere.
+    pub health_bind: Option<String>,
 }
 
 impl RenderOptions {
@@ -123,7 +124,7 @@ impl RenderOptions {
             openssl_security_level: SecurityLevel::default(),
             tls: TlsPolicy::default(),
             hard_stop_after: None,
-            proxy_protocol: false,
+            health_bind: None,
         }
     }
 
@@ -478,6 +479,12 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
         e503 = dir.join(ERROR_PAGES[0].0).display(),
         e404 = dir.join(ERROR_PAGES[1].0).display(),
     );
+    if let Some(health) = &options.health_bind {
+        let _ = writeln!(
+            out,
+            "frontend healthz\n  bind {health}\n  mode http\n  monitor-uri /healthz\n"
+        );
+    }
     let _ = writeln!(
         out,
         "frontend public\n  bind {http}\n  mode http\n  \

@@ -109,9 +109,10 @@ through its runtime API (--haproxy-socket), without a reload.\n\n\
 Connects through the usual Kubernetes configuration (--kubeconfig/--context, $KUBECONFIG, \
 ~/.kube/config, or the in-cluster service account). Every option can also be set through the CERTWATCH_* variable shown.",
     after_long_help = "Endpoints (--listen): /healthz (200 while the process runs), /readyz (200 once \
-every route present at start-up is admitted or rejected and its files are written; 503 before), \
-/metrics (Prometheus text format; with --metrics-listen on that address instead, over HTTPS, for \
-bearer tokens the API server authorizes to get /metrics).\n\n\
+every route present at start-up is admitted or rejected and its files are written; 503 before, \
+and from the first SIGTERM on). /metrics (Prometheus text format) only with --metrics-listen, over \
+HTTPS, for bearer tokens the API server authorizes to get /metrics, or on --listen to anyone with \
+--metrics-unauthenticated.\n\n\
 Examples:\n  certwatch run --cert-dir /var/lib/certwatch --haproxy-socket /run/haproxy/admin.sock\n  \
 certwatch run --namespace-selector router=public --route-selector shard=a --cert-dir /certs \\\n      \
 --reload-command 'systemctl reload haproxy'\n\n\

@@ -50,11 +50,21 @@ enum ListenError {
     NoAddress(String),
 }
 
+/// Whether this host has IPv6 (an address on some interface, loopback included): then
+/// `:PORT` listens on both families.
+pub fn host_has_ipv6() -> bool {
+    std::fs::read_to_string("/proc/net/if_inet6").is_ok_and(|text| !text.trim().is_empty())
+}
+
 /// An address to listen on: `HOST:PORT` with an IP or a name (`localhost:9090`), or
-/// `:PORT` for every interface, as Go programs (and so Kubernetes components) accept.
+/// `:PORT` for every interface, as Go programs (and so Kubernetes components) accept:
+/// both families where the host has IPv6 (`[::]:PORT`, which takes IPv4 clients too
+/// unless the host's `net.ipv6.bindv6only` is set), IPv4 only elsewhere. An explicit
+/// address listens on that address only.
 fn listen_arg(text: &str) -> Result<SocketAddr, ListenError> {
     use std::net::ToSocketAddrs;
     let spelled = match text.strip_prefix(':') {
+        Some(port) if host_has_ipv6() => format!("[::]:{port}"),
         Some(port) => format!("0.0.0.0:{port}"),
         None => text.to_owned(),
     };
@@ -62,6 +72,15 @@ fn listen_arg(text: &str) -> Result<SocketAddr, ListenError> {
     addresses
         .next()
         .ok_or_else(|| ListenError::NoAddress(text.to_owned()))
+}
+
+/// A HAProxy `bind` address: `:PORT` on both families where the host has IPv6
+/// (`:::PORT v4v6`), anything else as given.
+fn haproxy_bind(spec: &str) -> String {
+    match spec.strip_prefix(':') {
+        Some(port) if !port.contains(':') && host_has_ipv6() => format!(":::{port} v4v6"),
+        _ => spec.to_owned(),
+    }
 }
 
 /// Boolean flags also read `1`/`0`, `yes`/`no`, `on`/`off` from their variable.
@@ -291,14 +310,15 @@ pub struct RunArgs {
     #[arg(long, env = "CERTWATCH_DISABLE_HTTP2", value_parser = boolish(), help_heading = "HAProxy")]
     pub disable_http2: bool,
 
-    /// Address of the plain HTTP endpoint: /healthz, /readyz, and /metrics unless
-    /// --metrics-listen is set. HOST:PORT, or :PORT for every interface.
+    /// Address of the plain HTTP endpoint: /healthz, /readyz (and /metrics with
+    /// --metrics-unauthenticated). HOST:PORT, or :PORT for every interface (IPv6 and
+    /// IPv4 where the host has IPv6).
     #[arg(
         long,
         env = "CERTWATCH_LISTEN",
         value_name = "ADDR",
         value_parser = listen_arg,
-        default_value = "0.0.0.0:9090",
+        default_value = ":9090",
         help_heading = "Output"
     )]
     pub listen: SocketAddr,
@@ -532,7 +552,8 @@ pub struct RunArgs {
     )]
     pub run_haproxy: bool,
 
-    /// Plain HTTP listener (the router's is :80; certwatch runs unprivileged).
+    /// Plain HTTP listener (the router's is :80; certwatch runs unprivileged). `:PORT`
+    /// listens on IPv6 and IPv4 where the host has IPv6; an address, on it only.
     #[arg(
         long,
         env = "CERTWATCH_HTTP_BIND",
@@ -542,7 +563,7 @@ pub struct RunArgs {
     )]
     pub http_bind: String,
 
-    /// TLS listener (the router's is :443).
+    /// TLS listener (the router's is :443); `:PORT` as --http-bind.
     #[arg(
         long,
         env = "CERTWATCH_HTTPS_BIND",
@@ -826,14 +847,14 @@ impl RunArgs {
                 .unwrap_or_else(|| dir.join("default.pem"));
             let mut render =
                 RenderOptions::new(dir.clone(), crt_list, default_certificate, socket.clone());
-            render.http_bind = self.http_bind.clone();
-            render.https_bind = self.https_bind.clone();
+            render.http_bind = haproxy_bind(&self.http_bind);
+            render.https_bind = haproxy_bind(&self.https_bind);
             render.spare_servers = self.haproxy_spare_servers;
             render.max_connections = self.haproxy_max_connections;
             render.threads = Some(self.haproxy_threads);
             render.tls = tls.clone();
             render.hard_stop_after = Some(self.haproxy_hard_stop_after);
-            render.health_bind = self.haproxy_health_bind.clone();
+            render.health_bind = self.haproxy_health_bind.as_deref().map(haproxy_bind);
             render.disable_http2 = self.disable_http2;
             render.default_destination_ca = self.default_destination_ca.clone().or_else(|| {
                 std::path::Path::new(SERVICE_CA_PATH)

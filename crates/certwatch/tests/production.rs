@@ -56,9 +56,14 @@ async fn edge_route(admin: &kube::Client, name: &str, host: &str) {
 /// A TLS handshake by `openssl s_client` with `args` to `127.0.0.1:port`: the leaf
 /// certificate presented, `None` when the handshake is refused.
 fn handshake(port: u16, sni: &str, args: &[&str]) -> Option<Vec<u8>> {
+    handshake_at("127.0.0.1", port, sni, args)
+}
+
+/// [`handshake`] to `host` (`127.0.0.1`, `[::1]`).
+fn handshake_at(host: &str, port: u16, sni: &str, args: &[&str]) -> Option<Vec<u8>> {
     let output = Command::new("openssl")
         .args(["s_client", "-connect"])
-        .arg(format!("127.0.0.1:{port}"))
+        .arg(format!("{host}:{port}"))
         .args(["-servername", sni])
         .args(args)
         .stdin(Stdio::null())
@@ -891,4 +896,97 @@ async fn the_sidecar_serves_through_the_shutdown_delay_and_then_stops_softly() {
             .stderr()
             .contains("SIGTERM: HAProxy serves for 1s more")
     );
+}
+
+/// `:PORT` listens on IPv6 and IPv4 (this host has IPv6: `::1` at least), for
+/// certwatch's endpoint and HAProxy's TLS listener; an explicit address on that
+/// address only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_alone_listens_on_both_families_and_an_address_on_that_one_only() {
+    assert!(
+        std::net::TcpListener::bind("[::1]:0").is_ok(),
+        "the test needs IPv6 on loopback"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
+    let admin = sim.client("admin").await;
+    edge_route(&admin, "policy", "policy.example").await;
+    let leaf = leaf_of(&admin, NS, "policy-tls").await;
+    let sni = "policy.example";
+    let start = |name: &str, listen: String, https: String, health: String| {
+        let root = dir.path().join(name);
+        std::fs::create_dir_all(&root).unwrap();
+        let config_dir = root.join("haproxy");
+        Certwatch::launch(
+            Launch::new(&sim.kubeconfig, &root.join("certs"), &root.join("log"))
+                .listen(&listen)
+                .env("CERTWATCH_HAPROXY_CONFIG_DIR", config_dir.to_str().unwrap())
+                .env("CERTWATCH_HTTP_BIND", &format!("127.0.0.1:{}", free_port()))
+                .env("CERTWATCH_HTTPS_BIND", &https)
+                .env("CERTWATCH_HAPROXY_HEALTH_BIND", &health)
+                .args(&["--haproxy-max-connections", "2000"]),
+        )
+    };
+    let get =
+        |addr: &str, path: &str| common::http_request(addr.parse().unwrap(), "GET", path, "").0;
+
+    let (probes, https, health) = (free_port(), free_port(), free_port());
+    let both = start(
+        "both",
+        format!(":{probes}"),
+        format!(":{https}"),
+        format!(":{health}"),
+    );
+    both.wait_ready().await;
+    for host in ["127.0.0.1", "[::1]"] {
+        assert_eq!(get(&format!("{host}:{probes}"), "/readyz"), 200, "{host}");
+        assert_eq!(get(&format!("{host}:{health}"), "/healthz"), 200, "{host}");
+        assert_eq!(
+            handshake_at(host, https, sni, TLS13).as_ref(),
+            Some(&leaf),
+            "{host}"
+        );
+    }
+
+    let (probes, https, health) = (free_port(), free_port(), free_port());
+    let v4 = start(
+        "v4",
+        format!("127.0.0.1:{probes}"),
+        format!("127.0.0.1:{https}"),
+        format!("127.0.0.1:{health}"),
+    );
+    v4.wait_ready().await;
+    assert_eq!(get(&format!("127.0.0.1:{probes}"), "/readyz"), 200);
+    assert_eq!(
+        get(&format!("[::1]:{probes}"), "/readyz"),
+        0,
+        "nothing on ::1"
+    );
+    assert_eq!(
+        get(&format!("[::1]:{health}"), "/healthz"),
+        0,
+        "nothing on ::1"
+    );
+    assert_eq!(handshake_at("[::1]", https, sni, TLS13), None);
+    assert_eq!(handshake(https, sni, TLS13).as_ref(), Some(&leaf));
+
+    let (probes, https) = (free_port(), free_port());
+    let v6 = start(
+        "v6",
+        format!("[::1]:{probes}"),
+        format!("[::1]:{https}"),
+        format!("[::1]:{}", free_port()),
+    );
+    v6.wait_ready().await;
+    assert_eq!(get(&format!("[::1]:{probes}"), "/readyz"), 200);
+    assert_eq!(
+        get(&format!("127.0.0.1:{probes}"), "/readyz"),
+        0,
+        "nothing on 127.0.0.1"
+    );
+    assert_eq!(
+        handshake_at("[::1]", https, sni, TLS13).as_ref(),
+        Some(&leaf)
+    );
+    assert_eq!(handshake(https, sni, TLS13), None);
 }

@@ -705,6 +705,13 @@ pub struct RunArgs {
         help_heading = "Routing"
     )]
     pub haproxy_health_bind: Option<String>,
+
+    /// HAProxy's public listeners (--http-bind, --https-bind) take connections only
+    /// with a PROXY protocol header (v1 or v2) from the load balancer in front, and
+    /// route with the client's address from it (X-Forwarded-For, Forwarded); a
+    /// connection without one is refused (the router's ROUTER_USE_PROXY_PROTOCOL).
+    #[arg(long, env = "CERTWATCH_PROXY_PROTOCOL", value_parser = boolish(), help_heading = "Routing")]
+    pub proxy_protocol: bool,
 }
 
 /// Where a pod's service account keeps the service CA bundle (OpenShift injects it).
@@ -855,6 +862,7 @@ impl RunArgs {
             render.tls = tls.clone();
             render.hard_stop_after = Some(self.haproxy_hard_stop_after);
             render.health_bind = self.haproxy_health_bind.as_deref().map(haproxy_bind);
+            render.proxy_protocol = self.proxy_protocol;
             render.disable_http2 = self.disable_http2;
             render.default_destination_ca = self.default_destination_ca.clone().or_else(|| {
                 std::path::Path::new(SERVICE_CA_PATH)

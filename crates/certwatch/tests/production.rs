@@ -453,10 +453,12 @@ fn ip(args: &[&str]) {
 
 impl NetNs {
     fn new() -> Self {
+        static MADE: AtomicUsize = AtomicUsize::new(0);
+        let k = MADE.fetch_add(1, Ordering::SeqCst);
         let pid = std::process::id();
-        let n = pid % 250 + 1;
-        let name = format!("cw-prod-{pid}");
-        let (outer, inner) = (format!("cwp{pid}h"), format!("cwp{pid}n"));
+        let n = (pid as usize * 4 + k) % 250 + 1;
+        let name = format!("cw-prod-{pid}-{k}");
+        let (outer, inner) = (format!("cwp{pid}h{k}"), format!("cwp{pid}n{k}"));
         let _ = Command::new("ip").args(["netns", "del", &name]).output();
         ip(&["netns", "add", &name]);
         let ns = Self {
@@ -524,6 +526,22 @@ impl Drop for Haproxy {
     }
 }
 
+/// A HAProxy inside `netns` answering every request on `addr` with 200 and
+/// `x-backend: <answer>` (a log-format expression).
+fn backend_in(netns: &NetNs, dir: &Path, addr: SocketAddr, answer: &str) -> Haproxy {
+    let config = dir.join("backend.cfg");
+    std::fs::write(
+        &config,
+        format!(
+            "global\n  maxconn 2000\ndefaults\n  mode http\n  timeout connect 5s\n  \
+             timeout client 30s\n  timeout server 30s\nfrontend web\n  bind {addr}\n  \
+             http-request return status 200 content-type text/plain string web hdr x-backend \"{answer}\"\n"
+        ),
+    )
+    .unwrap();
+    Haproxy::start(&config, Some(&netns.name))
+}
+
 /// Service `web` with one ready endpoint, `addr`.
 async fn web_service(admin: &kube::Client, addr: SocketAddr) {
     let service: Service = serde_json::from_value(serde_json::json!({
@@ -584,17 +602,7 @@ async fn a_rolling_restart_behind_a_load_balancer_checking_readyz_fails_no_reque
     let netns = NetNs::new();
     // The route's backend, inside the namespace.
     let backend_addr = SocketAddr::from((netns.inside, 8080));
-    let backend_config = dir.path().join("backend.cfg");
-    std::fs::write(
-        &backend_config,
-        format!(
-            "global\n  maxconn 2000\ndefaults\n  mode http\n  timeout connect 5s\n  \
-             timeout client 30s\n  timeout server 30s\nfrontend web\n  bind {backend_addr}\n  \
-             http-request return status 200 content-type text/plain string web hdr x-backend web\n"
-        ),
-    )
-    .unwrap();
-    let _backend = Haproxy::start(&backend_config, Some(&netns.name));
+    let _backend = backend_in(&netns, dir.path(), backend_addr, "web");
 
     let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
     let admin = sim.client("admin").await;
@@ -989,4 +997,106 @@ async fn a_port_alone_listens_on_both_families_and_an_address_on_that_one_only()
         Some(&leaf)
     );
     assert_eq!(handshake(https, sni, TLS13), None);
+}
+
+/// `--proxy-protocol`: the client's address from the PROXY header (v1 on the plain
+/// listener, v2 from a balancer in front of the TLS one) reaches the backend in
+/// `X-Forwarded-For` and `Forwarded`; a connection without the header gets no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_protocol_brings_the_clients_address_and_nothing_passes_without_it() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let netns = NetNs::new();
+    let backend_addr = SocketAddr::from((netns.inside, 8080));
+    let _backend = backend_in(
+        &netns,
+        dir.path(),
+        backend_addr,
+        "%[req.hdr(x-forwarded-for)]|%[req.hdr(forwarded)]",
+    );
+    let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
+    let admin = sim.client("admin").await;
+    web_service(&admin, backend_addr).await;
+    edge_route(&admin, "secure", "secure.example").await;
+    create_route_spec(
+        &admin,
+        NS,
+        "plain",
+        serde_json::json!({"host": "plain.example", "to": {"kind": "Service", "name": "web"}}),
+    )
+    .await;
+    let router = router(dir.path(), &sim, "proxied", &["--proxy-protocol"]).await;
+    let config = std::fs::read_to_string(router.config_dir.join("haproxy.cfg")).unwrap();
+    let http_port: u16 = config
+        .split_once("frontend public\n  bind 127.0.0.1:")
+        .and_then(|(_, rest)| rest.split_once(" accept-proxy\n"))
+        .map(|(port, _)| port.parse().unwrap())
+        .unwrap_or_else(|| panic!("no accept-proxy on the plain listener:\n{config}"));
+    assert!(
+        config.contains(&format!("bind 127.0.0.1:{} accept-proxy\n", router.https)),
+        "{config}"
+    );
+
+    // Plain HTTP with a PROXY v1 header naming another client.
+    let http = SocketAddr::from(([127, 0, 0, 1], http_port));
+    let answer = eventually_async("the plain route through the PROXY protocol", || async {
+        let mut stream = tokio::net::TcpStream::connect(http).await.ok()?;
+        let request = format!(
+            "PROXY TCP4 198.51.100.7 127.0.0.1 40000 {http_port}\r\n\
+             GET / HTTP/1.1\r\nHost: plain.example\r\nConnection: close\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.ok()?;
+        response
+            .lines()
+            .find_map(|line| line.strip_prefix("x-backend: ").map(str::to_owned))
+    })
+    .await;
+    assert_eq!(
+        answer,
+        "198.51.100.7|for=198.51.100.7;host=plain.example;proto=http"
+    );
+    // Without the header: no answer at all.
+    assert_eq!(
+        common::traffic::http_get(http, "plain.example", "/").await,
+        None
+    );
+
+    // TLS through a balancer that speaks PROXY v2 for a client it names itself.
+    let balancer_port = free_port();
+    let balancer_cfg = dir.path().join("balancer.cfg");
+    std::fs::write(
+        &balancer_cfg,
+        format!(
+            "defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  \
+             timeout server 30s\nfrontend lb\n  bind 127.0.0.1:{balancer_port}\n  \
+             tcp-request connection set-src ipv4(198.51.100.8)\n  default_backend replicas\n\
+             backend replicas\n  server r 127.0.0.1:{} send-proxy-v2\n",
+            router.https
+        ),
+    )
+    .unwrap();
+    let _balancer = Haproxy::start(&balancer_cfg, None);
+    let lb = SocketAddr::from(([127, 0, 0, 1], balancer_port));
+    let response = eventually_async("the TLS route through the balancer", || async {
+        https_get(lb, "secure.example", "/", false).await
+    })
+    .await;
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(
+        response.backend.as_deref(),
+        Some("198.51.100.8|for=198.51.100.8;host=secure.example;proto=https")
+    );
+    assert_eq!(
+        https_get(
+            SocketAddr::from(([127, 0, 0, 1], router.https)),
+            "secure.example",
+            "/",
+            false
+        )
+        .await,
+        None,
+        "TLS without the header"
+    );
 }

@@ -734,6 +734,7 @@ fn help_names_every_option_and_variable() {
         "termination-grace-period",
         "haproxy-hard-stop-after",
         "haproxy-health-bind",
+        "proxy-protocol",
     ] {
         assert!(
             help.contains(&format!("--{flag}")),

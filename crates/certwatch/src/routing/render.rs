@@ -96,6 +96,10 @@ pub struct RenderOptions {
     /// Where HAProxy answers `GET /healthz` itself (`monitor-uri`), for a liveness
     /// probe of the HAProxy process; `None`: nowhere.
     pub health_bind: Option<String>,
+    /// The public listeners take connections only with a PROXY protocol header
+    /// (`accept-proxy`, the router's `ROUTER_USE_PROXY_PROTOCOL`): the client's
+    /// address is the header's.
+    pub proxy_protocol: bool,
 }
 
 impl RenderOptions {
@@ -125,6 +129,7 @@ impl RenderOptions {
             tls: TlsPolicy::default(),
             hard_stop_after: None,
             health_bind: None,
+            proxy_protocol: false,
         }
     }
 
@@ -485,9 +490,14 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
             "frontend healthz\n  bind {health}\n  mode http\n  monitor-uri /healthz\n"
         );
     }
+    let accept_proxy = if options.proxy_protocol {
+        " accept-proxy"
+    } else {
+        ""
+    };
     let _ = writeln!(
         out,
-        "frontend public\n  bind {http}\n  mode http\n  \
+        "frontend public\n  bind {http}{accept_proxy}\n  mode http\n  \
          tcp-request inspect-delay 5s\n  tcp-request content accept if HTTP\n",
         http = options.http_bind,
     );
@@ -502,7 +512,7 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
     );
     let _ = writeln!(
         out,
-        "frontend public_ssl\n  bind {https}\n  \
+        "frontend public_ssl\n  bind {https}{accept_proxy}\n  \
          tcp-request inspect-delay 5s\n  tcp-request content accept if {{ req_ssl_hello_type 1 }}\n  \
          acl sni req.ssl_sni -m found\n  \
          acl sni_passthrough req.ssl_sni,lower,map_reg({passthrough}) -m found\n  \

@@ -712,6 +712,13 @@ pub struct RunArgs {
     /// connection without one is refused (the router's ROUTER_USE_PROXY_PROTOCOL).
     #[arg(long, env = "CERTWATCH_PROXY_PROTOCOL", value_parser = boolish(), help_heading = "Routing")]
     pub proxy_protocol: bool,
+
+    /// One line per HTTP request on standard output, from the HAProxy certwatch
+    /// configures (HAProxy's httplog: client, frontend, the route's backend and
+    /// server, timings, status, bytes, termination state, request line); passthrough
+    /// connections are not logged. Off by default.
+    #[arg(long, env = "CERTWATCH_ACCESS_LOG", value_parser = boolish(), help_heading = "Routing")]
+    pub access_log: bool,
 }
 
 /// Where a pod's service account keeps the service CA bundle (OpenShift injects it).
@@ -863,6 +870,7 @@ impl RunArgs {
             render.hard_stop_after = Some(self.haproxy_hard_stop_after);
             render.health_bind = self.haproxy_health_bind.as_deref().map(haproxy_bind);
             render.proxy_protocol = self.proxy_protocol;
+            render.access_log = self.access_log;
             render.disable_http2 = self.disable_http2;
             render.default_destination_ca = self.default_destination_ca.clone().or_else(|| {
                 std::path::Path::new(SERVICE_CA_PATH)

@@ -1100,3 +1100,114 @@ async fn the_proxy_protocol_brings_the_clients_address_and_nothing_passes_withou
         "TLS without the header"
     );
 }
+
+/// `--access-log`: one line per HTTP request (plain, and TLS-terminated) on certwatch's
+/// standard output, naming the route's backend, with the status and request line;
+/// nothing without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_has_one_line_per_request_on_stdout_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let netns = NetNs::new();
+    let backend_addr = SocketAddr::from((netns.inside, 8080));
+    let _backend = backend_in(&netns, dir.path(), backend_addr, "web");
+    let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
+    let admin = sim.client("admin").await;
+    web_service(&admin, backend_addr).await;
+    edge_route(&admin, "secure", "secure.example").await;
+    create_route_spec(
+        &admin,
+        NS,
+        "plain",
+        serde_json::json!({"host": "plain.example", "to": {"kind": "Service", "name": "web"}}),
+    )
+    .await;
+    let sim = &sim;
+    let start = |name: &str, log: bool| {
+        let name = name.to_owned();
+        let root = dir.path().join(&name);
+        async move {
+            router_on(
+                &root,
+                sim,
+                &name,
+                free_port(),
+                free_port(),
+                if log { &["--access-log"][..] } else { &[][..] },
+                Launch::json,
+            )
+            .await
+        }
+    };
+    let logged = start("logged", true).await;
+    let stdout = logged.certwatch.log.with_extension("stdout");
+    // The plain listener router_on chose.
+    let config = std::fs::read_to_string(logged.config_dir.join("haproxy.cfg")).unwrap();
+    let http_port: u16 = config
+        .split_once("frontend public\n  bind 127.0.0.1:")
+        .and_then(|(_, rest)| rest.split_once('\n'))
+        .map(|(port, _)| port.parse().unwrap())
+        .unwrap();
+    let http = SocketAddr::from(([127, 0, 0, 1], http_port));
+    let https = SocketAddr::from(([127, 0, 0, 1], logged.https));
+    for _ in 0..3 {
+        let response = eventually_async("the plain route", || async {
+            common::traffic::http_get(http, "plain.example", "/plain")
+                .await
+                .filter(|response| response.status == 200)
+        })
+        .await;
+        assert_eq!(response.backend.as_deref(), Some("web"));
+    }
+    for _ in 0..2 {
+        let response = https_get(https, "secure.example", "/secure", false)
+            .await
+            .unwrap();
+        assert_eq!(response.status, 200);
+    }
+    let lines = |text: &str, needle: &str| text.lines().filter(|l| l.contains(needle)).count();
+    let text = eventually("the requests' lines", || {
+        let text = std::fs::read_to_string(&stdout).unwrap_or_default();
+        (lines(&text, "GET /secure") == 2).then_some(text)
+    })
+    .await;
+    let plain: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("\"GET /plain HTTP/1.1\""))
+        .collect();
+    assert_eq!(plain.len(), 3, "{text}");
+    assert!(
+        plain
+            .iter()
+            .all(|line| line.contains("be_http:app-0:plain") && line.contains(" 200 ")),
+        "{text}"
+    );
+    let secure: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("\"GET /secure HTTP/1.1\""))
+        .collect();
+    assert!(
+        secure
+            .iter()
+            .all(|line| line.contains("be_edge_http:app-0:secure") && line.contains(" 200 ")),
+        "{text}"
+    );
+    // Nothing else is an access line (the start-up line is a JSON log event's).
+    assert_eq!(lines(&text, "HTTP/1.1\""), 5, "{text}");
+
+    // Off by default: HAProxy logs nothing.
+    let quiet = start("quiet", false).await;
+    let config = std::fs::read_to_string(quiet.config_dir.join("haproxy.cfg")).unwrap();
+    assert!(!config.contains("  log "), "{config}");
+    let response = https_get(
+        SocketAddr::from(([127, 0, 0, 1], quiet.https)),
+        "secure.example",
+        "/secure",
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status, 200);
+    let quiet_stdout =
+        std::fs::read_to_string(quiet.certwatch.log.with_extension("stdout")).unwrap_or_default();
+    assert_eq!(lines(&quiet_stdout, "HTTP/1.1\""), 0, "{quiet_stdout}");
+}

@@ -735,6 +735,7 @@ fn help_names_every_option_and_variable() {
         "haproxy-hard-stop-after",
         "haproxy-health-bind",
         "proxy-protocol",
+        "access-log",
     ] {
         assert!(
             help.contains(&format!("--{flag}")),

@@ -100,6 +100,10 @@ pub struct RenderOptions {
     /// (`accept-proxy`, the router's `ROUTER_USE_PROXY_PROTOCOL`): the client's
     /// address is the header's.
     pub proxy_protocol: bool,
+    /// One line per HTTP request on HAProxy's standard output (`option httplog`:
+    /// client, frontend, the route's backend and server, timings, status, bytes,
+    /// termination state, request line).
+    pub access_log: bool,
 }
 
 impl RenderOptions {
@@ -130,6 +134,7 @@ impl RenderOptions {
             hard_stop_after: None,
             health_bind: None,
             proxy_protocol: false,
+            access_log: false,
         }
     }
 
@@ -461,6 +466,9 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
     if let Some(threads) = options.threads {
         let _ = writeln!(out, "  nbthread {threads}");
     }
+    if options.access_log {
+        out.push_str("  log stdout format raw local0 info\n");
+    }
     if let Some(after) = options.hard_stop_after {
         let _ = writeln!(out, "  hard-stop-after {}ms", after.as_millis().max(1));
     }
@@ -490,6 +498,13 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
             "frontend healthz\n  bind {health}\n  mode http\n  monitor-uri /healthz\n"
         );
     }
+    // Requests are logged where HTTP is: the plain frontend and the TLS-terminating
+    // ones (the TCP frontend in front of them would log each request a second time).
+    let log = if options.access_log {
+        "  log global\n  option httplog\n"
+    } else {
+        ""
+    };
     let accept_proxy = if options.proxy_protocol {
         " accept-proxy"
     } else {
@@ -497,7 +512,7 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
     };
     let _ = writeln!(
         out,
-        "frontend public\n  bind {http}{accept_proxy}\n  mode http\n  \
+        "frontend public\n  bind {http}{accept_proxy}\n  mode http\n{log}  \
          tcp-request inspect-delay 5s\n  tcp-request content accept if HTTP\n",
         http = options.http_bind,
     );
@@ -532,7 +547,10 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
         let _ = writeln!(
             out,
             "backend be_{name}\n  server fe_{name} unix@{socket} weight 1 send-proxy\n\n\
-             frontend fe_{name}\n  bind unix@{socket} ssl crt {default}{crt_list} accept-proxy\n  mode http",
+             frontend fe_{name}\n  bind unix@{socket} ssl crt {default}{crt_list} accept-proxy\n  mode http{fe_log}",
+            fe_log = log
+                .trim_end_matches('\n')
+                .replace("  log global", "\n  log global"),
             socket = socket.display(),
             default = options.default_certificate.display(),
         );

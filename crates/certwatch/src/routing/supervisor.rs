@@ -74,8 +74,9 @@ pub enum ProcessError {
 }
 
 impl HaproxyProcess {
-    /// Starts `binary` on `config`.
-    pub fn start(binary: &Path, config: &Path) -> Result<Self, ProcessError> {
+    /// Starts `binary` on `config`; with `access_log`, HAProxy's standard output (where
+    /// its configuration sends the access log) is certwatch's own, line for line.
+    pub fn start(binary: &Path, config: &Path, access_log: bool) -> Result<Self, ProcessError> {
         let pid_file = config.with_file_name("haproxy.pid");
         let _ = std::fs::remove_file(&pid_file);
         let mut child = Command::new("sh")
@@ -91,7 +92,11 @@ impl HaproxyProcess {
                 config.with_file_name(super::render::OPENSSL_CONF_FILE),
             )
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
+            .stdout(if access_log {
+                Stdio::inherit()
+            } else {
+                Stdio::piped()
+            })
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|source| ProcessError::Spawn {

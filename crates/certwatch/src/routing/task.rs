@@ -476,10 +476,12 @@ impl Worker {
         let previous = self.instance;
         let result = match &mut self.process {
             Some(process) => process.reload().map(|()| "reloaded"),
-            None => HaproxyProcess::start(&binary, &config).map(|process| {
-                self.process = Some(process);
-                "started"
-            }),
+            None => HaproxyProcess::start(&binary, &config, self.options.render.access_log).map(
+                |process| {
+                    self.process = Some(process);
+                    "started"
+                },
+            ),
         };
         let what = match result {
             Ok(what) => what,

@@ -871,6 +871,10 @@ impl RunArgs {
             render.health_bind = self.haproxy_health_bind.as_deref().map(haproxy_bind);
             render.proxy_protocol = self.proxy_protocol;
             render.access_log = self.access_log;
+            // HAProxy's own series go to the scrapers the metrics endpoint authorizes.
+            render.metrics_socket = self
+                .metrics_listen
+                .map(|_| dir.join("run").join("haproxy-metrics.sock"));
             render.disable_http2 = self.disable_http2;
             render.default_destination_ca = self.default_destination_ca.clone().or_else(|| {
                 std::path::Path::new(SERVICE_CA_PATH)
@@ -909,6 +913,10 @@ impl RunArgs {
                 .map(|(cert, key)| CertFiles { cert, key }),
             cache_ttl: self.metrics_auth_cache_ttl,
             tls: tls.clone(),
+            haproxy_metrics: options
+                .routing
+                .as_ref()
+                .and_then(|routing| routing.render.metrics_socket.clone()),
             ..SecureMetricsOptions::new(listen)
         });
         options.unauthenticated_metrics = self.metrics_unauthenticated;

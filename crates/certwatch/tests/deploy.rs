@@ -298,6 +298,12 @@ fn monitoring_and_network_policy_fit_together() {
         .unwrap()["spec"]["template"]["spec"];
     let monitor = documents("base/servicemonitor.yaml").remove(0);
     let endpoint = &monitor["spec"]["endpoints"][0];
+    // HAProxy's series: the same endpoint, scraped the same way, on its own path.
+    let haproxy = &monitor["spec"]["endpoints"][1];
+    assert_eq!(haproxy["path"], "/metrics/haproxy");
+    for field in ["port", "scheme", "authorization", "tlsConfig"] {
+        assert_eq!(haproxy[field], endpoint[field], "{field}");
+    }
     assert_eq!(endpoint["scheme"], "https");
     assert!(endpoint["honorLabels"].is_null() || endpoint["honorLabels"] == false);
     let port = service["spec"]["ports"]

@@ -104,6 +104,9 @@ pub struct RenderOptions {
     /// client, frontend, the route's backend and server, timings, status, bytes,
     /// termination state, request line).
     pub access_log: bool,
+    /// Where HAProxy's Prometheus exporter answers (a unix socket, mode 600);
+    /// `None`: no exporter.
+    pub metrics_socket: Option<PathBuf>,
 }
 
 impl RenderOptions {
@@ -135,6 +138,7 @@ impl RenderOptions {
             health_bind: None,
             proxy_protocol: false,
             access_log: false,
+            metrics_socket: None,
         }
     }
 
@@ -492,6 +496,14 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
         e503 = dir.join(ERROR_PAGES[0].0).display(),
         e404 = dir.join(ERROR_PAGES[1].0).display(),
     );
+    if let Some(socket) = &options.metrics_socket {
+        let _ = writeln!(
+            out,
+            "frontend prometheus\n  bind unix@{} mode 600\n  mode http\n  \
+             http-request use-service prometheus-exporter\n",
+            socket.display()
+        );
+    }
     if let Some(health) = &options.health_bind {
         let _ = writeln!(
             out,

@@ -304,6 +304,17 @@ fn monitoring_and_network_policy_fit_together() {
     for field in ["port", "scheme", "authorization", "tlsConfig"] {
         assert_eq!(haproxy[field], endpoint[field], "{field}");
     }
+    // Its own job, as the HAProxy alerts name it.
+    assert_eq!(haproxy["relabelings"][0]["targetLabel"], "job");
+    assert_eq!(
+        haproxy["relabelings"][0]["replacement"],
+        "certwatch-haproxy"
+    );
+    let rules = std::fs::read_to_string(deploy_dir().join("base/prometheusrule.yaml")).unwrap();
+    assert!(
+        rules.contains("up{job=\"certwatch-haproxy\"} == 0"),
+        "{rules}"
+    );
     assert_eq!(endpoint["scheme"], "https");
     assert!(endpoint["honorLabels"].is_null() || endpoint["honorLabels"] == false);
     let port = service["spec"]["ports"]

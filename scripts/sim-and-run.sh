@@ -32,7 +32,7 @@ start_sim_and_run() {
 
     started=$(date +%s.%N)
     "$certwatch" run --kubeconfig "$work/kubeconfig" --cert-dir "$certs" \
-        --listen "127.0.0.1:$http_port" --progress off >"$work/run.log" 2>&1 &
+        --listen "127.0.0.1:$http_port" --shutdown-delay 0s --progress off >"$work/run.log" 2>&1 &
     run_pid=$!
     until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http_port/readyz")" = 200 ]; do
         kill -0 "$run_pid" || { echo "certwatch run exited; log: $work/run.log" >&2; exit 1; }

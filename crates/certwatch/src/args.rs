@@ -18,6 +18,7 @@ use crate::reload::ReloadOptions;
 use crate::routing::{RenderOptions, RoutingOptions};
 use crate::secure_metrics::SecureMetricsOptions;
 use crate::secure_metrics::tls::CertFiles;
+use crate::tls_policy::{TlsPolicy, TlsPolicyError, TlsProfile, TlsVersion};
 use route_secrets::api::route_watch::RouteScope;
 
 fn duration_arg(text: &str) -> Result<Duration, kube_common::DurationParseError> {
@@ -49,11 +50,21 @@ enum ListenError {
     NoAddress(String),
 }
 
+/// Whether this host has IPv6 (an address on some interface, loopback included): then
+/// `:PORT` listens on both families.
+pub fn host_has_ipv6() -> bool {
+    std::fs::read_to_string("/proc/net/if_inet6").is_ok_and(|text| !text.trim().is_empty())
+}
+
 /// An address to listen on: `HOST:PORT` with an IP or a name (`localhost:9090`), or
-/// `:PORT` for every interface, as Go programs (and so Kubernetes components) accept.
+/// `:PORT` for every interface, as Go programs (and so Kubernetes components) accept:
+/// both families where the host has IPv6 (`[::]:PORT`, which takes IPv4 clients too
+/// unless the host's `net.ipv6.bindv6only` is set), IPv4 only elsewhere. An explicit
+/// address listens on that address only.
 fn listen_arg(text: &str) -> Result<SocketAddr, ListenError> {
     use std::net::ToSocketAddrs;
     let spelled = match text.strip_prefix(':') {
+        Some(port) if host_has_ipv6() => format!("[::]:{port}"),
         Some(port) => format!("0.0.0.0:{port}"),
         None => text.to_owned(),
     };
@@ -61,6 +72,15 @@ fn listen_arg(text: &str) -> Result<SocketAddr, ListenError> {
     addresses
         .next()
         .ok_or_else(|| ListenError::NoAddress(text.to_owned()))
+}
+
+/// A HAProxy `bind` address: `:PORT` on both families where the host has IPv6
+/// (`:::PORT v4v6`), anything else as given.
+fn haproxy_bind(spec: &str) -> String {
+    match spec.strip_prefix(':') {
+        Some(port) if !port.contains(':') && host_has_ipv6() => format!(":::{port} v4v6"),
+        _ => spec.to_owned(),
+    }
 }
 
 /// Boolean flags also read `1`/`0`, `yes`/`no`, `on`/`off` from their variable.
@@ -136,9 +156,10 @@ through its runtime API (--haproxy-socket), without a reload.\n\n\
 Connects through the usual Kubernetes configuration (--kubeconfig/--context, $KUBECONFIG, \
 ~/.kube/config, or the in-cluster service account). Every option can also be set through the CERTWATCH_* variable shown.",
     after_long_help = "Endpoints (--listen): /healthz (200 while the process runs), /readyz (200 once \
-every route present at start-up is admitted or rejected and its files are written; 503 before), \
-/metrics (Prometheus text format; with --metrics-listen on that address instead, over HTTPS, for \
-bearer tokens the API server authorizes to get /metrics).\n\n\
+every route present at start-up is admitted or rejected and its files are written; 503 before, \
+and from the first SIGTERM on). /metrics (Prometheus text format) only with --metrics-listen, over \
+HTTPS, for bearer tokens the API server authorizes to get /metrics, or on --listen to anyone with \
+--metrics-unauthenticated.\n\n\
 Examples:\n  certwatch run --cert-dir /var/lib/certwatch --haproxy-socket /run/haproxy/admin.sock\n  \
 certwatch run --namespace-selector router=public --route-selector shard=a --cert-dir /certs \\\n      \
 --reload-command 'systemctl reload haproxy'\n\n\
@@ -324,14 +345,15 @@ pub struct RunArgs {
     #[arg(long, env = "CERTWATCH_DISABLE_HTTP2", value_parser = boolish(), help_heading = "HAProxy")]
     pub disable_http2: bool,
 
-    /// Address of the plain HTTP endpoint: /healthz, /readyz, and /metrics unless
-    /// --metrics-listen is set. HOST:PORT, or :PORT for every interface.
+    /// Address of the plain HTTP endpoint: /healthz, /readyz (and /metrics with
+    /// --metrics-unauthenticated). HOST:PORT, or :PORT for every interface (IPv6 and
+    /// IPv4 where the host has IPv6).
     #[arg(
         long,
         env = "CERTWATCH_LISTEN",
         value_name = "ADDR",
         value_parser = listen_arg,
-        default_value = "0.0.0.0:9090",
+        default_value = ":9090",
         help_heading = "Output"
     )]
     pub listen: SocketAddr,
@@ -578,7 +600,8 @@ pub struct RunArgs {
     )]
     pub run_haproxy: bool,
 
-    /// Plain HTTP listener (the router's is :80; certwatch runs unprivileged).
+    /// Plain HTTP listener (the router's is :80; certwatch runs unprivileged). `:PORT`
+    /// listens on IPv6 and IPv4 where the host has IPv6; an address, on it only.
     #[arg(
         long,
         env = "CERTWATCH_HTTP_BIND",
@@ -588,7 +611,7 @@ pub struct RunArgs {
     )]
     pub http_bind: String,
 
-    /// TLS listener (the router's is :443).
+    /// TLS listener (the router's is :443); `:PORT` as --http-bind.
     #[arg(
         long,
         env = "CERTWATCH_HTTPS_BIND",
@@ -640,14 +663,110 @@ pub struct RunArgs {
     )]
     pub haproxy_max_connections: u32,
 
-    /// HAProxy's nbthread (default: HAProxy's own, one per CPU).
+    /// HAProxy's nbthread (the router's 4, whatever the node's CPUs).
     #[arg(
         long,
         env = "CERTWATCH_HAPROXY_THREADS",
         value_name = "N",
+        default_value_t = 4,
+        value_parser = clap::value_parser!(u32).range(1..=4096),
         help_heading = "Routing"
     )]
-    pub haproxy_threads: Option<u32>,
+    pub haproxy_threads: u32,
+
+    // Production traffic: the TLS policy, shutdown and draining, HAProxy's bounds, the
+    // metrics' exposure.
+    /// OpenShift's TLS security profile for every TLS listener (HAProxy's and the
+    /// metrics endpoint): old (TLS 1.0+, CBC and 3DES too), intermediate (TLS 1.2+,
+    /// AEAD only), modern (TLS 1.3 only).
+    #[arg(
+        long,
+        env = "CERTWATCH_TLS_PROFILE",
+        value_enum,
+        default_value_t,
+        help_heading = "TLS policy"
+    )]
+    pub tls_profile: TlsProfile,
+
+    /// TLS 1.2 and older ciphers instead of the profile's (an OpenSSL cipher list,
+    /// e.g. `ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256`; the router's
+    /// ROUTER_CIPHERS).
+    #[arg(
+        long,
+        env = "CERTWATCH_TLS_CIPHERS",
+        value_name = "LIST",
+        help_heading = "TLS policy"
+    )]
+    pub tls_ciphers: Option<String>,
+
+    /// TLS 1.3 suites instead of the profile's (e.g.
+    /// `TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384`; the router's
+    /// ROUTER_CIPHERSUITES).
+    #[arg(
+        long,
+        env = "CERTWATCH_TLS_CIPHERSUITES",
+        value_name = "LIST",
+        help_heading = "TLS policy"
+    )]
+    pub tls_ciphersuites: Option<String>,
+
+    /// The lowest TLS version instead of the profile's (the router's SSL_MIN_VERSION).
+    #[arg(
+        long,
+        env = "CERTWATCH_TLS_MIN_VERSION",
+        value_enum,
+        help_heading = "TLS policy"
+    )]
+    pub tls_min_version: Option<TlsVersion>,
+
+    /// Serve /metrics on --listen without authentication when there is no
+    /// --metrics-listen (for development on a loopback address: the metrics name
+    /// every tenant's namespaces, routes and secrets). Off: /metrics is only served
+    /// by --metrics-listen. Ignored with --metrics-listen.
+    #[arg(long, env = "CERTWATCH_METRICS_UNAUTHENTICATED", value_parser = boolish(), help_heading = "Metrics")]
+    pub metrics_unauthenticated: bool,
+
+    /// On SIGTERM, /readyz answers 503 at once and HAProxy keeps serving this long
+    /// (while endpoints and load balancers take the replica out), then stops softly;
+    /// a second SIGTERM or SIGINT stops at once (the router's
+    /// ROUTER_GRACEFUL_SHUTDOWN_DELAY).
+    #[arg(long, env = "CERTWATCH_SHUTDOWN_DELAY", value_name = "D", value_parser = duration_arg, default_value = "45s", help_heading = "Shutdown")]
+    pub shutdown_delay: Duration,
+
+    /// The grace period certwatch runs under (the pod's
+    /// terminationGracePeriodSeconds): a --shutdown-delay that does not fit in it is
+    /// refused at start.
+    #[arg(long, env = "CERTWATCH_TERMINATION_GRACE_PERIOD", value_name = "D", value_parser = duration_arg, help_heading = "Shutdown")]
+    pub termination_grace_period: Option<Duration>,
+
+    /// How long HAProxy's old workers may finish their connections after a reload or
+    /// a soft stop before they are stopped (HAProxy's hard-stop-after).
+    #[arg(long, env = "CERTWATCH_HAPROXY_HARD_STOP_AFTER", value_name = "D", value_parser = duration_arg, default_value = "1h", help_heading = "Shutdown")]
+    pub haproxy_hard_stop_after: Duration,
+
+    /// Where HAProxy itself answers `GET /healthz` with 200 (its `monitor-uri`), for a
+    /// liveness probe of the HAProxy process (the router's is :1936); default: nowhere.
+    #[arg(
+        long,
+        env = "CERTWATCH_HAPROXY_HEALTH_BIND",
+        value_name = "ADDR",
+        help_heading = "Routing"
+    )]
+    pub haproxy_health_bind: Option<String>,
+
+    /// HAProxy's public listeners (--http-bind, --https-bind) take connections only
+    /// with a PROXY protocol header (v1 or v2) from the load balancer in front, and
+    /// route with the client's address from it (X-Forwarded-For, Forwarded); a
+    /// connection without one is refused (the router's ROUTER_USE_PROXY_PROTOCOL).
+    #[arg(long, env = "CERTWATCH_PROXY_PROTOCOL", value_parser = boolish(), help_heading = "Routing")]
+    pub proxy_protocol: bool,
+
+    /// One line per HTTP request on standard output, from the HAProxy certwatch
+    /// configures (HAProxy's httplog: client, frontend, the route's backend and
+    /// server, timings, status, bytes, termination state, request line); passthrough
+    /// connections are not logged. Off by default.
+    #[arg(long, env = "CERTWATCH_ACCESS_LOG", value_parser = boolish(), help_heading = "Routing")]
+    pub access_log: bool,
 }
 
 /// Where a pod's service account keeps the service CA bundle (OpenShift injects it).
@@ -689,6 +808,22 @@ pub enum ArgsError {
          in DIR/run/master.sock)"
     )]
     MasterSocketOfManagedRouting,
+    /// The TLS policy's flags are refused.
+    #[error(transparent)]
+    TlsPolicy(#[from] TlsPolicyError),
+    /// The shutdown delay does not fit in the grace period.
+    #[error(
+        "--shutdown-delay {delay:?} does not fit in the termination grace period \
+         ({grace:?}, --termination-grace-period): the process would be killed while \
+         still serving; shorten --shutdown-delay or lengthen the pod's \
+         terminationGracePeriodSeconds (and --termination-grace-period with it)"
+    )]
+    ShutdownDelay {
+        /// `--shutdown-delay`.
+        delay: Duration,
+        /// `--termination-grace-period`.
+        grace: Duration,
+    },
 }
 
 impl RunArgs {
@@ -721,6 +856,15 @@ impl RunArgs {
             ApiProtocol::Http1 => kube_h2::Protocol::Http1Only,
             ApiProtocol::Http2 => kube_h2::Protocol::Http2Only,
         };
+        let tls = self.tls_policy()?;
+        if let Some(grace) = self.termination_grace_period
+            && self.shutdown_delay >= grace
+        {
+            return Err(ArgsError::ShutdownDelay {
+                delay: self.shutdown_delay,
+                grace,
+            });
+        }
         let mut options = DaemonOptions::new(self.cert_dir.clone());
         options.scope = RouteScope {
             namespaces: self.namespace.clone(),
@@ -765,11 +909,20 @@ impl RunArgs {
                 .unwrap_or_else(|| dir.join("default.pem"));
             let mut render =
                 RenderOptions::new(dir.clone(), crt_list, default_certificate, socket.clone());
-            render.http_bind = self.http_bind.clone();
-            render.https_bind = self.https_bind.clone();
+            render.http_bind = haproxy_bind(&self.http_bind);
+            render.https_bind = haproxy_bind(&self.https_bind);
             render.spare_servers = self.haproxy_spare_servers;
             render.max_connections = self.haproxy_max_connections;
-            render.threads = self.haproxy_threads;
+            render.threads = Some(self.haproxy_threads);
+            render.tls = tls.clone();
+            render.hard_stop_after = Some(self.haproxy_hard_stop_after);
+            render.health_bind = self.haproxy_health_bind.as_deref().map(haproxy_bind);
+            render.proxy_protocol = self.proxy_protocol;
+            render.access_log = self.access_log;
+            // HAProxy's own series go to the scrapers the metrics endpoint authorizes.
+            render.metrics_socket = self
+                .metrics_listen
+                .map(|_| dir.join("run").join("haproxy-metrics.sock"));
             render.disable_http2 = self.disable_http2;
             render.header_case_adjustments = self
                 .http_header_name_case_adjustments
@@ -812,8 +965,14 @@ impl RunArgs {
                 .zip(self.metrics_tls_key.clone())
                 .map(|(cert, key)| CertFiles { cert, key }),
             cache_ttl: self.metrics_auth_cache_ttl,
+            tls: tls.clone(),
+            haproxy_metrics: options
+                .routing
+                .as_ref()
+                .and_then(|routing| routing.render.metrics_socket.clone()),
             ..SecureMetricsOptions::new(listen)
         });
+        options.unauthenticated_metrics = self.metrics_unauthenticated;
         options.router_name = self.router_name.clone();
         options.write_status = self.write_status;
         options.access_policy = access_policy;
@@ -835,6 +994,22 @@ impl RunArgs {
         options.progress = self.progress;
         options.leader_election = self.leader_election()?;
         Ok(options)
+    }
+
+    /// The TLS policy the flags describe (checked for HAProxy's configuration and
+    /// rustls, not yet against HAProxy: see [`TlsPolicy::check_with_haproxy`]).
+    pub fn tls_policy(&self) -> Result<TlsPolicy, TlsPolicyError> {
+        let policy = TlsPolicy::new(
+            self.tls_profile,
+            self.tls_ciphers.as_deref(),
+            self.tls_ciphersuites.as_deref(),
+            self.tls_min_version,
+        )?;
+        // The metrics endpoint needs a suite rustls has.
+        if self.metrics_listen.is_some() {
+            policy.rustls()?;
+        }
+        Ok(policy)
     }
 
     /// The election of one status writer, if it is on (`--write-status` and

@@ -12,6 +12,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -80,6 +81,9 @@ pub struct DaemonOptions {
     pub listen: Option<SocketAddr>,
     /// `/metrics` over HTTPS for authorized scrapers only, instead of on `listen`.
     pub secure_metrics: Option<SecureMetricsOptions>,
+    /// Without `secure_metrics`: serve `/metrics` on `listen` to anyone (off: no
+    /// metrics endpoint at all; the metrics name every tenant's routes and secrets).
+    pub unauthenticated_metrics: bool,
     /// Router name of the `status.ingress[]` entry.
     pub router_name: String,
     /// Record admissions and rejections in route status.
@@ -134,6 +138,7 @@ impl DaemonOptions {
             crt_list: CrtListOptions::default(),
             listen: None,
             secure_metrics: None,
+            unauthenticated_metrics: false,
             router_name: "certwatch".to_owned(),
             write_status: false,
             status_concurrency: 20,
@@ -237,6 +242,8 @@ pub struct Daemon {
     cert_dir: PathBuf,
     http_addr: Option<SocketAddr>,
     secure_metrics: Option<SecureMetrics>,
+    /// Set when the daemon is told to stop soon: `/readyz` answers 503 from then on.
+    draining: Arc<AtomicBool>,
     shutdown: CancellationToken,
     /// Ends with an error when the route watch was refused for good (e.g. an invalid
     /// route selector).
@@ -408,6 +415,7 @@ impl Parts {
             elector,
         } = self;
         let shutdown = CancellationToken::new();
+        let draining = Arc::new(AtomicBool::new(false));
         let (status_sender, status) = watch::channel(DaemonStatus::default());
         // The endpoints come first: binding them is what can still fail, and nothing
         // runs yet that a failure would leave behind.
@@ -416,7 +424,10 @@ impl Parts {
             secure_metrics,
             http_addr,
             http,
-        } = Endpoints::serve(options, &client, &metrics, refresh, &status, &shutdown).await?;
+        } = Endpoints::serve(
+            options, &client, &metrics, refresh, &status, &draining, &shutdown,
+        )
+        .await?;
 
         // Whether the server serves streaming lists is asked once, with the routes'
         // own collection (which this identity lists anyway; the name exists nowhere),
@@ -488,6 +499,7 @@ impl Parts {
             cert_dir: cert_dir_path,
             http_addr,
             secure_metrics,
+            draining,
             shutdown,
             pipeline,
             outputs,
@@ -516,6 +528,7 @@ impl Endpoints {
         metrics: &Arc<Metrics>,
         refresh: impl Fn() -> http::Refresh,
         status: &watch::Receiver<DaemonStatus>,
+        draining: &Arc<AtomicBool>,
         shutdown: &CancellationToken,
     ) -> Result<Self, DaemonError> {
         let secure_metrics = match &options.secure_metrics {
@@ -536,8 +549,9 @@ impl Endpoints {
                 let (local, task) = http::serve(
                     addr,
                     Arc::clone(metrics),
-                    secure_metrics.is_none(),
+                    secure_metrics.is_none() && options.unauthenticated_metrics,
                     status.clone(),
+                    Arc::clone(draining),
                     refresh(),
                     shutdown.clone(),
                 )
@@ -752,6 +766,12 @@ impl Daemon {
     /// Secrets watched, and how many finished their first sync.
     pub fn secret_counts(&self) -> (usize, usize) {
         secret_counts(&self.manager)
+    }
+
+    /// From now on `/readyz` answers 503 (the process is about to stop: load balancers
+    /// and endpoints take this replica out) while everything keeps serving.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// Stops the watches, finishes the writes in progress, a pending reload and the

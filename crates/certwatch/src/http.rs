@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::State;
@@ -32,15 +33,18 @@ struct AppState {
     metrics: Arc<Metrics>,
     status: watch::Receiver<DaemonStatus>,
     refresh: Refresh,
+    /// Set once the process is stopping: not ready from then on.
+    draining: Arc<AtomicBool>,
 }
 
 /// Binds `addr` and serves until `shutdown` is cancelled; `/metrics` only with
-/// `with_metrics`.
+/// `with_metrics`; `/readyz` answers 503 once `draining` is set.
 pub(crate) async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     with_metrics: bool,
     status: watch::Receiver<DaemonStatus>,
+    draining: Arc<AtomicBool>,
     refresh: Refresh,
     shutdown: CancellationToken,
 ) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
@@ -56,6 +60,7 @@ pub(crate) async fn serve(
         metrics,
         status,
         refresh,
+        draining,
     });
     // Idle and slow clients cannot starve the probes (see `crate::listener`).
     let task = tokio::spawn(crate::listener::serve(
@@ -75,7 +80,13 @@ async fn healthz() -> &'static str {
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     let status = *state.status.borrow();
     let progress = status.readiness;
-    if status.ready {
+    if state.draining.load(Ordering::Relaxed) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: stopping (SIGTERM); still serving until the shutdown delay ends\n"
+                .to_owned(),
+        )
+    } else if status.ready {
         (
             StatusCode::OK,
             format!(

@@ -60,6 +60,7 @@ pub mod routing;
 pub mod secure_metrics;
 pub mod signals;
 mod throttle;
+pub mod tls_policy;
 
 pub use args::RunArgs;
 pub use cli::RunError;

@@ -1,4 +1,5 @@
-//! Signals: SIGTERM and SIGINT stop the daemon; SIGHUP re-synchronises its outputs.
+//! Signals: SIGTERM and SIGINT stop the daemon (after the shutdown delay; a second one
+//! at once); SIGHUP re-synchronises its outputs.
 //!
 //! SIGHUP's default action ends a process (status 129), and daemons are sent it by
 //! tools that mean "reload". certwatch reads no configuration file, so it takes SIGHUP
@@ -15,18 +16,38 @@ pub fn hangups() -> std::io::Result<Signal> {
     signal(SignalKind::hangup())
 }
 
-/// Returns when the process receives SIGTERM or SIGINT (Ctrl-C).
-pub async fn terminate() {
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+/// SIGTERM and SIGINT, each one received from the moment this is made (the first
+/// starts the shutdown delay, a second one stops at once).
+pub struct Stops {
+    term: Option<Signal>,
+    int: Signal,
+}
+
+impl Stops {
+    /// Installs the handlers; without a SIGTERM handler only SIGINT is heard.
+    pub fn new() -> std::io::Result<Self> {
+        let int = signal(SignalKind::interrupt())?;
+        let term = match signal(SignalKind::terminate()) {
+            Ok(term) => Some(term),
+            Err(error) => {
+                warn!(%error, "cannot listen for SIGTERM; only SIGINT stops certwatch");
+                None
             }
-        }
-        Err(error) => {
-            warn!(%error, "cannot listen for SIGTERM; only SIGINT stops certwatch");
-            let _ = tokio::signal::ctrl_c().await;
+        };
+        Ok(Self { term, int })
+    }
+
+    /// Returns at the next SIGTERM or SIGINT, with the signal's name.
+    pub async fn next(&mut self) -> &'static str {
+        match &mut self.term {
+            Some(term) => tokio::select! {
+                _ = self.int.recv() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            },
+            None => {
+                let _ = self.int.recv().await;
+                "SIGINT"
+            }
         }
     }
 }

@@ -51,6 +51,8 @@ fn manifests_parse_and_match_the_daemon() {
         .find(|doc| doc["kind"] == "Deployment")
         .unwrap();
     let pod = &deployment["spec"]["template"]["spec"];
+    // A new pod is taken in by load balancers before the next old one stops.
+    assert_eq!(deployment["spec"]["minReadySeconds"], 30);
     // restricted-v2 assigns the UID (a fixed one outside the namespace's range is
     // refused) and no fsGroup.
     for field in ["runAsUser", "runAsGroup", "fsGroup"] {
@@ -230,15 +232,42 @@ fn sidecar_runs_what_certwatch_renders(pod: &Value) {
     );
     let script = haproxy["args"][0].as_str().unwrap();
     let wait = format!(
-        "until [ -f {config_dir}/haproxy.cfg ] && [ -f {cert_dir}/crt-list ]; do sleep 1; done;"
+        "until [ -f {config_dir}/haproxy.cfg ] && [ -f {cert_dir}/crt-list ]; do sleep 1; done\n"
     );
     assert!(script.starts_with(&wait), "{script}");
     assert!(
-        script.ends_with(&format!(
-            "exec haproxy -W -db -S {master},mode,600 -f {config_dir}/haproxy.cfg"
+        script.contains(&format!(
+            "\nhaproxy -W -db -S {master},mode,600 -f {config_dir}/haproxy.cfg &\n"
         )),
         "{script}"
     );
+    // Stopping: the kubelet's SIGTERM starts the same delay in both containers, and
+    // the pod's grace period covers it and HAProxy's drain (tests/production.rs runs
+    // the script).
+    assert!(script.contains("trap drain TERM"), "{script}");
+    let seconds = |text: &str| kube_common::duration::parse(text).unwrap().as_secs();
+    let delay = seconds(&env(certwatch, "CERTWATCH_SHUTDOWN_DELAY"));
+    assert_eq!(env(haproxy, "SHUTDOWN_DELAY"), delay.to_string());
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+    assert_eq!(
+        seconds(&env(certwatch, "CERTWATCH_TERMINATION_GRACE_PERIOD")),
+        grace
+    );
+    let hard_stop = seconds(&env(certwatch, "CERTWATCH_HAPROXY_HARD_STOP_AFTER"));
+    assert!(
+        delay + hard_stop < grace,
+        "{delay} + {hard_stop} >= {grace}"
+    );
+    // HAProxy's liveness: its own /healthz, where certwatch's configuration puts it.
+    assert_eq!(env(certwatch, "CERTWATCH_HAPROXY_HEALTH_BIND"), ":1936");
+    assert_eq!(haproxy["livenessProbe"]["httpGet"]["path"], "/healthz");
+    let health_port = haproxy["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|port| port["name"] == haproxy["livenessProbe"]["httpGet"]["port"])
+        .unwrap();
+    assert_eq!(health_port["containerPort"], 1936);
     let kustomization = documents("base/kustomization.yaml");
     for resource in kustomization[0]["resources"].as_sequence().unwrap() {
         let file = format!("base/{}", resource.as_str().unwrap());
@@ -269,6 +298,23 @@ fn monitoring_and_network_policy_fit_together() {
         .unwrap()["spec"]["template"]["spec"];
     let monitor = documents("base/servicemonitor.yaml").remove(0);
     let endpoint = &monitor["spec"]["endpoints"][0];
+    // HAProxy's series: the same endpoint, scraped the same way, on its own path.
+    let haproxy = &monitor["spec"]["endpoints"][1];
+    assert_eq!(haproxy["path"], "/metrics/haproxy");
+    for field in ["port", "scheme", "authorization", "tlsConfig"] {
+        assert_eq!(haproxy[field], endpoint[field], "{field}");
+    }
+    // Its own job, as the HAProxy alerts name it.
+    assert_eq!(haproxy["relabelings"][0]["targetLabel"], "job");
+    assert_eq!(
+        haproxy["relabelings"][0]["replacement"],
+        "certwatch-haproxy"
+    );
+    let rules = std::fs::read_to_string(deploy_dir().join("base/prometheusrule.yaml")).unwrap();
+    assert!(
+        rules.contains("up{job=\"certwatch-haproxy\"} == 0"),
+        "{rules}"
+    );
     assert_eq!(endpoint["scheme"], "https");
     assert!(endpoint["honorLabels"].is_null() || endpoint["honorLabels"] == false);
     let port = service["spec"]["ports"]

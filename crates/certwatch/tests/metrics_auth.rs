@@ -153,3 +153,93 @@ async fn unauthenticated_and_unauthorized_scrapers_are_refused_an_authorized_one
     );
     assert_eq!(denied.terminate().code(), Some(0));
 }
+
+/// HAProxy's own series (`haproxy_frontend_*`, `haproxy_backend_*`, `haproxy_process_*`
+/// from its Prometheus exporter) beside certwatch's, on `/metrics/haproxy` of the same
+/// endpoint, to the same authorized scrapers only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxys_own_metrics_are_served_to_authorized_scrapers_only() {
+    let plane = ControlPlane::start().await.unwrap();
+    let admin = plane.admin_client().await.unwrap();
+    for file in ["namespace.yaml", "serviceaccount.yaml", "clusterrole.yaml"] {
+        let path = deploy_dir().join("base").join(file);
+        kubectl(
+            &plane,
+            &["apply", "--server-side", "-f", path.to_str().unwrap()],
+            None,
+        );
+    }
+    kubectl(
+        &plane,
+        &["apply", "--server-side", "-f", "-"],
+        Some(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: monitoring}\n---\n\
+             apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: prometheus, namespace: monitoring}\n---\n\
+             apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: intruder, namespace: monitoring}\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: metrics-reader}\n\
+             rules: [{nonResourceURLs: [/metrics], verbs: [get]}]\n---\n\
+             apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: prometheus-metrics-reader}\n\
+             roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: metrics-reader}\n\
+             subjects: [{kind: ServiceAccount, name: prometheus, namespace: monitoring}]\n",
+        ),
+    );
+    let certwatch_token = token_for(&admin, "certwatch", "certwatch").await;
+    let prometheus = token_for(&admin, "monitoring", "prometheus").await;
+    let intruder = token_for(&admin, "monitoring", "intruder").await;
+    let temp = tempfile::tempdir().unwrap();
+    let kubeconfig = temp.path().join("certwatch.kubeconfig");
+    kubeconfig_for(&plane, &certwatch_token, &kubeconfig);
+    let ca = serving_certificate(temp.path(), &["localhost", "127.0.0.1"]);
+    let (cert, key) = (temp.path().join("tls.crt"), temp.path().join("tls.key"));
+    let config_dir = temp.path().join("haproxy");
+    let (http_bind, https_bind) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let mut certwatch = Certwatch::launch(
+        Launch::new(
+            &kubeconfig,
+            &temp.path().join("certs"),
+            &temp.path().join("certwatch.log"),
+        )
+        .args(&[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-tls-cert",
+            cert.to_str().unwrap(),
+            "--metrics-tls-key",
+            key.to_str().unwrap(),
+            "--haproxy-config-dir",
+            config_dir.to_str().unwrap(),
+            "--http-bind",
+            &http_bind,
+            "--https-bind",
+            &https_bind,
+            "--haproxy-max-connections",
+            "2000",
+        ]),
+    );
+    certwatch.wait_ready().await;
+    let addr = certwatch.metrics_addr.expect("the HTTPS metrics address");
+
+    let (status, _, body) = https_get(addr, &ca, "/metrics/haproxy", None).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(!body.contains("haproxy_"), "{body}");
+    let (status, _, body) = https_get(addr, &ca, "/metrics/haproxy", Some(&intruder)).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(!body.contains("haproxy_"), "{body}");
+    let (status, head, body) = https_get(addr, &ca, "/metrics/haproxy", Some(&prometheus)).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(head.contains("content-type: text/plain"), "{head}");
+    for series in [
+        "haproxy_process_nbthread 4",
+        "haproxy_frontend_http_requests_total{proxy=\"public\"}",
+        "haproxy_frontend_current_sessions{proxy=\"public_ssl\"}",
+        "haproxy_backend_current_sessions{proxy=\"openshift_default\"}",
+    ] {
+        assert!(body.contains(series), "{series}:\n{body}");
+    }
+    // certwatch's own series stay on /metrics.
+    assert!(!body.contains("certwatch_"), "{body}");
+    assert_eq!(certwatch.terminate().code(), Some(0));
+}

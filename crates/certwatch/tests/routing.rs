@@ -399,14 +399,15 @@ fn sidecar_of_the_deployment(
     (script, env)
 }
 
-/// The sidecar's process (HAProxy's master once the script has exec'd it), stopped
-/// with the test.
+/// The sidecar's script (HAProxy's master is its child), stopped with the test.
 struct Sidecar(std::process::Child);
 
 impl Drop for Sidecar {
     fn drop(&mut self) {
-        // SIGTERM to the master stops its workers too.
+        // SIGINT: the script stops HAProxy at once (SIGTERM would first serve on for
+        // the shutdown delay), its workers with it.
         let _ = std::process::Command::new("kill")
+            .arg("-INT")
             .arg(self.0.id().to_string())
             .status();
         let _ = self.0.wait();

@@ -725,6 +725,17 @@ fn help_names_every_option_and_variable() {
         "router-identity",
         "max-concurrent-syncs",
         "sync-timeout",
+        "tls-profile",
+        "tls-ciphers",
+        "tls-ciphersuites",
+        "tls-min-version",
+        "metrics-unauthenticated",
+        "shutdown-delay",
+        "termination-grace-period",
+        "haproxy-hard-stop-after",
+        "haproxy-health-bind",
+        "proxy-protocol",
+        "access-log",
     ] {
         assert!(
             help.contains(&format!("--{flag}")),

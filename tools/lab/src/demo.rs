@@ -209,6 +209,8 @@ pub async fn main(args: DemoArgs) -> Result<(), DemoError> {
     let mut options = DaemonOptions::new(&cert_dir);
     let serving = prepare_traffic(&simulator, &cluster, &mut options).await?;
     options.listen = args.listen;
+    // The demo's endpoint is for the person running it (a loopback address).
+    options.unauthenticated_metrics = true;
     options.progress = args.progress;
     options.identity = kube_sim::ROUTER_USER.to_owned();
     let config = simulator.client_config("router").await?;

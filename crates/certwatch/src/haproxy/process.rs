@@ -488,6 +488,7 @@ impl HaproxyProcess {
                 options.config.as_os_str(),
             ],
             &env,
+            false,
         )
         .map_err(|source| ProcessError::Spawn {
             binary: options.binary.clone(),

@@ -63,8 +63,15 @@ pub struct Watched {
 }
 
 /// Starts `binary` with `args` under the watchdog, `env` added to its environment;
-/// stdout and stderr are piped (HAProxy's), stdin is the lifeline.
-pub fn spawn(binary: &Path, args: &[&OsStr], env: &[(&str, &OsStr)]) -> std::io::Result<Watched> {
+/// stderr is piped (HAProxy's), stdout too unless `inherit_stdout` (where HAProxy's
+/// configuration sends the access log: certwatch's own standard output, line for
+/// line), stdin is the lifeline.
+pub fn spawn(
+    binary: &Path,
+    args: &[&OsStr],
+    env: &[(&str, &OsStr)],
+    inherit_stdout: bool,
+) -> std::io::Result<Watched> {
     let mut command = Command::new("sh");
     command.arg("-c").arg(WATCHDOG).arg(binary).args(args);
     for (name, value) in env {
@@ -72,7 +79,11 @@ pub fn spawn(binary: &Path, args: &[&OsStr], env: &[(&str, &OsStr)]) -> std::io:
     }
     let mut child = command
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
+        .stdout(if inherit_stdout {
+            Stdio::inherit()
+        } else {
+            Stdio::piped()
+        })
         .stderr(Stdio::piped())
         // The watchdog stops HAProxy when its stdin closes, the drop included.
         .kill_on_drop(false)

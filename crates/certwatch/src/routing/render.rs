@@ -34,6 +34,7 @@ use route_secrets::tls::SecurityLevel;
 
 use super::endpoints::EndpointTable;
 use super::model::{BackendPlan, RoutingTable, ServedRoute};
+use crate::tls_policy::TlsPolicy;
 
 /// The name spare servers get, numbered from 1 (the router's dynamic servers' name).
 pub const SPARE_SERVER_PREFIX: &str = "_dynamic-pod-";
@@ -97,6 +98,25 @@ pub struct RenderOptions {
     /// certwatch's validation, through the `OPENSSL_CONF` file written beside the
     /// configuration ([`OPENSSL_CONF_FILE`]).
     pub openssl_security_level: SecurityLevel,
+    /// The TLS policy of the TLS bind (the cluster's profile; no route changes it).
+    pub tls: TlsPolicy,
+    /// How long old workers may keep serving after a reload or a soft stop
+    /// (`hard-stop-after`); `None`: unbounded.
+    pub hard_stop_after: Option<std::time::Duration>,
+    /// Where HAProxy answers `GET /healthz` itself (`monitor-uri`), for a liveness
+    /// probe of the HAProxy process; `None`: nowhere.
+    pub health_bind: Option<String>,
+    /// The public listeners take connections only with a PROXY protocol header
+    /// (`accept-proxy`, the router's `ROUTER_USE_PROXY_PROTOCOL`): the client's
+    /// address is the header's.
+    pub proxy_protocol: bool,
+    /// One line per HTTP request on HAProxy's standard output (`option httplog`:
+    /// client, frontend, the route's backend and server, timings, status, bytes,
+    /// termination state, request line).
+    pub access_log: bool,
+    /// Where HAProxy's Prometheus exporter answers (a unix socket, mode 600);
+    /// `None`: no exporter.
+    pub metrics_socket: Option<PathBuf>,
 }
 
 impl RenderOptions {
@@ -124,6 +144,12 @@ impl RenderOptions {
             health_check_interval: "5000ms".into(),
             header_case_adjustments: Vec::new(),
             openssl_security_level: SecurityLevel::default(),
+            tls: TlsPolicy::default(),
+            hard_stop_after: None,
+            health_bind: None,
+            proxy_protocol: false,
+            access_log: false,
+            metrics_socket: None,
         }
     }
 
@@ -455,15 +481,20 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
     if let Some(threads) = options.threads {
         let _ = writeln!(out, "  nbthread {threads}");
     }
+    if options.access_log {
+        out.push_str("  log stdout format raw local0 info\n");
+    }
+    if let Some(after) = options.hard_stop_after {
+        let _ = writeln!(out, "  hard-stop-after {}ms", after.as_millis().max(1));
+    }
     let _ = writeln!(
         out,
         "  ca-base /etc/ssl\n  crt-base /etc/ssl\n  \
          stats socket {socket} mode 600 level admin expose-fd listeners\n  stats timeout 2m\n  \
          tune.maxrewrite 8192\n  tune.bufsize 32768\n  \
-         ssl-default-bind-options ssl-min-ver TLSv1.2\n  tune.ssl.default-dh-param 2048\n  \
-         ssl-default-bind-ciphers {ciphers}\n",
+         tune.ssl.default-dh-param 2048\n{tls}",
         socket = options.admin_socket.display(),
-        ciphers = INTERMEDIATE_CIPHERS,
+        tls = options.tls.haproxy_global(),
     );
     let _ = writeln!(
         out,
@@ -477,9 +508,35 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
         e404 = dir.join(ERROR_PAGES[1].0).display(),
     );
     header_case_adjustments(out, options);
+    if let Some(socket) = &options.metrics_socket {
+        let _ = writeln!(
+            out,
+            "frontend prometheus\n  bind unix@{} mode 600\n  mode http\n  \
+             http-request use-service prometheus-exporter\n",
+            socket.display()
+        );
+    }
+    if let Some(health) = &options.health_bind {
+        let _ = writeln!(
+            out,
+            "frontend healthz\n  bind {health}\n  mode http\n  monitor-uri /healthz\n"
+        );
+    }
+    // Requests are logged where HTTP is: the plain frontend and the TLS-terminating
+    // ones (the TCP frontend in front of them would log each request a second time).
+    let log = if options.access_log {
+        "  log global\n  option httplog\n"
+    } else {
+        ""
+    };
+    let accept_proxy = if options.proxy_protocol {
+        " accept-proxy"
+    } else {
+        ""
+    };
     let _ = writeln!(
         out,
-        "frontend public\n  bind {http}\n  mode http\n  \
+        "frontend public\n  bind {http}{accept_proxy}\n  mode http\n{log}  \
          tcp-request inspect-delay 5s\n  tcp-request content accept if HTTP\n",
         http = options.http_bind,
     );
@@ -494,7 +551,7 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
     );
     let _ = writeln!(
         out,
-        "frontend public_ssl\n  bind {https}\n  \
+        "frontend public_ssl\n  bind {https}{accept_proxy}\n  \
          tcp-request inspect-delay 5s\n  tcp-request content accept if {{ req_ssl_hello_type 1 }}\n  \
          acl sni req.ssl_sni -m found\n  \
          acl sni_passthrough req.ssl_sni,lower,map_reg({passthrough}) -m found\n  \
@@ -514,7 +571,10 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
         let _ = writeln!(
             out,
             "backend be_{name}\n  server fe_{name} unix@{socket} weight 1 send-proxy\n\n\
-             frontend fe_{name}\n  bind unix@{socket} ssl crt {default}{crt_list} accept-proxy\n  mode http",
+             frontend fe_{name}\n  bind unix@{socket} ssl crt {default}{crt_list} accept-proxy\n  mode http{fe_log}",
+            fe_log = log
+                .trim_end_matches('\n')
+                .replace("  log global", "\n  log global"),
             socket = socket.display(),
             default = options.default_certificate.display(),
         );
@@ -574,9 +634,6 @@ fn request_hygiene(out: &mut String) {
     }
     out.push_str("  http-request set-header Host %[req.hdr(Host),lower]\n");
 }
-
-/// Mozilla's intermediate suite, the router's default (`ROUTER_CIPHERS=intermediate`).
-const INTERMEDIATE_CIPHERS: &str = "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305:ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:DHE-RSA-AES128-GCM-SHA256:DHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-AES128-SHA256:ECDHE-RSA-AES128-SHA256:ECDHE-ECDSA-AES128-SHA:ECDHE-RSA-AES256-SHA384:ECDHE-RSA-AES128-SHA:ECDHE-ECDSA-AES256-SHA384:ECDHE-ECDSA-AES256-SHA:ECDHE-RSA-AES256-SHA:DHE-RSA-AES128-SHA256:DHE-RSA-AES128-SHA:DHE-RSA-AES256-SHA256:DHE-RSA-AES256-SHA:ECDHE-ECDSA-DES-CBC3-SHA:ECDHE-RSA-DES-CBC3-SHA:EDH-RSA-DES-CBC3-SHA:AES128-GCM-SHA256:AES256-GCM-SHA384:AES128-SHA256:AES256-SHA256:AES128-SHA:AES256-SHA:DES-CBC3-SHA:!DSS";
 
 /// One route's backend section; returns its servers as rendered.
 fn backend(

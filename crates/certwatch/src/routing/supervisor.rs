@@ -72,8 +72,13 @@ pub enum ProcessError {
 
 impl HaproxyProcess {
     /// Starts `binary` on `config`, once any HAProxy left running on `config` by an
-    /// earlier run has ended.
-    pub async fn start(binary: &Path, config: &Path) -> Result<Self, ProcessError> {
+    /// earlier run has ended; with `access_log`, HAProxy's standard output (where its
+    /// configuration sends the access log) is certwatch's own, line for line.
+    pub async fn start(
+        binary: &Path,
+        config: &Path,
+        access_log: bool,
+    ) -> Result<Self, ProcessError> {
         watchdog::stop_leftovers(config, LEFTOVER_PATIENCE).await;
         let pid_file = config.with_file_name("haproxy.pid");
         let _ = std::fs::remove_file(&pid_file);
@@ -97,6 +102,7 @@ impl HaproxyProcess {
                 pid_file.as_os_str(),
             ],
             &[("OPENSSL_CONF", openssl_conf.as_os_str())],
+            access_log,
         )
         .map_err(|source| ProcessError::Spawn {
             binary: binary.to_owned(),

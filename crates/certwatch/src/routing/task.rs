@@ -513,7 +513,7 @@ impl Worker {
                     reload = Some(before);
                     "reloaded"
                 }),
-            None => HaproxyProcess::start(&binary, &config)
+            None => HaproxyProcess::start(&binary, &config, self.options.render.access_log)
                 .await
                 .map(|process| {
                     self.process = Some(process);

@@ -36,6 +36,7 @@ use self::tls::{CertFiles, ServingCert};
 use crate::http::Refresh;
 use crate::logging::Repeats;
 use crate::metrics::{CONTENT_TYPE, Metrics};
+use crate::tls_policy::{TlsPolicy, TlsPolicyError};
 
 /// Connections served at once; one more takes the place of the one idle the longest.
 const MAX_CONNECTIONS: usize = 256;
@@ -53,6 +54,11 @@ pub struct SecureMetricsOptions {
     pub cert: Option<CertFiles>,
     /// How long a review's answer is trusted.
     pub cache_ttl: Duration,
+    /// The TLS versions and suites it accepts (the cluster's policy).
+    pub tls: TlsPolicy,
+    /// The socket of HAProxy's Prometheus exporter: its series on `/metrics/haproxy`,
+    /// to the same authorized scrapers; `None`: no such path.
+    pub haproxy_metrics: Option<std::path::PathBuf>,
 }
 
 impl SecureMetricsOptions {
@@ -62,6 +68,8 @@ impl SecureMetricsOptions {
             listen,
             cert: None,
             cache_ttl: Duration::from_secs(10),
+            tls: TlsPolicy::default(),
+            haproxy_metrics: None,
         }
     }
 }
@@ -83,6 +91,9 @@ pub enum SecureMetricsError {
     /// rustls refused the configuration.
     #[error("the metrics endpoint's TLS configuration: {0}")]
     Tls(#[from] rustls::Error),
+    /// The TLS policy leaves rustls nothing to accept.
+    #[error(transparent)]
+    TlsPolicy(#[from] TlsPolicyError),
 }
 
 #[derive(Clone)]
@@ -92,6 +103,8 @@ struct AppState {
     auth: DelegatedAuth,
     /// Guards the pace of refusal log lines. Held only to count one.
     refusals: Arc<Mutex<Repeats>>,
+    /// HAProxy's exporter socket, for `/metrics/haproxy`.
+    haproxy_metrics: Option<std::path::PathBuf>,
 }
 
 /// The running endpoint.
@@ -115,12 +128,11 @@ pub(crate) async fn serve(
     shutdown: CancellationToken,
 ) -> Result<SecureMetrics, SecureMetricsError> {
     let cert = ServingCert::load(options.cert.clone())?;
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_no_client_auth()
-    .with_cert_resolver(cert.clone());
+    let mut config = options
+        .tls
+        .rustls_server_builder()?
+        .with_no_client_auth()
+        .with_cert_resolver(cert.clone());
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let listener =
@@ -148,11 +160,13 @@ pub(crate) async fn serve(
     let auth = DelegatedAuth::new(client, options.cache_ttl);
     let app = Router::new()
         .route("/metrics", get(metrics_text))
+        .route("/metrics/haproxy", get(haproxy_metrics))
         .with_state(AppState {
             metrics,
             refresh,
             auth: auth.clone(),
             refusals: Arc::new(Mutex::new(Repeats::new(REFUSAL_LOG_INTERVAL))),
+            haproxy_metrics: options.haproxy_metrics.clone(),
         });
     // Idle and slow clients (TLS handshakes, HTTP/2 connections past their preface)
     // cannot starve authorized scrapes (see `crate::listener`).
@@ -186,31 +200,129 @@ async fn metrics_text(State(state): State<AppState>, headers: HeaderMap) -> Resp
             )
                 .into_response()
         }
-        Err(refusal) => {
-            let (status, result) = match &refusal {
-                Refusal::NoToken | Refusal::NotAuthenticated => {
-                    (StatusCode::UNAUTHORIZED, "unauthenticated")
-                }
-                Refusal::Forbidden { .. } => (StatusCode::FORBIDDEN, "forbidden"),
-                Refusal::ReviewFailed { .. } => (StatusCode::SERVICE_UNAVAILABLE, "review_failed"),
-            };
-            state.metrics.daemon.scrape(result);
-            let due = sync::lock(&state.refusals).occurred(std::time::Instant::now());
-            if let Some(count) = due {
-                tracing::warn!(
-                    status = status.as_u16(),
-                    refused = count,
-                    "a scrape of /metrics was refused: {refusal} ({count} refused since the last such line; all are counted in certwatch_metrics_scrapes_total)"
-                );
-            }
-            let mut response = (status, format!("{refusal}\n")).into_response();
-            if status == StatusCode::UNAUTHORIZED {
-                response.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    header::HeaderValue::from_static("Bearer realm=\"certwatch\""),
-                );
-            }
-            response
-        }
+        Err(refusal) => refused(&state, &refusal),
     }
+}
+
+/// HAProxy's own series (its Prometheus exporter, `haproxy_frontend_*`,
+/// `haproxy_backend_*` per route, `haproxy_server_*`, `haproxy_process_*`), for the
+/// scrapers allowed `/metrics`: fetched from the exporter's socket in the configuration
+/// directory at each scrape.
+async fn haproxy_metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok());
+    if let Err(refusal) = state.auth.check(authorization).await {
+        return refused(&state, &refusal);
+    }
+    let Some(socket) = state.haproxy_metrics.clone() else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    match tokio::time::timeout(CLIENT_TIMEOUT, exporter_text(&socket)).await {
+        Ok(Ok((content_type, body))) => {
+            state.metrics.daemon.scrape("served");
+            ([(header::CONTENT_TYPE, content_type)], body).into_response()
+        }
+        Ok(Err(error)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "HAProxy's exporter at {} does not answer: {error}\n",
+                socket.display()
+            ),
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "HAProxy's exporter did not answer in time\n",
+        )
+            .into_response(),
+    }
+}
+
+/// One `GET /metrics` to HAProxy's exporter: its content type and body.
+async fn exporter_text(socket: &std::path::Path) -> std::io::Result<(String, Vec<u8>)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::UnixStream::connect(socket).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: haproxy\r\n\r\n")
+        .await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?;
+    let split = answer
+        .windows(4)
+        .position(|window| window == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no HTTP answer"))?;
+    let head = String::from_utf8_lossy(&answer[..split]).into_owned();
+    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+        let status = head.lines().next().unwrap_or_default().to_owned();
+        return Err(std::io::Error::other(status));
+    }
+    let content_type = head
+        .lines()
+        .find_map(|line| {
+            line.split_once(':')
+                .filter(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+                .map(|(_, value)| value.trim().to_owned())
+        })
+        .unwrap_or_else(|| "text/plain; version=0.0.4".to_owned());
+    let body = &answer[split + 4..];
+    let chunked = head.lines().any(|line| {
+        line.split_once(':').is_some_and(|(name, value)| {
+            name.eq_ignore_ascii_case("transfer-encoding")
+                && value.trim().eq_ignore_ascii_case("chunked")
+        })
+    });
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_vec()
+    };
+    Ok((content_type, body))
+}
+
+/// The body of a chunked HTTP/1.1 answer (the exporter streams its series).
+fn dechunk(mut body: &[u8]) -> std::io::Result<Vec<u8>> {
+    let bad = || std::io::Error::other("a malformed chunked answer");
+    let mut out = Vec::with_capacity(body.len());
+    loop {
+        let line_end = body.windows(2).position(|w| w == b"\r\n").ok_or_else(bad)?;
+        let size_text = std::str::from_utf8(&body[..line_end]).map_err(|_| bad())?;
+        let size_text = size_text.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_text, 16).map_err(|_| bad())?;
+        body = &body[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        let chunk = body.get(..size).ok_or_else(bad)?;
+        out.extend_from_slice(chunk);
+        body = body.get(size + 2..).ok_or_else(bad)?;
+    }
+}
+
+/// The answer to a refused scrape (counted, logged at a bounded pace).
+fn refused(state: &AppState, refusal: &Refusal) -> Response {
+    let (status, result) = match refusal {
+        Refusal::NoToken | Refusal::NotAuthenticated => {
+            (StatusCode::UNAUTHORIZED, "unauthenticated")
+        }
+        Refusal::Forbidden { .. } => (StatusCode::FORBIDDEN, "forbidden"),
+        Refusal::ReviewFailed { .. } => (StatusCode::SERVICE_UNAVAILABLE, "review_failed"),
+    };
+    state.metrics.daemon.scrape(result);
+    let due = sync::lock(&state.refusals).occurred(std::time::Instant::now());
+    if let Some(count) = due {
+        tracing::warn!(
+            status = status.as_u16(),
+            refused = count,
+            "a scrape of /metrics was refused: {refusal} ({count} refused since the last such line; all are counted in certwatch_metrics_scrapes_total)"
+        );
+    }
+    let mut response = (status, format!("{refusal}\n")).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer realm=\"certwatch\""),
+        );
+    }
+    response
 }

@@ -58,7 +58,9 @@ fn serving_addresses(child: &mut Child, what: &str) -> (String, Option<String>) 
         }
         if let Some(rest) = line.strip_prefix("certwatch: serving /healthz and /readyz on http://")
         {
-            break (rest.to_owned(), true);
+            // No /metrics anywhere: the line says so after the address.
+            let address = rest.split_whitespace().next().unwrap_or_default();
+            break (address.to_owned(), !rest.contains("no /metrics"));
         }
     };
     let metrics = separate.then(|| {
@@ -318,6 +320,10 @@ impl Certwatch {
             .args(["--listen", &launch.listen, "--progress", "log"])
             .args(&launch.args)
             .env("RUST_LOG", "info,certwatch=debug")
+            // Tests read /metrics on their loopback --listen, and stop certwatch at
+            // once; a test of either default overrides these with `env`.
+            .env("CERTWATCH_METRICS_UNAUTHENTICATED", "true")
+            .env("CERTWATCH_SHUTDOWN_DELAY", "0s")
             .envs(launch.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stderr(std::fs::File::create(&launch.log).unwrap());

@@ -259,6 +259,8 @@ pub async fn run(
     options.client = kube_h2::ClientOptions::default().protocol(spec.protocol.into());
     // The benchmark reads how many routes wait for HAProxy from the metrics.
     options.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    // On loopback, read by the bench itself.
+    options.unauthenticated_metrics = true;
     let mut process = ProcessOptions::new("haproxy", &haproxy_config, root.join("master.sock"));
     process.load_timeout = Duration::from_millis(spec.timeout_ms);
     options.haproxy = Some(HaproxyOptions::managed(&socket, process));

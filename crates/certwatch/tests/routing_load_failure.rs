@@ -140,14 +140,16 @@ async fn a_failed_load_is_counted_repaired_and_loaded_again() {
         holds_written_config(&config_dir).then_some(())
     })
     .await;
-    let log = certwatch.log_text();
-    let failed = log
-        .find("HAProxy could not load the routes' configuration")
-        .unwrap();
-    assert!(
-        log[failed..].contains("HAProxy reloaded on the routes' configuration"),
-        "loaded again after the failure: {log}"
-    );
+    // HAProxy can hold the new configuration before certwatch has seen its new worker
+    // answer: the reload is logged once it has.
+    eventually("certwatch to see the load after the failure", || {
+        let log = certwatch.log_text();
+        let failed = log.find("HAProxy could not load the routes' configuration")?;
+        log[failed..]
+            .contains("HAProxy reloaded on the routes' configuration")
+            .then_some(())
+    })
+    .await;
     for i in 0..3 {
         let expected = leaf_of(&admin, "app-0", &format!("tls-{i}")).await;
         assert_eq!(

@@ -920,7 +920,7 @@ fn backend(
     let verify_host = routing.termination == Termination::Reencrypt
         && ca_file.is_none()
         && options.default_destination_ca.is_some();
-    let server_options = |h2c: bool, service_host: &str| -> String {
+    let server_options = |h2c: bool, service_host: &str, health_check: bool| -> String {
         let mut line = String::new();
         match &routing.termination {
             Termination::Reencrypt => {
@@ -944,7 +944,7 @@ fn backend(
             Termination::Http | Termination::Edge if h2c => line.push_str(" proto h2"),
             _ => {}
         }
-        if checked {
+        if checked && health_check {
             let _ = write!(line, " check inter {interval}");
         }
         if let Some(max) = max_connections {
@@ -961,7 +961,7 @@ fn backend(
             server.ip,
             server.port,
             server.weight,
-            server_options(server.h2c, &server.service_host)
+            server_options(server.h2c, &server.service_host, server.health_check)
         );
         servers.push(RenderedServer {
             name: server.id.clone(),
@@ -981,7 +981,7 @@ fn backend(
         let _ = writeln!(
             out,
             "  server {name} {SPARE_SERVER_ADDRESS} weight 0 disabled{}",
-            server_options(false, &primary_host)
+            server_options(false, &primary_host, true)
         );
         servers.push(RenderedServer { name, target: None });
     }

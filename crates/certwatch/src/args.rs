@@ -15,7 +15,7 @@ use crate::haproxy::process::ProcessOptions;
 use crate::logging::LogFormat;
 use crate::progress::ProgressMode;
 use crate::reload::ReloadOptions;
-use crate::routing::{RenderOptions, RoutingOptions};
+use crate::routing::{ErrorPage, ErrorPageError, RenderOptions, RoutingOptions};
 use crate::secure_metrics::SecureMetricsOptions;
 use crate::secure_metrics::tls::CertFiles;
 use crate::tls_policy::{TlsPolicy, TlsPolicyError, TlsProfile, TlsVersion};
@@ -110,6 +110,41 @@ fn header_names_arg(value: &str) -> Result<HeaderNames, String> {
         })
         .collect::<Result<Vec<_>, _>>()
         .map(HeaderNames)
+}
+
+/// Why an error page file is refused at start-up.
+#[derive(Debug, thiserror::Error)]
+enum ErrorPageArgError {
+    /// The file cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is no page HAProxy takes.
+    #[error("{path} is no HTTP response HAProxy's errorfile takes: {source}")]
+    Page {
+        /// The file.
+        path: String,
+        /// Why.
+        source: ErrorPageError,
+    },
+}
+
+/// An error page file (`--error-page-503`, `--error-page-404`), read and checked once
+/// at start-up: a page HAProxy would refuse stops certwatch with the flag's name
+/// rather than every configuration it renders.
+fn error_page_arg(path: &str) -> Result<ErrorPage, ErrorPageArgError> {
+    let bytes = std::fs::read(path).map_err(|source| ErrorPageArgError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    ErrorPage::parse(&bytes).map_err(|source| ErrorPageArgError::Page {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 fn boolish() -> clap::builder::BoolishValueParser {
@@ -586,6 +621,35 @@ pub struct RunArgs {
     )]
     pub haproxy_config_dir: Option<PathBuf>,
 
+    /// The page HAProxy answers with when no server serves (a route's service without
+    /// endpoints, an unknown host), as the OpenShift router's ROUTER_ERRORFILE_503: a
+    /// file holding a whole HTTP response (status line, headers, empty line, body),
+    /// read and checked at start-up and copied into --haproxy-config-dir. Default:
+    /// certwatch's own page.
+    #[arg(
+        long = "error-page-503",
+        env = "CERTWATCH_ERROR_PAGE_503",
+        value_name = "FILE",
+        value_parser = error_page_arg,
+        requires = "haproxy_config_dir",
+        help_heading = "Routing"
+    )]
+    pub error_page_503: Option<ErrorPage>,
+
+    /// The page HAProxy answers with for a request no route takes (an unknown host or
+    /// path), as the OpenShift router's ROUTER_ERRORFILE_404: a whole HTTP response as
+    /// for --error-page-503. With it such requests are answered 404 with this page
+    /// (without it, 503), as the router does when ROUTER_ERRORFILE_404 is set.
+    #[arg(
+        long = "error-page-404",
+        env = "CERTWATCH_ERROR_PAGE_404",
+        value_name = "FILE",
+        value_parser = error_page_arg,
+        requires = "haproxy_config_dir",
+        help_heading = "Routing"
+    )]
+    pub error_page_404: Option<ErrorPage>,
+
     /// Run HAProxy (master-worker, reloaded by certwatch) on --haproxy-config-dir; off:
     /// only write the files, for an HAProxy run by others (started on DIR/haproxy.cfg
     /// once it exists), which certwatch reloads through --haproxy-master-socket.
@@ -924,6 +988,8 @@ impl RunArgs {
                 .metrics_listen
                 .map(|_| dir.join("run").join("haproxy-metrics.sock"));
             render.disable_http2 = self.disable_http2;
+            render.error_pages.page_503 = self.error_page_503.clone();
+            render.error_pages.page_404 = self.error_page_404.clone();
             render.header_case_adjustments = self
                 .http_header_name_case_adjustments
                 .clone()

@@ -6,13 +6,16 @@
 //! certificate of its own; passthrough; reencrypt without, with a right and with a wrong
 //! destination CA) and for every per-route feature (allow lists, HSTS, rewrites, a
 //! route by `spec.subdomain`, header case, header actions, the route's own
-//! `caCertificate`, rate limits, the destination CA secret annotation); once both have
+//! `caCertificate`, rate limits, the destination CA secret annotation), both with the
+//! same error pages of the operator's (`ROUTER_ERRORFILE_503`/`404`,
+//! `--error-page-503`/`404`); once both have
 //! admitted every route, the same HTTP and HTTPS (SNI) requests go through both to real
 //! backends on this machine, and per route the status (or a closed connection), who
 //! answered (and how weights split the requests), the certificate served, the ALPN
 //! negotiated, the redirect, the path and headers the backend received and the headers
 //! the client received are compared; then an endpoint is added and one removed, and
-//! both must send to the same backends.
+//! both must send to the same backends. An idled service (its cluster IP, which no test
+//! traffic goes to) is compared in both configurations: the same server, unchecked.
 //!
 //! Every difference is either none or one of [`DELIBERATE`], listed in docs/daemon.md
 //! with its reason; a difference not in the list fails the test, and so does a listed
@@ -47,6 +50,12 @@ const CASE_ADJUST: &str = "Host,X-Backend";
 /// The routers' domain (`ROUTER_DOMAIN`, `--router-domain`), for `spec.subdomain`.
 const DOMAIN: &str = "apps.example";
 
+/// The operator's 503 page both routers serve: it says so in `x-backend` (what the
+/// test client reports as who answered).
+const PAGE_503: &str = "HTTP/1.0 503 Service Unavailable\r\nx-backend: page-503\r\nConnection: close\r\nContent-Type: text/plain\r\n\r\nunavailable\n";
+/// The operator's 404 page (requests no route takes).
+const PAGE_404: &str = "HTTP/1.0 404 Not Found\r\nx-backend: page-404\r\nConnection: close\r\nContent-Type: text/plain\r\n\r\nno route\n";
+
 /// Differences between the router's answers and certwatch's that are deliberate or
 /// known, by (route, request): what each says. Mirrored in docs/daemon.md ("Traffic
 /// compared with the real router"): none today.
@@ -68,7 +77,8 @@ impl RealRouter {
             })
     }
 
-    fn start(kubeconfig: &Path, dir: &Path, name: &str) -> Self {
+    /// Starts the router; `pages`: its 503 and 404 error page files.
+    fn start(kubeconfig: &Path, dir: &Path, name: &str, pages: (&Path, &Path)) -> Self {
         let tool = Self::tool();
         assert!(
             tool.join("start").exists(),
@@ -82,6 +92,8 @@ impl RealRouter {
             .env("ROUTER_MAX_CONNECTIONS", "2000")
             .env("ROUTER_DOMAIN", DOMAIN)
             .env("ROUTER_H1_CASE_ADJUST", CASE_ADJUST)
+            .env("ROUTER_ERRORFILE_503", pages.0)
+            .env("ROUTER_ERRORFILE_404", pages.1)
             .output()
             .expect("run the router tool's start");
         assert!(
@@ -421,6 +433,31 @@ async fn traffic_through_certwatch_matches_the_real_router() {
     set_endpoints(&admin, NS, "secure", &[&secure]).await;
     set_endpoints(&admin, NS, "pass", &[&pass]).await;
     set_endpoints(&admin, NS, "pinned", &[&pinned]).await;
+    // An idled service: its slice empty, its cluster IP the API server's (no request
+    // goes to it: only the configurations are compared).
+    let idled: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "idle", "namespace": NS,
+                     "annotations": {"idling.alpha.openshift.io/idled-at": "2026-12-06T05:00:00Z"}},
+        "spec": {"ports": [{"name": "http", "port": 8080, "targetPort": "http"}]},
+    }))
+    .unwrap();
+    let idled = Api::<k8s_openapi::api::core::v1::Service>::namespaced(admin.clone(), NS)
+        .create(&kube::api::PostParams::default(), &idled)
+        .await
+        .unwrap();
+    let cluster_ip = idled
+        .spec
+        .and_then(|spec| spec.cluster_ip)
+        .expect("the API server gives the idled service a cluster IP");
+    set_endpoints(&admin, NS, "idle", &[]).await;
+    create_route_spec(
+        &admin,
+        NS,
+        "idle",
+        serde_json::json!({"host": "idle.example", "to": {"kind": "Service", "name": "idle"}}),
+    )
+    .await;
 
     let cases: &[(&str, &str, &str, &str, serde_json::Value)] = &[
         (
@@ -759,7 +796,16 @@ async fn traffic_through_certwatch_matches_the_real_router() {
     )
     .await;
 
-    let router = RealRouter::start(&kubeconfig, &dir.path().join("router"), "real");
+    let page_503 = dir.path().join("error-503.http");
+    std::fs::write(&page_503, PAGE_503).unwrap();
+    let page_404 = dir.path().join("error-404.http");
+    std::fs::write(&page_404, PAGE_404).unwrap();
+    let router = RealRouter::start(
+        &kubeconfig,
+        &dir.path().join("router"),
+        "real",
+        (&page_503, &page_404),
+    );
     let (http_port, https_port) = (free_port(), free_port());
     let config_dir = dir.path().join("haproxy");
     let certwatch = Certwatch::start(
@@ -782,6 +828,10 @@ async fn traffic_through_certwatch_matches_the_real_router() {
             DOMAIN,
             "--http-header-name-case-adjustments",
             CASE_ADJUST,
+            "--error-page-503",
+            page_503.to_str().unwrap(),
+            "--error-page-404",
+            page_404.to_str().unwrap(),
         ],
     );
     certwatch.wait_ready().await;
@@ -809,6 +859,7 @@ async fn traffic_through_certwatch_matches_the_real_router() {
         "ca-inline",
         "headers",
         "headers-edge",
+        "idle",
     ]);
     for who in ["real", "certwatch"] {
         let all_routes = &all_routes;
@@ -1038,6 +1089,48 @@ async fn traffic_through_certwatch_matches_the_real_router() {
                 && section.contains("verify required ca-file"),
             "{who}: {section}"
         );
+    }
+
+    // The idled service: both serve it at its cluster IP, without a health check. The
+    // router looks the Service up when the service's endpoints change, so the slice is
+    // touched once both run (its Service cache may have been filled after its first
+    // look).
+    Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(admin.clone(), NS)
+        .patch(
+            "idle-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"metadata": {"annotations": {"touched": "1"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let idled_server = format!("server ept:idle:http:{cluster_ip}:8080 {cluster_ip}:8080 ");
+    for (who, path) in [
+        (
+            "router",
+            dir.path().join("router/haproxy/conf/haproxy.config"),
+        ),
+        ("certwatch", config_dir.join("haproxy.cfg")),
+    ] {
+        let idled_server = &idled_server;
+        let line = eventually_async(&format!("{who} serves the idled service"), || {
+            let path = path.clone();
+            async move {
+                let config = std::fs::read_to_string(&path).ok()?;
+                let section = config
+                    .split("\nbackend ")
+                    .find(|section| section.starts_with("be_http:shop:idle\n"))?
+                    .to_owned();
+                section
+                    .lines()
+                    .map(str::trim)
+                    .find(|line| line.starts_with(idled_server.as_str()))
+                    .map(str::to_owned)
+            }
+        })
+        .await;
+        assert!(!line.contains(" check"), "{who}: {line}");
     }
 
     // The long allow list is a file in both configurations.

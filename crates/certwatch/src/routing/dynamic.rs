@@ -13,6 +13,8 @@
 //!
 //! What the slots cannot take needs a reload ([`NeedsReload`]): more endpoints than
 //! spare slots, an endpoint speaking HTTP/2 in clear (`proto h2` is a server option),
+//! an idled service's cluster IP (served without health checks, as the router forces
+//! a reload for),
 //! or, for a reencrypt route verified by host name, an endpoint of another service than
 //! the primary one (the slots verify the primary service's name).
 //!
@@ -75,6 +77,16 @@ impl LoadedBackend {
     /// The commands that bring this backend to `plan`, or why they cannot; on success
     /// the slots are updated as if the commands ran.
     pub fn update(&mut self, plan: &BackendPlan) -> Result<Vec<String>, NeedsReload> {
+        // An idled service's cluster IP is served without health checks, which a
+        // slot's options cannot drop (a check would wake the service): a reload, as
+        // the router does.
+        if let Some(server) = plan.servers.iter().find(|server| !server.health_check) {
+            return Err(NeedsReload::Options {
+                backend: self.name.clone(),
+                server: server.id.clone(),
+                why: "no health check (an idled service)",
+            });
+        }
         let wanted: Vec<ServerTarget> = plan
             .servers
             .iter()
@@ -186,6 +198,7 @@ mod tests {
                     weight: *weight,
                     h2c: false,
                     service_host: "web.shop.svc".into(),
+                    health_check: true,
                 })
                 .collect(),
             active_endpoints: servers.len(),
@@ -285,6 +298,19 @@ mod tests {
                 ..
             })
         ));
+        // An idled service's cluster IP, even one a slot already serves.
+        let mut serving = loaded(&[("10.96.0.7", 80, 1)], 1);
+        let before = serving.clone();
+        let mut idled = plan(&[("10.96.0.7", 80, 1)]);
+        idled.servers[0].health_check = false;
+        assert!(matches!(
+            serving.update(&idled),
+            Err(NeedsReload::Options {
+                why: "no health check (an idled service)",
+                ..
+            })
+        ));
+        assert_eq!(serving, before);
         let mut verified = loaded(&[], 2);
         verified.verified_host = Some("web.shop.svc".into());
         verified.checked = true;

@@ -12,13 +12,25 @@
 //!   `ept:<service>:<port name>:<ip>:<port>` otherwise); an endpoint seen twice is kept
 //!   once.
 //!
-//! Pure: [`EndpointTable`] is fed slices and says which services changed.
+//! An idled service (annotated `idling.alpha.openshift.io/idled-at`, non-empty) whose
+//! slices hold no ready address is served as the router serves it
+//! (`createRouterEndpoints`): one endpoint per service port (in the Service's order,
+//! UDP skipped) at its cluster IP, `ept:<service>:<port name>:<cluster ip>:<port>`,
+//! never health-checked (a check would unidle it); a headless one has none. The
+//! cluster IP's proxy wakes the service on the first request. The router looks the
+//! Service up when its endpoints change; certwatch also when the Service changes.
+//!
+//! Pure: [`EndpointTable`] is fed slices and Services and says which services changed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+/// The annotation marking a Service idled (its value the time it was idled).
+pub const IDLED_AT_ANNOTATION: &str = "idling.alpha.openshift.io/idled-at";
 
 /// The label naming an EndpointSlice's service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -39,6 +51,8 @@ pub struct Endpoint {
     pub port_name: String,
     /// The port's `appProtocol` (`h2c` sends HTTP/2 to the backend).
     pub app_protocol: Option<String>,
+    /// Whether HAProxy may health-check it: not an idled service's cluster IP.
+    pub health_check: bool,
 }
 
 impl Endpoint {
@@ -65,6 +79,57 @@ pub struct EndpointTable {
     by_service: HashMap<ServiceKey, BTreeMap<Arc<str>, ()>>,
     /// Service → its endpoints, aggregated.
     endpoints: HashMap<ServiceKey, Arc<[Endpoint]>>,
+    /// Idled services → the endpoints they get while no slice has a ready address.
+    idled: HashMap<ServiceKey, Arc<[Endpoint]>>,
+}
+
+/// What an idled service is served at: its cluster IP, one endpoint per TCP (or SCTP)
+/// port; `None` when `service` is not idled; empty when it has no cluster IP.
+fn idled_endpoints(service: &Service) -> Option<Vec<Endpoint>> {
+    let idled = service
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(IDLED_AT_ANNOTATION))
+        .is_some_and(|value| !value.is_empty());
+    if !idled {
+        return None;
+    }
+    let name = service.metadata.name.as_deref().unwrap_or("");
+    let spec = service.spec.as_ref();
+    let cluster_ip = spec
+        .and_then(|spec| spec.cluster_ip.as_deref())
+        .filter(|ip| !ip.is_empty() && *ip != "None");
+    let Some(cluster_ip) = cluster_ip else {
+        return Some(Vec::new());
+    };
+    let mut out: Vec<Endpoint> = Vec::new();
+    for port in spec
+        .and_then(|spec| spec.ports.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        if port.protocol.as_deref() == Some("UDP") {
+            continue;
+        }
+        let Ok(number) = u16::try_from(port.port) else {
+            continue;
+        };
+        let port_name = port.name.as_deref().unwrap_or("");
+        let id = format!("ept:{name}:{port_name}:{cluster_ip}:{number}");
+        if out.iter().any(|known| known.id == id) {
+            continue;
+        }
+        out.push(Endpoint {
+            id,
+            ip: format_ip(cluster_ip),
+            port: number,
+            port_name: port_name.to_owned(),
+            app_protocol: port.app_protocol.clone(),
+            health_check: false,
+        });
+    }
+    Some(out)
 }
 
 fn format_ip(address: &str) -> String {
@@ -136,6 +201,7 @@ fn slice_endpoints(slice: &EndpointSlice, service: &str) -> Vec<Endpoint> {
                 port,
                 port_name: name.to_owned(),
                 app_protocol: app_protocol.map(str::to_owned),
+                health_check: true,
             });
         }
     }
@@ -160,6 +226,82 @@ impl EndpointTable {
     /// Services with endpoints known.
     pub fn services(&self) -> usize {
         self.endpoints.len()
+    }
+
+    /// A Service was added or changed; returns it when its endpoints changed (it is
+    /// idled, or no longer, and its slices have no ready address).
+    pub fn apply_service(&mut self, service: &Service) -> Vec<ServiceKey> {
+        let (Some(namespace), Some(name)) = (
+            service.metadata.namespace.as_deref(),
+            service.metadata.name.as_deref(),
+        ) else {
+            return Vec::new();
+        };
+        let key: ServiceKey = (Arc::from(namespace), Arc::from(name));
+        let new = idled_endpoints(service).map(Arc::from);
+        if self.idled.get(&key) == new.as_ref() {
+            return Vec::new();
+        }
+        match new {
+            Some(endpoints) => self.idled.insert(key.clone(), endpoints),
+            None => self.idled.remove(&key),
+        };
+        if self.rebuild(&key) {
+            vec![key]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// A Service was deleted; returns it when its endpoints changed.
+    pub fn remove_service(&mut self, namespace: &str, name: &str) -> Vec<ServiceKey> {
+        let key: ServiceKey = (Arc::from(namespace), Arc::from(name));
+        if self.idled.remove(&key).is_none() {
+            return Vec::new();
+        }
+        if self.rebuild(&key) {
+            vec![key]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Replaces every Service (a re-list); returns the services whose endpoints
+    /// changed.
+    pub fn replace_services<'a>(
+        &mut self,
+        services: impl IntoIterator<Item = &'a Service>,
+    ) -> Vec<ServiceKey> {
+        let before = std::mem::take(&mut self.idled);
+        for service in services {
+            let (Some(namespace), Some(name)) = (
+                service.metadata.namespace.as_deref(),
+                service.metadata.name.as_deref(),
+            ) else {
+                continue;
+            };
+            if let Some(endpoints) = idled_endpoints(service) {
+                self.idled.insert(
+                    (Arc::from(namespace), Arc::from(name)),
+                    Arc::from(endpoints),
+                );
+            }
+        }
+        let touched: Vec<ServiceKey> = before
+            .iter()
+            .filter(|(key, endpoints)| self.idled.get(*key) != Some(*endpoints))
+            .map(|(key, _)| key.clone())
+            .chain(
+                self.idled
+                    .keys()
+                    .filter(|key| !before.contains_key(*key))
+                    .cloned(),
+            )
+            .collect();
+        touched
+            .into_iter()
+            .filter(|key| self.rebuild(key))
+            .collect()
     }
 
     /// A slice was added or changed; returns the services whose endpoints changed.
@@ -268,6 +410,13 @@ impl EndpointTable {
                     }
                 }
             }
+        }
+        // An idled service whose slices have no ready address: its cluster IP.
+        if endpoints.is_empty()
+            && self.by_service.contains_key(service)
+            && let Some(idled) = self.idled.get(service)
+        {
+            endpoints = idled.to_vec();
         }
         let old = self.endpoints.get(service);
         if old.map(|old| &old[..]) == Some(&endpoints[..])
@@ -396,5 +545,83 @@ mod tests {
         assert_eq!(changed, [(Arc::from("shop"), Arc::from("db"))]);
         let changed = table.replace_all([&other]);
         assert_eq!(changed, [(Arc::from("shop"), Arc::from("web"))]);
+    }
+
+    fn service(annotations: serde_json::Value, cluster_ip: &str) -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "shop", "annotations": annotations},
+            "spec": {"clusterIP": cluster_ip, "ports": [
+                {"name": "https", "port": 443, "protocol": "TCP", "appProtocol": "h2c"},
+                {"name": "dns", "port": 53, "protocol": "UDP"},
+                {"name": "http", "port": 80, "protocol": "TCP"},
+            ]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_idled_service_without_ready_addresses_is_served_at_its_cluster_ip() {
+        let idled = json!({IDLED_AT_ANNOTATION: "2026-12-06T05:00:00Z"});
+        let mut table = EndpointTable::new();
+        // Idled, but no slice seen: nothing (the router hears of no endpoints).
+        assert!(
+            table
+                .apply_service(&service(idled.clone(), "10.96.0.7"))
+                .is_empty()
+        );
+        assert!(table.endpoints("shop", "web").is_empty());
+        // An empty slice: the cluster IP, every TCP port in the Service's order,
+        // without health checks.
+        let changed = table.apply(&web("web-a", json!([])));
+        assert_eq!(changed.len(), 1);
+        assert_eq!(
+            ids(&table),
+            ["ept:web:https:10.96.0.7:443", "ept:web:http:10.96.0.7:80"]
+        );
+        let endpoints = table.endpoints("shop", "web");
+        assert!(
+            endpoints
+                .iter()
+                .all(|e| !e.health_check && e.ip == "10.96.0.7")
+        );
+        assert_eq!(endpoints[0].app_protocol.as_deref(), Some("h2c"));
+        // A ready address: the slices' endpoints, checked as ever.
+        table.apply(&web("web-a", json!([{"addresses": ["10.0.0.1"]}])));
+        assert_eq!(ids(&table)[0], "ept:web:http:10.0.0.1:8080");
+        assert!(
+            table
+                .endpoints("shop", "web")
+                .iter()
+                .all(|e| e.health_check)
+        );
+        // Not ready again, then the annotation removed, then set empty: nothing.
+        table.apply(&web(
+            "web-a",
+            json!([{"addresses": ["10.0.0.1"], "conditions": {"ready": false}}]),
+        ));
+        assert_eq!(ids(&table).len(), 2);
+        assert_eq!(
+            table.apply_service(&service(json!({}), "10.96.0.7")).len(),
+            1
+        );
+        assert!(table.endpoints("shop", "web").is_empty());
+        assert!(
+            table
+                .apply_service(&service(json!({IDLED_AT_ANNOTATION: ""}), "10.96.0.7"))
+                .is_empty()
+        );
+        // A headless idled service: nothing to send its traffic to.
+        assert!(
+            table
+                .apply_service(&service(idled.clone(), "None"))
+                .is_empty()
+        );
+        assert!(table.endpoints("shop", "web").is_empty());
+        // A re-list with it idled again, then the Service deleted.
+        let changed = table.replace_services([&service(idled, "10.96.0.8")]);
+        assert_eq!(changed, [(Arc::from("shop"), Arc::from("web"))]);
+        assert_eq!(ids(&table)[1], "ept:web:http:10.96.0.8:80");
+        assert_eq!(table.remove_service("shop", "web").len(), 1);
+        assert!(table.endpoints("shop", "web").is_empty());
     }
 }

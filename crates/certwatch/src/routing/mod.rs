@@ -20,7 +20,9 @@ pub mod task;
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub use self::render::{RenderOptions, RenderedConfig, render};
+pub use self::render::{
+    CustomErrorPages, ErrorPage, ErrorPageError, RenderOptions, RenderedConfig, render,
+};
 pub use self::task::{RouteChange, Routing, RoutingOptions};
 
 /// The configuration file's name in the configuration directory.
@@ -46,10 +48,10 @@ pub fn write_config(rendered: &RenderedConfig, options: &RenderOptions) -> io::R
     std::fs::create_dir_all(dir.join("run"))?;
     std::fs::create_dir_all(dir.join("cacerts"))?;
     std::fs::create_dir_all(dir.join(render::ALLOWLIST_DIR))?;
-    for (name, page) in render::ERROR_PAGES {
+    for (name, page) in options.error_pages.files() {
         let path = dir.join(name);
-        if std::fs::read(&path).ok().as_deref() != Some(page.as_bytes()) {
-            replace(&path, page.as_bytes())?;
+        if std::fs::read(&path).ok().as_deref() != Some(page) {
+            replace(&path, page)?;
         }
     }
     let wanted: std::collections::HashSet<&Path> = rendered

@@ -81,6 +81,8 @@ pub struct Server {
     pub h2c: bool,
     /// The service's DNS name (`<service>.<namespace>.svc`), for `verifyhost`.
     pub service_host: String,
+    /// Whether it may be health-checked: not an idled service's cluster IP.
+    pub health_check: bool,
 }
 
 /// A route's backend: its servers and what decides their options.
@@ -247,6 +249,7 @@ impl RoutingTable {
                         Some("h2c" | "kubernetes.io/h2c")
                     ),
                     service_host: service_host.clone(),
+                    health_check: endpoint.health_check,
                 });
             }
         }

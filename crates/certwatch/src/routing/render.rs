@@ -6,7 +6,8 @@
 //! - `frontend public` (plain HTTP): a route whose insecure policy is `Redirect` is
 //!   redirected to HTTPS (302, `os_route_http_redirect.map`); plain routes, and edge and
 //!   reencrypt routes with `Allow`, are looked up by host and path in `os_http_be.map`;
-//!   anything else reaches `openshift_default`, which has no server (503).
+//!   anything else reaches `openshift_default`, which has no server (503), or denies
+//!   with 404 when the operator gives a 404 page (as the router's template does).
 //! - `frontend public_ssl` (TLS, not terminated): a server name of a passthrough route
 //!   (`os_sni_passthrough.map`) goes to its TCP backend (`os_tcp_be.map`); any other
 //!   server name is terminated by `fe_sni` (the crt-list's certificates, the default
@@ -117,6 +118,195 @@ pub struct RenderOptions {
     /// Where HAProxy's Prometheus exporter answers (a unix socket, mode 600);
     /// `None`: no exporter.
     pub metrics_socket: Option<PathBuf>,
+    /// The operator's error pages, in place of certwatch's (the router's
+    /// `ROUTER_ERRORFILE_503` and `ROUTER_ERRORFILE_404`).
+    pub error_pages: CustomErrorPages,
+}
+
+/// The operator's error pages: whole HTTP responses (HAProxy's `errorfile` format),
+/// checked by [`ErrorPage::parse`]. A page not given is certwatch's own
+/// ([`ERROR_PAGES`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CustomErrorPages {
+    /// HAProxy's answer when no server serves (`errorfile 503`).
+    pub page_503: Option<ErrorPage>,
+    /// HAProxy's answer to a request no route takes (`errorfile 404`); with it,
+    /// `openshift_default` denies with 404, as the router's template does when
+    /// `ROUTER_ERRORFILE_404` is set, where it answers 503 otherwise.
+    pub page_404: Option<ErrorPage>,
+}
+
+impl CustomErrorPages {
+    /// The error page files to write: (file name in the configuration directory,
+    /// content), the 503 page first.
+    pub fn files(&self) -> [(&'static str, &[u8]); 2] {
+        fn pick<'a>(
+            custom: &'a Option<ErrorPage>,
+            default: (&'static str, &'static str),
+        ) -> (&'static str, &'a [u8]) {
+            (
+                default.0,
+                custom
+                    .as_ref()
+                    .map_or(default.1.as_bytes(), |page| &page.0[..]),
+            )
+        }
+        [
+            pick(&self.page_503, ERROR_PAGES[0]),
+            pick(&self.page_404, ERROR_PAGES[1]),
+        ]
+    }
+}
+
+/// The largest error page certwatch takes. HAProxy parses a page into one buffer
+/// (`tune.bufsize`, 32768 in the configuration) together with its header blocks, so
+/// the exact limit depends on the page's headers (HAProxy 2.6 took a 32,673-byte page
+/// with three headers, not one byte more); this leaves the room kept for rewrites
+/// (`tune.maxrewrite`, 8192) as a margin that any page's headers fit in.
+pub const MAX_ERROR_PAGE_BYTES: usize = 32768 - 8192;
+
+/// The most headers an error page may have (HAProxy 2.6 refuses 101).
+pub const MAX_ERROR_PAGE_HEADERS: usize = 100;
+
+/// One error page: a whole HTTP response as HAProxy's `errorfile` takes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorPage(pub std::sync::Arc<[u8]>);
+
+/// Why a file is no error page HAProxy takes.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ErrorPageError {
+    /// Larger than one HAProxy buffer leaves room for.
+    #[error("{size} bytes, more than HAProxy's buffer takes ({MAX_ERROR_PAGE_BYTES})")]
+    TooLarge {
+        /// The page's size.
+        size: usize,
+    },
+    /// The first line is no `HTTP/1.x NNN reason` status line.
+    #[error(
+        "the first line is no HTTP/1.0 or HTTP/1.1 status line with a code from 200 to 599: {line:?}"
+    )]
+    StatusLine {
+        /// The line, as far as it is text.
+        line: String,
+    },
+    /// A header line without a colon, or with a name that is no token.
+    #[error("header line {number} is no `name: value` header: {line:?}")]
+    Header {
+        /// The line's number (the status line is 1).
+        number: usize,
+        /// The line, as far as it is text.
+        line: String,
+    },
+    /// More headers than HAProxy parses in a message (`tune.http.maxhdr`, 101 with
+    /// the start line).
+    #[error("{count} headers, more than HAProxy's {MAX_ERROR_PAGE_HEADERS}")]
+    TooManyHeaders {
+        /// The page's headers.
+        count: usize,
+    },
+    /// No empty line ends the headers.
+    #[error("no empty line ends the headers (a page is a whole HTTP response)")]
+    Unterminated,
+    /// The body is not as long as `Content-Length` says.
+    #[error("content-length says {declared} bytes, the body has {actual}")]
+    ContentLength {
+        /// What the header says.
+        declared: String,
+        /// The body's length.
+        actual: usize,
+    },
+    /// `Transfer-Encoding`, which a page HAProxy sends as it is cannot honour.
+    #[error("a transfer-encoding header (the page is sent as it is, never encoded)")]
+    TransferEncoding,
+}
+
+/// Whether `line` is `HTTP/1.0` or `HTTP/1.1`, a code from 200 to 599, and a reason.
+fn status_line_ok(line: &[u8]) -> bool {
+    let Ok(line) = std::str::from_utf8(line) else {
+        return false;
+    };
+    let Some(rest) = line
+        .strip_prefix("HTTP/1.1 ")
+        .or_else(|| line.strip_prefix("HTTP/1.0 "))
+    else {
+        return false;
+    };
+    let code = rest.split_once(' ').map_or(rest, |(code, _reason)| code);
+    code.len() == 3
+        && code
+            .parse::<u16>()
+            .is_ok_and(|code| (200..600).contains(&code))
+}
+
+impl ErrorPage {
+    /// Checks `bytes` as a whole HTTP/1 response that HAProxy's `errorfile` parser
+    /// takes: a status line (`HTTP/1.0` or `HTTP/1.1`, a code from 200 to 599), header
+    /// lines `name: value` (CRLF or LF; at most [`MAX_ERROR_PAGE_HEADERS`]), an empty
+    /// line, a body as long as a `Content-Length` says; no `Transfer-Encoding`; at most
+    /// [`MAX_ERROR_PAGE_BYTES`].
+    pub fn parse(bytes: &[u8]) -> Result<Self, ErrorPageError> {
+        if bytes.len() > MAX_ERROR_PAGE_BYTES {
+            return Err(ErrorPageError::TooLarge { size: bytes.len() });
+        }
+        let text = |line: &[u8]| String::from_utf8_lossy(line).into_owned();
+        let mut rest = bytes;
+        let mut next_line = || -> Option<&[u8]> {
+            let end = rest.iter().position(|&b| b == b'\n')?;
+            let line = &rest[..end];
+            rest = &rest[end + 1..];
+            Some(line.strip_suffix(b"\r").unwrap_or(line))
+        };
+        let status = next_line().ok_or(ErrorPageError::Unterminated)?;
+        if !status_line_ok(status) {
+            return Err(ErrorPageError::StatusLine { line: text(status) });
+        }
+        let mut content_length = None;
+        let mut number = 1;
+        loop {
+            let line = next_line().ok_or(ErrorPageError::Unterminated)?;
+            number += 1;
+            if line.is_empty() {
+                break;
+            }
+            if number - 1 > MAX_ERROR_PAGE_HEADERS {
+                return Err(ErrorPageError::TooManyHeaders { count: number - 1 });
+            }
+            let Some(colon) = line.iter().position(|&b| b == b':') else {
+                return Err(ErrorPageError::Header {
+                    number,
+                    line: text(line),
+                });
+            };
+            let name = &line[..colon];
+            let token = !name.is_empty()
+                && name
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(b));
+            let value = &line[colon + 1..];
+            if !token || value.iter().any(|&b| b == b'\r' || b == 0) {
+                return Err(ErrorPageError::Header {
+                    number,
+                    line: text(line),
+                });
+            }
+            if name.eq_ignore_ascii_case(b"transfer-encoding") {
+                return Err(ErrorPageError::TransferEncoding);
+            }
+            if name.eq_ignore_ascii_case(b"content-length") {
+                content_length = Some(text(value).trim().to_owned());
+            }
+        }
+        let body = rest.len();
+        if let Some(declared) = content_length
+            && declared.parse::<usize>().ok() != Some(body)
+        {
+            return Err(ErrorPageError::ContentLength {
+                declared,
+                actual: body,
+            });
+        }
+        Ok(Self(bytes.into()))
+    }
 }
 
 impl RenderOptions {
@@ -150,6 +340,7 @@ impl RenderOptions {
             proxy_protocol: false,
             access_log: false,
             metrics_socket: None,
+            error_pages: CustomErrorPages::default(),
         }
     }
 
@@ -587,7 +778,12 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
     }
     let _ = writeln!(
         out,
-        "backend openshift_default\n  mode http\n  option forwardfor\n  option http-pretend-keepalive\n"
+        "backend openshift_default\n  mode http\n  option forwardfor\n  option http-pretend-keepalive{deny}\n",
+        deny = if options.error_pages.page_404.is_some() {
+            "\n  http-request deny deny_status 404"
+        } else {
+            ""
+        },
     );
 }
 
@@ -781,7 +977,7 @@ fn backend(
     let verify_host = routing.termination == Termination::Reencrypt
         && ca_file.is_none()
         && options.default_destination_ca.is_some();
-    let server_options = |h2c: bool, service_host: &str| -> String {
+    let server_options = |h2c: bool, service_host: &str, health_check: bool| -> String {
         let mut line = String::new();
         match &routing.termination {
             Termination::Reencrypt => {
@@ -805,7 +1001,7 @@ fn backend(
             Termination::Http | Termination::Edge if h2c => line.push_str(" proto h2"),
             _ => {}
         }
-        if checked {
+        if checked && health_check {
             let _ = write!(line, " check inter {interval}");
         }
         if let Some(max) = max_connections {
@@ -822,7 +1018,7 @@ fn backend(
             server.ip,
             server.port,
             server.weight,
-            server_options(server.h2c, &server.service_host)
+            server_options(server.h2c, &server.service_host, server.health_check)
         );
         servers.push(RenderedServer {
             name: server.id.clone(),
@@ -842,7 +1038,7 @@ fn backend(
         let _ = writeln!(
             out,
             "  server {name} {SPARE_SERVER_ADDRESS} weight 0 disabled{}",
-            server_options(false, &primary_host)
+            server_options(false, &primary_host, true)
         );
         servers.push(RenderedServer { name, target: None });
     }

@@ -1,12 +1,13 @@
 //! The task that keeps HAProxy routing what certwatch serves: one cluster-wide
-//! list/watch of EndpointSlices (as the router has), the served routes from the
-//! outputs, and HAProxy itself.
+//! list/watch of EndpointSlices and one of Services (idled services, served at their
+//! cluster IP; as the router has both), the served routes from the outputs, and
+//! HAProxy itself.
 //!
 //! - Nothing is written before start-up is decided (every route present at start-up
-//!   has its outcome and the crt-list is written) and the EndpointSlices are listed:
-//!   then the configuration is rendered, written and HAProxy started (or reloaded) on
-//!   it once. The slices' list goes out with the routes' own, so start-up keeps its
-//!   two round trips.
+//!   has its outcome and the crt-list is written) and the EndpointSlices and Services
+//!   are listed: then the configuration is rendered, written and HAProxy started (or
+//!   reloaded) on it once. The slices' and Services' lists go out with the routes'
+//!   own, so start-up keeps its two round trips.
 //! - An endpoint change reaches the running HAProxy through its runtime API, on the
 //!   backends' server slots ([`super::dynamic`]), without a reload.
 //! - A change the slots cannot take, and any change of the routes themselves (added,
@@ -28,6 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -115,18 +117,27 @@ pub struct Routing {
 }
 
 impl Routing {
-    /// Starts the task: its EndpointSlice watch through `client` at once.
+    /// Starts the task: its EndpointSlice and Service watches through `client` at once.
     pub fn spawn(client: kube::Client, options: RoutingOptions, metrics: Arc<Metrics>) -> Self {
         let (changes, inputs) = mpsc::unbounded_channel();
         let (served_tx, served) = watch::channel(false);
         let (repairs_tx, repairs) = watch::channel(0);
         let (haproxy, haproxy_rx) = watch::channel(None);
-        let slices = slice_events(client, Arc::clone(&metrics));
+        let slices = watch_events(
+            Api::<EndpointSlice>::all(client.clone()),
+            "endpointslices",
+            Arc::clone(&metrics),
+        );
+        let services = watch_events(
+            Api::<Service>::all(client),
+            "services",
+            Arc::clone(&metrics),
+        );
         metrics.register_routing();
         let mut worker = Worker::new(options, metrics, haproxy_rx, served_tx);
         worker.repairs = repairs_tx;
         let closing = CancellationToken::new();
-        let task = tokio::spawn(worker.run(inputs, slices, closing.clone()));
+        let task = tokio::spawn(worker.run(inputs, slices, services, closing.clone()));
         Self {
             closing,
             changes,
@@ -170,22 +181,32 @@ impl Routing {
     }
 }
 
-/// What the EndpointSlice watch tells.
-enum SliceEvent {
-    Listed(Vec<EndpointSlice>),
-    Applied(EndpointSlice),
-    Deleted(EndpointSlice),
+/// What a list/watch (of EndpointSlices, of Services) tells.
+enum WatchEvent<K> {
+    Listed(Vec<K>),
+    Applied(K),
+    Deleted(K),
 }
 
-fn slice_events(
-    client: kube::Client,
+/// One cluster-wide list/watch of `K` (`resource` names it in logs and metrics).
+fn watch_events<K>(
+    api: Api<K>,
+    resource: &'static str,
     metrics: Arc<Metrics>,
-) -> futures::stream::BoxStream<'static, SliceEvent> {
+) -> futures::stream::BoxStream<'static, WatchEvent<K>>
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + k8s_openapi::serde::de::DeserializeOwned
+        + Send
+        + 'static,
+{
     // One list from the watch cache, unpaged, as the route watch lists.
     let mut config = watcher::Config::default().any_semantic();
     config.page_size = None;
-    let mut listing: Option<Vec<EndpointSlice>> = None;
-    watcher::watcher(Api::<EndpointSlice>::all(client), config)
+    let mut listing: Option<Vec<K>> = None;
+    watcher::watcher(api, config)
         .default_backoff()
         .filter_map(move |item| {
             let event = match item {
@@ -193,16 +214,16 @@ fn slice_events(
                     listing = Some(Vec::new());
                     None
                 }
-                Ok(Event::InitApply(slice)) => {
-                    listing.get_or_insert_with(Vec::new).push(slice);
+                Ok(Event::InitApply(object)) => {
+                    listing.get_or_insert_with(Vec::new).push(object);
                     None
                 }
-                Ok(Event::InitDone) => Some(SliceEvent::Listed(listing.take().unwrap_or_default())),
-                Ok(Event::Apply(slice)) => Some(SliceEvent::Applied(slice)),
-                Ok(Event::Delete(slice)) => Some(SliceEvent::Deleted(slice)),
+                Ok(Event::InitDone) => Some(WatchEvent::Listed(listing.take().unwrap_or_default())),
+                Ok(Event::Apply(object)) => Some(WatchEvent::Applied(object)),
+                Ok(Event::Delete(object)) => Some(WatchEvent::Deleted(object)),
                 Err(error) => {
-                    warn!(%error, "EndpointSlice watch failed; retrying");
-                    metrics.api.watcher_error("endpointslices", &error);
+                    warn!(%error, resource, "watch failed; retrying");
+                    metrics.api.watcher_error(resource, &error);
                     None
                 }
             };
@@ -216,7 +237,10 @@ struct Worker {
     metrics: Arc<Metrics>,
     table: RoutingTable,
     endpoints: EndpointTable,
+    /// Whether the EndpointSlices have been listed.
     listed: bool,
+    /// Whether the Services have been listed (idled services' cluster IPs).
+    services_listed: bool,
     decided: bool,
     process: Option<HaproxyProcess>,
     /// The certificates' controller: reloads a HAProxy run by others.
@@ -266,6 +290,7 @@ impl Worker {
             table: RoutingTable::new(),
             endpoints: EndpointTable::new(),
             listed: false,
+            services_listed: false,
             decided: false,
             process: None,
             loaded: HashMap::new(),
@@ -283,7 +308,8 @@ impl Worker {
     async fn run(
         mut self,
         mut inputs: mpsc::UnboundedReceiver<RouteChange>,
-        mut slices: futures::stream::BoxStream<'static, SliceEvent>,
+        mut slices: futures::stream::BoxStream<'static, WatchEvent<EndpointSlice>>,
+        mut services: futures::stream::BoxStream<'static, WatchEvent<Service>>,
         closing: CancellationToken,
     ) {
         loop {
@@ -302,6 +328,10 @@ impl Worker {
                 event = slices.next() => {
                     let Some(event) = event else { break };
                     self.take_slices(event);
+                }
+                event = services.next() => {
+                    let Some(event) = event else { break };
+                    self.take_services(event);
                 }
                 () = sleep_until(self.due), if self.due.is_some() => {
                     self.due = None;
@@ -338,15 +368,15 @@ impl Worker {
         }
     }
 
-    fn take_slices(&mut self, event: SliceEvent) {
+    fn take_slices(&mut self, event: WatchEvent<EndpointSlice>) {
         let changed = match event {
-            SliceEvent::Listed(slices) => {
+            WatchEvent::Listed(slices) => {
                 self.listed = true;
                 debug!(slices = slices.len(), "EndpointSlices listed");
                 self.endpoints.replace_all(&slices)
             }
-            SliceEvent::Applied(slice) => self.endpoints.apply(&slice),
-            SliceEvent::Deleted(slice) => {
+            WatchEvent::Applied(slice) => self.endpoints.apply(&slice),
+            WatchEvent::Deleted(slice) => {
                 let namespace = slice.namespace().unwrap_or_default();
                 self.endpoints.remove(&namespace, &slice.name_any())
             }
@@ -354,9 +384,26 @@ impl Worker {
         self.dirty_services.extend(changed);
     }
 
+    fn take_services(&mut self, event: WatchEvent<Service>) {
+        let changed = match event {
+            WatchEvent::Listed(services) => {
+                self.services_listed = true;
+                debug!(services = services.len(), "Services listed");
+                self.endpoints.replace_services(&services)
+            }
+            WatchEvent::Applied(service) => self.endpoints.apply_service(&service),
+            WatchEvent::Deleted(service) => {
+                let namespace = service.namespace().unwrap_or_default();
+                self.endpoints
+                    .remove_service(&namespace, &service.name_any())
+            }
+        };
+        self.dirty_services.extend(changed);
+    }
+
     /// Brings HAProxy to the current routes and endpoints, as far as is due now.
     async fn step(&mut self) {
-        if !(self.decided && self.listed) {
+        if !(self.decided && self.listed && self.services_listed) {
             return;
         }
         let running = self.process.as_mut().is_none_or(HaproxyProcess::running);

@@ -862,3 +862,134 @@ fn header_case_adjustments_are_global_and_per_route_on_request() {
     assert!(defaults < option && option < config.find("\nfrontend ").unwrap());
     haproxy_check(&write_config(&rendered, &options).unwrap());
 }
+
+/// A page of exactly `size` bytes: a 503 with `Content-Length`, the body filled.
+fn page_of(size: usize, line_end: &str) -> Vec<u8> {
+    let head = |length: usize| {
+        format!(
+            "HTTP/1.1 503 Service Unavailable{line_end}Content-Type: text/plain{line_end}\
+             Content-Length: {length}{line_end}{line_end}"
+        )
+    };
+    // The length's digits change the head's size: settle it.
+    let mut body = size - head(0).len();
+    while head(body).len() + body != size {
+        body = size - head(body).len();
+    }
+    let mut page = head(body).into_bytes();
+    page.resize(size, b'x');
+    page
+}
+
+#[test]
+fn error_pages_are_checked_as_haproxy_reads_them() {
+    let ok = |bytes: &[u8]| ErrorPage::parse(bytes).map(|_| ());
+    assert_eq!(ok(ERROR_PAGES[0].1.as_bytes()), Ok(()));
+    assert_eq!(ok(ERROR_PAGES[1].1.as_bytes()), Ok(()));
+    assert_eq!(ok(b"HTTP/1.0 404 Not Found\n\n"), Ok(()));
+    assert_eq!(ok(b"HTTP/1.1 200\r\n\r\nbody"), Ok(()));
+    assert_eq!(ok(&page_of(MAX_ERROR_PAGE_BYTES, "\r\n")), Ok(()));
+    assert_eq!(
+        ok(&page_of(MAX_ERROR_PAGE_BYTES + 1, "\r\n")),
+        Err(ErrorPageError::TooLarge {
+            size: MAX_ERROR_PAGE_BYTES + 1
+        })
+    );
+    for status in [
+        &b"<html>not a response</html>\n\n"[..],
+        b"HTTP/2 503 Service Unavailable\r\n\r\n",
+        b"HTTP/1.1 99 Odd\r\n\r\n",
+        b"HTTP/1.1 600 Odd\r\n\r\n",
+        b"HTTP/1.1 5030 Odd\r\n\r\n",
+    ] {
+        assert!(
+            matches!(ok(status), Err(ErrorPageError::StatusLine { .. })),
+            "{:?}",
+            String::from_utf8_lossy(status)
+        );
+    }
+    assert_eq!(
+        ok(b"HTTP/1.1 503 Busy\r\nno colon here\r\n\r\n"),
+        Err(ErrorPageError::Header {
+            number: 2,
+            line: "no colon here".into()
+        })
+    );
+    assert!(matches!(
+        ok(b"HTTP/1.1 503 Busy\r\nbad name: x\r\n\r\n"),
+        Err(ErrorPageError::Header { number: 2, .. })
+    ));
+    assert_eq!(
+        ok(b"HTTP/1.1 503 Busy\r\nContent-Type: text/html\r\n"),
+        Err(ErrorPageError::Unterminated)
+    );
+    assert_eq!(ok(b""), Err(ErrorPageError::Unterminated));
+    let headers = |n: usize| {
+        let lines: String = (0..n).map(|i| format!("x-h{i}: v\r\n")).collect();
+        format!("HTTP/1.1 503 Busy\r\n{lines}\r\n").into_bytes()
+    };
+    assert_eq!(ok(&headers(MAX_ERROR_PAGE_HEADERS)), Ok(()));
+    assert_eq!(
+        ok(&headers(MAX_ERROR_PAGE_HEADERS + 1)),
+        Err(ErrorPageError::TooManyHeaders {
+            count: MAX_ERROR_PAGE_HEADERS + 1
+        })
+    );
+    assert_eq!(
+        ok(b"HTTP/1.1 503 Busy\r\nContent-Length: 10\r\n\r\nshort"),
+        Err(ErrorPageError::ContentLength {
+            declared: "10".into(),
+            actual: 5
+        })
+    );
+    assert_eq!(
+        ok(b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+        Err(ErrorPageError::TransferEncoding)
+    );
+}
+
+#[test]
+fn custom_error_pages_are_written_and_taken_by_haproxy() {
+    let endpoints = endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = options_in(dir.path());
+    let mut table = RoutingTable::new();
+    table.upsert(served(
+        "web",
+        routing(Termination::Edge, InsecurePolicy::None),
+    ));
+    // Without pages of the operator's: certwatch's, and no 404 from openshift_default.
+    let rendered = render(&table, &endpoints, &options);
+    assert!(!rendered.config.contains("deny_status 404"));
+    haproxy_check(&write_config(&rendered, &options).unwrap());
+    assert_eq!(
+        std::fs::read(options.config_dir.join("error-page-503.http")).unwrap(),
+        ERROR_PAGES[0].1.as_bytes()
+    );
+    // The largest page the check takes, LF line ends, as the 503 page.
+    let big = page_of(MAX_ERROR_PAGE_BYTES, "\n");
+    options.error_pages.page_503 = Some(ErrorPage::parse(&big).unwrap());
+    // The 404 page with the most headers the check takes.
+    let lines: String = (1..MAX_ERROR_PAGE_HEADERS)
+        .map(|i| format!("x-h{i}: v\r\n"))
+        .collect();
+    let page_404 =
+        format!("HTTP/1.1 404 Not Found\r\nx-page: mine\r\n{lines}\r\nnot here").into_bytes();
+    options.error_pages.page_404 = Some(ErrorPage::parse(&page_404).unwrap());
+    let rendered = render(&table, &endpoints, &options);
+    let config = &rendered.config;
+    let default = &config[config.find("\nbackend openshift_default\n").unwrap() + 1..];
+    assert!(
+        default[..default.find("\n\n").unwrap()].ends_with("\n  http-request deny deny_status 404"),
+        "{default}"
+    );
+    haproxy_check(&write_config(&rendered, &options).unwrap());
+    assert_eq!(
+        std::fs::read(options.config_dir.join("error-page-503.http")).unwrap(),
+        big
+    );
+    assert_eq!(
+        std::fs::read(options.config_dir.join("error-page-404.http")).unwrap(),
+        page_404
+    );
+}

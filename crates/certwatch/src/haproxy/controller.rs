@@ -291,6 +291,7 @@ impl Haproxy {
             retry_at: None,
             next_check: Instant::now(),
             up: false,
+            answered_once: false,
             push_rate: None,
         };
         let task = tokio::spawn(controller.run());
@@ -406,6 +407,10 @@ struct Want {
     version: u64,
 }
 
+/// Failures to reach a runtime API whose socket is not there yet, before the first
+/// answer, after which the wait is warned about (about 9 s with the default backoff).
+const STARTING_FAILURES: u32 = 5;
+
 /// How soon a step HAProxy could not do now (its certificate operations locked) is
 /// tried again.
 const BUSY_RETRY: Duration = Duration::from_millis(100);
@@ -498,6 +503,9 @@ struct Controller {
     retry_at: Option<Instant>,
     next_check: Instant,
     up: bool,
+    /// Whether the runtime API has answered once: before that, a socket that is not
+    /// there yet is HAProxy still starting, not a failure worth a warning.
+    answered_once: bool,
     /// Certificates pushed per second, as measured over the last batches.
     push_rate: Option<f64>,
 }
@@ -1324,6 +1332,7 @@ impl Controller {
             info!(socket = %self.options.socket.display(), "HAProxy's runtime API answers");
         }
         self.up = true;
+        self.answered_once = true;
         self.failures = 0;
         self.retry_at = None;
         self.backoff = Backoff::new(self.options.retry);
@@ -1336,8 +1345,18 @@ impl Controller {
         self.metrics.haproxy.set_up(false);
         self.metrics.haproxy.synced(false);
         let delay = self.backoff.next_delay();
-        if self.failures == 1 {
+        // HAProxy started beside certwatch (by its routing task, a sidecar) creates its
+        // socket a moment after the files are complete: until it has answered once, a
+        // missing socket is said at info, and warned about only once it lasts.
+        let starting = !self.answered_once && !self.options.socket.exists();
+        let warn_at = if starting { STARTING_FAILURES } else { 1 };
+        if self.failures == warn_at {
             warn!(%error, retry_in = ?delay, "HAProxy: cannot bring it up to date; retrying");
+        } else if self.failures == 1 {
+            info!(
+                socket = %self.options.socket.display(),
+                "waiting for HAProxy's runtime API (HAProxy is starting)"
+            );
         } else {
             debug!(%error, retry_in = ?delay, "HAProxy: still failing; retrying");
         }

@@ -16,6 +16,12 @@
 //! delay ([`StatusWriterOptions::retry`], [`kube_common::backoff`]); a conflict at once.
 //! After five attempts the write is given up until the route's next outcome.
 //!
+//! Under an election ([`StatusWriterOptions::leadership`]) every PUT is sent only while
+//! [`Leadership::is_leader`] says this replica's term lasts, checked right before the
+//! request goes out (after any wait for a permit). A write that meets a term run out is
+//! held, not lost: it goes out when a renewal extends the term, or is left to the
+//! other replica when this one stops leading.
+//!
 //! A write that would not change the status is skipped. Together with the pipeline
 //! ignoring route events that change nothing but status, this keeps the router from
 //! reacting to its own writes.
@@ -178,6 +184,7 @@ impl StatusWriter {
         let worker = Worker {
             client,
             leading: leadership.subscribe(),
+            leadership: leadership.clone(),
             limiter: options.limiter,
             retry: options.retry,
             router: Arc::new(router),
@@ -237,8 +244,10 @@ impl StatusWriter {
 
 struct Worker {
     client: Client,
-    /// Whether this replica writes now.
+    /// Whether this replica writes now, as the election last decided.
     leading: watch::Receiver<bool>,
+    /// Whether this replica's term lasts now (checked before each request).
+    leadership: Leadership,
     /// Paces writes by what the API server accepts; `None`: only `concurrency` does.
     limiter: Option<AdaptiveLimiter>,
     /// Delays between attempts at a failed write.
@@ -252,16 +261,29 @@ struct Worker {
     order: VecDeque<RouteKey>,
     /// Routes being written, by task id: at most one write per route at a time.
     running: HashMap<tokio::task::Id, RouteKey>,
-    writes: JoinSet<()>,
+    /// Each write gives its update back when this replica's term ran out before it
+    /// could be sent.
+    writes: JoinSet<Option<Update>>,
 }
 
 impl Worker {
     async fn run(mut self, mut updates: mpsc::Receiver<Update>) {
         let mut leading = self.leading.clone();
+        let mut terms = self.leadership.terms();
         // Until the election ends (its last value then stays).
         let mut electing = true;
+        let mut renewing = true;
         loop {
             tokio::select! {
+                changed = terms.changed(), if renewing => {
+                    if changed.is_err() {
+                        renewing = false;
+                    } else {
+                        // A renewal: writes held while the term had run out go now.
+                        terms.borrow_and_update();
+                        self.start_writes();
+                    }
+                }
                 changed = leading.changed(), if electing => {
                     if changed.is_err() {
                         electing = false;
@@ -279,13 +301,13 @@ impl Worker {
                     None => {
                         // Finish what is queued, then stop.
                         while let Some(done) = self.writes.join_next_with_id().await {
-                            self.finished(done.map(|(id, ())| id).unwrap_or_else(|err| err.id()));
+                            self.finished(done);
                         }
                         return;
                     }
                 },
                 Some(done) = self.writes.join_next_with_id(), if !self.writes.is_empty() => {
-                    self.finished(done.map(|(id, ())| id).unwrap_or_else(|err| err.id()));
+                    self.finished(done);
                 }
             }
         }
@@ -303,12 +325,37 @@ impl Worker {
         self.start_writes();
     }
 
-    fn finished(&mut self, id: tokio::task::Id) {
+    fn finished(
+        &mut self,
+        done: Result<(tokio::task::Id, Option<Update>), tokio::task::JoinError>,
+    ) {
+        let (id, held) = match done {
+            Ok((id, held)) => (id, held),
+            Err(error) => (error.id(), None),
+        };
         self.running.remove(&id);
+        if let Some(update) = held {
+            if *self.leading.borrow() {
+                // Written when the term is renewed, unless a newer outcome waits.
+                let key = update.key.clone();
+                if let std::collections::hash_map::Entry::Vacant(entry) =
+                    self.pending.entry(key.clone())
+                {
+                    entry.insert(update);
+                    self.order.push_front(key);
+                }
+            } else {
+                self.counters.followed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         self.start_writes();
     }
 
     fn start_writes(&mut self) {
+        if !self.leadership.is_leader() {
+            // Held until a renewal (`terms`) or the end of leading (cleared).
+            return;
+        }
         let mut deferred = Vec::new();
         while self.running.len() < self.concurrency {
             let Some(key) = self.order.pop_front() else {
@@ -324,6 +371,7 @@ impl Worker {
             };
             let write = write_status(
                 self.client.clone(),
+                self.leadership.clone(),
                 self.limiter.clone(),
                 Arc::clone(&self.router),
                 self.retry,
@@ -348,6 +396,8 @@ enum WriteOutcome {
     Unchanged,
     /// The route is gone: there is no status to write.
     RouteGone,
+    /// This replica's term ran out before the request could be sent.
+    TermOver,
 }
 
 /// Why a route's status could not be written (the last failure of its attempts).
@@ -371,16 +421,27 @@ enum StatusWriteError {
     },
 }
 
+/// Writes `update`; gives it back when this replica's term ran out first.
 async fn write_status(
     client: Client,
+    leadership: Leadership,
     limiter: Option<AdaptiveLimiter>,
     router: Arc<RouterIdentity>,
     retry: BackoffPolicy,
     update: Update,
     counters: Arc<Counters>,
-) {
+) -> Option<Update> {
     let key = update.key.clone();
-    match write_attempts(&client, limiter.as_ref(), &router, retry, update, &counters).await {
+    let sender = Sending {
+        client: &client,
+        leadership: &leadership,
+        limiter: limiter.as_ref(),
+    };
+    match write_attempts(sender, &router, retry, &update, &counters).await {
+        Ok(WriteOutcome::TermOver) => {
+            debug!(route = %key, "the lease term ran out; status write held");
+            return Some(update);
+        }
         Ok(WriteOutcome::Recorded) => {
             counters.recorded.fetch_add(1, Ordering::Relaxed);
         }
@@ -397,18 +458,31 @@ async fn write_status(
             counters.failed.fetch_add(1, Ordering::Relaxed);
         }
     }
+    None
+}
+
+/// What sends a status write: the client, under the limiter, while the term lasts.
+#[derive(Clone, Copy)]
+struct Sending<'a> {
+    client: &'a Client,
+    leadership: &'a Leadership,
+    limiter: Option<&'a AdaptiveLimiter>,
 }
 
 /// Up to [`WRITE_ATTEMPTS`] attempts at recording `update`: a conflict is redone at
 /// once on a fresh copy, another failure after the retry policy's next delay.
 async fn write_attempts(
-    client: &Client,
-    limiter: Option<&AdaptiveLimiter>,
+    sender: Sending<'_>,
     router: &RouterIdentity,
     retry: BackoffPolicy,
-    update: Update,
+    update: &Update,
     counters: &Counters,
 ) -> Result<WriteOutcome, StatusWriteError> {
+    let Sending {
+        client,
+        leadership,
+        limiter,
+    } = sender;
     let Update {
         route,
         key,
@@ -419,20 +493,28 @@ async fn write_attempts(
     // records the admission on a fresh clone of it: were the admission recorded on
     // `base` itself, a failed re-read after a 409 would leave a copy that already
     // carries it, and the next attempt would wrongly skip the write as a no-op.
-    let mut base = (*route).clone();
+    let mut base = Route::clone(route);
     let mut attempt = 1;
     loop {
         let mut route = base.clone();
-        if !record_admission(&mut route, router, &admission, Timestamp::now()) {
+        if !record_admission(&mut route, router, admission, Timestamp::now()) {
             return Ok(WriteOutcome::Unchanged);
         }
-        let written = paced::send(limiter, LOAD_REFUSALS, |attempt| {
+        let route = &route;
+        let written = paced::send(limiter, LOAD_REFUSALS, |attempt| async move {
+            // Checked here, after any wait for a permit: the last moment before sending.
+            if !leadership.is_leader() {
+                return Ok(None);
+            }
             counters.writes.fetch_add(1, Ordering::Relaxed);
-            paced::replace_status(client, &key.namespace, &key.name, &route, attempt)
+            paced::replace_status(client, &key.namespace, &key.name, route, attempt)
+                .await
+                .map(Some)
         })
         .await;
         let source = match written {
-            Ok(_) => return Ok(WriteOutcome::Recorded),
+            Ok(None) => return Ok(WriteOutcome::TermOver),
+            Ok(Some(_)) => return Ok(WriteOutcome::Recorded),
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 return Ok(WriteOutcome::RouteGone);
             }
@@ -457,7 +539,7 @@ async fn write_attempts(
             let now = tokio::time::Instant::now().into_std();
             tokio::time::sleep(backoff.next_delay_at(now, rand::random::<f64>())).await;
         }
-        match reread(client, limiter, &key).await {
+        match reread(client, limiter, key).await {
             Ok(Some(fresh)) => base = fresh,
             Ok(None) => return Ok(WriteOutcome::RouteGone),
             Err(source) => {

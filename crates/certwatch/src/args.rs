@@ -63,7 +63,10 @@ fn listen_arg(text: &str) -> Result<SocketAddr, ListenError> {
         .ok_or_else(|| ListenError::NoAddress(text.to_owned()))
 }
 
-/// Boolean flags also read `1`/`0`, `yes`/`no`, `on`/`off` from their variable.
+/// Boolean flags read as Kubernetes tools read them: `--flag` alone is true,
+/// `--flag=true|false` says which (`--flag false` too: `run` takes no positional
+/// argument to mistake it for); their value and variable also read `1`/`0`,
+/// `yes`/`no`, `on`/`off`.
 fn boolish() -> clap::builder::BoolishValueParser {
     clap::builder::BoolishValueParser::new()
 }
@@ -286,7 +289,7 @@ pub struct RunArgs {
 
     /// Offer no HTTP/2 in the crt-list (no `[alpn h2,http/1.1]` on any line), as the
     /// OpenShift router's ROUTER_DISABLE_HTTP2.
-    #[arg(long, env = "CERTWATCH_DISABLE_HTTP2", value_parser = boolish(), help_heading = "HAProxy")]
+    #[arg(long, env = "CERTWATCH_DISABLE_HTTP2", value_parser = boolish(), default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", help_heading = "HAProxy")]
     pub disable_http2: bool,
 
     /// Address of the plain HTTP endpoint: /healthz, /readyz, and /metrics unless
@@ -351,14 +354,14 @@ pub struct RunArgs {
 
     /// Record each route's admission or rejection (with its reason) in its status;
     /// needs update on routes/status.
-    #[arg(long, env = "CERTWATCH_WRITE_STATUS", value_parser = boolish(), help_heading = "Router")]
+    #[arg(long, env = "CERTWATCH_WRITE_STATUS", value_parser = boolish(), default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", help_heading = "Router")]
     pub write_status: bool,
 
     /// With --write-status: elect one status writer among the replicas of this router
     /// name on a coordination.k8s.io Lease (needs create, get, list, watch and update
     /// on leases in its namespace). Every replica serves certificates either way;
     /// `--leader-elect=false` makes this one always write.
-    #[arg(long, env = "CERTWATCH_LEADER_ELECT", value_parser = boolish(), default_value_t = true, action = clap::ArgAction::Set, help_heading = "Router")]
+    #[arg(long, env = "CERTWATCH_LEADER_ELECT", value_parser = boolish(), default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", help_heading = "Router")]
     pub leader_elect: bool,
 
     /// The Lease's name (default: certwatch-<router name>).
@@ -459,13 +462,13 @@ pub struct RunArgs {
 
     /// Admit routes with spec.wildcardPolicy: Subdomain (served for `*.<domain>` of
     /// their host); rejected RouteNotAdmitted otherwise, as by the router.
-    #[arg(long, env = "CERTWATCH_ALLOW_WILDCARD_ROUTES", value_parser = boolish(), help_heading = "Router")]
+    #[arg(long, env = "CERTWATCH_ALLOW_WILDCARD_ROUTES", value_parser = boolish(), default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", help_heading = "Router")]
     pub allow_wildcard_routes: bool,
 
     /// Let routes of any namespace claim a host (with different paths). By default a
     /// host belongs to the namespace of its oldest route, and routes of other
     /// namespaces are rejected HostAlreadyClaimed.
-    #[arg(long, env = "CERTWATCH_DISABLE_NAMESPACE_OWNERSHIP_CHECK", value_parser = boolish(), help_heading = "Router")]
+    #[arg(long, env = "CERTWATCH_DISABLE_NAMESPACE_OWNERSHIP_CHECK", value_parser = boolish(), default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", help_heading = "Router")]
     pub disable_namespace_ownership_check: bool,
 
     /// At most this many secrets' first syncs at once (default: no limit), for an API
@@ -526,6 +529,8 @@ pub struct RunArgs {
         default_value_t = true,
         action = clap::ArgAction::Set,
         value_parser = boolish(),
+        num_args = 0..=1,
+        default_missing_value = "true",
         help_heading = "Routing"
     )]
     pub run_haproxy: bool,

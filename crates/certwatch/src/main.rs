@@ -38,6 +38,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     Run(Box<certwatch::RunArgs>),
+    ClearStatus(certwatch::clear_status::ClearStatusArgs),
     /// The seed's scale against the embedded simulator (lab: certwatch-lab demo).
     #[command(disable_help_flag = true)]
     Demo(LabArgs),
@@ -67,6 +68,7 @@ fn main() -> ExitCode {
     };
     let args = match cli.command {
         Command::Run(args) => args,
+        Command::ClearStatus(args) => return clear_status(&args),
         Command::Demo(_) | Command::Sim(_) | Command::Bench(_) => return hand_to_lab(&argv),
     };
     let format = args.log_format;
@@ -81,6 +83,22 @@ fn main() -> ExitCode {
     match runtime.block_on(certwatch::cli::run(*args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => fatal(format, "certwatch run failed", &error),
+    }
+}
+
+/// `certwatch clear-status`: one pass over every route, logged as text.
+fn clear_status(args: &certwatch::clear_status::ClearStatusArgs) -> ExitCode {
+    init_logging(LogFormat::Text);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => return fatal(LogFormat::Text, "cannot start the async runtime", &error),
+    };
+    match runtime.block_on(certwatch::clear_status::clear_status(args)) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(error) => fatal(LogFormat::Text, "certwatch clear-status failed", &error),
     }
 }
 

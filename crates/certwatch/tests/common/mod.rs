@@ -317,7 +317,10 @@ impl Certwatch {
             .arg(&launch.cert_dir)
             .args(["--listen", &launch.listen, "--progress", "log"])
             .args(&launch.args)
-            .env("RUST_LOG", "info,certwatch=debug")
+            .env(
+                "RUST_LOG",
+                "info,certwatch=debug,route_secrets::api::leader=debug",
+            )
             .envs(launch.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stderr(std::fs::File::create(&launch.log).unwrap());

@@ -373,6 +373,13 @@ impl Election {
             .observed
             .as_ref()
             .and_then(|o| o.holder().map(str::to_owned));
+        debug!(
+            lease = %self.lease_name(),
+            resource_version = rv.as_deref().unwrap_or(""),
+            holder = lease.spec.as_ref().and_then(|spec| spec.holder_identity.as_deref()).unwrap_or(""),
+            duration_seconds = lease.spec.as_ref().and_then(|spec| spec.lease_duration_seconds).unwrap_or(0),
+            "the lease record changed"
+        );
         self.observed = Some(Observed {
             lease,
             changed_at: Instant::now(),
@@ -471,6 +478,11 @@ impl Election {
         if !free {
             return self.observed.as_ref().map(Observed::expires_at);
         }
+        debug!(
+            lease = %self.lease_name(),
+            holder = self.observed.as_ref().and_then(Observed::holder).unwrap_or(""),
+            "taking the lease"
+        );
         let sent = Instant::now();
         let acquisition = tokio::time::timeout(self.options.renew_deadline, self.write(true))
             .await

@@ -41,7 +41,7 @@ use tracing::{debug, warn};
 
 use super::leader::Leadership;
 use super::paced;
-use crate::route::admission::{Admission, RouterIdentity, record_admission};
+use crate::route::admission::{Admission, RouterIdentity, clear_router_status, record_admission};
 use crate::route::{Route, RouteKey};
 
 /// How many times a write is attempted (conflicts and transient errors) before it is
@@ -102,7 +102,15 @@ impl std::fmt::Debug for Counters {
 struct Update {
     route: Arc<Route>,
     key: RouteKey,
-    admission: Admission,
+    change: Change,
+}
+
+/// What a status update does to this router's `status.ingress[]` entry.
+enum Change {
+    /// Records the route's outcome.
+    Record(Admission),
+    /// Removes the entry: the route left this router's selection.
+    Clear,
 }
 
 /// How a [`StatusWriter`] writes.
@@ -214,19 +222,24 @@ impl StatusWriter {
     /// writer files each update at once (the latest per route), whatever its writes
     /// are doing.
     pub async fn record(&self, route: Arc<Route>, admission: Admission) {
+        self.send(route, Change::Record(admission)).await;
+    }
+
+    /// Asks for this router's `status.ingress[]` entry to be removed from `route`
+    /// (which left the router's selection: its labels or its namespace's changed, or
+    /// it is gone). Replaces an outcome still waiting for the same route; a route
+    /// without the entry costs no request, a deleted one a write answered 404.
+    pub async fn clear(&self, route: Arc<Route>) {
+        self.send(route, Change::Clear).await;
+    }
+
+    async fn send(&self, route: Arc<Route>, change: Change) {
         let Some(key) = route.key() else {
             return;
         };
         // The worker only stops when every sender is gone, so this cannot fail while
         // `self` exists.
-        let _ = self
-            .sender
-            .send(Update {
-                route,
-                key,
-                admission,
-            })
-            .await;
+        let _ = self.sender.send(Update { route, key, change }).await;
     }
 
     /// The writer's counters.
@@ -402,7 +415,7 @@ enum WriteOutcome {
 
 /// Why a route's status could not be written (the last failure of its attempts).
 #[derive(Debug, thiserror::Error)]
-enum StatusWriteError {
+pub enum StatusWriteError {
     /// The status update was refused or failed.
     #[error("the status update of route {route} failed: {source}")]
     Write {
@@ -483,11 +496,7 @@ async fn write_attempts(
         leadership,
         limiter,
     } = sender;
-    let Update {
-        route,
-        key,
-        admission,
-    } = update;
+    let Update { route, key, change } = update;
     let mut backoff = Backoff::new(retry);
     // The last copy of the route read from the server (or handed in). Each attempt
     // records the admission on a fresh clone of it: were the admission recorded on
@@ -495,9 +504,29 @@ async fn write_attempts(
     // carries it, and the next attempt would wrongly skip the write as a no-op.
     let mut base = Route::clone(route);
     let mut attempt = 1;
+    // A copy without this router's entry may predate a write of it still landing:
+    // a removal looks once at the server's copy before it counts as done.
+    let mut looked = false;
     loop {
         let mut route = base.clone();
-        if !record_admission(&mut route, router, admission, Timestamp::now()) {
+        let changed = match change {
+            Change::Record(admission) => {
+                record_admission(&mut route, router, admission, Timestamp::now())
+            }
+            Change::Clear => clear_router_status(&mut route, &router.name),
+        };
+        if !changed {
+            if matches!(change, Change::Clear) && !looked {
+                looked = true;
+                match reread(client, limiter, key).await {
+                    Ok(Some(fresh)) => {
+                        base = fresh;
+                        continue;
+                    }
+                    Ok(None) => return Ok(WriteOutcome::RouteGone),
+                    Err(_) => return Ok(WriteOutcome::Unchanged),
+                }
+            }
             return Ok(WriteOutcome::Unchanged);
         }
         let route = &route;
@@ -549,6 +578,104 @@ async fn write_attempts(
                 };
                 debug!(route = %key, error = %failure, "retrying with the copy in hand");
             }
+        }
+        attempt += 1;
+    }
+}
+
+/// What [`clear_router_entries`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClearReport {
+    /// Routes listed (every namespace).
+    pub routes: usize,
+    /// Routes whose entry of the router name was removed.
+    pub cleared: usize,
+    /// Routes deleted before their entry could be removed.
+    pub gone: usize,
+}
+
+/// Why [`clear_router_entries`] stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ClearError {
+    /// Routes could not be listed.
+    #[error("cannot list routes: {0}")]
+    List(#[source] kube::Error),
+    /// One route's status could not be written (after re-reading it on conflicts).
+    #[error(transparent)]
+    Write(Box<StatusWriteError>),
+}
+
+/// Removes every `status.ingress[]` entry of `router_name` from every route the
+/// client can list, as an uninstall or a renamed router needs: other routers' entries
+/// stay as they are. Each write carries the route's resourceVersion; a conflict is
+/// redone on a fresh copy, up to five attempts per route.
+pub async fn clear_router_entries(
+    client: &Client,
+    router_name: &str,
+) -> Result<ClearReport, ClearError> {
+    let mut report = ClearReport::default();
+    let api = kube::Api::<Route>::all(client.clone());
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await.map_err(ClearError::List)?;
+        report.routes += page.items.len();
+        for route in page.items {
+            if crate::route::admission::router_ingress(&route, router_name).is_none() {
+                continue;
+            }
+            match clear_one(client, route, router_name).await {
+                Ok(WriteOutcome::Recorded) => report.cleared += 1,
+                Ok(WriteOutcome::RouteGone) => report.gone += 1,
+                Ok(WriteOutcome::Unchanged | WriteOutcome::TermOver) => {}
+                Err(error) => return Err(ClearError::Write(Box::new(error))),
+            }
+        }
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(report),
+        }
+    }
+}
+
+/// Removes `router_name`'s entry from one route, re-read on conflicts.
+async fn clear_one(
+    client: &Client,
+    route: Route,
+    router_name: &str,
+) -> Result<WriteOutcome, StatusWriteError> {
+    let Some(key) = route.key() else {
+        return Ok(WriteOutcome::Unchanged);
+    };
+    let mut base = route;
+    let mut attempt = 1;
+    loop {
+        let mut route = base.clone();
+        if !clear_router_status(&mut route, router_name) {
+            return Ok(WriteOutcome::Unchanged);
+        }
+        let written = paced::replace_status(
+            client,
+            &key.namespace,
+            &key.name,
+            &route,
+            kube_common::adaptive::Attempt::First,
+        )
+        .await;
+        let source = match written {
+            Ok(_) => return Ok(WriteOutcome::Recorded),
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Ok(WriteOutcome::RouteGone);
+            }
+            Err(source) => source,
+        };
+        let conflict = matches!(&source, kube::Error::Api(status) if status.code == 409);
+        if !conflict || attempt == WRITE_ATTEMPTS {
+            return Err(StatusWriteError::Write { route: key, source });
+        }
+        match reread(client, None, &key).await {
+            Ok(Some(fresh)) => base = fresh,
+            Ok(None) => return Ok(WriteOutcome::RouteGone),
+            Err(source) => return Err(StatusWriteError::Reread { route: key, source }),
         }
         attempt += 1;
     }

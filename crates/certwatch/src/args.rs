@@ -496,6 +496,18 @@ pub struct RunArgs {
     )]
     pub log_format: LogFormat,
 
+    /// Least severe log level shown (error, warn, info, debug, trace). Merged into the
+    /// default filter, which keeps libraries' noise out at any level; `RUST_LOG`
+    /// directives, when set, are merged after it (per target).
+    #[arg(
+        long,
+        env = "CERTWATCH_LOG_LEVEL",
+        value_enum,
+        default_value_t,
+        help_heading = "Logging"
+    )]
+    pub log_level: crate::logging::LogLevel,
+
     /// Start-up progress: a bar on a terminal, log lines otherwise (auto).
     #[arg(
         long,

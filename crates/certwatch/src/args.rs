@@ -840,3 +840,89 @@ impl RunArgs {
         }))
     }
 }
+
+#[cfg(test)]
+mod flag_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use clap::Parser;
+
+    use super::RunArgs;
+
+    #[derive(Debug, Parser)]
+    struct Command {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let argv = ["certwatch", "--cert-dir", "/tmp/certs"]
+            .into_iter()
+            .chain(args.iter().copied());
+        Command::try_parse_from(argv).map(|command| command.run)
+    }
+
+    /// (read from the arguments) write_status, leader_elect, run_haproxy,
+    /// disable_http2, allow_wildcard_routes, disable_namespace_ownership_check.
+    fn booleans(args: &RunArgs) -> [bool; 6] {
+        [
+            args.write_status,
+            args.leader_elect,
+            args.run_haproxy,
+            args.disable_http2,
+            args.allow_wildcard_routes,
+            args.disable_namespace_ownership_check,
+        ]
+    }
+
+    const FLAGS: [&str; 6] = [
+        "--write-status",
+        "--leader-elect",
+        "--run-haproxy",
+        "--disable-http2",
+        "--allow-wildcard-routes",
+        "--disable-namespace-ownership-check",
+    ];
+
+    #[test]
+    fn every_boolean_takes_the_bare_flag_and_an_explicit_value() {
+        let defaults = booleans(&parse(&[]).unwrap());
+        assert_eq!(defaults, [false, true, true, false, false, false]);
+        for (index, flag) in FLAGS.into_iter().enumerate() {
+            for (spelled, value) in [
+                (flag.to_owned(), true),
+                (format!("{flag}=true"), true),
+                (format!("{flag}=false"), false),
+                (format!("{flag}=0"), false),
+                (format!("{flag}=yes"), true),
+            ] {
+                let parsed = booleans(&parse(&[&spelled]).unwrap());
+                let mut expected = defaults;
+                expected[index] = value;
+                assert_eq!(parsed, expected, "{spelled}");
+            }
+            // The older spelling with a separate value still reads.
+            let parsed = booleans(&parse(&[flag, "false"]).unwrap());
+            assert!(!parsed[index], "{flag} false");
+            // A bare flag before another flag takes no value from it.
+            let parsed = parse(&[flag, "--router-name", "x"]).unwrap();
+            assert!(booleans(&parsed)[index], "{flag} --router-name x");
+            assert_eq!(parsed.router_name, "x");
+            assert!(
+                parse(&[&format!("{flag}=perhaps")]).is_err(),
+                "{flag}=perhaps"
+            );
+        }
+    }
+
+    #[test]
+    fn the_log_level_is_a_flag_with_a_default() {
+        use crate::logging::LogLevel;
+        assert_eq!(parse(&[]).unwrap().log_level, LogLevel::Info);
+        assert_eq!(
+            parse(&["--log-level", "debug"]).unwrap().log_level,
+            LogLevel::Debug
+        );
+        assert!(parse(&["--log-level", "loud"]).is_err());
+    }
+}

@@ -83,7 +83,6 @@ fn haproxy_bind(spec: &str) -> String {
     }
 }
 
-/// Boolean flags also read `1`/`0`, `yes`/`no`, `on`/`off` from their variable.
 /// HTTP header names, as given.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HeaderNames(pub Vec<String>);
@@ -147,6 +146,10 @@ fn error_page_arg(path: &str) -> Result<ErrorPage, ErrorPageArgError> {
     })
 }
 
+/// Boolean flags read as Kubernetes tools read them: `--flag` alone is true,
+/// `--flag=true|false` says which (`--flag false` too: `run` takes no positional
+/// argument to mistake it for); their value and variable also read `1`/`0`,
+/// `yes`/`no`, `on`/`off`.
 fn boolish() -> clap::builder::BoolishValueParser {
     clap::builder::BoolishValueParser::new()
 }
@@ -377,7 +380,7 @@ pub struct RunArgs {
 
     /// Offer no HTTP/2 in the crt-list (no `[alpn h2,http/1.1]` on any line), as the
     /// OpenShift router's ROUTER_DISABLE_HTTP2.
-    #[arg(long, env = "CERTWATCH_DISABLE_HTTP2", value_parser = boolish(), help_heading = "HAProxy")]
+    #[arg(long, env = "CERTWATCH_DISABLE_HTTP2", value_parser = boolish(), default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", help_heading = "HAProxy")]
     pub disable_http2: bool,
 
     /// Address of the plain HTTP endpoint: /healthz, /readyz (and /metrics with
@@ -443,14 +446,14 @@ pub struct RunArgs {
 
     /// Record each route's admission or rejection (with its reason) in its status;
     /// needs update on routes/status.
-    #[arg(long, env = "CERTWATCH_WRITE_STATUS", value_parser = boolish(), help_heading = "Router")]
+    #[arg(long, env = "CERTWATCH_WRITE_STATUS", value_parser = boolish(), default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", help_heading = "Router")]
     pub write_status: bool,
 
     /// With --write-status: elect one status writer among the replicas of this router
     /// name on a coordination.k8s.io Lease (needs create, get, list, watch and update
     /// on leases in its namespace). Every replica serves certificates either way;
     /// `--leader-elect=false` makes this one always write.
-    #[arg(long, env = "CERTWATCH_LEADER_ELECT", value_parser = boolish(), default_value_t = true, action = clap::ArgAction::Set, help_heading = "Router")]
+    #[arg(long, env = "CERTWATCH_LEADER_ELECT", value_parser = boolish(), default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", help_heading = "Router")]
     pub leader_elect: bool,
 
     /// The Lease's name (default: certwatch-<router name>).
@@ -553,7 +556,7 @@ pub struct RunArgs {
 
     /// Admit routes with spec.wildcardPolicy: Subdomain (served for `*.<domain>` of
     /// their host); rejected RouteNotAdmitted otherwise, as by the router.
-    #[arg(long, env = "CERTWATCH_ALLOW_WILDCARD_ROUTES", value_parser = boolish(), help_heading = "Router")]
+    #[arg(long, env = "CERTWATCH_ALLOW_WILDCARD_ROUTES", value_parser = boolish(), default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", help_heading = "Router")]
     pub allow_wildcard_routes: bool,
 
     /// The domain of routes with spec.subdomain and no spec.host: such a route is
@@ -570,7 +573,7 @@ pub struct RunArgs {
     /// Let routes of any namespace claim a host (with different paths). By default a
     /// host belongs to the namespace of its oldest route, and routes of other
     /// namespaces are rejected HostAlreadyClaimed.
-    #[arg(long, env = "CERTWATCH_DISABLE_NAMESPACE_OWNERSHIP_CHECK", value_parser = boolish(), help_heading = "Router")]
+    #[arg(long, env = "CERTWATCH_DISABLE_NAMESPACE_OWNERSHIP_CHECK", value_parser = boolish(), default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", help_heading = "Router")]
     pub disable_namespace_ownership_check: bool,
 
     /// At most this many secrets' first syncs at once (default: no limit), for an API
@@ -597,6 +600,18 @@ pub struct RunArgs {
         help_heading = "Logging"
     )]
     pub log_format: LogFormat,
+
+    /// Least severe log level shown (error, warn, info, debug, trace). Merged into the
+    /// default filter, which keeps libraries' noise out at any level; `RUST_LOG`
+    /// directives, when set, are merged after it (per target).
+    #[arg(
+        long,
+        env = "CERTWATCH_LOG_LEVEL",
+        value_enum,
+        default_value_t,
+        help_heading = "Logging"
+    )]
+    pub log_level: crate::logging::LogLevel,
 
     /// Start-up progress: a bar on a terminal, log lines otherwise (auto).
     #[arg(
@@ -660,6 +675,8 @@ pub struct RunArgs {
         default_value_t = true,
         action = clap::ArgAction::Set,
         value_parser = boolish(),
+        num_args = 0..=1,
+        default_missing_value = "true",
         help_heading = "Routing"
     )]
     pub run_haproxy: bool,
@@ -787,7 +804,7 @@ pub struct RunArgs {
     /// --metrics-listen (for development on a loopback address: the metrics name
     /// every tenant's namespaces, routes and secrets). Off: /metrics is only served
     /// by --metrics-listen. Ignored with --metrics-listen.
-    #[arg(long, env = "CERTWATCH_METRICS_UNAUTHENTICATED", value_parser = boolish(), help_heading = "Metrics")]
+    #[arg(long, env = "CERTWATCH_METRICS_UNAUTHENTICATED", value_parser = boolish(), default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", help_heading = "Metrics")]
     pub metrics_unauthenticated: bool,
 
     /// On SIGTERM, /readyz answers 503 at once and HAProxy keeps serving this long
@@ -822,14 +839,14 @@ pub struct RunArgs {
     /// with a PROXY protocol header (v1 or v2) from the load balancer in front, and
     /// route with the client's address from it (X-Forwarded-For, Forwarded); a
     /// connection without one is refused (the router's ROUTER_USE_PROXY_PROTOCOL).
-    #[arg(long, env = "CERTWATCH_PROXY_PROTOCOL", value_parser = boolish(), help_heading = "Routing")]
+    #[arg(long, env = "CERTWATCH_PROXY_PROTOCOL", value_parser = boolish(), default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", help_heading = "Routing")]
     pub proxy_protocol: bool,
 
     /// One line per HTTP request on standard output, from the HAProxy certwatch
     /// configures (HAProxy's httplog: client, frontend, the route's backend and
     /// server, timings, status, bytes, termination state, request line); passthrough
     /// connections are not logged. Off by default.
-    #[arg(long, env = "CERTWATCH_ACCESS_LOG", value_parser = boolish(), help_heading = "Routing")]
+    #[arg(long, env = "CERTWATCH_ACCESS_LOG", value_parser = boolish(), default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", help_heading = "Routing")]
     pub access_log: bool,
 }
 
@@ -1136,5 +1153,99 @@ mod tests {
         for bad in ["Host,", "Ho st", "A:B", "X#Y", "it's"] {
             assert!(header_names_arg(bad).is_err(), "{bad}");
         }
+    }
+}
+
+#[cfg(test)]
+mod flag_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use clap::Parser;
+
+    use super::RunArgs;
+
+    #[derive(Debug, Parser)]
+    struct Command {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let argv = ["certwatch", "--cert-dir", "/tmp/certs"]
+            .into_iter()
+            .chain(args.iter().copied());
+        Command::try_parse_from(argv).map(|command| command.run)
+    }
+
+    /// (read from the arguments) every boolean, in [`FLAGS`]' order.
+    fn booleans(args: &RunArgs) -> [bool; 9] {
+        [
+            args.write_status,
+            args.leader_elect,
+            args.run_haproxy,
+            args.disable_http2,
+            args.allow_wildcard_routes,
+            args.disable_namespace_ownership_check,
+            args.metrics_unauthenticated,
+            args.proxy_protocol,
+            args.access_log,
+        ]
+    }
+
+    const FLAGS: [&str; 9] = [
+        "--write-status",
+        "--leader-elect",
+        "--run-haproxy",
+        "--disable-http2",
+        "--allow-wildcard-routes",
+        "--disable-namespace-ownership-check",
+        "--metrics-unauthenticated",
+        "--proxy-protocol",
+        "--access-log",
+    ];
+
+    #[test]
+    fn every_boolean_takes_the_bare_flag_and_an_explicit_value() {
+        let defaults = booleans(&parse(&[]).unwrap());
+        assert_eq!(
+            defaults,
+            [false, true, true, false, false, false, false, false, false]
+        );
+        for (index, flag) in FLAGS.into_iter().enumerate() {
+            for (spelled, value) in [
+                (flag.to_owned(), true),
+                (format!("{flag}=true"), true),
+                (format!("{flag}=false"), false),
+                (format!("{flag}=0"), false),
+                (format!("{flag}=yes"), true),
+            ] {
+                let parsed = booleans(&parse(&[&spelled]).unwrap());
+                let mut expected = defaults;
+                expected[index] = value;
+                assert_eq!(parsed, expected, "{spelled}");
+            }
+            // The older spelling with a separate value still reads.
+            let parsed = booleans(&parse(&[flag, "false"]).unwrap());
+            assert!(!parsed[index], "{flag} false");
+            // A bare flag before another flag takes no value from it.
+            let parsed = parse(&[flag, "--router-name", "x"]).unwrap();
+            assert!(booleans(&parsed)[index], "{flag} --router-name x");
+            assert_eq!(parsed.router_name, "x");
+            assert!(
+                parse(&[&format!("{flag}=perhaps")]).is_err(),
+                "{flag}=perhaps"
+            );
+        }
+    }
+
+    #[test]
+    fn the_log_level_is_a_flag_with_a_default() {
+        use crate::logging::LogLevel;
+        assert_eq!(parse(&[]).unwrap().log_level, LogLevel::Info);
+        assert_eq!(
+            parse(&["--log-level", "debug"]).unwrap().log_level,
+            LogLevel::Debug
+        );
+        assert!(parse(&["--log-level", "loud"]).is_err());
     }
 }

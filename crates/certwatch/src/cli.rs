@@ -76,6 +76,9 @@ async fn serve(
     options: DaemonOptions,
     config: kube::Config,
 ) -> Result<(), RunError> {
+    // The effective configuration, once: every flag after defaults and CERTWATCH_*
+    // variables (paths and names only: no flag carries a secret).
+    info!(configuration = ?args, "configuration");
     let mut hangups = signals::hangups().map_err(RunError::Signals)?;
     let mut stops = signals::Stops::new().map_err(RunError::Signals)?;
     let unauthenticated_metrics = options.unauthenticated_metrics;

@@ -43,6 +43,7 @@
 
 pub mod args;
 pub mod cert_dir;
+pub mod clear_status;
 pub mod cli;
 pub mod connect;
 pub mod daemon;

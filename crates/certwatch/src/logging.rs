@@ -21,6 +21,86 @@ pub enum LogFormat {
     Json,
 }
 
+/// The least severe level logged (`--log-level`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// Warnings and errors.
+    Warn,
+    /// What an operator reads: start, readiness, changes, failures.
+    #[default]
+    Info,
+    /// Each decision and request batch.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+impl LogLevel {
+    /// The level as a filter directive.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Error => "error",
+            Self::Warn => "warn",
+            Self::Info => "info",
+            Self::Debug => "debug",
+            Self::Trace => "trace",
+        }
+    }
+}
+
+/// Libraries whose debug output is noise to an operator: kept at `info` whatever the
+/// level (`RUST_LOG` can still ask for them by name).
+const QUIET_LIBRARIES: &[&str] = &[
+    "h2",
+    "hyper",
+    "hyper_util",
+    "rustls",
+    "tower",
+    "kube_client",
+];
+
+/// The filter of `default_filter` with `level` as its global level (libraries that
+/// are noise below `info` kept there), then `rust_log`'s directives: a directive for a
+/// target (or the global level) replaces an earlier one for the same target.
+pub fn merged_filter(
+    default_filter: &str,
+    level: Option<LogLevel>,
+    rust_log: Option<&str>,
+) -> String {
+    let mut directives: Vec<(String, String)> = Vec::new();
+    let mut put = |directive: &str| {
+        let directive = directive.trim();
+        if directive.is_empty() {
+            return;
+        }
+        let target = match directive.rsplit_once('=') {
+            Some((target, _)) => target.to_owned(),
+            None => String::new(),
+        };
+        directives.retain(|(known, _)| *known != target);
+        directives.push((target, directive.to_owned()));
+    };
+    default_filter.split(',').for_each(&mut put);
+    if let Some(level) = level {
+        put(level.as_str());
+        if matches!(level, LogLevel::Debug | LogLevel::Trace) {
+            for library in QUIET_LIBRARIES {
+                put(&format!("{library}=info"));
+            }
+        }
+    }
+    if let Some(rust_log) = rust_log {
+        rust_log.split(',').for_each(&mut put);
+    }
+    directives
+        .into_iter()
+        .map(|(_, directive)| directive)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Guards the progress bar currently on screen, if any. Held only to clone the bar
 /// out or to swap it; never while writing.
 static PROGRESS_BAR: Mutex<Option<ProgressBar>> = Mutex::new(None);
@@ -34,11 +114,19 @@ fn current_bar() -> Option<ProgressBar> {
     sync::lock(&PROGRESS_BAR).clone()
 }
 
-/// Installs the global subscriber: `RUST_LOG` when set, `default_filter` otherwise
-/// (e.g. `"info"`). Does nothing if a subscriber is already installed.
+/// Installs the global subscriber: `default_filter` (e.g. `"info"`) with `RUST_LOG`'s
+/// directives merged in when it is set. Does nothing if a subscriber is already
+/// installed.
 pub fn init(format: LogFormat, default_filter: &str) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    init_with_level(format, default_filter, None);
+}
+
+/// [`init`] with `level` (`--log-level`) as the global level, merged before
+/// `RUST_LOG`.
+pub fn init_with_level(format: LogFormat, default_filter: &str, level: Option<LogLevel>) {
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let merged = merged_filter(default_filter, level, rust_log.as_deref());
+    let filter = EnvFilter::try_new(&merged).unwrap_or_else(|_| EnvFilter::new(default_filter));
     // Colour codes only for a person at a terminal: a log collector would store them
     // as text.
     let builder = tracing_subscriber::fmt()
@@ -251,5 +339,42 @@ mod tests {
         );
         log.forget(&"b");
         assert_eq!(log.observe("b", &"denied", later), Seen::Changed);
+    }
+}
+
+#[cfg(test)]
+mod filter_tests {
+    use super::*;
+
+    #[test]
+    fn the_level_replaces_the_global_one_and_keeps_the_defaults_quiet_parts() {
+        let default = "info,kube_runtime::watcher=error";
+        assert_eq!(merged_filter(default, None, None), default);
+        assert_eq!(
+            merged_filter(default, Some(LogLevel::Warn), None),
+            "kube_runtime::watcher=error,warn"
+        );
+        let debug = merged_filter(default, Some(LogLevel::Debug), None);
+        assert!(
+            debug.starts_with("kube_runtime::watcher=error,debug,h2=info"),
+            "{debug}"
+        );
+    }
+
+    #[test]
+    fn rust_log_directives_replace_the_same_targets_only() {
+        let default = "info,kube_runtime::watcher=error";
+        assert_eq!(
+            merged_filter(default, None, Some("debug")),
+            "kube_runtime::watcher=error,debug"
+        );
+        assert_eq!(
+            merged_filter(
+                default,
+                Some(LogLevel::Debug),
+                Some("h2=trace,kube_runtime::watcher=warn")
+            ),
+            "debug,hyper=info,hyper_util=info,rustls=info,tower=info,kube_client=info,h2=trace,kube_runtime::watcher=warn"
+        );
     }
 }

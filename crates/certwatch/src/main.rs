@@ -38,6 +38,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     Run(Box<certwatch::RunArgs>),
+    ClearStatus(certwatch::clear_status::ClearStatusArgs),
     /// The seed's scale against the embedded simulator (lab: certwatch-lab demo).
     #[command(disable_help_flag = true)]
     Demo(LabArgs),
@@ -67,10 +68,11 @@ fn main() -> ExitCode {
     };
     let args = match cli.command {
         Command::Run(args) => args,
+        Command::ClearStatus(args) => return clear_status(&args),
         Command::Demo(_) | Command::Sim(_) | Command::Bench(_) => return hand_to_lab(&argv),
     };
     let format = args.log_format;
-    init_logging(format);
+    init_logging(format, Some(args.log_level));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -84,13 +86,29 @@ fn main() -> ExitCode {
     }
 }
 
+/// `certwatch clear-status`: one pass over every route, logged as text.
+fn clear_status(args: &certwatch::clear_status::ClearStatusArgs) -> ExitCode {
+    init_logging(LogFormat::Text, None);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => return fatal(LogFormat::Text, "cannot start the async runtime", &error),
+    };
+    match runtime.block_on(certwatch::clear_status::clear_status(args)) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(error) => fatal(LogFormat::Text, "certwatch clear-status failed", &error),
+    }
+}
+
 /// Installs the log subscriber, and in JSON mode a panic hook that logs panics as JSON
 /// events too: a log collector then reads every line certwatch writes.
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, level: Option<certwatch::logging::LogLevel>) {
     // kube-runtime's watcher logs every 403 it retries with a Debug dump of the error;
     // certwatch reports those failures itself (once per change, counted in /metrics),
-    // so only the watcher's errors are kept. RUST_LOG overrides this.
-    certwatch::logging::init(format, "info,kube_runtime::watcher=error");
+    // so only the watcher's errors are kept. --log-level and RUST_LOG merge into this.
+    certwatch::logging::init_with_level(format, "info,kube_runtime::watcher=error", level);
     if format == LogFormat::Json {
         std::panic::set_hook(Box::new(|panic| {
             let message = panic

@@ -28,13 +28,17 @@ pub enum KubeconfigWriteError {
     },
 }
 
-/// Writes `config` as YAML to `path`, creating its directory, readable and writable by
-/// the owner only (mode 0600): a kubeconfig holds tokens.
+/// Writes `config` to `path`, creating its directory, readable and writable by the
+/// owner only (mode 0600): a kubeconfig holds tokens. It is written as JSON, which is
+/// YAML too and which kubectl, client-go and kube read as any kubeconfig: no YAML
+/// library (serde_yaml is deprecated) comes into the daemon's dependency tree for it.
 pub fn write(config: &Kubeconfig, path: &Path) -> Result<(), KubeconfigWriteError> {
-    let text = serde_yaml::to_string(config).map_err(|error| KubeconfigWriteError::Render {
-        path: path.to_path_buf(),
-        message: error.to_string(),
-    })?;
+    let mut text =
+        serde_json::to_string_pretty(config).map_err(|error| KubeconfigWriteError::Render {
+            path: path.to_path_buf(),
+            message: error.to_string(),
+        })?;
+    text.push('\n');
     let io = |source| KubeconfigWriteError::Io {
         path: path.to_path_buf(),
         source,

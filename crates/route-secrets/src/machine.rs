@@ -197,7 +197,7 @@ impl RouteMachine {
             Input::Applied(route) => self.accept(route, &mut effects),
             Input::Deleted(route) => {
                 if let Some(key) = route.key() {
-                    self.forget(key);
+                    self.forget(key, &mut effects);
                 }
             }
             Input::Prepared(prepared) => self.prepared(prepared, now, &mut effects),
@@ -282,7 +282,7 @@ impl RouteMachine {
             .map(|(key, _)| key.clone())
             .collect();
         for key in vanished {
-            self.forget(key);
+            self.forget(key, effects);
         }
         for route in routes {
             self.accept(route, effects);
@@ -469,8 +469,15 @@ impl RouteMachine {
 
     /// The route was deleted: its teardown waits in the queue, in order. From now on
     /// nothing but that teardown speaks for it.
-    fn forget(&mut self, key: RouteKey) {
+    /// The route left this router's view (deleted, or out of its selection): torn
+    /// down, and this router's entry removed from its status when one was recorded.
+    fn forget(&mut self, key: RouteKey, effects: &mut Vec<Effect>) {
         if let Some(entry) = self.routes.get_mut(&key) {
+            if entry.recorded.take().is_some()
+                && let Some(route) = entry.latest.as_ref().and_then(|copy| copy.object.clone())
+            {
+                effects.push(Effect::ClearStatus { route });
+            }
             entry.latest = None;
             self.enqueue(key.clone());
             // Its host is free now: a refused claimant takes over, after the teardown.

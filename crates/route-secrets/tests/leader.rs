@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use kube_sim::{GenerateSpec, ROUTER_NAMESPACE, ROUTER_USER, SimConfig, Simulator};
-use route_secrets::api::leader::{LeaderElector, LeaseOptions};
+use route_secrets::api::leader::{LeaderElector, Leadership, LeaseOptions};
 
 const LEASE: &str = "certwatch-default";
 
@@ -207,4 +207,120 @@ async fn a_released_lease_is_taken_over_at_once() {
         .await
         .unwrap();
     assert_eq!(record(&sim).await, ("second".to_owned(), 1));
+}
+
+/// A replica whose election runs on a runtime of its own, on a thread of its own, that
+/// the test can stall: none of its tasks runs then, as when a busy machine does not
+/// schedule the process.
+struct Stallable {
+    leadership: Leadership,
+    /// Each message stalls the runtime until its sender is dropped.
+    stalls: tokio::sync::mpsc::UnboundedSender<std::sync::mpsc::Receiver<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Stallable {
+    fn spawn(client: kube::Client, options: LeaseOptions) -> Self {
+        let (stalls, mut stall_requests) =
+            tokio::sync::mpsc::unbounded_channel::<std::sync::mpsc::Receiver<()>>();
+        let (ready, leadership) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let elector = LeaderElector::spawn(client, options);
+                ready.send(elector.leadership()).unwrap();
+                while let Some(resume) = stall_requests.recv().await {
+                    // Blocks the runtime's only thread: the election's task stops.
+                    let _ = resume.recv();
+                }
+                drop(elector);
+            });
+        });
+        Self {
+            leadership: leadership.recv().unwrap(),
+            stalls,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stalls the replica's runtime until the returned sender is dropped.
+    fn stall(&self) -> std::sync::mpsc::Sender<()> {
+        let (resume, stalled) = std::sync::mpsc::channel();
+        self.stalls.send(stalled).unwrap();
+        resume
+    }
+}
+
+impl Drop for Stallable {
+    fn drop(&mut self) {
+        let (stalls, _) = tokio::sync::mpsc::unbounded_channel();
+        drop(std::mem::replace(&mut self.stalls, stalls));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The window of two writers: a leader whose process is not scheduled cannot renew,
+/// and its election task cannot say it stopped leading either. Its leadership (what its
+/// status writer asks right before each write) ends on its own clock, counted from the
+/// sending of its last renewal, before another replica may take the Lease over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_not_scheduled_stops_writing_before_another_starts() {
+    let sim = sim().await;
+    let client = sim.client("router").await.unwrap();
+    let duration = Duration::from_secs(2);
+    let stalled = Stallable::spawn(client.clone(), options("stalled", duration));
+    support::within_patience("the first replica leads", async {
+        while !stalled.leadership.is_leader() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let other = LeaderElector::spawn(client.clone(), options("other", duration));
+    renewals(&sim, 2).await;
+    assert!(!other.leadership().is_leader());
+
+    let resume = stalled.stall();
+    let mut overlaps = 0;
+    let mut samples = 0;
+    support::within_patience("the other replica leads", async {
+        loop {
+            // In this order: a leadership that has ended on the clock stays ended
+            // while the runtime is stalled, so both `true` means both at once.
+            let other_leads = other.leadership().is_leader();
+            let stalled_leads = stalled.leadership.is_leader();
+            samples += 1;
+            if other_leads && stalled_leads {
+                overlaps += 1;
+            }
+            if other_leads {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert_eq!(overlaps, 0, "two writers at once in {samples} samples");
+    assert!(!stalled.leadership.is_leader());
+    // The stalled replica's election really did not run: it still thinks it leads.
+    // Only the clock ended its term.
+    assert!(*stalled.leadership.subscribe().borrow());
+    assert_eq!(record(&sim).await, ("other".to_owned(), 1));
+
+    drop(resume);
+    let mut follows = stalled.leadership.subscribe();
+    support::within_patience(
+        "the stalled replica, scheduled again, follows",
+        follows.wait_for(|leading| !*leading),
+    )
+    .await
+    .unwrap();
+    renewals(&sim, 2).await;
+    assert!(other.leadership().is_leader());
+    assert!(!stalled.leadership.is_leader());
+    assert_eq!(record(&sim).await, ("other".to_owned(), 1));
 }

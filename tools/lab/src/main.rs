@@ -48,7 +48,11 @@ fn main() -> ExitCode {
     match &cli.command {
         // As `certwatch run` logs (see its main).
         Command::Run(args) => {
-            certwatch::logging::init(args.run.log_format, "info,kube_runtime::watcher=error");
+            certwatch::logging::init_with_level(
+                args.run.log_format,
+                "info,kube_runtime::watcher=error",
+                Some(args.run.log_level),
+            );
         }
         Command::Demo(args) => certwatch::logging::init(args.log_format, "warn"),
         _ => init_tracing(),

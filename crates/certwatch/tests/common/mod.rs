@@ -319,7 +319,10 @@ impl Certwatch {
             .arg(&launch.cert_dir)
             .args(["--listen", &launch.listen, "--progress", "log"])
             .args(&launch.args)
-            .env("RUST_LOG", "info,certwatch=debug")
+            .env(
+                "RUST_LOG",
+                "info,certwatch=debug,route_secrets::api::leader=debug",
+            )
             // Tests read /metrics on their loopback --listen, and stop certwatch at
             // once; a test of either default overrides these with `env`.
             .env("CERTWATCH_METRICS_UNAUTHENTICATED", "true")

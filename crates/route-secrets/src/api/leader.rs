@@ -13,6 +13,14 @@
 //! A leader that shuts down releases the Lease (empty holder), so a follower takes over
 //! at once instead of after the duration.
 //!
+//! The leader's term is counted from when it *sent* its last accepted write of the
+//! Lease: a follower saw that write no earlier, so none takes over before
+//! `sent + lease_duration`, and the leader writes only until `sent + renew_deadline`
+//! ([`Leadership::is_leader`] reads the clock itself). A leader whose election task is
+//! scheduled late (a busy machine, a stalled runtime thread) therefore stops writing on
+//! time even before the task notices; the difference between the two durations is
+//! what a status write already sent has to arrive in.
+//!
 //! Why not a crate (docs/DESIGN.md, "One status writer"): kube-leader-election needs
 //! kube 4 and renews and takes over with merge patches without a resourceVersion (two
 //! followers can both "acquire"); kube-lease-manager builds on kube 5, but judges expiry
@@ -87,29 +95,59 @@ impl LeaseOptions {
 /// Whether this replica leads now, and its changes; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Leadership {
+    /// Whether the election holds the Lease, as its task last decided.
     leading: watch::Receiver<bool>,
-    /// Keeps the channel open for a leadership that never changes.
-    _fixed: Option<Arc<watch::Sender<bool>>>,
+    /// Until when the last accepted write of the Lease lets this replica write
+    /// (`None`: without end, for a leadership without an election).
+    term: watch::Receiver<Option<Instant>>,
+    /// Keeps the channels open for a leadership that never changes.
+    _fixed: Option<Arc<FixedLeadership>>,
+}
+
+/// The senders of a leadership that never changes.
+#[derive(Debug)]
+struct FixedLeadership {
+    _leading: watch::Sender<bool>,
+    _term: watch::Sender<Option<Instant>>,
 }
 
 impl Leadership {
     /// A leadership that is always held: the only writer, without an election.
     pub fn always() -> Self {
-        let (sender, leading) = watch::channel(true);
+        let (leading_sender, leading) = watch::channel(true);
+        let (term_sender, term) = watch::channel(None);
         Self {
             leading,
-            _fixed: Some(Arc::new(sender)),
+            term,
+            _fixed: Some(Arc::new(FixedLeadership {
+                _leading: leading_sender,
+                _term: term_sender,
+            })),
         }
     }
 
-    /// Whether this replica leads now.
+    /// Whether this replica may write now: the election holds the Lease and its last
+    /// renewal, counted from when it was sent, is younger than the renew deadline.
+    /// This reads the clock, so it turns `false` on time however late the election's
+    /// task runs.
     pub fn is_leader(&self) -> bool {
         *self.leading.borrow()
+            && self
+                .term
+                .borrow()
+                .is_none_or(|until| Instant::now() < until)
     }
 
-    /// A receiver of the changes (`true`: leading).
+    /// A receiver of the election's decisions (`true`: leading). Between them,
+    /// [`Leadership::is_leader`] may still turn `false` when a renewal is late.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.leading.clone()
+    }
+
+    /// A receiver of the term's ends: it changes on every renewal, so a writer that
+    /// paused because the term ran out learns when it may write again.
+    pub fn terms(&self) -> watch::Receiver<Option<Instant>> {
+        self.term.clone()
     }
 }
 
@@ -127,11 +165,13 @@ impl LeaderElector {
     /// Starts taking part in the election for `options.name` through `client`.
     pub fn spawn(client: kube::Client, options: LeaseOptions) -> Self {
         let (sender, leading) = watch::channel(false);
+        let (term_sender, term) = watch::channel(Some(Instant::now()));
         let stop = CancellationToken::new();
         let election = Election {
             api: Api::namespaced(client, &options.namespace),
             options,
             leading: sender,
+            term: term_sender,
             observed: None,
             listed: false,
             in_listing: None,
@@ -143,6 +183,7 @@ impl LeaderElector {
         Self {
             leadership: Leadership {
                 leading,
+                term,
                 _fixed: None,
             },
             stop,
@@ -212,12 +253,15 @@ struct Election {
     api: Api<Lease>,
     options: LeaseOptions,
     leading: watch::Sender<bool>,
+    /// Until when this replica may write: its last accepted write's sending plus the
+    /// renew deadline.
+    term: watch::Sender<Option<Instant>>,
     observed: Option<Observed>,
     /// The watch has listed: `observed: None` then means there is no Lease.
     listed: bool,
     /// While the watch (re-)lists: whether the Lease was in the listing so far.
     in_listing: Option<bool>,
-    /// While leading: the last successful renewal (or the acquisition).
+    /// While leading: when the last successful renewal (or the acquisition) was sent.
     last_renewal: Option<Instant>,
     /// The last take-over or create failed (logged once per streak).
     failing: bool,
@@ -329,6 +373,13 @@ impl Election {
             .observed
             .as_ref()
             .and_then(|o| o.holder().map(str::to_owned));
+        debug!(
+            lease = %self.lease_name(),
+            resource_version = rv.as_deref().unwrap_or(""),
+            holder = lease.spec.as_ref().and_then(|spec| spec.holder_identity.as_deref()).unwrap_or(""),
+            duration_seconds = lease.spec.as_ref().and_then(|spec| spec.lease_duration_seconds).unwrap_or(0),
+            "the lease record changed"
+        );
         self.observed = Some(Observed {
             lease,
             changed_at: Instant::now(),
@@ -369,6 +420,7 @@ impl Election {
             info!(lease = %self.lease_name(), identity = %self.options.identity, "leading: this replica writes route status");
         } else {
             self.last_renewal = None;
+            self.term.send_replace(Some(Instant::now()));
             info!(lease = %self.lease_name(), identity = %self.options.identity, reason = why, "no longer leading: another replica writes route status");
         }
     }
@@ -389,12 +441,13 @@ impl Election {
                 .options
                 .renew_deadline
                 .saturating_sub(now.saturating_duration_since(since));
+            let sent = Instant::now();
             let renewal = tokio::time::timeout(left, self.write(false))
                 .await
                 .unwrap_or(Outcome::TimedOut);
             return match renewal {
                 Outcome::Held(lease) => {
-                    self.held(lease);
+                    self.held(lease, sent);
                     Some(retry)
                 }
                 Outcome::Lost => {
@@ -425,13 +478,19 @@ impl Election {
         if !free {
             return self.observed.as_ref().map(Observed::expires_at);
         }
+        debug!(
+            lease = %self.lease_name(),
+            holder = self.observed.as_ref().and_then(Observed::holder).unwrap_or(""),
+            "taking the lease"
+        );
+        let sent = Instant::now();
         let acquisition = tokio::time::timeout(self.options.renew_deadline, self.write(true))
             .await
             .unwrap_or(Outcome::TimedOut);
         match acquisition {
             Outcome::Held(lease) => {
                 self.failing = false;
-                self.held(lease);
+                self.held(lease, sent);
                 self.set_leading(true, "acquired");
                 Some(retry)
             }
@@ -457,8 +516,12 @@ impl Election {
         }
     }
 
-    fn held(&mut self, lease: Box<Lease>) {
-        self.last_renewal = Some(Instant::now());
+    /// Takes in the server's answer to this replica's write sent at `sent`: the term
+    /// runs to `sent` plus the renew deadline (a follower saw the write no earlier).
+    fn held(&mut self, lease: Box<Lease>, sent: Instant) {
+        self.last_renewal = Some(sent);
+        self.term
+            .send_replace(Some(sent + self.options.renew_deadline));
         let rv = lease.metadata.resource_version.clone();
         self.saw(Some(*lease));
         if let Some(rv) = rv {

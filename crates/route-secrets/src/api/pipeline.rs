@@ -282,6 +282,11 @@ impl RoutePipeline {
                     status.record(route, admission).await;
                 }
             }
+            Effect::ClearStatus { route } => {
+                if let Some(status) = &self.status {
+                    status.clear(route).await;
+                }
+            }
             Effect::Readiness(readiness) => {
                 if readiness.is_ready() && !self.readiness.borrow().is_ready() {
                     info!(

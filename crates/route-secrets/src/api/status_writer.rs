@@ -16,6 +16,12 @@
 //! delay ([`StatusWriterOptions::retry`], [`kube_common::backoff`]); a conflict at once.
 //! After five attempts the write is given up until the route's next outcome.
 //!
+//! Under an election ([`StatusWriterOptions::leadership`]) every PUT is sent only while
+//! [`Leadership::is_leader`] says this replica's term lasts, checked right before the
+//! request goes out (after any wait for a permit). A write that meets a term run out is
+//! held, not lost: it goes out when a renewal extends the term, or is left to the
+//! other replica when this one stops leading.
+//!
 //! A write that would not change the status is skipped. Together with the pipeline
 //! ignoring route events that change nothing but status, this keeps the router from
 //! reacting to its own writes.
@@ -35,7 +41,7 @@ use tracing::{debug, warn};
 
 use super::leader::Leadership;
 use super::paced;
-use crate::route::admission::{Admission, RouterIdentity, record_admission};
+use crate::route::admission::{Admission, RouterIdentity, clear_router_status, record_admission};
 use crate::route::{Route, RouteKey};
 
 /// How many times a write is attempted (conflicts and transient errors) before it is
@@ -96,7 +102,15 @@ impl std::fmt::Debug for Counters {
 struct Update {
     route: Arc<Route>,
     key: RouteKey,
-    admission: Admission,
+    change: Change,
+}
+
+/// What a status update does to this router's `status.ingress[]` entry.
+enum Change {
+    /// Records the route's outcome.
+    Record(Admission),
+    /// Removes the entry: the route left this router's selection.
+    Clear,
 }
 
 /// How a [`StatusWriter`] writes.
@@ -178,6 +192,7 @@ impl StatusWriter {
         let worker = Worker {
             client,
             leading: leadership.subscribe(),
+            leadership: leadership.clone(),
             limiter: options.limiter,
             retry: options.retry,
             router: Arc::new(router),
@@ -207,19 +222,24 @@ impl StatusWriter {
     /// writer files each update at once (the latest per route), whatever its writes
     /// are doing.
     pub async fn record(&self, route: Arc<Route>, admission: Admission) {
+        self.send(route, Change::Record(admission)).await;
+    }
+
+    /// Asks for this router's `status.ingress[]` entry to be removed from `route`
+    /// (which left the router's selection: its labels or its namespace's changed, or
+    /// it is gone). Replaces an outcome still waiting for the same route; a route
+    /// without the entry costs no request, a deleted one a write answered 404.
+    pub async fn clear(&self, route: Arc<Route>) {
+        self.send(route, Change::Clear).await;
+    }
+
+    async fn send(&self, route: Arc<Route>, change: Change) {
         let Some(key) = route.key() else {
             return;
         };
         // The worker only stops when every sender is gone, so this cannot fail while
         // `self` exists.
-        let _ = self
-            .sender
-            .send(Update {
-                route,
-                key,
-                admission,
-            })
-            .await;
+        let _ = self.sender.send(Update { route, key, change }).await;
     }
 
     /// The writer's counters.
@@ -237,8 +257,10 @@ impl StatusWriter {
 
 struct Worker {
     client: Client,
-    /// Whether this replica writes now.
+    /// Whether this replica writes now, as the election last decided.
     leading: watch::Receiver<bool>,
+    /// Whether this replica's term lasts now (checked before each request).
+    leadership: Leadership,
     /// Paces writes by what the API server accepts; `None`: only `concurrency` does.
     limiter: Option<AdaptiveLimiter>,
     /// Delays between attempts at a failed write.
@@ -252,16 +274,29 @@ struct Worker {
     order: VecDeque<RouteKey>,
     /// Routes being written, by task id: at most one write per route at a time.
     running: HashMap<tokio::task::Id, RouteKey>,
-    writes: JoinSet<()>,
+    /// Each write gives its update back when this replica's term ran out before it
+    /// could be sent.
+    writes: JoinSet<Option<Update>>,
 }
 
 impl Worker {
     async fn run(mut self, mut updates: mpsc::Receiver<Update>) {
         let mut leading = self.leading.clone();
+        let mut terms = self.leadership.terms();
         // Until the election ends (its last value then stays).
         let mut electing = true;
+        let mut renewing = true;
         loop {
             tokio::select! {
+                changed = terms.changed(), if renewing => {
+                    if changed.is_err() {
+                        renewing = false;
+                    } else {
+                        // A renewal: writes held while the term had run out go now.
+                        terms.borrow_and_update();
+                        self.start_writes();
+                    }
+                }
                 changed = leading.changed(), if electing => {
                     if changed.is_err() {
                         electing = false;
@@ -279,13 +314,13 @@ impl Worker {
                     None => {
                         // Finish what is queued, then stop.
                         while let Some(done) = self.writes.join_next_with_id().await {
-                            self.finished(done.map(|(id, ())| id).unwrap_or_else(|err| err.id()));
+                            self.finished(done);
                         }
                         return;
                     }
                 },
                 Some(done) = self.writes.join_next_with_id(), if !self.writes.is_empty() => {
-                    self.finished(done.map(|(id, ())| id).unwrap_or_else(|err| err.id()));
+                    self.finished(done);
                 }
             }
         }
@@ -303,12 +338,37 @@ impl Worker {
         self.start_writes();
     }
 
-    fn finished(&mut self, id: tokio::task::Id) {
+    fn finished(
+        &mut self,
+        done: Result<(tokio::task::Id, Option<Update>), tokio::task::JoinError>,
+    ) {
+        let (id, held) = match done {
+            Ok((id, held)) => (id, held),
+            Err(error) => (error.id(), None),
+        };
         self.running.remove(&id);
+        if let Some(update) = held {
+            if *self.leading.borrow() {
+                // Written when the term is renewed, unless a newer outcome waits.
+                let key = update.key.clone();
+                if let std::collections::hash_map::Entry::Vacant(entry) =
+                    self.pending.entry(key.clone())
+                {
+                    entry.insert(update);
+                    self.order.push_front(key);
+                }
+            } else {
+                self.counters.followed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         self.start_writes();
     }
 
     fn start_writes(&mut self) {
+        if !self.leadership.is_leader() {
+            // Held until a renewal (`terms`) or the end of leading (cleared).
+            return;
+        }
         let mut deferred = Vec::new();
         while self.running.len() < self.concurrency {
             let Some(key) = self.order.pop_front() else {
@@ -324,6 +384,7 @@ impl Worker {
             };
             let write = write_status(
                 self.client.clone(),
+                self.leadership.clone(),
                 self.limiter.clone(),
                 Arc::clone(&self.router),
                 self.retry,
@@ -348,11 +409,13 @@ enum WriteOutcome {
     Unchanged,
     /// The route is gone: there is no status to write.
     RouteGone,
+    /// This replica's term ran out before the request could be sent.
+    TermOver,
 }
 
 /// Why a route's status could not be written (the last failure of its attempts).
 #[derive(Debug, thiserror::Error)]
-enum StatusWriteError {
+pub enum StatusWriteError {
     /// The status update was refused or failed.
     #[error("the status update of route {route} failed: {source}")]
     Write {
@@ -371,16 +434,27 @@ enum StatusWriteError {
     },
 }
 
+/// Writes `update`; gives it back when this replica's term ran out first.
 async fn write_status(
     client: Client,
+    leadership: Leadership,
     limiter: Option<AdaptiveLimiter>,
     router: Arc<RouterIdentity>,
     retry: BackoffPolicy,
     update: Update,
     counters: Arc<Counters>,
-) {
+) -> Option<Update> {
     let key = update.key.clone();
-    match write_attempts(&client, limiter.as_ref(), &router, retry, update, &counters).await {
+    let sender = Sending {
+        client: &client,
+        leadership: &leadership,
+        limiter: limiter.as_ref(),
+    };
+    match write_attempts(sender, &router, retry, &update, &counters).await {
+        Ok(WriteOutcome::TermOver) => {
+            debug!(route = %key, "the lease term ran out; status write held");
+            return Some(update);
+        }
         Ok(WriteOutcome::Recorded) => {
             counters.recorded.fetch_add(1, Ordering::Relaxed);
         }
@@ -397,42 +471,79 @@ async fn write_status(
             counters.failed.fetch_add(1, Ordering::Relaxed);
         }
     }
+    None
+}
+
+/// What sends a status write: the client, under the limiter, while the term lasts.
+#[derive(Clone, Copy)]
+struct Sending<'a> {
+    client: &'a Client,
+    leadership: &'a Leadership,
+    limiter: Option<&'a AdaptiveLimiter>,
 }
 
 /// Up to [`WRITE_ATTEMPTS`] attempts at recording `update`: a conflict is redone at
 /// once on a fresh copy, another failure after the retry policy's next delay.
 async fn write_attempts(
-    client: &Client,
-    limiter: Option<&AdaptiveLimiter>,
+    sender: Sending<'_>,
     router: &RouterIdentity,
     retry: BackoffPolicy,
-    update: Update,
+    update: &Update,
     counters: &Counters,
 ) -> Result<WriteOutcome, StatusWriteError> {
-    let Update {
-        route,
-        key,
-        admission,
-    } = update;
+    let Sending {
+        client,
+        leadership,
+        limiter,
+    } = sender;
+    let Update { route, key, change } = update;
     let mut backoff = Backoff::new(retry);
     // The last copy of the route read from the server (or handed in). Each attempt
     // records the admission on a fresh clone of it: were the admission recorded on
     // `base` itself, a failed re-read after a 409 would leave a copy that already
     // carries it, and the next attempt would wrongly skip the write as a no-op.
-    let mut base = (*route).clone();
+    let mut base = Route::clone(route);
     let mut attempt = 1;
+    // A copy without this router's entry may predate a write of it still landing:
+    // a removal looks once at the server's copy before it counts as done.
+    let mut looked = false;
     loop {
         let mut route = base.clone();
-        if !record_admission(&mut route, router, &admission, Timestamp::now()) {
+        let changed = match change {
+            Change::Record(admission) => {
+                record_admission(&mut route, router, admission, Timestamp::now())
+            }
+            Change::Clear => clear_router_status(&mut route, &router.name),
+        };
+        if !changed {
+            if matches!(change, Change::Clear) && !looked {
+                looked = true;
+                match reread(client, limiter, key).await {
+                    Ok(Some(fresh)) => {
+                        base = fresh;
+                        continue;
+                    }
+                    Ok(None) => return Ok(WriteOutcome::RouteGone),
+                    Err(_) => return Ok(WriteOutcome::Unchanged),
+                }
+            }
             return Ok(WriteOutcome::Unchanged);
         }
-        let written = paced::send(limiter, LOAD_REFUSALS, |attempt| {
+        let route = &route;
+        let written = paced::send(limiter, LOAD_REFUSALS, |attempt| async move {
+            // Checked here, after any wait for a permit: the last moment before sending.
+            if !leadership.is_leader() {
+                return Ok(None);
+            }
             counters.writes.fetch_add(1, Ordering::Relaxed);
-            paced::replace_status(client, &key.namespace, &key.name, &route, attempt)
+            paced::replace_status(client, &key.namespace, &key.name, route, attempt)
+                .await
+                .map(Some)
         })
         .await;
         let source = match written {
-            Ok(_) => return Ok(WriteOutcome::Recorded),
+            Ok(None) => return Ok(WriteOutcome::TermOver),
+            Ok(Some(_)) => return Ok(WriteOutcome::Recorded),
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 return Ok(WriteOutcome::RouteGone);
             }
@@ -457,7 +568,7 @@ async fn write_attempts(
             let now = tokio::time::Instant::now().into_std();
             tokio::time::sleep(backoff.next_delay_at(now, rand::random::<f64>())).await;
         }
-        match reread(client, limiter, &key).await {
+        match reread(client, limiter, key).await {
             Ok(Some(fresh)) => base = fresh,
             Ok(None) => return Ok(WriteOutcome::RouteGone),
             Err(source) => {
@@ -467,6 +578,104 @@ async fn write_attempts(
                 };
                 debug!(route = %key, error = %failure, "retrying with the copy in hand");
             }
+        }
+        attempt += 1;
+    }
+}
+
+/// What [`clear_router_entries`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClearReport {
+    /// Routes listed (every namespace).
+    pub routes: usize,
+    /// Routes whose entry of the router name was removed.
+    pub cleared: usize,
+    /// Routes deleted before their entry could be removed.
+    pub gone: usize,
+}
+
+/// Why [`clear_router_entries`] stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ClearError {
+    /// Routes could not be listed.
+    #[error("cannot list routes: {0}")]
+    List(#[source] kube::Error),
+    /// One route's status could not be written (after re-reading it on conflicts).
+    #[error(transparent)]
+    Write(Box<StatusWriteError>),
+}
+
+/// Removes every `status.ingress[]` entry of `router_name` from every route the
+/// client can list, as an uninstall or a renamed router needs: other routers' entries
+/// stay as they are. Each write carries the route's resourceVersion; a conflict is
+/// redone on a fresh copy, up to five attempts per route.
+pub async fn clear_router_entries(
+    client: &Client,
+    router_name: &str,
+) -> Result<ClearReport, ClearError> {
+    let mut report = ClearReport::default();
+    let api = kube::Api::<Route>::all(client.clone());
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await.map_err(ClearError::List)?;
+        report.routes += page.items.len();
+        for route in page.items {
+            if crate::route::admission::router_ingress(&route, router_name).is_none() {
+                continue;
+            }
+            match clear_one(client, route, router_name).await {
+                Ok(WriteOutcome::Recorded) => report.cleared += 1,
+                Ok(WriteOutcome::RouteGone) => report.gone += 1,
+                Ok(WriteOutcome::Unchanged | WriteOutcome::TermOver) => {}
+                Err(error) => return Err(ClearError::Write(Box::new(error))),
+            }
+        }
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(report),
+        }
+    }
+}
+
+/// Removes `router_name`'s entry from one route, re-read on conflicts.
+async fn clear_one(
+    client: &Client,
+    route: Route,
+    router_name: &str,
+) -> Result<WriteOutcome, StatusWriteError> {
+    let Some(key) = route.key() else {
+        return Ok(WriteOutcome::Unchanged);
+    };
+    let mut base = route;
+    let mut attempt = 1;
+    loop {
+        let mut route = base.clone();
+        if !clear_router_status(&mut route, router_name) {
+            return Ok(WriteOutcome::Unchanged);
+        }
+        let written = paced::replace_status(
+            client,
+            &key.namespace,
+            &key.name,
+            &route,
+            kube_common::adaptive::Attempt::First,
+        )
+        .await;
+        let source = match written {
+            Ok(_) => return Ok(WriteOutcome::Recorded),
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Ok(WriteOutcome::RouteGone);
+            }
+            Err(source) => source,
+        };
+        let conflict = matches!(&source, kube::Error::Api(status) if status.code == 409);
+        if !conflict || attempt == WRITE_ATTEMPTS {
+            return Err(StatusWriteError::Write { route: key, source });
+        }
+        match reread(client, None, &key).await {
+            Ok(Some(fresh)) => base = fresh,
+            Ok(None) => return Ok(WriteOutcome::RouteGone),
+            Err(source) => return Err(StatusWriteError::Reread { route: key, source }),
         }
         attempt += 1;
     }

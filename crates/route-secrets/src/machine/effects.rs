@@ -36,6 +36,12 @@ pub enum Effect {
         /// What to record.
         admission: Admission,
     },
+    /// Remove this router's `status.ingress[]` entry: the route left its view
+    /// (deleted, or its labels or its namespace's no longer match).
+    ClearStatus {
+        /// The latest copy of the route (its resourceVersion guards the write).
+        route: Arc<Route>,
+    },
     /// Start-up progress changed.
     Readiness(Readiness),
 }

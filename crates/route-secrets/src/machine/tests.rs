@@ -127,6 +127,8 @@ struct Driver {
     outcomes: Vec<RouteOutcome>,
     /// Status records, in order.
     statuses: Vec<(RouteKey, bool, Option<String>)>,
+    /// Status entries removed: the route, and whether its copy carried a status.
+    cleared: Vec<(RouteKey, bool)>,
     /// The last status record of each route, whole.
     last_status: BTreeMap<RouteKey, Admission>,
     /// Secrets prefetched and not released.
@@ -154,6 +156,7 @@ impl Driver {
             preparing: None,
             outcomes: Vec::new(),
             statuses: Vec::new(),
+            cleared: Vec::new(),
             last_status: BTreeMap::new(),
             prefetched: BTreeSet::new(),
             prefetches: Vec::new(),
@@ -183,6 +186,10 @@ impl Driver {
                     self.last_status.insert(key.clone(), admission.clone());
                     self.statuses
                         .push((key, admission.admitted, admission.reason));
+                }
+                Effect::ClearStatus { route } => {
+                    let key = route.key().expect("key");
+                    self.cleared.push((key, route.status.is_some()));
                 }
                 Effect::Readiness(readiness) => {
                     assert!(readiness.initial_done >= self.readiness.initial_done);
@@ -2343,4 +2350,26 @@ fn a_refused_wildcard_route_claims_no_host() {
     d.found(version("uid-s", 1, Ok(Arc::clone(&material().valid[0]))));
     assert_eq!(d.said_to("w"), vec![Said::Rejected("RouteNotAdmitted")]);
     assert_eq!(d.said_to("y"), vec![Said::Admitted]);
+}
+
+/// A route that leaves the router's view (deleted, or missing from a new listing: its
+/// labels or its namespace's no longer match the selectors) has this router's status
+/// entry removed, once, on the latest copy the machine holds.
+#[test]
+fn a_route_leaving_the_view_has_its_status_entry_cleared_once() {
+    let mut d = in_state(State::Serving);
+    assert_eq!(d.last_status.len(), 2, "h and r were decided");
+    assert!(d.cleared.is_empty());
+    // r's status was written since: the latest copy carries it.
+    let mut written = r_with(Some("s"));
+    written.status = Some(crate::route::RouteStatus::default());
+    d.step(Input::Applied(written.clone()));
+    d.step(Input::Deleted(written));
+    assert_eq!(d.cleared, vec![(key("r"), true)]);
+    // h is missing from a new listing (its namespace left the selection).
+    d.step(Input::Listed(Vec::new()));
+    assert_eq!(d.cleared, vec![(key("r"), true), (key("h"), false)]);
+    // Nothing is left to clear.
+    d.step(Input::Listed(Vec::new()));
+    assert_eq!(d.cleared.len(), 2);
 }

@@ -111,6 +111,24 @@ fn header_names_arg(value: &str) -> Result<HeaderNames, String> {
         .map(HeaderNames)
 }
 
+/// A CA bundle file (`--default-destination-ca`), checked once at start-up: HAProxy
+/// refuses a configuration whose `ca-file` it cannot load, so a missing or empty
+/// bundle stops certwatch naming the flag rather than every configuration it renders.
+fn ca_bundle_arg(path: &str) -> Result<PathBuf, String> {
+    let bytes = std::fs::read(path).map_err(|error| format!("cannot read {path}: {error}"))?;
+    use rustls_pki_types::pem::PemObject;
+    let mut certificates = 0;
+    for certificate in rustls_pki_types::CertificateDer::pem_slice_iter(&bytes) {
+        certificate
+            .map_err(|error| format!("{path}: a PEM certificate that does not read: {error}"))?;
+        certificates += 1;
+    }
+    if certificates == 0 {
+        return Err(format!("{path} holds no PEM certificate"));
+    }
+    Ok(PathBuf::from(path))
+}
+
 /// Why an error page file is refused at start-up.
 #[derive(Debug, thiserror::Error)]
 enum ErrorPageArgError {
@@ -713,13 +731,16 @@ pub struct RunArgs {
     pub default_certificate: Option<PathBuf>,
 
     /// The CA bundle that verifies the backends of reencrypt routes without a
-    /// destinationCACertificate (the service CA); default: the service account's
-    /// service-ca.crt when it exists, else such backends are not verified (as the
-    /// router does).
+    /// destinationCACertificate (the service CA, the router's
+    /// DEFAULT_DESTINATION_CA_PATH); default: the service account's service-ca.crt when
+    /// it exists, else such backends are not verified (as the router does). A file
+    /// given here must hold PEM certificates at start (HAProxy's configuration names
+    /// it: a sidecar HAProxy must see it at the same path).
     #[arg(
         long,
         env = "CERTWATCH_DEFAULT_DESTINATION_CA",
         value_name = "PATH",
+        value_parser = ca_bundle_arg,
         help_heading = "Routing"
     )]
     pub default_destination_ca: Option<PathBuf>,

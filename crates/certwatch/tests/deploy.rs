@@ -216,9 +216,31 @@ fn sidecar_runs_what_certwatch_renders(pod: &Value) {
     assert_eq!(master, format!("{config_dir}/master.sock"));
     assert_eq!(env(certwatch, "CERTWATCH_HTTP_BIND"), ":8080");
     assert_eq!(env(certwatch, "CERTWATCH_HTTPS_BIND"), ":8443");
-    for volume in ["haproxy-run", "certs", "default-cert"] {
+    for volume in ["haproxy-run", "certs", "default-cert", "service-ca"] {
         assert_eq!(mount(certwatch, volume), mount(haproxy, volume), "{volume}");
     }
+    // Reencrypt backends are verified against the service CA bundle, at a path HAProxy
+    // reads in its own container (its configuration names it), from the ConfigMap the
+    // service CA operator fills.
+    assert_eq!(
+        env(certwatch, "CERTWATCH_DEFAULT_DESTINATION_CA"),
+        format!("{}/service-ca.crt", mount(certwatch, "service-ca"))
+    );
+    let service_ca = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|volume| volume["name"] == "service-ca")
+        .unwrap();
+    let service_ca_map = documents("base/service-ca.yaml").remove(0);
+    assert_eq!(
+        service_ca["configMap"]["name"],
+        service_ca_map["metadata"]["name"]
+    );
+    assert_eq!(
+        service_ca_map["metadata"]["annotations"]["service.beta.openshift.io/inject-cabundle"],
+        "true"
+    );
     assert_eq!(mount(certwatch, "haproxy-run"), config_dir);
     let cert_dir = env(certwatch, "CERTWATCH_CERT_DIR");
     assert_eq!(mount(certwatch, "certs"), cert_dir);
@@ -844,6 +866,12 @@ async fn an_api_outage_at_start_never_fails_a_probe_that_restarts() {
             "CERTWATCH_DEFAULT_CERTIFICATE" => String::new(),
             "CERTWATCH_LISTEN" | "CERTWATCH_METRICS_LISTEN" => "127.0.0.1:0".to_owned(),
             "CERTWATCH_METRICS_TLS_CERT" | "CERTWATCH_METRICS_TLS_KEY" => String::new(),
+            // A service CA bundle of the test's own where the operator's would be.
+            "CERTWATCH_DEFAULT_DESTINATION_CA" => {
+                let path = temp.path().join("service-ca.crt");
+                std::fs::write(&path, common::traffic::TestCa::new("service-ca").pem).unwrap();
+                path.display().to_string()
+            }
             _ => value.to_owned(),
         }
     };

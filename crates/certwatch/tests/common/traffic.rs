@@ -140,7 +140,19 @@ impl Backend {
         let key = rcgen::KeyPair::generate().unwrap();
         let params = rcgen::CertificateParams::new(vec![host.to_owned()]).unwrap();
         let certificate = params.self_signed(&key).unwrap();
-        let der = certificate.der().to_vec();
+        Self::https_with(name, certificate.der().to_vec(), key).await
+    }
+
+    /// A TLS backend whose certificate for `host` `ca` signed (HTTP/1.1 inside).
+    pub async fn https_signed(name: &str, host: &str, ca: &TestCa) -> Self {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec![host.to_owned()]).unwrap();
+        let issuer = rcgen::Issuer::from_params(&ca.params, &ca.key);
+        let certificate = params.signed_by(&key, &issuer).unwrap();
+        Self::https_with(name, certificate.der().to_vec(), key).await
+    }
+
+    async fn https_with(name: &str, der: Vec<u8>, key: rcgen::KeyPair) -> Self {
         let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -184,6 +196,28 @@ impl Backend {
     /// Requests served so far.
     pub fn served(&self) -> usize {
         self.seen.lock().unwrap().len()
+    }
+}
+
+/// A certificate authority of a test's own (a service CA, say).
+pub struct TestCa {
+    params: rcgen::CertificateParams,
+    key: rcgen::KeyPair,
+    /// Its certificate, PEM.
+    pub pem: String,
+}
+
+impl TestCa {
+    /// A new self-signed CA named `name`.
+    pub fn new(name: &str) -> Self {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let pem = params.self_signed(&key).unwrap().pem();
+        Self { params, key, pem }
     }
 }
 

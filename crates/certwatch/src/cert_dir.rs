@@ -11,9 +11,11 @@
 //!    which is still there), and a route without an SNI gets no line. The crt-list is
 //!    rewritten only when a line changed (a new certificate in the same file changes
 //!    none);
-//! 3. only once that crt-list is on disk are the bundles of routes no longer served
-//!    removed (link first, then bundle). A proxy that reloads at any moment between
-//!    these steps finds every file its crt-list names.
+//! 3. only once that crt-list is on disk, and every load of the files that began
+//!    before it was ([`FileLoads`]) has ended, are the bundles of routes no longer
+//!    served removed (link first, then bundle). A proxy that reloads at any moment
+//!    between these steps finds every file its crt-list names, and a load that read
+//!    an older crt-list finds every file that one names.
 //!
 //! A flush costs work in proportion to what changed: bundles written, lines
 //! recomputed and the [`CrtChange`]s handed to HAProxy are those of the routes changed
@@ -40,6 +42,7 @@ use route_secrets::route::RouteKey;
 use route_secrets::tls::ValidatedTls;
 use tracing::debug;
 
+use crate::file_loads::FileLoads;
 use crate::files::{self, BundleNames, CRT_LIST_FILE, LINKS_DIR};
 use crate::haproxy::crt_list::{self, CrtListOptions};
 
@@ -169,6 +172,11 @@ pub struct CertDir {
     /// Bundle files on disk that no desired route names: removed once the crt-list on
     /// disk no longer names them.
     unwanted: BTreeSet<String>,
+    /// Unwanted bundles, with the [`FileLoads::mark`] taken once a crt-list not
+    /// naming them was on disk: removed once every load begun before it has ended.
+    held: HashMap<String, u64>,
+    /// The loads of these files in progress.
+    loads: FileLoads,
     /// Links found at start whose bundle is missing or elsewhere: removed with the
     /// first removals.
     stray_links: BTreeSet<String>,
@@ -353,6 +361,8 @@ impl CertDir {
             desired: HashMap::new(),
             on_disk: found.on_disk,
             unwanted,
+            held: HashMap::new(),
+            loads: FileLoads::new(),
             stray_links: found.stray_links,
             dirty: BTreeSet::new(),
             failed: BTreeSet::new(),
@@ -398,6 +408,30 @@ impl CertDir {
         self.dir.join(CRT_LIST_FILE)
     }
 
+    /// The loads of these files: whoever makes HAProxy load them (start or reload)
+    /// holds a [`FileLoads::begin`] guard while it does, so that no file a load may
+    /// have read in the crt-list is removed under it.
+    pub fn file_loads(&self) -> FileLoads {
+        self.loads.clone()
+    }
+
+    /// Whether a bundle no longer wanted waits for a load in progress to end before
+    /// it is removed (a [`FileLoads`] change is then worth a [`CertDir::flush`]).
+    pub fn removals_waiting(&self) -> bool {
+        self.unwanted.iter().any(|bundle| {
+            self.held
+                .get(bundle)
+                .is_some_and(|mark| !self.loads.ended_before(*mark))
+        })
+    }
+
+    /// Whether `bundle`, unwanted, may be removed now.
+    fn removable(&self, bundle: &str) -> bool {
+        self.held
+            .get(bundle)
+            .is_none_or(|mark| self.loads.ended_before(*mark))
+    }
+
     /// Serve `cert` for its route (replacing earlier material). A route whose name
     /// cannot be a file name is refused (never the case for names an API server
     /// accepts).
@@ -406,6 +440,7 @@ impl CertDir {
         let digest = bundle_digest(&cert.tls);
         let chain = chain_digest(&cert.tls);
         self.unwanted.remove(&names.bundle);
+        self.held.remove(&names.bundle);
         self.dirty.insert(cert.route.clone());
         self.relist.insert(cert.route.clone());
         let route = cert.route.clone();
@@ -516,12 +551,13 @@ impl CertDir {
             .count()
     }
 
-    /// Whether some write, removal or crt-list write is waiting for a retry.
+    /// Whether some write, removal or crt-list write is waiting for a retry (a
+    /// removal that waits for a load to end is not: see [`CertDir::removals_waiting`]).
     pub fn has_pending_work(&self) -> bool {
         !self.failed.is_empty()
             || (self.complete
                 && (self.crt_list_failed
-                    || !self.unwanted.is_empty()
+                    || self.unwanted.iter().any(|bundle| self.removable(bundle))
                     || !self.stray_links.is_empty()))
     }
 
@@ -902,12 +938,24 @@ impl CertDir {
     }
 
     /// Phase 3: removes the bundles (and links) no desired route names, once the
-    /// crt-list on disk no longer names them.
+    /// crt-list on disk no longer names them and no load that may have read an older
+    /// crt-list is in progress.
     async fn remove_unwanted(&mut self, report: &mut FlushReport) {
-        if self.unwanted.is_empty() && self.stray_links.is_empty() {
+        // The crt-list on disk names no unwanted bundle now: loads that begin from now
+        // on do not read them.
+        let mark = self.loads.mark();
+        for bundle in &self.unwanted {
+            self.held.entry(bundle.clone()).or_insert(mark);
+        }
+        let bundles: Vec<String> = self
+            .unwanted
+            .iter()
+            .filter(|bundle| self.removable(bundle))
+            .cloned()
+            .collect();
+        if bundles.is_empty() && self.stray_links.is_empty() {
             return;
         }
-        let bundles: Vec<String> = self.unwanted.iter().cloned().collect();
         let stray_links: Vec<String> = self.stray_links.iter().cloned().collect();
         let (dir, links) = (self.dir.clone(), self.links.clone());
         let result = blocking(move || {
@@ -935,6 +983,7 @@ impl CertDir {
                     match removed {
                         Ok(existed) => {
                             self.unwanted.remove(&bundle);
+                            self.held.remove(&bundle);
                             if self.on_disk.remove(&bundle).is_some() || existed {
                                 report.removed += 1;
                             }

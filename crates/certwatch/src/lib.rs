@@ -46,6 +46,7 @@ pub mod cert_dir;
 pub mod cli;
 pub mod connect;
 pub mod daemon;
+pub mod file_loads;
 pub mod files;
 pub mod haproxy;
 mod http;

@@ -60,6 +60,7 @@ use super::runtime::{
     BatchOutcome, Command, Connected, RuntimeClient, RuntimeError, RuntimeOptions, current_instance,
 };
 use crate::cert_dir::{CrtChange, CrtEntry};
+use crate::file_loads::FileLoads;
 use crate::metrics::Metrics;
 use crate::metrics::haproxy::RefusalReason;
 
@@ -100,6 +101,10 @@ pub struct HaproxyOptions {
     /// How long a managed HAProxy may take to finish its connections when certwatch
     /// stops.
     pub stop_grace: Duration,
+    /// The loads of the cert directory's files ([`crate::cert_dir::CertDir::file_loads`]):
+    /// each start or reload certwatch asks of HAProxy is one, so that no file a crt-list
+    /// it may read names is removed while it loads.
+    pub file_loads: FileLoads,
 }
 
 impl HaproxyOptions {
@@ -136,6 +141,7 @@ impl HaproxyOptions {
             batch_bytes: 2 * 1024 * 1024,
             min_reload_interval: Duration::from_secs(5),
             stop_grace: Duration::from_secs(10),
+            file_loads: FileLoads::new(),
         }
     }
 }
@@ -745,9 +751,12 @@ impl Controller {
             config = %options.config.display(),
             "starting HAProxy on the complete files"
         );
+        // The load lasts as long as the task (ended, or aborted).
+        let loading = self.options.file_loads.begin();
         self.start_task = Some(StartTask {
             epoch: self.version,
             handle: tokio::spawn(async move {
+                let _loading = loading;
                 HaproxyProcess::start(options)
                     .await
                     .map(|(process, worker)| (Box::new(process), worker))
@@ -860,9 +869,14 @@ impl Controller {
             pending = self.pending.len(),
             "reloading HAProxy"
         );
+        // The load lasts as long as the task (ended, or aborted).
+        let loading = self.options.file_loads.begin();
         self.reload_task = Some(ReloadTask {
             epoch: self.version,
-            handle: tokio::spawn(async move { master.reload(timeout).await }),
+            handle: tokio::spawn(async move {
+                let _loading = loading;
+                master.reload(timeout).await
+            }),
             reason,
         });
     }

@@ -585,9 +585,12 @@ fn spawn_outputs(
         )
     });
     let file_loads = cert_dir.file_loads();
+    let refused = cert_dir.excluded().clone();
     let haproxy = options.haproxy.clone().map(|mut haproxy| {
         // Its starts and reloads keep the files they may read in place.
         haproxy.file_loads = file_loads.clone();
+        // What it refused before stays refused (its lines are out of the crt-list).
+        haproxy.refused = refused.clone();
         // The HAProxy certwatch runs loads certificates at the level they were
         // validated at, unless told otherwise.
         if let crate::haproxy::HaproxyMode::Managed(process) = &mut haproxy.mode {

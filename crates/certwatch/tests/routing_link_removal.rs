@@ -144,18 +144,17 @@ async fn a_secret_flipping_between_opaque_and_tls_never_fails_a_load() {
         })
         .await;
     }
-    assert_eq!(presented(https_port, &host("flip")).await, Some(leaf));
+    eventually_async("the flipping route to be served", || async {
+        (presented(https_port, &host("flip")).await == Some(leaf.clone())).then_some(())
+    })
+    .await;
     for i in [0, 150, 299] {
         let expected = leaf_of(&admin, NAMESPACE, &format!("tls-{i}")).await;
-        assert_eq!(
-            presented(
-                https_port,
-                &format!("route-{i}.{NAMESPACE}.apps.sim.example")
-            )
-            .await,
-            Some(expected),
-            "route-{i}"
-        );
+        let sni = format!("route-{i}.{NAMESPACE}.apps.sim.example");
+        eventually_async(&format!("route-{i} to be served"), || async {
+            (presented(https_port, &sni).await == Some(expected.clone())).then_some(())
+        })
+        .await;
     }
     let loads = metric(&certwatch, "certwatch_routing_loads_total") - loads_before;
     // Loads happened while the secret flipped (changes that come during a load are

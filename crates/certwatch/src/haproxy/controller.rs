@@ -105,6 +105,10 @@ pub struct HaproxyOptions {
     /// each start or reload certwatch asks of HAProxy is one, so that no file a crt-list
     /// it may read names is removed while it loads.
     pub file_loads: FileLoads,
+    /// Certificates HAProxy refused before (an earlier run's refusals, kept in the cert
+    /// directory): name → the refused material's digest. Refused from the start: not
+    /// pushed again until their material changes.
+    pub refused: HashMap<String, [u8; 32]>,
 }
 
 impl HaproxyOptions {
@@ -142,6 +146,7 @@ impl HaproxyOptions {
             min_reload_interval: Duration::from_secs(5),
             stop_grace: Duration::from_secs(10),
             file_loads: FileLoads::new(),
+            refused: HashMap::new(),
         }
     }
 }
@@ -255,7 +260,18 @@ impl Haproxy {
         });
         let inbox = Arc::new(Inbox::default());
         let (status_tx, status) = watch::channel(HaproxyStatus::default());
-        let (rejected_tx, rejected) = watch::channel(Rejected::default());
+        let (rejected_tx, rejected) = watch::channel(Arc::new(options.refused.clone()));
+        let refused = options
+            .refused
+            .iter()
+            .map(|(name, digest)| {
+                let refusal = Refusal {
+                    digest: *digest,
+                    reason: RefusalReason::Rejected,
+                };
+                (name.clone(), refusal)
+            })
+            .collect();
         let master = match &options.mode {
             HaproxyMode::External {
                 master_socket: Some(socket),
@@ -278,7 +294,7 @@ impl Haproxy {
             version: 0,
             pending: HashMap::new(),
             awaiting_reload: HashMap::new(),
-            refused: HashMap::new(),
+            refused,
             deferred: HashMap::new(),
             aborts: HashSet::new(),
             startup: None,

@@ -11,9 +11,11 @@
 //!    which is still there), and a route without an SNI gets no line. The crt-list is
 //!    rewritten only when a line changed (a new certificate in the same file changes
 //!    none);
-//! 3. only once that crt-list is on disk are the bundles of routes no longer served
-//!    removed (link first, then bundle). A proxy that reloads at any moment between
-//!    these steps finds every file its crt-list names.
+//! 3. only once that crt-list is on disk, and every load of the files that began
+//!    before it was ([`FileLoads`]) has ended, are the bundles of routes no longer
+//!    served removed (link first, then bundle). A proxy that reloads at any moment
+//!    between these steps finds every file its crt-list names, and a load that read
+//!    an older crt-list finds every file that one names.
 //!
 //! A flush costs work in proportion to what changed: bundles written, lines
 //! recomputed and the [`CrtChange`]s handed to HAProxy are those of the routes changed
@@ -25,6 +27,12 @@
 //! start-up keeps serving what it served before, instead of a half-built list. A
 //! crt-list found at start that names missing files is repaired at once (the files
 //! may have been removed by hand, or a previous version may have left it so).
+//!
+//! The certificates HAProxy refused ([`CertDir::set_excluded`]) stay out of the
+//! crt-list while they hold the refused material; they are kept in
+//! [`files::REFUSED_FILE`], written before the crt-list that leaves them out, and read
+//! back at [`CertDir::open`]: a restarted certwatch's first crt-list leaves them out too,
+//! so that a HAProxy that loads the files meanwhile does not fail on them.
 //!
 //! Failed writes and removals are counted in the [`FlushReport`] and retried by the
 //! next flush; [`CertDir::is_current`] says whether everything desired is on disk.
@@ -40,7 +48,8 @@ use route_secrets::route::RouteKey;
 use route_secrets::tls::ValidatedTls;
 use tracing::debug;
 
-use crate::files::{self, BundleNames, CRT_LIST_FILE, LINKS_DIR};
+use crate::file_loads::FileLoads;
+use crate::files::{self, BundleNames, CRT_LIST_FILE, LINKS_DIR, REFUSED_FILE};
 use crate::haproxy::crt_list::{self, CrtListOptions};
 
 /// A route to serve, with its certificate.
@@ -169,6 +178,11 @@ pub struct CertDir {
     /// Bundle files on disk that no desired route names: removed once the crt-list on
     /// disk no longer names them.
     unwanted: BTreeSet<String>,
+    /// Unwanted bundles, with the [`FileLoads::mark`] taken once a crt-list not
+    /// naming them was on disk: removed once every load begun before it has ended.
+    held: HashMap<String, u64>,
+    /// The loads of these files in progress.
+    loads: FileLoads,
     /// Links found at start whose bundle is missing or elsewhere: removed with the
     /// first removals.
     stray_links: BTreeSet<String>,
@@ -190,6 +204,8 @@ pub struct CertDir {
     /// rejected, with that material's digest: their lines stay out of the crt-list
     /// while they hold that material.
     excluded: HashMap<String, [u8; 32]>,
+    /// Whether `excluded` changed since [`REFUSED_FILE`] was last written.
+    excluded_dirty: bool,
     /// Whether a line changed since the crt-list was last written.
     list_dirty: bool,
     /// The crt-list's content as last written (or found).
@@ -247,6 +263,7 @@ struct Found {
     unlinked: BTreeSet<String>,
     stray_links: BTreeSet<String>,
     crt_list: Option<String>,
+    refused: HashMap<String, [u8; 32]>,
 }
 
 /// Reads the bundles and links in `dir`, repairing a crt-list that names missing files.
@@ -294,13 +311,50 @@ fn scan(dir: &Path) -> io::Result<Found> {
         Err(error) if error.kind() == io::ErrorKind::NotFound => None,
         Err(error) => return Err(error),
     };
+    let refused = match std::fs::read_to_string(dir.join(REFUSED_FILE)) {
+        Ok(text) => parse_refused(&text),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => HashMap::new(),
+        Err(error) => return Err(error),
+    };
     Ok(Found {
         prepared,
         on_disk,
         unlinked,
         stray_links,
         crt_list,
+        refused,
     })
+}
+
+/// The refusals [`REFUSED_FILE`] holds: `<name> <hex digest>` per line; other lines
+/// are skipped (a refusal lost is tried again, and refused again).
+fn parse_refused(text: &str) -> HashMap<String, [u8; 32]> {
+    text.lines()
+        .filter_map(|line| {
+            let (name, hex) = line.rsplit_once(' ')?;
+            let mut digest = [0; 32];
+            if hex.len() != 64 {
+                return None;
+            }
+            for (i, byte) in digest.iter_mut().enumerate() {
+                *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+            }
+            Some((name.to_owned(), digest))
+        })
+        .collect()
+}
+
+/// The content of [`REFUSED_FILE`] for `refused`, sorted by name.
+fn render_refused(refused: &HashMap<String, [u8; 32]>) -> String {
+    let mut lines: Vec<String> = refused
+        .iter()
+        .map(|(name, digest)| {
+            let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+            format!("{name} {hex}\n")
+        })
+        .collect();
+    lines.sort();
+    lines.concat()
 }
 
 /// Drops the lines of a crt-list found at start that name files that are not there,
@@ -353,6 +407,8 @@ impl CertDir {
             desired: HashMap::new(),
             on_disk: found.on_disk,
             unwanted,
+            held: HashMap::new(),
+            loads: FileLoads::new(),
             stray_links: found.stray_links,
             dirty: BTreeSet::new(),
             failed: BTreeSet::new(),
@@ -361,7 +417,8 @@ impl CertDir {
             lines: HashMap::new(),
             order: BTreeMap::new(),
             by_chain: HashMap::new(),
-            excluded: HashMap::new(),
+            excluded: found.refused,
+            excluded_dirty: false,
             list_dirty: false,
             crt_list: found.crt_list,
             crt_list_failed: false,
@@ -398,6 +455,30 @@ impl CertDir {
         self.dir.join(CRT_LIST_FILE)
     }
 
+    /// The loads of these files: whoever makes HAProxy load them (start or reload)
+    /// holds a [`FileLoads::begin`] guard while it does, so that no file a load may
+    /// have read in the crt-list is removed under it.
+    pub fn file_loads(&self) -> FileLoads {
+        self.loads.clone()
+    }
+
+    /// Whether a bundle no longer wanted waits for a load in progress to end before
+    /// it is removed (a [`FileLoads`] change is then worth a [`CertDir::flush`]).
+    pub fn removals_waiting(&self) -> bool {
+        self.unwanted.iter().any(|bundle| {
+            self.held
+                .get(bundle)
+                .is_some_and(|mark| !self.loads.ended_before(*mark))
+        })
+    }
+
+    /// Whether `bundle`, unwanted, may be removed now.
+    fn removable(&self, bundle: &str) -> bool {
+        self.held
+            .get(bundle)
+            .is_none_or(|mark| self.loads.ended_before(*mark))
+    }
+
     /// Serve `cert` for its route (replacing earlier material). A route whose name
     /// cannot be a file name is refused (never the case for names an API server
     /// accepts).
@@ -406,6 +487,7 @@ impl CertDir {
         let digest = bundle_digest(&cert.tls);
         let chain = chain_digest(&cert.tls);
         self.unwanted.remove(&names.bundle);
+        self.held.remove(&names.bundle);
         self.dirty.insert(cert.route.clone());
         self.relist.insert(cert.route.clone());
         let route = cert.route.clone();
@@ -471,13 +553,21 @@ impl CertDir {
         }
     }
 
+    /// The certificates HAProxy rejected, as known (from [`REFUSED_FILE`] at start, then
+    /// from [`CertDir::set_excluded`]): name in HAProxy → the rejected material's digest.
+    pub fn excluded(&self) -> &HashMap<String, [u8; 32]> {
+        &self.excluded
+    }
+
     /// Leaves out of the crt-list the certificates HAProxy rejected (name in HAProxy →
     /// the rejected material's digest), as long as they hold that material; the lines
-    /// of certificates no longer rejected come back. Applied at the next flush.
+    /// of certificates no longer rejected come back. Applied (and kept in
+    /// [`REFUSED_FILE`]) at the next flush.
     pub fn set_excluded(&mut self, excluded: HashMap<String, [u8; 32]>) {
         if excluded == self.excluded {
             return;
         }
+        self.excluded_dirty = true;
         let mut names: HashSet<&String> = excluded.keys().collect();
         names.extend(self.excluded.keys());
         for (route, desired) in &self.desired {
@@ -516,12 +606,14 @@ impl CertDir {
             .count()
     }
 
-    /// Whether some write, removal or crt-list write is waiting for a retry.
+    /// Whether some write, removal or crt-list write is waiting for a retry (a
+    /// removal that waits for a load to end is not: see [`CertDir::removals_waiting`]).
     pub fn has_pending_work(&self) -> bool {
         !self.failed.is_empty()
             || (self.complete
                 && (self.crt_list_failed
-                    || !self.unwanted.is_empty()
+                    || self.excluded_dirty
+                    || self.unwanted.iter().any(|bundle| self.removable(bundle))
                     || !self.stray_links.is_empty()))
     }
 
@@ -557,6 +649,9 @@ impl CertDir {
         self.write_bundles(&mut report).await;
         if !self.complete {
             return report;
+        }
+        if self.excluded_dirty {
+            self.write_refused(&mut report).await;
         }
         report.complete_listing = self.relist_all;
         report.changes = self.relist_changed();
@@ -694,6 +789,21 @@ impl CertDir {
                     format!("cannot write {}: {error}", self.crt_list_path().display())
                 });
             }
+        }
+    }
+
+    /// Writes [`REFUSED_FILE`] (before the crt-list that leaves the refusals out).
+    async fn write_refused(&mut self, report: &mut FlushReport) {
+        let dir = self.dir.clone();
+        let content = render_refused(&self.excluded);
+        match blocking(move || files::write_atomic(&dir, REFUSED_FILE, content.as_bytes())).await {
+            Ok(()) => self.excluded_dirty = false,
+            Err(error) => report.failure(error.kind(), || {
+                format!(
+                    "cannot write {}: {error}",
+                    self.dir.join(REFUSED_FILE).display()
+                )
+            }),
         }
     }
 
@@ -902,12 +1012,24 @@ impl CertDir {
     }
 
     /// Phase 3: removes the bundles (and links) no desired route names, once the
-    /// crt-list on disk no longer names them.
+    /// crt-list on disk no longer names them and no load that may have read an older
+    /// crt-list is in progress.
     async fn remove_unwanted(&mut self, report: &mut FlushReport) {
-        if self.unwanted.is_empty() && self.stray_links.is_empty() {
+        // The crt-list on disk names no unwanted bundle now: loads that begin from now
+        // on do not read them.
+        let mark = self.loads.mark();
+        for bundle in &self.unwanted {
+            self.held.entry(bundle.clone()).or_insert(mark);
+        }
+        let bundles: Vec<String> = self
+            .unwanted
+            .iter()
+            .filter(|bundle| self.removable(bundle))
+            .cloned()
+            .collect();
+        if bundles.is_empty() && self.stray_links.is_empty() {
             return;
         }
-        let bundles: Vec<String> = self.unwanted.iter().cloned().collect();
         let stray_links: Vec<String> = self.stray_links.iter().cloned().collect();
         let (dir, links) = (self.dir.clone(), self.links.clone());
         let result = blocking(move || {
@@ -935,6 +1057,7 @@ impl CertDir {
                     match removed {
                         Ok(existed) => {
                             self.unwanted.remove(&bundle);
+                            self.held.remove(&bundle);
                             if self.on_disk.remove(&bundle).is_some() || existed {
                                 report.removed += 1;
                             }
@@ -1258,6 +1381,71 @@ mod tests {
     /// Routes without an SNI are written but never listed; names too long for a file
     /// are shortened, listed, and found again after a restart.
     #[tokio::test]
+    async fn a_load_in_progress_keeps_the_files_it_may_read() {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path().canonicalize().unwrap();
+        let pki = Pki::new(Timestamp::now());
+        let (a, b, c) = (
+            served(&pki, "ns", "a", 1),
+            served(&pki, "ns", "b", 2),
+            served(&pki, "ns", "c", 3),
+        );
+        let mut dir = CertDir::open(&root, 4).await.unwrap();
+        let loads = dir.file_loads();
+        dir.set(a.clone()).unwrap();
+        dir.set(b.clone()).unwrap();
+        dir.set(c.clone()).unwrap();
+        dir.mark_complete();
+        dir.flush().await;
+        assert_eq!(listed(&root).len(), 3);
+
+        // A load reads the list naming a, b and c; then b and c are no longer served.
+        let load = loads.begin();
+        dir.remove(&b.route);
+        dir.remove(&c.route);
+        let report = dir.flush().await;
+        assert_eq!(counts(&report), (0, 0, 0, true));
+        assert_eq!(listed(&root).len(), 1);
+        // Their files stay while that load runs; nothing to retry meanwhile.
+        for name in ["ns:b.pem", "ns:c.pem"] {
+            assert!(root.join(name).exists(), "{name}");
+        }
+        assert!(root.join(LINKS_DIR).join("ns_b.pem").exists());
+        assert!(dir.removals_waiting());
+        assert!(!dir.has_pending_work());
+        // A load begun after the list was written does not hold them.
+        let later = loads.begin();
+        // b comes back while held: it is served again, its files kept.
+        dir.set(b.clone()).unwrap();
+        let report = dir.flush().await;
+        assert_eq!(counts(&report).1, 0);
+        assert_eq!(listed(&root).len(), 2);
+
+        drop(load);
+        assert!(!dir.removals_waiting());
+        assert!(dir.has_pending_work());
+        let report = dir.flush().await;
+        assert_eq!(counts(&report), (0, 1, 0, false));
+        assert!(!root.join("ns:c.pem").exists());
+        assert!(!root.join(LINKS_DIR).join("ns_c.pem").exists());
+        assert!(root.join(LINKS_DIR).join("ns_b.pem").exists());
+        assert!(!dir.has_pending_work());
+
+        // b goes again while `later` runs: `later` began before this list.
+        dir.remove(&b.route);
+        dir.flush().await;
+        assert!(root.join(LINKS_DIR).join("ns_b.pem").exists());
+        drop(later);
+        let report = dir.flush().await;
+        assert_eq!(counts(&report), (0, 1, 0, false));
+        assert!(!root.join("ns:b.pem").exists());
+        assert_eq!(
+            listed(&root),
+            [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
+        );
+    }
+
+    #[tokio::test]
     async fn hostless_and_long_named_routes() {
         let temp = tempfile::tempdir().unwrap();
         let root = temp.path().canonicalize().unwrap();
@@ -1386,6 +1574,52 @@ mod tests {
         dir.set(served(&pki, "ns", "b", 2)).unwrap();
         dir.flush().await;
         assert_eq!(listed(&root).len(), 2);
+    }
+
+    /// The refusals outlive the process: a cert directory opened again leaves the
+    /// refused material out of its first crt-list.
+    #[tokio::test]
+    async fn refusals_are_kept_across_a_restart() {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path().canonicalize().unwrap();
+        let pki = Pki::new(Timestamp::now());
+        let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
+        let mut dir = CertDir::open(&root, 4).await.unwrap();
+        dir.set(a.clone()).unwrap();
+        dir.set(b.clone()).unwrap();
+        dir.mark_complete();
+        dir.flush().await;
+        let name = root.join(LINKS_DIR).join("ns_b.pem").display().to_string();
+        let refused = HashMap::from([(name, bundle_digest(&b.tls))]);
+        dir.set_excluded(refused.clone());
+        dir.flush().await;
+        assert_eq!(listed(&root).len(), 1);
+        drop(dir);
+
+        let mut dir = CertDir::open(&root, 4).await.unwrap();
+        assert_eq!(dir.excluded(), &refused);
+        dir.set(a).unwrap();
+        dir.set(b).unwrap();
+        dir.mark_complete();
+        let report = dir.flush().await;
+        assert!(
+            report
+                .changes
+                .iter()
+                .all(|change| change.route.name.as_ref() != "b")
+        );
+        assert_eq!(
+            listed(&root),
+            [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
+        );
+        // No longer refused: listed again, and forgotten on disk.
+        dir.set_excluded(HashMap::new());
+        dir.flush().await;
+        assert_eq!(listed(&root).len(), 2);
+        assert_eq!(
+            std::fs::read_to_string(root.join(REFUSED_FILE)).unwrap(),
+            ""
+        );
     }
 
     /// A crt-list left naming a missing file is repaired when the directory is opened.

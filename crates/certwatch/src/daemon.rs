@@ -460,6 +460,8 @@ impl Parts {
         let routing = options.routing.clone().map(|mut routing| {
             // The crt-list by the path the certificates' synchronisation names it.
             routing.render.crt_list = cert_dir.crt_list_path();
+            // Its loads keep the files they may read in place.
+            routing.file_loads = cert_dir.file_loads();
             // The EndpointSlices' list goes out now, beside the routes': start-up keeps
             // its round trips. Paced by the same window.
             let paced = kube_common::adaptive::sequential_client(client.clone(), limiter.clone());
@@ -596,7 +598,13 @@ fn spawn_outputs(
             Arc::clone(metrics),
         )
     });
+    let file_loads = cert_dir.file_loads();
+    let refused = cert_dir.excluded().clone();
     let haproxy = options.haproxy.clone().map(|mut haproxy| {
+        // Its starts and reloads keep the files they may read in place.
+        haproxy.file_loads = file_loads.clone();
+        // What it refused before stays refused (its lines are out of the crt-list).
+        haproxy.refused = refused.clone();
         // The HAProxy certwatch runs loads certificates at the level they were
         // validated at, unless told otherwise.
         if let crate::haproxy::HaproxyMode::Managed(process) = &mut haproxy.mode {

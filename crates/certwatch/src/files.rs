@@ -42,6 +42,10 @@ use route_secrets::route::RouteKey;
 
 /// Name of the crt-list file in the cert directory.
 pub const CRT_LIST_FILE: &str = "crt-list";
+/// Name of the file in the cert directory that lists the certificates HAProxy refused
+/// (`<name in HAProxy> <SHA-256 of the refused bundle, hex>` per line), so that a
+/// restarted certwatch leaves their lines out of its first crt-list.
+pub const REFUSED_FILE: &str = "refused";
 /// Sub-directory holding the colon-free links the crt-list names.
 pub const LINKS_DIR: &str = "links";
 /// Mode of the cert directory (when certwatch owns it) and its sub-directory.

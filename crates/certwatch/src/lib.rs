@@ -47,6 +47,7 @@ pub mod clear_status;
 pub mod cli;
 pub mod connect;
 pub mod daemon;
+pub mod file_loads;
 pub mod files;
 pub mod haproxy;
 mod http;

@@ -160,7 +160,10 @@ impl Outputs {
         let mut rejected = self.haproxy.as_ref().map(Haproxy::rejected);
         let mut routing_served = self.routing.as_ref().map(Routing::served);
         let mut routing_repairs = self.routing.as_ref().map(Routing::repairs);
+        // A removal waiting for a load to end is done by the flush after it ends.
+        let mut file_loads = Some(self.cert_dir.file_loads().subscribe());
         loop {
+            let removals_waiting = progress.decided && self.cert_dir.removals_waiting();
             tokio::select! {
                 biased;
                 outcome = outcomes.recv() => {
@@ -197,6 +200,13 @@ impl Outputs {
                 changed = changed_or_pending(&mut routing_served) => {
                     if changed.is_err() {
                         routing_served = None;
+                    }
+                }
+                changed = changed_or_pending(&mut file_loads), if removals_waiting => {
+                    if changed.is_err() {
+                        file_loads = None;
+                    } else {
+                        self.flush(&mut progress).await;
                     }
                 }
                 changed = changed_or_pending(&mut routing_repairs) => {

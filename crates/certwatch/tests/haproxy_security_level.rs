@@ -249,3 +249,81 @@ async fn a_haproxy_run_by_others_refusing_a_key_is_a_refusal_of_that_route_alone
         Some(1.0)
     );
 }
+
+/// A refusal outlives a certwatch restart: the restarted certwatch leaves the refused
+/// line out of the first crt-list it writes, so a HAProxy (run by others) restarted
+/// while certwatch restarts loads its files; nothing is pushed to HAProxy again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_outlives_a_certwatch_restart_so_a_restarted_haproxy_loads_its_files() {
+    let temp = tempfile::tempdir().unwrap();
+    let root = temp.path().canonicalize().unwrap();
+    let sim = SimProcess::start(&root, &["--generate", "routes=5,namespaces=1"]);
+    let admin = sim.client("admin").await;
+    let weak_leaf = weak_route(&admin, &root).await;
+    let socket = root.join("haproxy.sock");
+    let cert_dir = root.join("certs");
+    std::fs::create_dir_all(&cert_dir).unwrap();
+    std::fs::write(cert_dir.join("crt-list"), "").unwrap();
+    // Debian's HAProxy at its OpenSSL's own level (2).
+    let (haproxy, port, _) = start_haproxy(&root, &socket, &cert_dir);
+    eventually_async("HAProxy to serve TLS", || {
+        presented(port, "default.invalid")
+    })
+    .await;
+    let socket_arg = socket.display().to_string();
+    let args = ["--haproxy-socket", socket_arg.as_str()];
+    let refused_pushes = |certwatch: &Certwatch| {
+        certwatch
+            .metric(
+                "certwatch_haproxy_commands_total{command=\"add ssl crt-list\",result=\"error\"}",
+            )
+            .unwrap_or(0.0)
+    };
+
+    let mut certwatch = Certwatch::start(&sim.kubeconfig, &cert_dir, &root.join("1.log"), &args);
+    certwatch.wait_ready().await;
+    eventually("the refused line out of the crt-list", || {
+        crt_list(&cert_dir)
+            .iter()
+            .all(|(_, sni)| sni != WEAK_HOST)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(refused_pushes(&certwatch), 1.0);
+    assert!(certwatch.terminate().success());
+
+    // certwatch and HAProxy restart together: HAProxy is down while certwatch writes
+    // its first crt-list, so nothing can refuse the line in the meantime.
+    drop(haproxy);
+    let mut certwatch = Certwatch::start(&sim.kubeconfig, &cert_dir, &root.join("2.log"), &args);
+    certwatch.wait_files_ready().await;
+    assert!(
+        crt_list(&cert_dir).iter().all(|(_, sni)| sni != WEAK_HOST),
+        "the refused line stays out of the first crt-list"
+    );
+    assert_eq!(crt_list(&cert_dir).len(), 5);
+    let config = root.join("haproxy.cfg");
+    assert_eq!(haproxy_check(&config), Ok(()));
+    let (_haproxy, port, default_leaf) = start_haproxy(&root, &socket, &cert_dir);
+    certwatch.wait_ready().await;
+    ordinary_routes_served(&admin, port).await;
+    assert_eq!(
+        presented_to_openssl(port, WEAK_HOST),
+        Some(default_leaf),
+        "HAProxy does not serve the RSA-1024 certificate"
+    );
+    assert_ne!(Some(weak_leaf), presented_to_openssl(port, WEAK_HOST));
+    assert_eq!(
+        certwatch.metric("certwatch_haproxy_refused_routes"),
+        Some(1.0)
+    );
+    // Known refused: not pushed again, not refused again.
+    assert_eq!(refused_pushes(&certwatch), 0.0);
+    assert_eq!(
+        certwatch
+            .metric("certwatch_haproxy_refusals_total{reason=\"rejected\"}")
+            .unwrap_or(0.0),
+        0.0
+    );
+    assert!(certwatch.terminate().success());
+}

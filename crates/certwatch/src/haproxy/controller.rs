@@ -60,6 +60,7 @@ use super::runtime::{
     BatchOutcome, Command, Connected, RuntimeClient, RuntimeError, RuntimeOptions, current_instance,
 };
 use crate::cert_dir::{CrtChange, CrtEntry};
+use crate::file_loads::FileLoads;
 use crate::metrics::Metrics;
 use crate::metrics::haproxy::RefusalReason;
 
@@ -100,6 +101,14 @@ pub struct HaproxyOptions {
     /// How long a managed HAProxy may take to finish its connections when certwatch
     /// stops.
     pub stop_grace: Duration,
+    /// The loads of the cert directory's files ([`crate::cert_dir::CertDir::file_loads`]):
+    /// each start or reload certwatch asks of HAProxy is one, so that no file a crt-list
+    /// it may read names is removed while it loads.
+    pub file_loads: FileLoads,
+    /// Certificates HAProxy refused before (an earlier run's refusals, kept in the cert
+    /// directory): name → the refused material's digest. Refused from the start: not
+    /// pushed again until their material changes.
+    pub refused: HashMap<String, [u8; 32]>,
 }
 
 impl HaproxyOptions {
@@ -136,6 +145,8 @@ impl HaproxyOptions {
             batch_bytes: 2 * 1024 * 1024,
             min_reload_interval: Duration::from_secs(5),
             stop_grace: Duration::from_secs(10),
+            file_loads: FileLoads::new(),
+            refused: HashMap::new(),
         }
     }
 }
@@ -249,7 +260,18 @@ impl Haproxy {
         });
         let inbox = Arc::new(Inbox::default());
         let (status_tx, status) = watch::channel(HaproxyStatus::default());
-        let (rejected_tx, rejected) = watch::channel(Rejected::default());
+        let (rejected_tx, rejected) = watch::channel(Arc::new(options.refused.clone()));
+        let refused = options
+            .refused
+            .iter()
+            .map(|(name, digest)| {
+                let refusal = Refusal {
+                    digest: *digest,
+                    reason: RefusalReason::Rejected,
+                };
+                (name.clone(), refusal)
+            })
+            .collect();
         let master = match &options.mode {
             HaproxyMode::External {
                 master_socket: Some(socket),
@@ -272,7 +294,7 @@ impl Haproxy {
             version: 0,
             pending: HashMap::new(),
             awaiting_reload: HashMap::new(),
-            refused: HashMap::new(),
+            refused,
             deferred: HashMap::new(),
             aborts: HashSet::new(),
             startup: None,
@@ -753,9 +775,12 @@ impl Controller {
             config = %options.config.display(),
             "starting HAProxy on the complete files"
         );
+        // The load lasts as long as the task (ended, or aborted).
+        let loading = self.options.file_loads.begin();
         self.start_task = Some(StartTask {
             epoch: self.version,
             handle: tokio::spawn(async move {
+                let _loading = loading;
                 HaproxyProcess::start(options)
                     .await
                     .map(|(process, worker)| (Box::new(process), worker))
@@ -868,9 +893,14 @@ impl Controller {
             pending = self.pending.len(),
             "reloading HAProxy"
         );
+        // The load lasts as long as the task (ended, or aborted).
+        let loading = self.options.file_loads.begin();
         self.reload_task = Some(ReloadTask {
             epoch: self.version,
-            handle: tokio::spawn(async move { master.reload(timeout).await }),
+            handle: tokio::spawn(async move {
+                let _loading = loading;
+                master.reload(timeout).await
+            }),
             reason,
         });
     }

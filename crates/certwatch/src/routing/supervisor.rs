@@ -169,9 +169,24 @@ impl HaproxyProcess {
     /// Asks the master to load the configuration and its files again (its master
     /// CLI's `reload`: the old worker serves until the new one does); returns what the
     /// master said before, for [`HaproxyProcess::load_failed`].
-    pub async fn begin_reload(&self, command_timeout: Duration) -> Result<Processes, ProcessError> {
+    pub async fn begin_reload(
+        &mut self,
+        command_timeout: Duration,
+    ) -> Result<Processes, ProcessError> {
         let master = MasterCli::new(master_socket(&self.config), command_timeout);
-        let before = master.processes().await?;
+        // Just after a reload the master re-executes itself, and its CLI refuses
+        // connections for a moment: it is asked again until it answers, HAProxy exits,
+        // or `command_timeout` has passed (HAProxy is not given up for that moment).
+        let deadline = tokio::time::Instant::now() + command_timeout;
+        let before = loop {
+            match master.processes().await {
+                Ok(before) => break before,
+                Err(error) if tokio::time::Instant::now() >= deadline || !self.running() => {
+                    return Err(error.into());
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
         // The master closes the connection when it re-executes; what it says before
         // does not matter.
         match one_shot(master.socket(), "reload", command_timeout).await {

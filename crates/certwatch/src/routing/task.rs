@@ -51,6 +51,7 @@ use super::model::{RoutingTable, ServedRoute};
 use super::render::{DIGEST_VARIABLE, RenderOptions, primary_service_host, render};
 use super::supervisor::HaproxyProcess;
 use super::write_config;
+use crate::file_loads::FileLoads;
 use crate::haproxy::HaproxyHandle;
 use crate::haproxy::process::Processes;
 use crate::haproxy::runtime::{Instance, RuntimeError, current_instance, one_shot};
@@ -76,6 +77,10 @@ pub struct RoutingOptions {
     /// How long a (re)started HAProxy may take to answer on its socket (it loads every
     /// certificate first).
     pub load_timeout: Duration,
+    /// The loads of the cert directory's files ([`crate::cert_dir::CertDir::file_loads`]):
+    /// each start or reload of the HAProxy certwatch runs is one, so that no file its
+    /// crt-list names is removed while it loads.
+    pub file_loads: FileLoads,
 }
 
 impl RoutingOptions {
@@ -89,6 +94,7 @@ impl RoutingOptions {
             reload_interval: Duration::from_secs(5),
             command_timeout: Duration::from_secs(10),
             load_timeout: Duration::from_secs(600),
+            file_loads: FileLoads::new(),
         }
     }
 }
@@ -551,6 +557,9 @@ impl Worker {
             return;
         };
         let previous = self.instance;
+        // Until the load has ended (however), no file a crt-list it may read names is
+        // removed.
+        let _loading = self.options.file_loads.begin();
         let mut reload = None;
         let result = match &mut self.process {
             Some(process) => process

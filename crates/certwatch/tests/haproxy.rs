@@ -298,6 +298,18 @@ async fn haproxy_accepts_the_files_after_every_step() {
             (crt_list(&cert_dir) == expected).then_some(())
         })
         .await;
+        // A rotation leaves the crt-list as it was: the bundle itself is awaited.
+        if let (Step::RotateRoute0, Some((link, _))) = (
+            &step,
+            expected.iter().find(|(_, sni)| sni == &host("route-0")),
+        ) {
+            let path = cert_dir.join("links").join(link);
+            eventually("route-0's file holds the rotation", || {
+                let leaf = std::fs::read(&path).ok().map(|file| leaf_der(&file));
+                (leaf.is_some() && leaf == rotated).then_some(())
+            })
+            .await;
+        }
         haproxy_check(&config)
             .unwrap_or_else(|error| panic!("{step:?}: haproxy -c refused:\n{error}"));
         // The running HAProxy serves each listed route with the certificate of its file.

@@ -1,8 +1,10 @@
 # Sourced by the scripts that measure `certwatch run` against kube-sim: starts the
 # simulator with ROUTES routes (one secret each) in NAMESPACES namespaces at LATENCY
-# (extra arguments go to `certwatch sim`), then `certwatch run` against it, and waits
-# for /readyz. Sets sim (the simulator's URL), run_pid, work, and started/ready
-# (seconds since the epoch); stops both processes on exit.
+# (extra arguments go to `certwatch-lab sim`), then `certwatch run` against it, and waits
+# for /readyz. The simulator is the lab's: LAB, by default the certwatch-lab beside the
+# certwatch binary given (`cargo build --release -p certwatch -p certwatch-lab`). Sets sim
+# (the simulator's URL), run_pid, work, and started/ready (seconds since the epoch); stops
+# both processes on exit.
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -10,6 +12,8 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 start_sim_and_run() {
     local certwatch=$1
     shift
+    local lab=${LAB:-$(dirname "$certwatch")/certwatch-lab}
+    [ -x "$lab" ] || { echo "no certwatch-lab at $lab: build it (cargo build --release -p certwatch-lab) or set LAB" >&2; exit 1; }
     work=$(mktemp -d /tmp/certwatch-measure-XXXXXX)
     certs=$(mktemp -d /dev/shm/certwatch-measure-certs-XXXXXX)
     local sim_port http_port
@@ -19,7 +23,7 @@ start_sim_and_run() {
     run_pid=""
     trap stop_sim_and_run EXIT
 
-    "$certwatch" sim --tls --listen "127.0.0.1:$sim_port" --latency "$LATENCY" \
+    "$lab" sim --tls --listen "127.0.0.1:$sim_port" --latency "$LATENCY" \
         --generate "routes=$ROUTES,namespaces=$NAMESPACES" "$@" \
         --write-kubeconfig "$work/kubeconfig" >"$work/sim.log" 2>&1 &
     sim_pid=$!

@@ -4,7 +4,8 @@
 #
 #   scripts/start-requests.sh target/release/certwatch --feature-gates WatchList=false
 #   ROUTES=2000 NAMESPACES=50 LATENCY=1414ms scripts/start-requests.sh target/release/certwatch
-# Extra arguments go to `certwatch sim`.
+# Extra arguments go to `certwatch-lab sim` (LAB, by default the certwatch-lab beside the
+# certwatch given: cargo build --release -p certwatch -p certwatch-lab).
 set -euo pipefail
 
 CERTWATCH=${1:?usage: $0 path/to/certwatch [sim flags...]}

@@ -9,6 +9,8 @@
 #   ulimit -n 20000
 #   scripts/steady-state.sh target/release/certwatch            # 10,000 routes, 10 minutes
 #   ROUTES=2000 DURATION=120 scripts/steady-state.sh target/release/certwatch
+# The simulator is the lab's: LAB, by default the certwatch-lab beside the certwatch given
+# (cargo build --release -p certwatch -p certwatch-lab).
 set -euo pipefail
 
 CERTWATCH=${1:?usage: $0 path/to/certwatch}

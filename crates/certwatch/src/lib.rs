@@ -4,8 +4,8 @@
 //!
 //! This crate is the production build: the `certwatch` binary and [`Daemon`], the same
 //! daemon as a library. The simulator, the demo and the benchmarks are the lab's
-//! (`tools/lab`, the `certwatch-lab` binary); `certwatch demo`, `sim` and `bench` hand
-//! over to it when it is installed beside this binary.
+//! (`tools/lab`, the `certwatch-lab` binary); the `certwatch` binary refuses them with a
+//! message that names the `certwatch-lab` command to run instead.
 //!
 //! - [`cli`]: `certwatch run` as a process (signals, the address line); [`args`]: its
 //!   command line.

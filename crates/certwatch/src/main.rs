@@ -1,10 +1,9 @@
 //! certwatch: watches the per-route Kubernetes TLS secrets that ingress routes
 //! reference and serves them to a proxy. This file only wires the command line to the
-//! library; the lab's commands (`demo`, `sim`, `bench`, an embedded run) are handed to
-//! the `certwatch-lab` binary, which the production build does not contain.
+//! library. The lab's commands (`demo`, `sim`, `bench`, an embedded run) are the
+//! `certwatch-lab` binary's only: this one refuses them with a message naming it.
 
-use std::ffi::{OsStr, OsString};
-use std::path::PathBuf;
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use certwatch::logging::LogFormat;
@@ -18,17 +17,19 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// The lab's binary, looked for beside this one, then on PATH.
+/// The lab's binary, which holds the commands this one refuses.
 const LAB_BINARY: &str = "certwatch-lab";
+
+/// The lab's commands a user may type here out of habit (the lab's own help lists them).
+const LAB_COMMANDS: [&str; 3] = ["demo", "sim", "bench"];
 
 #[derive(Debug, Parser)]
 #[command(
     name = "certwatch",
     version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("CERTWATCH_COMMIT"), ")"),
     about = "Watches per-route Kubernetes TLS secrets and serves them to an ingress proxy",
-    after_help = "demo, sim and bench are the lab's (certwatch-lab, built with \
-`cargo build --release -p certwatch-lab`): this binary runs certwatch-lab with the same \
-arguments when it is installed beside it or on PATH. So does `certwatch run --embedded`."
+    after_help = "The lab's commands are in a separate binary, certwatch-lab \
+(`cargo build --release -p certwatch-lab`); this one is the daemon only."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -39,29 +40,10 @@ struct Cli {
 enum Command {
     Run(Box<certwatch::RunArgs>),
     ClearStatus(certwatch::clear_status::ClearStatusArgs),
-    /// The seed's scale against the embedded simulator (lab: certwatch-lab demo).
-    #[command(disable_help_flag = true)]
-    Demo(LabArgs),
-    /// The Kubernetes API simulator on its own (lab: certwatch-lab sim).
-    #[command(disable_help_flag = true)]
-    Sim(LabArgs),
-    /// Start-up benchmarks (lab: certwatch-lab bench).
-    #[command(disable_help_flag = true)]
-    Bench(LabArgs),
-}
-
-/// A lab command's arguments, passed on as they are.
-#[derive(Debug, clap::Args)]
-struct LabArgs {
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    args: Vec<OsString>,
 }
 
 fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().collect();
-    if is_embedded_run(&argv) {
-        return hand_to_lab(&argv);
-    }
     let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(error) => return command_line_error(&argv, &error),
@@ -69,7 +51,6 @@ fn main() -> ExitCode {
     let args = match cli.command {
         Command::Run(args) => args,
         Command::ClearStatus(args) => return clear_status(&args),
-        Command::Demo(_) | Command::Sim(_) | Command::Bench(_) => return hand_to_lab(&argv),
     };
     let format = args.log_format;
     init_logging(format, Some(args.log_level));
@@ -145,7 +126,8 @@ fn fatal(format: LogFormat, what: &str, error: &dyn std::error::Error) -> ExitCo
 
 /// A command line clap refuses: its message (status 2), as an `ERROR` event when the
 /// command line (or `CERTWATCH_LOG_FORMAT`) asks for JSON logs. Help and version
-/// requests print as usual.
+/// requests print as usual. A lab command gets a message that names the lab's binary
+/// instead of clap's.
 fn command_line_error(argv: &[OsString], error: &clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     let display = matches!(
@@ -154,13 +136,52 @@ fn command_line_error(argv: &[OsString], error: &clap::Error) -> ExitCode {
             | ErrorKind::DisplayVersion
             | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
     );
-    if display || !asks_for_json(argv) {
+    if display {
         error.exit();
     }
+    let lab = lab_command(argv, error.kind());
+    if !asks_for_json(argv) {
+        let Some(message) = lab else { error.exit() };
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
     certwatch::logging::init(LogFormat::Json, "info");
-    let message = error.render().to_string();
+    let message = lab.unwrap_or_else(|| error.render().to_string());
     tracing::error!(error = %message.trim_end(), "invalid command line");
     ExitCode::from(2)
+}
+
+/// For a command line refused because it asks for one of the lab's commands (`demo`,
+/// `sim`, `bench`, or `run` with an `--embedded*` option): what to run instead.
+fn lab_command(argv: &[OsString], kind: clap::error::ErrorKind) -> Option<String> {
+    use clap::error::ErrorKind;
+    let command = argv.get(1)?.to_str()?;
+    let what = match kind {
+        ErrorKind::InvalidSubcommand if LAB_COMMANDS.contains(&command) => {
+            format!("`certwatch {command}` is a command of the lab, not of the daemon")
+        }
+        ErrorKind::UnknownArgument
+            if command == "run"
+                && argv[2..].iter().any(|arg| {
+                    arg.to_str()
+                        .is_some_and(|arg| arg.starts_with("--embedded"))
+                }) =>
+        {
+            "a simulated cluster (`certwatch run --embedded`) is the lab's, not the daemon's"
+                .to_owned()
+        }
+        _ => return None,
+    };
+    let example = if command == "run" {
+        "run --embedded"
+    } else {
+        command
+    };
+    Some(format!(
+        "{what}: run `{LAB_BINARY} {example}` with the same arguments. This binary is the \
+production daemon (`run`, `clear-status`); build the lab with `cargo build --release -p \
+{LAB_BINARY}`, or run `cargo run --release -p {LAB_BINARY} -- {example} ...` in the source tree."
+    ))
 }
 
 /// Whether `--log-format json` (or `=json`) is on the command line, or
@@ -179,58 +200,4 @@ fn asks_for_json(argv: &[OsString]) -> bool {
         previous_was_flag = arg == "--log-format";
     }
     std::env::var("CERTWATCH_LOG_FORMAT").is_ok_and(|value| value.eq_ignore_ascii_case("json"))
-}
-
-/// `certwatch run` with an `--embedded*` flag, or `CERTWATCH_EMBEDDED` set: a run
-/// against the lab's simulator.
-fn is_embedded_run(argv: &[OsString]) -> bool {
-    if argv.get(1).map(OsString::as_os_str) != Some(OsStr::new("run")) {
-        return false;
-    }
-    let flagged = argv[2..].iter().any(|arg| {
-        arg.to_str()
-            .is_some_and(|arg| arg.starts_with("--embedded"))
-    });
-    let from_env = std::env::var("CERTWATCH_EMBEDDED").is_ok_and(|value| {
-        matches!(
-            value.to_ascii_lowercase().as_str(),
-            "1" | "true" | "yes" | "on" | "y"
-        )
-    });
-    flagged || from_env
-}
-
-/// Replaces this process with `certwatch-lab` and the same arguments (same pid, so
-/// signals reach the lab's command as they would have reached this one).
-fn hand_to_lab(argv: &[OsString]) -> ExitCode {
-    use std::os::unix::process::CommandExt as _;
-    let command = argv
-        .get(1)
-        .map_or_else(String::new, |arg| arg.to_string_lossy().into_owned());
-    let Some(lab) = find_lab() else {
-        eprintln!(
-            "certwatch: `certwatch {command}` is a lab command, and {LAB_BINARY} is neither \
-beside this binary nor on PATH: the production build contains the daemon only. Build the lab \
-with `cargo build --release -p certwatch-lab`, or run `cargo run --release -p certwatch-lab -- \
-{command} ...` from the source tree."
-        );
-        return ExitCode::from(2);
-    };
-    let error = std::process::Command::new(&lab).args(&argv[1..]).exec();
-    eprintln!("certwatch: cannot run {}: {error}", lab.display());
-    ExitCode::FAILURE
-}
-
-fn find_lab() -> Option<PathBuf> {
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|dir| dir.join(LAB_BINARY)));
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .map(|dir| dir.join(LAB_BINARY));
-    beside
-        .into_iter()
-        .chain(on_path)
-        .find(|path| path.is_file())
 }

@@ -1,7 +1,7 @@
 //! The OpenShift router's admission matrix, through the real binary.
 //!
 //! One `certwatch run` (with `--write-status` and `--haproxy-socket`) against
-//! `certwatch sim`, many routes, and a table of rows applied in batches: routes added
+//! `certwatch-lab sim`, many routes, and a table of rows applied in batches: routes added
 //! with every kind of secret, routes updated (none→ext, ext→same, ext→other, ext→none,
 //! none→none), routes deleted, secrets updated, deleted and re-created, host claims and
 //! wildcard routes. Each row states what the router does and what certwatch must do;

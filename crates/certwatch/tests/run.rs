@@ -1,4 +1,4 @@
-//! End to end: `certwatch run` and `certwatch sim` as processes, checked through the
+//! End to end: `certwatch run` (against the lab's simulator) as a process, checked through the
 //! files, `/readyz`, `/metrics` and the process's exit status.
 
 // Helpers outside #[test] functions unwrap too: a failure is a test failure.
@@ -756,50 +756,111 @@ fn help_names_every_option_and_variable() {
     );
 }
 
-/// The production binary holds the daemon only: the lab's commands go to
-/// `certwatch-lab` beside it, with the same arguments (here a stand-in script that
-/// prints them), and without it they fail with a message that says where they are.
+/// The production binary holds the daemon only: the lab's commands are not in its help,
+/// and typed anyway they fail with a message that names `certwatch-lab` and the command
+/// to run there, without running anything else (a `certwatch-lab` beside it and on PATH,
+/// here a stand-in script that would print its arguments, is never started; neither is
+/// it for `CERTWATCH_EMBEDDED`). The lab binary runs these commands: tools/lab/tests.
 #[test]
-fn lab_commands_go_to_the_lab_binary() {
+fn lab_commands_are_refused_with_the_lab_binary_named() {
     use std::os::unix::fs::PermissionsExt as _;
-    let temp = tempfile::tempdir().unwrap();
-    let alone = temp.path().join("alone");
-    std::fs::create_dir(&alone).unwrap();
-    std::fs::copy(certwatch_binary(), alone.join("certwatch")).unwrap();
-    let output = std::process::Command::new(alone.join("certwatch"))
-        .args(["demo", "--routes", "4"])
-        .env("PATH", "")
+    let help = std::process::Command::new(certwatch_binary())
+        .arg("--help")
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(2));
+    assert!(help.status.success(), "{help:?}");
+    let help = String::from_utf8_lossy(&help.stdout);
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|line| *line != "Commands:")
+        .skip(1)
+        .take_while(|line| !line.trim().is_empty())
+        .filter_map(|line| line.split_whitespace().next())
+        .collect();
+    assert_eq!(commands, ["run", "clear-status", "help"], "{help}");
+    for word in ["demo", "bench", " sim"] {
+        assert!(!help.contains(word), "{word:?} in the help:\n{help}");
+    }
+    assert!(help.contains("certwatch-lab"), "{help}");
+
+    let temp = tempfile::tempdir().unwrap();
+    let dir = temp.path().join("bin");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(certwatch_binary(), dir.join("certwatch")).unwrap();
+    let lab = dir.join("certwatch-lab");
+    std::fs::write(&lab, "#!/bin/sh\necho \"lab: $*\"\n").unwrap();
+    std::fs::set_permissions(&lab, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (args, instead) in [
+        (&["demo"][..], "`certwatch-lab demo`"),
+        (&["demo", "--routes", "4"][..], "`certwatch-lab demo`"),
+        (&["demo", "--help"][..], "`certwatch-lab demo`"),
+        (
+            &["sim", "--listen", "127.0.0.1:0"][..],
+            "`certwatch-lab sim`",
+        ),
+        (&["bench", "--help"][..], "`certwatch-lab bench`"),
+        (
+            &["run", "--embedded", "--cert-dir", "/tmp/x"][..],
+            "`certwatch-lab run --embedded`",
+        ),
+        (
+            &[
+                "run",
+                "--cert-dir",
+                "/tmp/x",
+                "--embedded-generate",
+                "routes=1,namespaces=1",
+            ][..],
+            "`certwatch-lab run --embedded`",
+        ),
+    ] {
+        let output = std::process::Command::new(dir.join("certwatch"))
+            .args(args)
+            .env("PATH", &dir)
+            .env_remove("CERTWATCH_LOG_FORMAT")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
+        assert!(output.stdout.is_empty(), "{args:?}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(instead), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("cargo build --release -p certwatch-lab"),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("lab:"), "{args:?}: {stderr}");
+    }
+
+    // Asked for JSON logs, the same message as the error event's field.
+    let output = std::process::Command::new(dir.join("certwatch"))
+        .args(["demo", "--log-format", "json"])
+        .env("PATH", &dir)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("certwatch-lab"), "{stderr}");
+    let event: serde_json::Value = serde_json::from_str(stderr.trim()).unwrap();
+    assert_eq!(event["level"], "ERROR", "{stderr}");
     assert!(
-        stderr.contains("cargo build --release -p certwatch-lab"),
+        event["error"]
+            .as_str()
+            .is_some_and(|error| error.contains("`certwatch-lab demo`")),
         "{stderr}"
     );
 
-    let lab = alone.join("certwatch-lab");
-    std::fs::write(&lab, "#!/bin/sh\necho \"lab: $*\"\n").unwrap();
-    std::fs::set_permissions(&lab, std::fs::Permissions::from_mode(0o755)).unwrap();
-    for (args, expected) in [
-        (&["demo", "--routes", "4"][..], "lab: demo --routes 4"),
-        (
-            &["sim", "--listen", "127.0.0.1:0"][..],
-            "lab: sim --listen 127.0.0.1:0",
-        ),
-        (&["bench", "--help"][..], "lab: bench --help"),
-        (
-            &["run", "--embedded", "--cert-dir", "/tmp/x"][..],
-            "lab: run --embedded --cert-dir /tmp/x",
-        ),
-    ] {
-        let output = std::process::Command::new(alone.join("certwatch"))
-            .args(args)
-            .env("PATH", "")
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "{args:?}: {output:?}");
-        assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), expected);
-    }
+    // CERTWATCH_EMBEDDED is not the production binary's: `run` stays the daemon's (its
+    // own refusal of a missing --cert-dir, not the lab).
+    let output = std::process::Command::new(dir.join("certwatch"))
+        .arg("run")
+        .env("PATH", &dir)
+        .env("CERTWATCH_EMBEDDED", "true")
+        .env_remove("CERTWATCH_CERT_DIR")
+        .env_remove("CERTWATCH_LOG_FORMAT")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(output.stdout.is_empty(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--cert-dir"), "{stderr}");
+    assert!(!stderr.contains("certwatch-lab"), "{stderr}");
 }

@@ -1,4 +1,4 @@
-//! `certwatch sim`: run the simulator as a standalone server (arguments and the run
+//! `certwatch-lab sim`: run the simulator as a standalone server (arguments and the run
 //! loop; the binary only wires this into its subcommands).
 
 use std::net::SocketAddr;
@@ -58,12 +58,12 @@ fn admin_help() -> String {
         s.push_str(&format!("  {method:<8} {path:<28} {what}\n"));
     }
     s.push_str(&format!(
-        "\nThe kubeconfig has two contexts: {ROUTER_CONTEXT:?} (current; user {ROUTER_USER}, with only a router's rights)\nand {ADMIN_CONTEXT:?} (system:masters). Durations: 1400ms, 1.4s, 2m, 1h, 90d.\n\nExample:\n  certwatch sim --listen 127.0.0.1:6443 --latency 1.4s --generate routes=2000,namespaces=50 \\\n      --write-kubeconfig /tmp/sim.kubeconfig\n  kubectl --kubeconfig /tmp/sim.kubeconfig --context admin get routes -A\n  curl -s http://127.0.0.1:6443/sim/stats\n"
+        "\nThe kubeconfig has two contexts: {ROUTER_CONTEXT:?} (current; user {ROUTER_USER}, with only a router's rights)\nand {ADMIN_CONTEXT:?} (system:masters). Durations: 1400ms, 1.4s, 2m, 1h, 90d.\n\nExample:\n  certwatch-lab sim --listen 127.0.0.1:6443 --latency 1.4s --generate routes=2000,namespaces=50 \\\n      --write-kubeconfig /tmp/sim.kubeconfig\n  kubectl --kubeconfig /tmp/sim.kubeconfig --context admin get routes -A\n  curl -s http://127.0.0.1:6443/sim/stats\n"
     ));
     s
 }
 
-/// Arguments of `certwatch sim`.
+/// Arguments of `certwatch-lab sim`.
 #[derive(Debug, Clone, Args)]
 #[command(
     about = "Run the embedded Kubernetes API simulator until interrupted",

@@ -31,7 +31,7 @@
 //! The modules stand in layers; each uses only those below it.
 //!
 //! ```text
-//! simulator   Simulator: start, bootstrap, clients, handles, shutdown; cli: `certwatch sim`
+//! simulator   Simulator: start, bootstrap, clients, handles, shutdown; cli: `certwatch-lab sim`
 //!   │
 //!   ├─ transport/   accept loop, TLS + ALPN, h2c sniffing, HTTP/1.1 and HTTP/2 serving
 //!   │               (body: response bodies that hold in-flight slots; protobuf: request decoding)

@@ -1,4 +1,4 @@
-//! `certwatch demo`: the seed's scale, end to end, in well under a minute.
+//! `certwatch-lab demo`: the seed's scale, end to end, in well under a minute.
 //!
 //! Starts kube-sim in-process with 2,000 routes whose certificates live in 2,000
 //! secrets over 20 namespaces, every API request taking about 1.4 s, and the router's
@@ -36,7 +36,7 @@ fn duration_arg(text: &str) -> Result<Duration, String> {
     kube_common::duration::parse(text).map_err(|error| error.to_string())
 }
 
-/// Arguments of `certwatch demo`.
+/// Arguments of `certwatch-lab demo`.
 #[derive(Debug, Clone, Args)]
 #[command(
     about = "Run the daemon against an embedded simulated cluster at the seed's scale",

@@ -11,8 +11,8 @@
 //! - [`traffic`]: the demo's backend and its HTTPS request through HAProxy.
 //! - `certwatch-lab sim`: the simulator on its own ([`kube_sim::cli`]).
 //!
-//! The production binary hands `certwatch demo`, `certwatch sim`, `certwatch bench` and
-//! `certwatch run --embedded` to `certwatch-lab` when it is installed beside it.
+//! The production `certwatch` binary has none of these commands: `certwatch demo`, `sim`,
+//! `bench` and `run --embedded` fail there with a message naming the command here.
 //!
 //! # Example
 //!

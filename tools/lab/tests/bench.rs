@@ -1,4 +1,4 @@
-//! `certwatch bench --json` as a process, on tiny scenarios: the keys every line must
+//! `certwatch-lab bench --json` as a process, on tiny scenarios: the keys every line must
 //! carry and the request counts each strategy must produce. Counts, never times.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -25,7 +25,7 @@ const KEYS: [&str; 14] = [
     "errors",
 ];
 
-/// Runs `certwatch bench --json` with `args`; returns the lines by strategy.
+/// Runs `certwatch-lab bench --json` with `args`; returns the lines by strategy.
 fn bench(args: &[&str]) -> BTreeMap<String, Value> {
     let output = Command::new(env!("CARGO_BIN_EXE_certwatch-lab"))
         .args(["bench", "--json"])

@@ -88,7 +88,7 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(80)..].join("\n")
 }
 
-/// The simulator (kube-sim), started from `certwatch sim`'s command line inside the
+/// The simulator (kube-sim), started from `certwatch-lab sim`'s command line inside the
 /// test process, on a thread and runtime of its own (so that it keeps answering while
 /// a test blocks, and stops as a whole when dropped). The daemon under test is the
 /// production binary, which does not contain the simulator.
@@ -100,7 +100,7 @@ pub struct SimProcess {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// `certwatch sim`'s arguments, parsed as the lab's command line parses them.
+/// `certwatch-lab sim`'s arguments, parsed as the lab's command line parses them.
 #[derive(clap::Parser)]
 struct SimCommandLine {
     #[command(flatten)]

@@ -1,4 +1,4 @@
-//! The parent's side of a client child process (`certwatch bench-client`): one
+//! The parent's side of a client child process (`certwatch-lab bench-client`): one
 //! strategy run in a process of its own, so that its memory and CPU figures are the
 //! client's alone.
 

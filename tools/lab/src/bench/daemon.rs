@@ -1,6 +1,6 @@
 //! The `daemon` strategy: the whole `certwatch run` daemon ([`certwatch::Daemon`]),
 //! writing every admitted route's bundle and the crt-list into a temporary cert
-//! directory (under `/dev/shm` where it exists, as `certwatch demo` does). Ready is the
+//! directory (under `/dev/shm` where it exists, as `certwatch-lab demo` does). Ready is the
 //! daemon's own: every route present at start-up decided and written. The moments the
 //! routes were listed (`routes_listed`) and the pipeline had decided every route
 //! (`pipeline_ready`) are reported as phases, so that the first round trip and the

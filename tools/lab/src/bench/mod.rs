@@ -1,15 +1,15 @@
-//! `certwatch bench`: start-up scenarios against the simulator, the reference
+//! `certwatch-lab bench`: start-up scenarios against the simulator, the reference
 //! router's behaviour next to the product's, measured in one run.
 //!
 //! # How a run is measured
 //!
 //! Three kinds of process, so that each figure belongs to what it describes:
 //!
-//! * the **benchmark** (`certwatch bench`) runs the scenarios and talks to the
+//! * the **benchmark** (`certwatch-lab bench`) runs the scenarios and talks to the
 //!   simulator only through its admin API (`/sim/...`);
-//! * per scenario, one **simulator** (`certwatch sim`, this same binary), which
+//! * per scenario, one **simulator** (`certwatch-lab sim`, this same binary), which
 //!   generates the cluster and counts every request, connection and watch;
-//! * per scenario and strategy, one **client** (`certwatch bench-client`, hidden),
+//! * per scenario and strategy, one **client** (`certwatch-lab bench-client`, hidden),
 //!   which connects with the simulator's kubeconfig as the router identity, runs the
 //!   strategy until ready and reports. Its peak memory (`VmHWM`) and CPU time
 //!   (`CLOCK_PROCESS_CPUTIME_ID`) are therefore the client's alone.
@@ -22,9 +22,9 @@
 //! # Example
 //!
 //! ```text
-//! certwatch bench                                   # the five built-in scenarios
-//! certwatch bench --scenarios customer-2000 --json  # one JSON object per strategy
-//! certwatch bench --routes 20 --latency 10ms --serial-routes 0 --json
+//! certwatch-lab bench                                   # the five built-in scenarios
+//! certwatch-lab bench --scenarios customer-2000 --json  # one JSON object per strategy
+//! certwatch-lab bench --routes 20 --latency 10ms --serial-routes 0 --json
 //! ```
 
 mod client_process;
@@ -113,12 +113,12 @@ fn duration_arg(s: &str) -> Result<Duration, String> {
     kube_common::duration::parse(s).map_err(|e| e.to_string())
 }
 
-/// Arguments of `certwatch bench`.
+/// Arguments of `certwatch-lab bench`.
 #[derive(Debug, Clone, Args)]
 #[command(
     about = "Measure start-up against the simulator: the reference router's behaviour vs certwatch",
     long_about = "Runs start-up scenarios against the Kubernetes API simulator (a separate \
-`certwatch sim` process). In each scenario the `serial` strategy is the reference router as its \
+`certwatch-lab sim` process). In each scenario the `serial` strategy is the reference router as its \
 code measured (routes one at a time; per new secret one streaming list that stays open as the \
 watch, waited for under the secret monitor's global lock and polled every 100 ms as \
 WaitForCacheSync does; a secret already registered costs nothing), `concurrent` runs \
@@ -632,11 +632,11 @@ async fn run_strategy(
     Ok(result)
 }
 
-/// Arguments of the hidden `certwatch bench-client` (one strategy run, started by
-/// `certwatch bench`).
+/// Arguments of the hidden `certwatch-lab bench-client` (one strategy run, started by
+/// `certwatch-lab bench`).
 #[derive(Debug, Clone, Args)]
 pub struct ClientArgs {
-    /// The run, as JSON (written by `certwatch bench`).
+    /// The run, as JSON (written by `certwatch-lab bench`).
     #[arg(long)]
     pub spec: String,
 }

@@ -1,4 +1,4 @@
-//! The simulator as a separate process (`certwatch sim`), driven through its admin API,
+//! The simulator as a separate process (`certwatch-lab sim`), driven through its admin API,
 //! so that nothing it does counts against the client's memory or CPU.
 
 use std::path::{Path, PathBuf};
@@ -37,7 +37,7 @@ pub struct Generated {
     pub routes: Vec<kube_sim::GeneratedRoute>,
 }
 
-/// A running `certwatch sim` child process and an admin client for it.
+/// A running `certwatch-lab sim` child process and an admin client for it.
 pub struct SimProcess {
     child: Child,
     kubeconfig: PathBuf,

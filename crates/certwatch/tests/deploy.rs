@@ -773,8 +773,19 @@ fn the_deployment_is_highly_available() {
     for constraint in spread {
         assert_eq!(&constraint["labelSelector"]["matchLabels"], labels);
     }
+    // Never two replicas of one generation on a node; critical, Linux nodes only.
+    let pod_spec = &spec["template"]["spec"];
+    let anti = &pod_spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        [0];
+    assert_eq!(anti["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(&anti["labelSelector"]["matchLabels"], labels);
+    assert_eq!(anti["matchLabelKeys"][0], "pod-template-hash");
+    assert_eq!(pod_spec["priorityClassName"], "system-cluster-critical");
+    assert_eq!(pod_spec["nodeSelector"]["kubernetes.io/os"], "linux");
+    // The budget never blocks a drain, even of a lone replica.
     let budget = documents("base/poddisruptionbudget.yaml").remove(0);
-    assert_eq!(budget["spec"]["minAvailable"], 1);
+    assert!(budget["spec"]["minAvailable"].is_null());
+    assert_eq!(budget["spec"]["maxUnavailable"], "50%");
     assert_eq!(&budget["spec"]["selector"]["matchLabels"], labels);
     // The Lease's name follows the router name the container is given.
     let env = spec["template"]["spec"]["containers"][0]["env"]

@@ -9,7 +9,7 @@
 //! HAProxy started normally reaches them through a route of the pair's own.
 //!
 //! ```no_run
-//! # fn example() -> Result<(), testenv::netns::TestHostError> {
+//! # fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let host = testenv::netns::TestHost::shared()?;
 //! let listener = host.listen_std(0)?; // a socket inside the namespace
 //! println!("backend on {}", listener.local_addr()?);

@@ -343,7 +343,14 @@ async fn perform(w: &mut World, step: Step, at: &str) {
         }
         StatusWrites(count) => {
             // Writes that landed: one that met a 409 (the pipeline's copy of the route
-            // was older than the server's) is redone, and only the redo counts.
+            // was older than the server's) is redone, and only the redo counts. The
+            // simulator accounts a request once it has answered it, which can be after
+            // the status it wrote is seen: the count is awaited, and one more write
+            // than expected fails it as surely as one less.
+            eventually(at, || {
+                answered(&sim, "update", "routes/status", 200) >= count
+            })
+            .await;
             assert_eq!(
                 answered(&sim, "update", "routes/status", 200),
                 count,

@@ -226,10 +226,11 @@ fn ensure_default_certificate(path: &Path) -> std::io::Result<()> {
 /// The `notAfter` (Unix seconds) of the first certificate in the PEM file at `path`:
 /// the one HAProxy serves (the rest of the file is its chain and key).
 fn default_certificate_not_after(path: &Path) -> Option<i64> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject as _;
     let bytes = std::fs::read(path).ok()?;
-    let blocks = pem::parse_many(&bytes).ok()?;
-    let block = blocks.iter().find(|block| block.tag() == "CERTIFICATE")?;
-    let (_, certificate) = x509_parser::parse_x509_certificate(block.contents()).ok()?;
+    let der = CertificateDer::pem_slice_iter(&bytes).next()?.ok()?;
+    let (_, certificate) = x509_parser::parse_x509_certificate(&der).ok()?;
     Some(certificate.validity().not_after.timestamp())
 }
 
@@ -933,9 +934,7 @@ mod tests {
 
         let metrics = Metrics::new();
         metrics.register_routing();
-        metrics
-            .routing
-            .default_certificate_expires(expected);
+        metrics.routing.default_certificate_expires(expected);
         assert!(
             metrics.encode().contains(&format!(
                 "certwatch_default_certificate_expiration_timestamp_seconds {expected}\n"

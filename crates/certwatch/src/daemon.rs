@@ -34,7 +34,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::cert_dir::CertDir;
 use crate::files::LINKS_DIR;
@@ -223,6 +223,17 @@ fn ensure_default_certificate(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The `notAfter` (Unix seconds) of the first certificate in the PEM file at `path`:
+/// the one HAProxy serves (the rest of the file is its chain and key).
+fn default_certificate_not_after(path: &Path) -> Option<i64> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject as _;
+    let bytes = std::fs::read(path).ok()?;
+    let der = CertificateDer::pem_slice_iter(&bytes).next()?.ok()?;
+    let (_, certificate) = x509_parser::parse_x509_certificate(&der).ok()?;
+    Some(certificate.validity().not_after.timestamp())
+}
+
 /// A running daemon. Stop it with [`Daemon::shutdown`].
 pub struct Daemon {
     status: watch::Receiver<DaemonStatus>,
@@ -308,6 +319,13 @@ impl Parts {
                     source,
                 }
             })?;
+            match default_certificate_not_after(&routing.render.default_certificate) {
+                Some(not_after) => metrics.routing.default_certificate_expires(not_after),
+                None => warn!(
+                    path = %routing.render.default_certificate.display(),
+                    "the default certificate has no readable certificate: its expiry is not exported"
+                ),
+            }
         }
         info!(
             cluster = %config.cluster_url,
@@ -895,6 +913,49 @@ fn log_assumed_security_level(options: &DaemonOptions) {
             "certwatch does not start HAProxy: it assumes HAProxy's OpenSSL security level is \
              this one (--openssl-security-level); a certificate HAProxy refuses at a stricter \
              level is counted as refused"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// The generated default certificate's expiry is read back as a Unix time, and the
+    /// metric shows it.
+    #[test]
+    fn the_default_certificates_expiry_is_exported() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("default.pem");
+        ensure_default_certificate(&path).unwrap();
+        let pem = std::fs::read(&path).unwrap();
+        let block = pem::parse_many(&pem)
+            .unwrap()
+            .into_iter()
+            .find(|block| block.tag() == "CERTIFICATE")
+            .unwrap();
+        let (_, certificate) = x509_parser::parse_x509_certificate(block.contents()).unwrap();
+        let expected = certificate.validity().not_after.timestamp();
+        assert_eq!(default_certificate_not_after(&path), Some(expected));
+
+        let metrics = Metrics::new();
+        metrics.register_routing();
+        metrics.routing.default_certificate_expires(expected);
+        assert!(
+            metrics.encode().contains(&format!(
+                "certwatch_default_certificate_expiration_timestamp_seconds {expected}\n"
+            )),
+            "{}",
+            metrics.encode()
+        );
+
+        // A file without a certificate: nothing to export.
+        std::fs::write(dir.path().join("key-only.pem"), b"not a certificate").unwrap();
+        assert_eq!(
+            default_certificate_not_after(&dir.path().join("key-only.pem")),
+            None
         );
     }
 }

@@ -5,8 +5,8 @@
 //! shows each alert firing, or staying silent, on series scraped from real runs of
 //! `certwatch run`:
 //!
-//! - a healthy daemon (certificates valid for 7 days): only the expiring-soon warning
-//!   fires, and the 3-day alert fires once the series is evaluated 5 days later;
+//! - a healthy daemon (certificates valid for 7 days): only the expiring-soon alert
+//!   fires, once per secret, and the 3-day alert fires once the series is evaluated 5 days later;
 //! - a troubled daemon (a route whose secret is missing, a bundle that cannot be
 //!   written, a failing reload command, an unreachable HAProxy): every other alert fires,
 //!   the unserved-change alert only once the change is more than a minute old.
@@ -108,6 +108,8 @@ impl Scrape {
                 "certwatch_ready",
                 "certwatch_routes_rejected",
                 "certwatch_haproxy_in_sync",
+                "certwatch_status_leader",
+                "certwatch_status_writes_enabled",
             ]
             .contains(&name)
             {
@@ -156,7 +158,7 @@ fn the_shipped_rule_file_matches_and_its_tests_pass() {
         "deploy/alerts/certwatch.rules.yaml differs from deploy/base/prometheusrule.yaml's spec.groups"
     );
     let checked = promtool(&["check", "rules", "certwatch.rules.yaml"], &alerts);
-    assert!(checked.contains("SUCCESS: 13 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 17 rules found"), "{checked}");
     let tested = promtool(&["test", "rules", "certwatch.rules.test.yaml"], &alerts);
     assert!(tested.contains("SUCCESS"), "{tested}");
     // Every alert is tested firing at least once.
@@ -184,6 +186,70 @@ fn the_shipped_rule_file_matches_and_its_tests_pass() {
     }
 }
 
+/// Every alert waits (`for:`), links a runbook that docs/deploy.md has, and pages
+/// (critical) only for the platform's problems: a tenant's rejected route, expiring
+/// certificate or failing backend is a warning or less.
+#[test]
+fn every_alert_waits_links_its_runbook_and_pages_only_for_the_platform() {
+    let deploy_md = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/deploy.md"),
+    )
+    .unwrap();
+    // GitHub's anchors: the heading lower-cased.
+    let anchors: Vec<String> = deploy_md
+        .lines()
+        .filter_map(|line| line.strip_prefix("### "))
+        .map(|heading| heading.trim().to_lowercase())
+        .collect();
+    let tenants = [
+        "CertwatchCertificateExpiringSoon",
+        "CertwatchCertificateExpiresIn3Days",
+        "CertwatchRoutesRejected",
+        "CertwatchBackendWithoutServers",
+        "CertwatchHTTP5xxRatio",
+    ];
+    let pages = [
+        "CertwatchDown",
+        "CertwatchAbsent",
+        "CertwatchNoStatusWriter",
+        "CertwatchHAProxyLoadsFailing",
+        "CertwatchHAProxyDown",
+    ];
+    let mut seen = Vec::new();
+    for group in rule_groups()["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            let alert = rule["alert"].as_str().unwrap();
+            seen.push(alert.to_owned());
+            assert!(rule["for"].as_str().is_some(), "{alert} has no for:");
+            let url = rule["annotations"]["runbook_url"].as_str().unwrap();
+            let (page, anchor) = url.split_once('#').unwrap();
+            assert!(page.ends_with("/docs/deploy.md"), "{alert}: {url}");
+            assert_eq!(anchor, alert.to_lowercase(), "{alert}: {url}");
+            assert!(
+                anchors.iter().any(|heading| heading == anchor),
+                "docs/deploy.md has no runbook heading for {alert}"
+            );
+            let severity = rule["labels"]["severity"].as_str().unwrap();
+            if tenants.contains(&alert) {
+                assert!(
+                    ["warning", "info"].contains(&severity),
+                    "{alert}: {severity}"
+                );
+            } else if pages.contains(&alert) {
+                assert_eq!(severity, "critical", "{alert}");
+            }
+        }
+    }
+    for new in [
+        "CertwatchNoStatusWriter",
+        "CertwatchTwoStatusWriters",
+        "CertwatchHAProxyLoadsFailing",
+        "CertwatchDefaultCertificateExpiring",
+    ] {
+        assert!(seen.iter().any(|alert| alert == new), "{new}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_alert_parses_and_fires_on_a_real_run() {
     let temp = tempfile::tempdir().unwrap();
@@ -196,7 +262,7 @@ async fn every_alert_parses_and_fires_on_a_real_run() {
     )
     .unwrap();
     let checked = promtool(&["check", "rules", "rules.yaml"], dir);
-    assert!(checked.contains("SUCCESS: 13 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 17 rules found"), "{checked}");
     // The unit tests compare labels; annotations (checked above) are left out.
     let mut groups = rule_groups();
     for group in groups["groups"].as_sequence_mut().unwrap() {
@@ -303,6 +369,28 @@ async fn every_alert_parses_and_fires_on_a_real_run() {
         })
         .collect();
     assert_eq!(expiring.len(), 3, "{expiring:?}");
+    // The expiry alerts name the secret, not the route: one alert per secret.
+    let secrets: Vec<String> = good
+        .samples
+        .iter()
+        .filter(|(series, _)| {
+            series.starts_with("certwatch_certificate_expiration_timestamp_seconds{")
+        })
+        .map(|(series, _)| {
+            let value = |label: &str| {
+                let start = series.find(&format!("{label}=\"")).unwrap() + label.len() + 2;
+                series[start..start + series[start..].find('"').unwrap()].to_owned()
+            };
+            format!(
+                "route_namespace: \"{}\", secret: \"{}\"",
+                value("route_namespace"),
+                value("secret")
+            )
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert!(!secrets.is_empty(), "{expiring:?}");
     let with = |labels: &[String], extra: &str| -> Vec<String> {
         labels
             .iter()
@@ -320,7 +408,7 @@ async fn every_alert_parses_and_fires_on_a_real_run() {
             (
                 "CertwatchCertificateExpiringSoon",
                 "30m",
-                with(&expiring, "severity: warning")
+                with(&secrets, "severity: info")
             ),
             ("CertwatchCertificateExpiresIn3Days", "30m", none()),
             ("CertwatchDown", "30m", none()),
@@ -331,12 +419,15 @@ async fn every_alert_parses_and_fires_on_a_real_run() {
             ("CertwatchReloadFailing", "30m", none()),
             ("CertwatchHAProxyOutOfSync", "30m", none()),
             ("CertwatchChangeUnserved", "30m", none()),
+            // Status writes are off (the default): no writer is expected.
+            ("CertwatchNoStatusWriter", "30m", none()),
+            ("CertwatchTwoStatusWriters", "30m", none()),
         ]),
         good.input_series(None, 3700, 120),
         alert_tests(&[(
             "CertwatchCertificateExpiresIn3Days",
             "5d",
-            with(&expiring, "severity: critical"),
+            with(&secrets, "severity: warning"),
         )]),
         late.input_series(Some(&early), 60, 60),
         alert_tests(&[
@@ -365,11 +456,13 @@ async fn every_alert_parses_and_fires_on_a_real_run() {
                 "30m",
                 vec!["severity: critical".to_owned()]
             ),
-            // Within the first minute the change is younger than a minute.
+            // Within the first minute the change is younger than a minute, and the
+            // alert waits 5 minutes more.
             ("CertwatchChangeUnserved", "0m", none()),
+            ("CertwatchChangeUnserved", "4m", none()),
             (
                 "CertwatchChangeUnserved",
-                "2m",
+                "7m",
                 vec!["severity: critical".to_owned()]
             ),
         ]),

@@ -242,33 +242,44 @@ async fn a_real_prometheus_scrapes_with_honor_labels_false_and_alerts_name_the_r
     }
     assert_eq!(seen, routes);
 
-    // The expiring-soon alert fires once per route, named by the route's namespace.
-    let alerts = eventually("CertwatchCertificateExpiringSoon for every route", || {
+    // The expiring-soon alert fires once per secret (not per route, not per replica),
+    // named by the route's namespace.
+    let secrets: BTreeSet<(String, String)> = routes
+        .iter()
+        .map(|(namespace, _, secret)| (namespace.clone(), secret.clone()))
+        .collect();
+    let alerts = eventually("CertwatchCertificateExpiringSoon for every secret", || {
         let alerts = prometheus.firing("CertwatchCertificateExpiringSoon");
-        (alerts.len() == 3).then_some(alerts)
+        (alerts.len() == secrets.len()).then_some(alerts)
     })
     .await;
     let mut alerted = BTreeSet::new();
     for alert in &alerts {
         let labels = &alert["labels"];
-        let (namespace, route, secret) = (
+        let (namespace, secret) = (
             labels["route_namespace"].as_str().unwrap(),
-            labels["route"].as_str().unwrap(),
             labels["secret"].as_str().unwrap(),
         );
-        assert_eq!(labels["namespace"], "certwatch", "{alert}");
-        assert_eq!(labels["severity"], "warning", "{alert}");
+        assert!(labels["route"].is_null(), "{alert}");
+        assert_eq!(labels["severity"], "info", "{alert}");
         assert!(labels["exported_namespace"].is_null(), "{alert}");
         let description = alert["annotations"]["description"].as_str().unwrap();
         assert!(
             description.starts_with(&format!(
-                "Route {namespace}/{route} serves the certificate of secret {secret}, which expires in 6d 23h"
+                "Secret {namespace}/{secret}, served by routes in {namespace}, has a certificate that expires in 6d 23h"
             )),
             "{description}"
         );
-        alerted.insert((namespace.to_owned(), route.to_owned(), secret.to_owned()));
+        assert!(
+            alert["annotations"]["runbook_url"]
+                .as_str()
+                .unwrap()
+                .ends_with("docs/deploy.md#certwatchcertificateexpiringsoon"),
+            "{alert}"
+        );
+        alerted.insert((namespace.to_owned(), secret.to_owned()));
     }
-    assert_eq!(alerted, routes);
+    assert_eq!(alerted, secrets);
     for silent in [
         "CertwatchCertificateExpiresIn3Days",
         "CertwatchDown",
@@ -292,5 +303,13 @@ async fn a_real_prometheus_scrapes_with_honor_labels_false_and_alerts_name_the_r
     assert_eq!(down.len(), 1);
     assert_eq!(down[0]["labels"]["namespace"], "certwatch");
     assert_eq!(down[0]["labels"]["job"], "certwatch");
-    assert_eq!(down[0]["labels"]["instance"], target.to_string());
+    // One alert for the Deployment, saying how many replicas are down.
+    assert!(down[0]["labels"]["instance"].is_null(), "{down:?}");
+    assert!(
+        down[0]["annotations"]["description"]
+            .as_str()
+            .unwrap()
+            .starts_with("1 certwatch replica(s) in certwatch have failed their scrapes"),
+        "{down:?}"
+    );
 }

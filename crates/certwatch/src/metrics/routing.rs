@@ -9,6 +9,7 @@
 //! | `certwatch_routing_last_load_seconds` | gauge | | time the last load took, from rendering to HAProxy answering |
 //! | `certwatch_routing_routes` | gauge | | routes in the configuration HAProxy last loaded |
 //! | `certwatch_routing_server_commands_total` | counter | `result` | runtime API commands that moved endpoints into or out of server slots |
+//! | `certwatch_default_certificate_expiration_timestamp_seconds` | gauge | | `notAfter` of the default certificate (`--default-certificate`, or the one certwatch generated), as read at start |
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -32,6 +33,7 @@ pub struct RoutingMetrics {
     last_load_seconds: Gauge<f64, AtomicU64>,
     routes: Gauge,
     server_commands: Family<ResultLabels, Counter>,
+    default_certificate_expiration: Gauge,
 }
 
 impl RoutingMetrics {
@@ -42,6 +44,7 @@ impl RoutingMetrics {
             last_load_seconds: Gauge::default(),
             routes: Gauge::default(),
             server_commands: Family::default(),
+            default_certificate_expiration: Gauge::default(),
         };
         for result in ["ok", "error"] {
             drop(
@@ -79,6 +82,16 @@ impl RoutingMetrics {
             "Runtime API commands that moved endpoints into or out of server slots, by result",
             self.server_commands.clone(),
         );
+        registry.register(
+            "default_certificate_expiration_timestamp_seconds",
+            "notAfter of the default certificate HAProxy serves for names no route has, as a Unix time",
+            self.default_certificate_expiration.clone(),
+        );
+    }
+
+    /// The default certificate expires at `not_after` (Unix seconds).
+    pub fn default_certificate_expires(&self, not_after: i64) {
+        self.default_certificate_expiration.set(not_after);
     }
 
     /// HAProxy loaded a configuration of `routes` routes, which took `took`.

@@ -3,6 +3,7 @@
 //! | Metric | Type | Labels | Meaning |
 //! |---|---|---|---|
 //! | `certwatch_status_leader` | gauge | | 1 while this replica writes route status (it holds the Lease, or elects none) |
+//! | `certwatch_status_writes_enabled` | gauge | | 1 when this replica takes part in writing route status (`--write-status`), 0 otherwise |
 //! | `certwatch_status_writes_total` | counter | `outcome`: `written`, `unchanged`, `conflict`, `failed`, `following` | status writes a route's outcome asked for, by what became of them: written, already shown in the status (no request), met a 409 and redone on a fresh copy, given up after its attempts, left to the replica that writes status |
 //! | `certwatch_status_requests_total` | counter | | status update requests sent (PUT routes/status) |
 
@@ -28,6 +29,8 @@ const OUTCOMES: [&str; 5] = ["written", "unchanged", "conflict", "failed", "foll
 #[derive(Debug)]
 pub struct StatusMetrics {
     leader: Gauge,
+    /// Tells "no writer" from "status writes off": the leader gauge is 0 in both.
+    enabled: Gauge,
     updates: Family<Outcome, Counter>,
     writes: Counter,
     /// What was counted so far (the writer's counters are totals): each refresh adds
@@ -43,6 +46,7 @@ impl StatusMetrics {
         }
         Self {
             leader: Gauge::default(),
+            enabled: Gauge::default(),
             updates,
             writes: Counter::default(),
             counted: Mutex::new(StatusStats::default()),
@@ -54,6 +58,11 @@ impl StatusMetrics {
             "status_leader",
             "1 while this replica writes route status (it holds the Lease, or elects none)",
             self.leader.clone(),
+        );
+        registry.register(
+            "status_writes_enabled",
+            "1 when this replica takes part in writing route status (--write-status)",
+            self.enabled.clone(),
         );
         registry.register(
             "status_writes",
@@ -69,6 +78,7 @@ impl StatusMetrics {
 
     /// Brings the metrics up to the writer's counters and this replica's leadership.
     pub fn set(&self, stats: StatusStats, leading: bool) {
+        self.enabled.set(1);
         self.leader.set(i64::from(leading));
         let mut counted = sync::lock(&self.counted);
         let add = |outcome: &'static str, now: u64, before: u64| {

@@ -622,34 +622,7 @@ fn pod_of(plane: &ControlPlane, overlay: &str, namespace: &str) -> String {
 #[test]
 fn the_base_applies_server_side_and_its_pod_is_restricted() {
     let plane = ControlPlane::start();
-    let crds =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/prometheus-operator-crds");
-    for crd in [
-        "monitoring.coreos.com_servicemonitors.yaml",
-        "monitoring.coreos.com_prometheusrules.yaml",
-    ] {
-        let (ok, out) = plane.kubectl(
-            &[
-                "apply",
-                "--server-side",
-                "-f",
-                crds.join(crd).to_str().unwrap(),
-            ],
-            None,
-        );
-        assert!(ok, "{out}");
-    }
-    let (ok, out) = plane.kubectl(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd/servicemonitors.monitoring.coreos.com",
-            "crd/prometheusrules.monitoring.coreos.com",
-            "--timeout=60s",
-        ],
-        None,
-    );
-    assert!(ok, "{out}");
+    install_prometheus_operator_crds(&plane);
 
     for overlay in OVERLAYS {
         let (ok, out) = plane.kubectl(
@@ -742,6 +715,474 @@ fn the_base_applies_server_side_and_its_pod_is_restricted() {
         let pod = pod_of(&plane, overlay, "certwatch");
         let (ok, out) = plane.kubectl(&["apply", "--server-side", "-f", "-"], Some(&pod));
         assert!(ok, "{overlay}'s pod is refused:\n{out}\n{pod}");
+    }
+}
+
+/// The prometheus-operator's ServiceMonitor and PrometheusRule CRDs, established, so that
+/// the API server checks those objects against their schemas.
+fn install_prometheus_operator_crds(plane: &ControlPlane) {
+    let crds =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/prometheus-operator-crds");
+    for crd in [
+        "monitoring.coreos.com_servicemonitors.yaml",
+        "monitoring.coreos.com_prometheusrules.yaml",
+    ] {
+        let (ok, out) = plane.kubectl(
+            &[
+                "apply",
+                "--server-side",
+                "-f",
+                crds.join(crd).to_str().unwrap(),
+            ],
+            None,
+        );
+        assert!(ok, "{out}");
+    }
+    let (ok, out) = plane.kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "crd/prometheusrules.monitoring.coreos.com",
+            "--timeout=60s",
+        ],
+        None,
+    );
+    assert!(ok, "{out}");
+}
+
+/// Every component in `deploy/components/`.
+const COMPONENTS: [&str; 6] = [
+    "kubernetes",
+    "namespace-selector",
+    "subject-access-check",
+    "loadbalancer",
+    "nodeport",
+    "host-network",
+];
+
+/// Shards rendered with another namespace and a name prefix: none, each component
+/// alone, and mixes of the platform, the checks and each way of publishing.
+fn combinations() -> Vec<Vec<&'static str>> {
+    let mut combinations = vec![vec![]];
+    combinations.extend(COMPONENTS.iter().map(|component| vec![*component]));
+    combinations.push(vec![
+        "kubernetes",
+        "namespace-selector",
+        "subject-access-check",
+        "nodeport",
+    ]);
+    combinations.push(vec!["kubernetes", "host-network", "namespace-selector"]);
+    combinations.push(vec![
+        "namespace-selector",
+        "subject-access-check",
+        "loadbalancer",
+    ]);
+    combinations
+}
+
+/// A shard as docs/deploy.md makes one: a kustomization (in a temporary directory)
+/// with a namePrefix, a namespace, the base, `components` and deploy/names as
+/// transformers.
+fn shard(prefix: &str, namespace: &str, components: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("certwatch-shard-")
+        .tempdir()
+        .unwrap();
+    // kustomize takes relative paths only: from the shard's directory up to / and down.
+    let depth = dir.path().canonicalize().unwrap().components().count() - 1;
+    let deploy = deploy_dir().canonicalize().unwrap();
+    let deploy = format!(
+        "{}{}",
+        "../".repeat(depth),
+        deploy.to_str().unwrap().trim_start_matches('/')
+    );
+    let mut text = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamePrefix: {prefix}\nnamespace: {namespace}\nresources:\n  - {deploy}/base\ncomponents:\n"
+    );
+    if components.is_empty() {
+        text.push_str("  []\n");
+    }
+    for component in components {
+        text.push_str(&format!("  - {deploy}/components/{component}\n"));
+    }
+    text.push_str(&format!("transformers:\n  - {deploy}/names\n"));
+    std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap();
+    dir
+}
+
+/// `kubectl kustomize DIR`: the rendered text.
+fn kustomize(dir: &std::path::Path) -> String {
+    let output = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("kubectl must be on PATH (scripts/test installs it)");
+    assert!(
+        output.status.success(),
+        "{}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn parse_all(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .filter(|value: &Value| !value.is_null())
+        .collect()
+}
+
+/// The objects of `kind` among `objects`.
+fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objects.iter().filter(|doc| doc["kind"] == kind).collect()
+}
+
+/// The one object of `kind` named `name`.
+fn named<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    let found: Vec<&Value> = of_kind(objects, kind)
+        .into_iter()
+        .filter(|doc| doc["metadata"]["name"] == name)
+        .collect();
+    assert_eq!(found.len(), 1, "{kind}/{name}");
+    found[0]
+}
+
+/// A shard's objects (rendered, or read back from the API server) reference only the
+/// shard's own: its router name (the Deployment's name) in the container's variables,
+/// the Lease the Role grants, every selector's instance label and the alerts' job; its
+/// Service's DNS name in the ServiceMonitor; its scraper account and token. Returns how
+/// many references were checked.
+fn assert_shard_references_its_own(objects: &[Value], prefix: &str, namespace: &str) -> usize {
+    let router = format!("{prefix}certwatch");
+    let mut checked = 0;
+    let mut check = |what: &str, actual: &Value, expected: &str| {
+        assert_eq!(actual.as_str(), Some(expected), "{router}: {what}");
+        checked += 1;
+    };
+    let cluster_scoped = ["Namespace", "ClusterRole", "ClusterRoleBinding"];
+    for object in objects {
+        let kind = object["kind"].as_str().unwrap();
+        let name = object["metadata"]["name"].as_str().unwrap();
+        if !cluster_scoped.contains(&kind) {
+            check(
+                &format!("{kind}/{name}'s namespace"),
+                &object["metadata"]["namespace"],
+                namespace,
+            );
+        }
+        if kind != "Namespace" {
+            assert!(name.starts_with(prefix), "{kind}/{name} lacks {prefix}");
+        }
+        check(
+            &format!("{kind}/{name}'s instance label"),
+            &object["metadata"]["labels"]["app.kubernetes.io/instance"],
+            &router,
+        );
+        for subject in object["subjects"].as_sequence().into_iter().flatten() {
+            check(
+                &format!("{kind}/{name}'s subject namespace"),
+                &subject["namespace"],
+                namespace,
+            );
+            assert!(subject["name"].as_str().unwrap().starts_with(prefix));
+        }
+    }
+    let instance = "app.kubernetes.io/instance";
+
+    let deployment = named(objects, "Deployment", &router);
+    let spec = &deployment["spec"];
+    let env = spec["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .unwrap();
+    let router_name = &env
+        .iter()
+        .find(|variable| variable["name"] == "CERTWATCH_ROUTER_NAME")
+        .unwrap()["value"];
+    check("CERTWATCH_ROUTER_NAME", router_name, &router);
+    check(
+        "Deployment selector",
+        &spec["selector"]["matchLabels"][instance],
+        &router,
+    );
+    check(
+        "pod label",
+        &spec["template"]["metadata"]["labels"][instance],
+        &router,
+    );
+    let pod_spec = &spec["template"]["spec"];
+    check(
+        "anti-affinity",
+        &pod_spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            [0]["labelSelector"]["matchLabels"][instance],
+        &router,
+    );
+    for constraint in pod_spec["topologySpreadConstraints"].as_sequence().unwrap() {
+        check(
+            "spread",
+            &constraint["labelSelector"]["matchLabels"][instance],
+            &router,
+        );
+    }
+
+    let role = named(objects, "Role", &format!("{prefix}certwatch-leases"));
+    let lease_rules: Vec<&Value> = role["rules"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter(|rule| !rule["resourceNames"].is_null())
+        .collect();
+    assert_eq!(lease_rules.len(), 1);
+    assert_eq!(
+        lease_rules[0]["resourceNames"].as_sequence().unwrap().len(),
+        1
+    );
+    check(
+        "Lease in the Role",
+        &lease_rules[0]["resourceNames"][0],
+        &format!("certwatch-{router}"),
+    );
+
+    let services = of_kind(objects, "Service");
+    assert!(!services.is_empty());
+    for service in &services {
+        check(
+            "Service selector",
+            &service["spec"]["selector"][instance],
+            &router,
+        );
+    }
+    let metrics_service = named(objects, "Service", &router);
+    for kind in ["PodDisruptionBudget", "ServiceMonitor"] {
+        check(
+            &format!("{kind} selector"),
+            &named(objects, kind, &router)["spec"]["selector"]["matchLabels"][instance],
+            &router,
+        );
+    }
+    if let Some(policy) = of_kind(objects, "NetworkPolicy").first() {
+        check(
+            "NetworkPolicy selector",
+            &policy["spec"]["podSelector"]["matchLabels"][instance],
+            &router,
+        );
+    }
+
+    let scraper = format!("{router}-metrics-scraper");
+    named(objects, "ServiceAccount", &scraper);
+    let token = named(objects, "Secret", &format!("{scraper}-token"));
+    check(
+        "token Secret's account",
+        &token["metadata"]["annotations"]["kubernetes.io/service-account.name"],
+        &scraper,
+    );
+    let monitor = named(objects, "ServiceMonitor", &router);
+    let server_name = format!(
+        "{}.{namespace}.svc",
+        metrics_service["metadata"]["name"].as_str().unwrap()
+    );
+    let endpoints = monitor["spec"]["endpoints"].as_sequence().unwrap();
+    assert_eq!(endpoints.len(), 2);
+    for endpoint in endpoints {
+        check(
+            "serverName",
+            &endpoint["tlsConfig"]["serverName"],
+            &server_name,
+        );
+        check(
+            "scraper token",
+            &endpoint["authorization"]["credentials"]["name"],
+            &format!("{scraper}-token"),
+        );
+        let ca = &endpoint["tlsConfig"]["ca"]["configMap"]["name"];
+        if !ca.is_null() {
+            named(objects, "ConfigMap", ca.as_str().unwrap());
+            check("metrics CA", ca, &format!("{router}-metrics-ca"));
+        }
+    }
+    let haproxy_job = format!("{router}-haproxy");
+    check(
+        "HAProxy's job",
+        &endpoints[1]["relabelings"][0]["replacement"],
+        &haproxy_job,
+    );
+
+    // The alerts select the scrapes' job (the Service's name), this shard's only.
+    let rule = named(objects, "PrometheusRule", &router);
+    let mut jobs = Vec::new();
+    for group in rule["spec"]["groups"].as_sequence().unwrap() {
+        for alert in group["rules"].as_sequence().unwrap() {
+            let expr = alert["expr"].as_str().unwrap();
+            for (start, _) in expr.match_indices("job=\"") {
+                let rest = &expr[start + 5..];
+                jobs.push(rest[..rest.find('"').unwrap()].to_owned());
+            }
+        }
+    }
+    assert!(jobs.contains(&router), "{jobs:?}");
+    assert!(jobs.contains(&haproxy_job), "{jobs:?}");
+    for job in jobs {
+        assert!(
+            job == router || job == haproxy_job,
+            "{router}: alert job {job}"
+        );
+        checked += 1;
+    }
+    checked
+}
+
+/// The base and every combination of components render as a shard with another
+/// namespace and a name prefix, and every name that depends on another follows.
+#[test]
+fn components_combine_and_a_shard_names_only_its_own() {
+    let mut checked = 0;
+    for components in combinations() {
+        let dir = shard("edge-", "ingress-edge", &components);
+        let text = kustomize(dir.path());
+        // Nothing of the base's own names that others depend on is left over.
+        for stale in [
+            "certwatch.certwatch.svc",
+            "job=\"certwatch",
+            "certwatch-certwatch",
+        ] {
+            assert!(!text.contains(stale), "{components:?}: {stale}\n{text}");
+        }
+        let objects = parse_all(&text);
+        checked += assert_shard_references_its_own(&objects, "edge-", "ingress-edge");
+        let deployment = named(&objects, "Deployment", "edge-certwatch");
+        let pod_spec = &deployment["spec"]["template"]["spec"];
+        let env: Vec<&str> = pod_spec["containers"][0]["env"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|variable| variable["name"].as_str().unwrap())
+            .collect();
+        // Each component's own change is there.
+        assert_eq!(
+            env.contains(&"CERTWATCH_NAMESPACE_SELECTOR"),
+            components.contains(&"namespace-selector")
+        );
+        assert_eq!(
+            env.contains(&"CERTWATCH_ACCESS_CHECK"),
+            components.contains(&"subject-access-check")
+        );
+        assert_eq!(
+            env.contains(&"CERTWATCH_METRICS_TLS_CERT"),
+            !components.contains(&"kubernetes")
+        );
+        assert_eq!(
+            pod_spec["securityContext"]["runAsUser"].as_u64(),
+            components.contains(&"kubernetes").then_some(65532)
+        );
+        assert_eq!(
+            of_kind(&objects, "ClusterRole")
+                .iter()
+                .any(|role| role["metadata"]["name"] == "edge-certwatch-namespaces"),
+            components.contains(&"namespace-selector")
+        );
+        let publishing = of_kind(&objects, "Service")
+            .into_iter()
+            .find(|service| service["metadata"]["name"] == "edge-certwatch-router");
+        if components.contains(&"host-network") {
+            assert!(publishing.is_none());
+            assert_eq!(pod_spec["hostNetwork"], true);
+            let ports: Vec<(u64, u64)> = pod_spec["containers"][1]["ports"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(|port| {
+                    (
+                        port["containerPort"].as_u64().unwrap(),
+                        port["hostPort"].as_u64().unwrap(),
+                    )
+                })
+                .collect();
+            assert_eq!(ports, [(80, 80), (443, 443), (1936, 1936)]);
+        } else {
+            assert!(pod_spec["hostNetwork"].is_null());
+            let expected = if components.contains(&"nodeport") {
+                "NodePort"
+            } else {
+                "LoadBalancer"
+            };
+            assert_eq!(publishing.unwrap()["spec"]["type"], expected);
+        }
+    }
+    assert!(checked > 0);
+}
+
+/// Two shards side by side on a real control plane, applied server-side (the CRDs
+/// installed, so the ServiceMonitor and PrometheusRule are checked against their
+/// schemas): each shard's objects, read back from the API server, reference only its
+/// own.
+#[test]
+fn two_shards_apply_side_by_side_and_reference_only_their_own() {
+    let plane = ControlPlane::start();
+    install_prometheus_operator_crds(&plane);
+    let shards = [
+        ("north-", "shard-north", vec![]),
+        (
+            "south-",
+            "shard-south",
+            vec!["kubernetes", "namespace-selector"],
+        ),
+    ];
+    for (prefix, namespace, components) in &shards {
+        let dir = shard(prefix, namespace, components);
+        let text = kustomize(dir.path());
+        let (ok, out) = plane.kubectl(&["apply", "--server-side", "-f", "-"], Some(&text));
+        assert!(ok, "{prefix}: {out}");
+        assert!(
+            out.contains(&format!(
+                "deployment.apps/{prefix}certwatch serverside-applied"
+            )),
+            "{out}"
+        );
+    }
+    for (prefix, namespace, _) in &shards {
+        let mut objects = Vec::new();
+        for args in [
+            vec![
+                "get",
+                "-n",
+                namespace,
+                "deployment,service,role,rolebinding,serviceaccount,secret,configmap,poddisruptionbudget,networkpolicy,servicemonitor,prometheusrule",
+                "-o",
+                "yaml",
+            ],
+            vec![
+                "get",
+                "namespace,clusterrole,clusterrolebinding",
+                "-l",
+                &format!("app.kubernetes.io/instance={prefix}certwatch"),
+                "-o",
+                "yaml",
+            ],
+        ] {
+            let (ok, out) = plane.kubectl(&args, None);
+            assert!(ok, "{out}");
+            let list: Value = serde_yaml::from_str(&out).unwrap();
+            objects.extend(
+                list["items"]
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    // What the API server makes itself in every namespace.
+                    .filter(|object| {
+                        !(object["kind"] == "ConfigMap"
+                            && object["metadata"]["name"] == "kube-root-ca.crt")
+                    })
+                    .cloned(),
+            );
+        }
+        assert!(
+            of_kind(&objects, "Namespace").len() == 1
+                && of_kind(&objects, "ClusterRoleBinding").len() >= 2,
+            "{prefix}: {objects:?}"
+        );
+        let checked = assert_shard_references_its_own(&objects, prefix, namespace);
+        assert!(checked > 20, "{prefix}: {checked}");
     }
 }
 

@@ -19,7 +19,9 @@ use kube_common::Verb;
 use crate::route::RouteKey;
 use crate::route::SecretNameError;
 use crate::route::admission::Admission;
-use crate::tls::{ROUTER_REASON_CERTIFICATE, TlsCause, TlsConfigProblem, TlsRejection};
+use crate::tls::{
+    ROUTER_REASON_CERTIFICATE, ROUTER_REASON_SECRET, TlsCause, TlsConfigProblem, TlsRejection,
+};
 
 /// What made the validation of an external certificate fail.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -162,13 +164,13 @@ impl RejectionCause {
             | Self::SecretMissing
             | Self::SecretType
             | Self::Tls(TlsCause::WrongType)
-            | Self::InvalidReference => Reason::NAMES[0],
-            Self::Tls(_) | Self::TlsConfig => Reason::NAMES[1],
-            Self::ApiError => Reason::NAMES[2],
-            Self::HostClaimed => Reason::NAMES[3],
-            Self::Wildcard => Reason::NAMES[4],
-            Self::NoHost => Reason::NAMES[5],
-            Self::InvalidHost => Reason::NAMES[6],
+            | Self::InvalidReference => Reason::EXTERNAL_CERTIFICATE_VALIDATION_FAILED,
+            Self::Tls(_) | Self::TlsConfig => Reason::EXTENDED_VALIDATION_FAILED,
+            Self::ApiError => Reason::EXTERNAL_CERTIFICATE_GET_FAILED,
+            Self::HostClaimed => Reason::HOST_ALREADY_CLAIMED,
+            Self::Wildcard => Reason::ROUTE_NOT_ADMITTED,
+            Self::NoHost => Reason::NO_HOST_VALUE,
+            Self::InvalidHost => Reason::INVALID_HOST,
         }
     }
 }
@@ -243,15 +245,30 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// The secret failed validation (access, existence, type).
+    pub const EXTERNAL_CERTIFICATE_VALIDATION_FAILED: &'static str = ROUTER_REASON_SECRET;
+    /// The certificate, key or TLS configuration failed validation.
+    pub const EXTENDED_VALIDATION_FAILED: &'static str = ROUTER_REASON_CERTIFICATE;
+    /// The secret could not be read.
+    pub const EXTERNAL_CERTIFICATE_GET_FAILED: &'static str = "ExternalCertificateGetFailed";
+    /// An older route holds the host.
+    pub const HOST_ALREADY_CLAIMED: &'static str = "HostAlreadyClaimed";
+    /// The host admission refuses the route.
+    pub const ROUTE_NOT_ADMITTED: &'static str = "RouteNotAdmitted";
+    /// The route has no host.
+    pub const NO_HOST_VALUE: &'static str = "NoHostValue";
+    /// The host is not a valid DNS name.
+    pub const INVALID_HOST: &'static str = "InvalidHost";
+
     /// Every reason name, for metric label sets.
     pub const NAMES: [&'static str; 7] = [
-        "ExternalCertificateValidationFailed",
-        ROUTER_REASON_CERTIFICATE,
-        "ExternalCertificateGetFailed",
-        "HostAlreadyClaimed",
-        "RouteNotAdmitted",
-        "NoHostValue",
-        "InvalidHost",
+        Self::EXTERNAL_CERTIFICATE_VALIDATION_FAILED,
+        Self::EXTENDED_VALIDATION_FAILED,
+        Self::EXTERNAL_CERTIFICATE_GET_FAILED,
+        Self::HOST_ALREADY_CLAIMED,
+        Self::ROUTE_NOT_ADMITTED,
+        Self::NO_HOST_VALUE,
+        Self::INVALID_HOST,
     ];
 
     /// The reason as OpenShift's router writes it into the `Admitted` condition:
@@ -264,13 +281,15 @@ impl Reason {
                 problem: ValidationProblem::Tls(rejection),
                 ..
             } => rejection.router_reason(),
-            Self::ExternalCertificateValidationFailed { .. } => Self::NAMES[0],
-            Self::ExtendedValidationFailed { .. } => Self::NAMES[1],
-            Self::ExternalCertificateGetFailed { .. } => Self::NAMES[2],
-            Self::HostAlreadyClaimed { .. } => Self::NAMES[3],
-            Self::RouteNotAdmitted { .. } => Self::NAMES[4],
-            Self::NoHostValue { .. } => Self::NAMES[5],
-            Self::InvalidHost { .. } => Self::NAMES[6],
+            Self::ExternalCertificateValidationFailed { .. } => {
+                Self::EXTERNAL_CERTIFICATE_VALIDATION_FAILED
+            }
+            Self::ExtendedValidationFailed { .. } => Self::EXTENDED_VALIDATION_FAILED,
+            Self::ExternalCertificateGetFailed { .. } => Self::EXTERNAL_CERTIFICATE_GET_FAILED,
+            Self::HostAlreadyClaimed { .. } => Self::HOST_ALREADY_CLAIMED,
+            Self::RouteNotAdmitted { .. } => Self::ROUTE_NOT_ADMITTED,
+            Self::NoHostValue { .. } => Self::NO_HOST_VALUE,
+            Self::InvalidHost { .. } => Self::INVALID_HOST,
         }
     }
 
@@ -408,7 +427,13 @@ mod tests {
             },
         ];
         let names: Vec<_> = reasons.iter().map(Reason::name).collect();
-        assert_eq!(names, [Reason::NAMES[0], Reason::NAMES[2]]);
+        assert_eq!(
+            names,
+            [
+                "ExternalCertificateValidationFailed",
+                "ExternalCertificateGetFailed"
+            ]
+        );
         for reason in &reasons {
             let message = reason.to_string();
             assert!(message.contains("team-a/shop"), "{message}");

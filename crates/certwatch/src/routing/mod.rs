@@ -9,7 +9,9 @@
 //! - [`supervisor`]: the HAProxy process certwatch runs (master-worker, reloads).
 //! - [`task`]: the task that ties them: the EndpointSlice watch, the served routes,
 //!   loads and reloads at a bounded rate, endpoint changes without a reload.
+//! - `changes`: the served routes' changes to the task, coalesced per route.
 
+mod changes;
 pub mod dynamic;
 pub mod endpoints;
 pub mod model;

@@ -39,12 +39,13 @@ use kube_common::backoff::{Backoff, BackoffPolicy};
 use kube_common::time::sleep_until;
 use route_secrets::route::RouteKey;
 use route_secrets::route::routing::Termination;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::changes::{self, ChangeReceiver, ChangeSender};
 use super::dynamic::LoadedBackend;
 use super::endpoints::{EndpointTable, ServiceKey};
 use super::model::{RoutingTable, ServedRoute};
@@ -113,7 +114,7 @@ pub enum RouteChange {
 /// Handle of the routing task.
 #[derive(Debug)]
 pub struct Routing {
-    changes: mpsc::UnboundedSender<RouteChange>,
+    changes: ChangeSender,
     served: watch::Receiver<bool>,
     repairs: watch::Receiver<u64>,
     haproxy: watch::Sender<Option<HaproxyHandle>>,
@@ -125,7 +126,7 @@ pub struct Routing {
 impl Routing {
     /// Starts the task: its EndpointSlice and Service watches through `client` at once.
     pub fn spawn(client: kube::Client, options: RoutingOptions, metrics: Arc<Metrics>) -> Self {
-        let (changes, inputs) = mpsc::unbounded_channel();
+        let (changes, inputs) = changes::channel();
         let (served_tx, served) = watch::channel(false);
         let (repairs_tx, repairs) = watch::channel(0);
         let (haproxy, haproxy_rx) = watch::channel(None);
@@ -173,9 +174,10 @@ impl Routing {
         self.repairs.clone()
     }
 
-    /// Tells the task of a route change.
+    /// Tells the task of a route change; returns at once (a change not yet taken is
+    /// replaced by the route's next one).
     pub fn send(&self, change: RouteChange) {
-        let _ = self.changes.send(change);
+        self.changes.send(change);
     }
 
     /// Stops the task (and the HAProxy it runs): a load in progress is abandoned (a
@@ -313,7 +315,7 @@ impl Worker {
 
     async fn run(
         mut self,
-        mut inputs: mpsc::UnboundedReceiver<RouteChange>,
+        mut inputs: ChangeReceiver,
         mut slices: futures::stream::BoxStream<'static, WatchEvent<EndpointSlice>>,
         mut services: futures::stream::BoxStream<'static, WatchEvent<Service>>,
         closing: CancellationToken,
@@ -324,11 +326,10 @@ impl Worker {
             }
             tokio::select! {
                 biased;
-                input = inputs.recv() => {
-                    let Some(input) = input else { break };
-                    self.take(input);
-                    while let Ok(input) = inputs.try_recv() {
-                        self.take(input);
+                changes = inputs.recv() => {
+                    let Some(changes) = changes else { break };
+                    for change in changes {
+                        self.take(change);
                     }
                 }
                 event = slices.next() => {

@@ -62,7 +62,7 @@ use super::runtime::{
 use crate::cert_dir::{CrtChange, CrtEntry};
 use crate::file_loads::FileLoads;
 use crate::metrics::Metrics;
-use crate::metrics::haproxy::RefusalReason;
+use crate::metrics::haproxy::{RefusalReason, ReloadReason};
 
 /// Who runs HAProxy.
 #[derive(Clone, Debug)]
@@ -209,7 +209,7 @@ struct InboxState {
     /// A complete listing was published.
     complete: bool,
     resync: bool,
-    reload: Option<&'static str>,
+    reload: Option<ReloadReason>,
     closed: bool,
 }
 
@@ -372,7 +372,7 @@ impl Haproxy {
     /// between reloads allows; requests coalesce. Needs a master CLI (managed HAProxy,
     /// or an external one with its master socket); without one it is logged and
     /// dropped.
-    pub fn request_reload(&self, reason: &'static str) {
+    pub fn request_reload(&self, reason: ReloadReason) {
         self.inbox.update(|state| state.reload = Some(reason));
     }
 
@@ -411,7 +411,7 @@ impl HaproxyHandle {
     }
 
     /// Reload HAProxy (see [`Haproxy::request_reload`]).
-    pub fn request_reload(&self, reason: &'static str) {
+    pub fn request_reload(&self, reason: ReloadReason) {
         self.inbox.update(|state| state.reload = Some(reason));
     }
 
@@ -462,14 +462,14 @@ struct StartTask {
 struct ReloadTask {
     epoch: u64,
     handle: JoinHandle<Result<Reloaded, ProcessError>>,
-    reason: &'static str,
+    reason: ReloadReason,
 }
 
 /// What woke the task.
 enum Wake {
     Inbox,
     Started(StartResult),
-    Reloaded(&'static str, Result<Reloaded, ProcessError>),
+    Reloaded(ReloadReason, Result<Reloaded, ProcessError>),
     Timer,
 }
 
@@ -513,7 +513,7 @@ struct Controller {
     /// The worker certwatch's last start or reload made, and the change counter when
     /// it began: that worker holds every certificate not changed since.
     loaded: Option<(u32, u64)>,
-    reload_wanted: Option<&'static str>,
+    reload_wanted: Option<ReloadReason>,
     reload_task: Option<ReloadTask>,
     last_reload: Option<Instant>,
     /// How long HAProxy took to load its files last time.
@@ -536,10 +536,9 @@ async fn join_start(task: &mut Option<StartTask>) -> StartResult {
     match task {
         Some(task) => match (&mut task.handle).await {
             Ok(result) => result,
-            Err(join) => Err(ProcessError::Unexpected {
-                socket: PathBuf::new(),
-                command: "start",
-                answer: format!("the start task failed: {join}"),
+            Err(join) => Err(ProcessError::Task {
+                what: "start",
+                source: join,
             }),
         },
         None => std::future::pending().await,
@@ -548,18 +547,17 @@ async fn join_start(task: &mut Option<StartTask>) -> StartResult {
 
 async fn join_reload(
     task: &mut Option<ReloadTask>,
-) -> (&'static str, Result<Reloaded, ProcessError>) {
+) -> (ReloadReason, Result<Reloaded, ProcessError>) {
     match task {
         Some(ReloadTask { handle, reason, .. }) => {
             let result = match handle.await {
                 Ok(result) => result,
-                Err(join) => Err(ProcessError::Unexpected {
-                    socket: PathBuf::new(),
-                    command: "reload",
-                    answer: format!("the reload task failed: {join}"),
+                Err(join) => Err(ProcessError::Task {
+                    what: "reload",
+                    source: join,
                 }),
             };
-            (reason, result)
+            (*reason, result)
         }
         None => std::future::pending().await,
     }
@@ -805,12 +803,16 @@ impl Controller {
                 self.known = None;
                 let took = self.start_took();
                 self.load_time = took;
-                self.metrics.haproxy.reloaded("start", true, took);
+                self.metrics
+                    .haproxy
+                    .reloaded(ReloadReason::Start, true, took);
                 self.failures = 0;
                 self.backoff = Backoff::new(self.options.retry);
             }
             Err(error) => {
-                self.metrics.haproxy.reloaded("start", false, None);
+                self.metrics
+                    .haproxy
+                    .reloaded(ReloadReason::Start, false, None);
                 self.failed(&format!("cannot start HAProxy: {error}"));
             }
         }
@@ -822,14 +824,14 @@ impl Controller {
         self.process.as_ref().map(HaproxyProcess::start_duration)
     }
 
-    async fn reloaded(&mut self, reason: &'static str, result: Result<Reloaded, ProcessError>) {
+    async fn reloaded(&mut self, reason: ReloadReason, result: Result<Reloaded, ProcessError>) {
         let Some(ReloadTask { epoch, .. }) = self.reload_task.take() else {
             return;
         };
         match result {
             Ok(reloaded) => {
                 info!(
-                    reason,
+                    reason = reason.as_str(),
                     worker = reloaded.worker,
                     took = ?reloaded.took,
                     "HAProxy reloaded; its new worker serves"
@@ -846,7 +848,7 @@ impl Controller {
             }
             Err(error) => {
                 self.metrics.haproxy.reloaded(reason, false, None);
-                error!(reason, %error, "HAProxy's reload failed; its previous worker keeps serving");
+                error!(reason = reason.as_str(), %error, "HAProxy's reload failed; its previous worker keeps serving");
                 // Certificates waiting for it stay waiting: the next reload will try.
                 if !self.awaiting_reload.is_empty() {
                     self.reload_wanted.get_or_insert(reason);
@@ -863,14 +865,14 @@ impl Controller {
         let Some(master) = self.master.clone() else {
             if let Some(reason) = self.reload_wanted.take() {
                 warn!(
-                    reason,
+                    reason = reason.as_str(),
                     "a reload of HAProxy was asked for, but certwatch cannot reload it (no master socket)"
                 );
             }
             return;
         };
         if self.reload_wanted.is_none() && self.backlog_worth_a_reload() {
-            self.reload_wanted = Some("backlog");
+            self.reload_wanted = Some(ReloadReason::Backlog);
         }
         let Some(reason) = self.reload_wanted else {
             return;
@@ -888,7 +890,7 @@ impl Controller {
             HaproxyMode::External { .. } => Duration::from_secs(600),
         };
         info!(
-            reason,
+            reason = reason.as_str(),
             waiting = self.awaiting_reload.len(),
             pending = self.pending.len(),
             "reloading HAProxy"
@@ -1192,9 +1194,8 @@ impl Controller {
             {
                 // Another process answered: nothing it said is about what is known.
                 self.known = None;
-                return Err(RuntimeError::Protocol {
+                return Err(RuntimeError::ProcessChanged {
                     socket: self.options.socket.clone(),
-                    problem: "HAProxy's process changed during a batch".to_owned(),
                 });
             }
         }
@@ -1314,7 +1315,7 @@ impl Controller {
                 self.metrics.haproxy.refused(RefusalReason::TooLarge);
             }
             self.awaiting_reload.insert(name, since);
-            self.reload_wanted.get_or_insert("too_large");
+            self.reload_wanted.get_or_insert(ReloadReason::TooLarge);
             return;
         }
         warn!(

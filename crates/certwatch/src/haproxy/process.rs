@@ -101,6 +101,16 @@ pub enum ProcessError {
     /// The master CLI failed.
     #[error("HAProxy's master CLI: {0}")]
     Master(#[from] RuntimeError),
+    /// The task starting or reloading HAProxy ended without a result (it panicked or
+    /// was aborted).
+    #[error("HAProxy's {what} task failed: {source}")]
+    Task {
+        /// Start or reload.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: tokio::task::JoinError,
+    },
     /// The master CLI answered something unexpected.
     #[error("HAProxy's master CLI at {socket}: unexpected answer to `{command}`: {answer}")]
     Unexpected {

@@ -110,6 +110,13 @@ pub enum RuntimeError {
         /// What was wrong.
         problem: String,
     },
+    /// Another HAProxy process answered during a batch than the one that answered
+    /// before it (a restart or a reload): nothing it said is about what was known.
+    #[error("HAProxy runtime API at {socket}: HAProxy's process changed during a batch")]
+    ProcessChanged {
+        /// The socket path.
+        socket: PathBuf,
+    },
     /// A request longer than HAProxy's buffer; nothing of the batch was sent.
     #[error(
         "HAProxy runtime API: `{command}` needs {size} bytes, more than HAProxy's CLI takes in one request ({limit} bytes: tune.bufsize); nothing of its batch was sent"
@@ -174,6 +181,9 @@ impl RuntimeError {
             Self::Protocol { socket, problem } => Self::Protocol {
                 socket: socket.clone(),
                 problem: problem.clone(),
+            },
+            Self::ProcessChanged { socket } => Self::ProcessChanged {
+                socket: socket.clone(),
             },
             Self::TooLarge {
                 command,

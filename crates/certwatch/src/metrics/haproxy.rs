@@ -11,7 +11,7 @@
 //! | `certwatch_oldest_unserved_change_age_seconds` | gauge | | age of the oldest change (new, changed or removed route) HAProxy does not serve yet; 0 when none |
 //! | `certwatch_haproxy_refused_routes` | gauge | | admitted routes HAProxy refused (too large for its runtime API with no reload to fall back on, or material it rejects) |
 //! | `certwatch_haproxy_refusals_total` | counter | `reason` | refusals, by `too_large` and `rejected` |
-//! | `certwatch_haproxy_reloads_total` | counter | `reason`, `result` | HAProxy starts and reloads certwatch made, by why (`start`, `too_large`, `backlog`, or the asker's) and `ok`/`failed` |
+//! | `certwatch_haproxy_reloads_total` | counter | `reason`, `result` | HAProxy starts and reloads certwatch made, by why ([`ReloadReason`]: `start`, `routes`, `too_large`, `backlog`) and `ok`/`failed` |
 //! | `certwatch_haproxy_load_duration_seconds` | gauge | | how long HAProxy's last start or reload took to load its files |
 //! | `certwatch_haproxy_up` | gauge | | 1 while HAProxy answers and (when certwatch runs it) its worker serves |
 //! | `certwatch_haproxy_pushed_certificates_total` | counter | | certificates pushed through the runtime API (new or changed material) |
@@ -40,6 +40,31 @@ struct RefusalLabels {
 struct ReloadLabels {
     reason: &'static str,
     result: &'static str,
+}
+
+/// Why HAProxy was started or reloaded (the `reason` label of its loads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReloadReason {
+    /// The first load: HAProxy started.
+    Start,
+    /// The routes' configuration changed.
+    Routes,
+    /// More certificates changed than the runtime API takes in good time.
+    Backlog,
+    /// A certificate does not fit in one runtime API request: only a reload loads it.
+    TooLarge,
+}
+
+impl ReloadReason {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Start => "start",
+            Self::Routes => "routes",
+            Self::Backlog => "backlog",
+            Self::TooLarge => "too_large",
+        }
+    }
 }
 
 /// Why HAProxy did not take a certificate.
@@ -222,10 +247,13 @@ impl HaproxyMetrics {
     }
 
     /// A start or reload ended.
-    pub fn reloaded(&self, reason: &'static str, ok: bool, took: Option<Duration>) {
+    pub fn reloaded(&self, reason: ReloadReason, ok: bool, took: Option<Duration>) {
         let result = if ok { "ok" } else { "failed" };
         self.reloads
-            .get_or_create(&ReloadLabels { reason, result })
+            .get_or_create(&ReloadLabels {
+                reason: reason.as_str(),
+                result,
+            })
             .inc();
         if let Some(took) = took {
             self.load_seconds.set(took.as_secs_f64());

@@ -268,4 +268,31 @@ mod tests {
             "{text}"
         );
     }
+
+    /// Each reload reason is its own label value, as dashboards and alerts name them.
+    #[test]
+    fn reload_reasons_are_their_labels() {
+        use haproxy::ReloadReason;
+        let metrics = Metrics::new();
+        metrics.register_haproxy();
+        for reason in [
+            ReloadReason::Start,
+            ReloadReason::Routes,
+            ReloadReason::Backlog,
+            ReloadReason::TooLarge,
+        ] {
+            metrics.haproxy.reloaded(reason, true, None);
+        }
+        metrics.haproxy.reloaded(ReloadReason::Routes, false, None);
+        let text = metrics.encode();
+        for sample in [
+            "certwatch_haproxy_reloads_total{reason=\"start\",result=\"ok\"} 1\n",
+            "certwatch_haproxy_reloads_total{reason=\"routes\",result=\"ok\"} 1\n",
+            "certwatch_haproxy_reloads_total{reason=\"backlog\",result=\"ok\"} 1\n",
+            "certwatch_haproxy_reloads_total{reason=\"too_large\",result=\"ok\"} 1\n",
+            "certwatch_haproxy_reloads_total{reason=\"routes\",result=\"failed\"} 1\n",
+        ] {
+            assert!(text.contains(sample), "{sample}in\n{text}");
+        }
+    }
 }

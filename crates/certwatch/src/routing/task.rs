@@ -57,6 +57,7 @@ use crate::haproxy::HaproxyHandle;
 use crate::haproxy::process::Processes;
 use crate::haproxy::runtime::{Instance, RuntimeError, current_instance, one_shot};
 use crate::metrics::Metrics;
+use crate::metrics::haproxy::ReloadReason;
 
 /// How certwatch runs HAProxy's configuration.
 #[derive(Clone, Debug)]
@@ -675,7 +676,7 @@ impl Worker {
                     };
                     if ask {
                         debug!(digest, "HAProxy holds another configuration: reloading it");
-                        haproxy.request_reload(ROUTES_RELOAD);
+                        haproxy.request_reload(ReloadReason::Routes);
                         asked = Some((now.loads, false));
                     }
                 }
@@ -745,9 +746,6 @@ enum Loading {
     /// HAProxy exited, or did not answer within the load timeout.
     NoAnswer,
 }
-
-/// The reason of the reloads the routes' configuration asks of the controller.
-pub const ROUTES_RELOAD: &str = "routes";
 
 /// The digest of the configuration the HAProxy at `socket` loaded (`show env`), if it
 /// loaded one of certwatch's.

@@ -738,42 +738,6 @@ async fn a_rolling_restart_behind_a_load_balancer_checking_readyz_fails_no_reque
     assert!(ok.iter().all(|n| *n >= 20), "{ok:?}");
 }
 
-/// The `haproxy` container's script and environment from deploy/base's Deployment,
-/// its volumes' paths moved to `config_dir` and `cert_dir`.
-fn sidecar_script(config_dir: &Path, cert_dir: &Path) -> (String, Vec<(String, String)>) {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base/deployment.yaml"),
-    )
-    .unwrap();
-    let deployment: serde_yaml::Value = serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
-        .find(|doc: &serde_yaml::Value| doc["kind"] == "Deployment")
-        .unwrap();
-    let haproxy = deployment["spec"]["template"]["spec"]["containers"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|container| container["name"] == "haproxy")
-        .unwrap()
-        .clone();
-    let local = |text: &str| {
-        text.replace("/run/haproxy", config_dir.to_str().unwrap())
-            .replace("/var/lib/certwatch", cert_dir.to_str().unwrap())
-    };
-    let env = haproxy["env"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|variable| {
-            (
-                variable["name"].as_str().unwrap().to_owned(),
-                local(variable["value"].as_str().unwrap()),
-            )
-        })
-        .collect();
-    (local(haproxy["args"][0].as_str().unwrap()), env)
-}
-
 /// The sidecar's script, as a process; SIGINT stops it at once when dropped.
 struct Sidecar {
     child: Child,
@@ -834,7 +798,7 @@ async fn the_sidecar_serves_through_the_shutdown_delay_and_then_stops_softly() {
     let cert_dir = dir.path().join("certs");
     std::fs::create_dir_all(&config_dir).unwrap();
     let https = free_port();
-    let (script, env) = sidecar_script(&config_dir, &cert_dir);
+    let (script, env) = common::haproxy::sidecar_of_the_deployment(&config_dir, &cert_dir);
     let sidecar = Sidecar::start(dir.path(), "haproxy", &script, &env, "3600");
     let certwatch = Certwatch::launch(
         Launch::new(

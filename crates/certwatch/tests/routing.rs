@@ -351,54 +351,6 @@ async fn requests_reach_each_routes_backends_through_the_haproxy_certwatch_runs(
     .await;
 }
 
-/// The sidecar's command line (`sh -c SCRIPT`) and environment, as deploy/base's
-/// Deployment runs its `haproxy` container, with its volumes' paths moved to this
-/// test's directories: `/run/haproxy` (the shared configuration directory) and
-/// `/var/lib/certwatch` (the cert dir).
-fn sidecar_of_the_deployment(
-    config_dir: &Path,
-    cert_dir: &Path,
-) -> (String, Vec<(String, String)>) {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/base/deployment.yaml"),
-    )
-    .unwrap();
-    let deployment: serde_yaml::Value = serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
-        .find(|doc: &serde_yaml::Value| doc["kind"] == "Deployment")
-        .unwrap();
-    let haproxy = deployment["spec"]["template"]["spec"]["containers"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|container| container["name"] == "haproxy")
-        .unwrap()
-        .clone();
-    let local = |text: &str| {
-        text.replace("/run/haproxy", config_dir.to_str().unwrap())
-            .replace("/var/lib/certwatch", cert_dir.to_str().unwrap())
-    };
-    assert_eq!(
-        serde_yaml::to_string(&haproxy["command"]).unwrap(),
-        "- /bin/sh\n- -c\n"
-    );
-    let script = local(haproxy["args"][0].as_str().unwrap());
-    let env = haproxy["env"]
-        .as_sequence()
-        .map(|env| {
-            env.iter()
-                .map(|variable| {
-                    (
-                        variable["name"].as_str().unwrap().to_owned(),
-                        local(variable["value"].as_str().unwrap()),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    (script, env)
-}
-
 /// The sidecar's script (HAProxy's master is its child), stopped with the test.
 struct Sidecar(std::process::Child);
 
@@ -477,7 +429,7 @@ async fn a_sidecar_haproxy_routes_what_certwatch_renders_and_reloads_through_its
     let master = config_dir.join("master.sock");
 
     // The sidecar first, as the pod starts its containers together: it waits.
-    let (script, env) = sidecar_of_the_deployment(&config_dir, &cert_dir);
+    let (script, env) = common::haproxy::sidecar_of_the_deployment(&config_dir, &cert_dir);
     assert!(
         script.contains(&format!("-S {}", master.display())),
         "{script}"

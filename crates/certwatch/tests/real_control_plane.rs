@@ -233,6 +233,12 @@ async fn start_up(options: ControlPlaneOptions) -> (Scenario, Certwatch, SecretR
         GenerateSpec::new(STARTUP_ROUTES, STARTUP_NAMESPACES),
     )
     .await;
+    start_up_on(scenario).await
+}
+
+/// Runs certwatch on the scenario until ready and checks the start-up
+/// ([`check_startup`]).
+async fn start_up_on(scenario: Scenario) -> (Scenario, Certwatch, SecretRequests) {
     let certwatch = scenario.certwatch(&[]);
     wait_ready_within(&certwatch, THROTTLED_PATIENCE).await;
     let requests = check_startup(&scenario, &certwatch).await;
@@ -289,17 +295,91 @@ async fn startup_without_streaming_lists_costs_at_most_two_requests_per_secret()
     );
 }
 
+/// The priority level the throttling scenario puts the router in.
+const TIGHT_PRIORITY_LEVEL: &str = "certwatch-test-tight";
+
+/// Puts the router's requests in a priority level of one seat that rejects what it cannot
+/// serve at once (no queues), so the router's burst of registrations meets 429s whatever
+/// the machine's speed: queued requests (the built-in levels) are only rejected when
+/// their wait times out, which a fast server never lets happen.
+async fn confine_router_to_rejecting_level(admin: &kube::Client) {
+    use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
+    let levels: Api<PriorityLevelConfiguration> = Api::all(admin.clone());
+    let level: PriorityLevelConfiguration = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": TIGHT_PRIORITY_LEVEL},
+        "spec": {
+            "type": "Limited",
+            "limited": {
+                "nominalConcurrencyShares": 1,
+                "lendablePercent": 0,
+                "borrowingLimitPercent": 0,
+                "limitResponse": {"type": "Reject"}
+            }
+        }
+    }))
+    .unwrap();
+    levels.create(&PostParams::default(), &level).await.unwrap();
+    let schemas: Api<FlowSchema> = Api::all(admin.clone());
+    let schema: FlowSchema = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": TIGHT_PRIORITY_LEVEL},
+        "spec": {
+            "priorityLevelConfiguration": {"name": TIGHT_PRIORITY_LEVEL},
+            // Before the built-in service-accounts schema (9000) and the others that
+            // could match the router.
+            "matchingPrecedence": 100,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{
+                "subjects": [{"kind": "User", "user": {"name": ROUTER_USER}}],
+                "resourceRules": [{
+                    "verbs": ["*"],
+                    "apiGroups": ["*"],
+                    "resources": ["*"],
+                    "clusterScope": true,
+                    "namespaces": ["*"]
+                }],
+                "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]
+            }]
+        }
+    }))
+    .unwrap();
+    schemas
+        .create(&PostParams::default(), &schema)
+        .await
+        .unwrap();
+    // The server applies new flow-control objects asynchronously: wait until the
+    // schema says it found its level.
+    eventually_async("the flow schema is in force", || async {
+        schemas
+            .get(TIGHT_PRIORITY_LEVEL)
+            .await
+            .ok()
+            .and_then(|schema| schema.status)
+            .and_then(|status| status.conditions)
+            .is_some_and(|conditions| {
+                conditions.iter().any(|condition| {
+                    condition.type_ == "Dangling" && condition.status.as_deref() == Some("False")
+                })
+            })
+            .then_some(())
+    })
+    .await;
+}
+
 /// A server with a small concurrency budget answers the router's burst with 429s
-/// (API Priority and Fairness, priority level workload-low); certwatch rides them out:
+/// (API Priority and Fairness, a one-seat priority level that rejects rather than
+/// queues); certwatch rides them out:
 /// every route admitted, and its /metrics counts the 429s the server sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_under_a_small_apf_budget_rides_out_429s() {
-    let (scenario, certwatch, _) = start_up(
+    let scenario = Scenario::start(
         ControlPlaneOptions::from_env()
             .apiserver_flag("--max-requests-inflight=4")
             .apiserver_flag("--max-mutating-requests-inflight=2"),
+        GenerateSpec::new(STARTUP_ROUTES, STARTUP_NAMESPACES),
     )
     .await;
+    confine_router_to_rejecting_level(&scenario.admin).await;
+    let (scenario, certwatch, _) = start_up_on(scenario).await;
 
     let audit = scenario.audit();
     let throttled_by_server = audit
@@ -315,9 +395,9 @@ async fn startup_under_a_small_apf_budget_rides_out_429s() {
     assert!(
         server_metrics
             .rejected_by_priority_level()
-            .get("workload-low")
+            .get(TIGHT_PRIORITY_LEVEL)
             .is_some_and(|rejected| *rejected > 0.0),
-        "API Priority and Fairness rejected requests of workload-low: {:?}",
+        "API Priority and Fairness rejected requests of {TIGHT_PRIORITY_LEVEL}: {:?}",
         server_metrics.rejected_by_priority_level()
     );
     // certwatch counted every 429 it got (by resource, verb and code).

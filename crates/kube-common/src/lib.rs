@@ -18,6 +18,8 @@
 //! - [`sync`]: the poison-ignoring lock helpers; [`time`]: `sleep_until` an optional
 //!   deadline.
 //! - [`hint`]: what a caller tells the transport about a request ([`hint::LongLived`]).
+//! - [`listing`]: a watch's (re-)listings gathered into one event, as a stream
+//!   adapter ([`listing::ListingStreamExt::gather_listings`]).
 //! - [`reconnect`]: one prober per API server, so that requests that failed during an
 //!   outage go again as soon as the server answers, not after their grown backoff.
 //!
@@ -42,6 +44,7 @@ pub mod duration;
 pub mod hint;
 pub mod kubeconfig;
 pub mod labels;
+pub mod listing;
 pub mod name;
 pub mod reconnect;
 pub mod request_info;

@@ -34,10 +34,10 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use kube_common::backoff::{Backoff, BackoffPolicy};
+use kube_common::listing::{Change, ListingStreamExt};
 use kube_common::time::sleep_until;
-use route_secrets::route::RouteKey;
 use route_secrets::route::routing::Termination;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -45,10 +45,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::changes::{self, ChangeReceiver, ChangeSender};
+use super::changes::{self, ChangeReceiver, ChangeSender, RouteChange};
 use super::dynamic::LoadedBackend;
 use super::endpoints::{EndpointTable, ServiceKey};
-use super::model::{RoutingTable, ServedRoute};
+use super::model::RoutingTable;
 use super::render::{DIGEST_VARIABLE, RenderOptions, primary_service_host, render};
 use super::supervisor::HaproxyProcess;
 use super::write_config;
@@ -99,17 +99,6 @@ impl RoutingOptions {
             file_loads: FileLoads::new(),
         }
     }
-}
-
-/// What the outputs tell the routing task.
-#[derive(Debug)]
-pub enum RouteChange {
-    /// The route is served (added or changed).
-    Served(ServedRoute),
-    /// The route is no longer served.
-    Gone(RouteKey),
-    /// Start-up is decided and the crt-list is written.
-    Decided,
 }
 
 /// Handle of the routing task.
@@ -190,19 +179,12 @@ impl Routing {
     }
 }
 
-/// What a list/watch (of EndpointSlices, of Services) tells.
-enum WatchEvent<K> {
-    Listed(Vec<K>),
-    Applied(K),
-    Deleted(K),
-}
-
 /// One cluster-wide list/watch of `K` (`resource` names it in logs and metrics).
 fn watch_events<K>(
     api: Api<K>,
     resource: &'static str,
     metrics: Arc<Metrics>,
-) -> futures::stream::BoxStream<'static, WatchEvent<K>>
+) -> futures::stream::BoxStream<'static, Change<K>>
 where
     K: kube::Resource
         + Clone
@@ -214,22 +196,12 @@ where
     // One list from the watch cache, unpaged, as the route watch lists.
     let mut config = watcher::Config::default().any_semantic();
     config.page_size = None;
-    let mut listing: Option<Vec<K>> = None;
     watcher::watcher(api, config)
         .default_backoff()
+        .gather_listings()
         .filter_map(move |item| {
             let event = match item {
-                Ok(Event::Init) => {
-                    listing = Some(Vec::new());
-                    None
-                }
-                Ok(Event::InitApply(object)) => {
-                    listing.get_or_insert_with(Vec::new).push(object);
-                    None
-                }
-                Ok(Event::InitDone) => Some(WatchEvent::Listed(listing.take().unwrap_or_default())),
-                Ok(Event::Apply(object)) => Some(WatchEvent::Applied(object)),
-                Ok(Event::Delete(object)) => Some(WatchEvent::Deleted(object)),
+                Ok(change) => Some(change),
                 Err(error) => {
                     warn!(%error, resource, "watch failed; retrying");
                     metrics.api.watcher_error(resource, &error);
@@ -317,8 +289,8 @@ impl Worker {
     async fn run(
         mut self,
         mut inputs: ChangeReceiver,
-        mut slices: futures::stream::BoxStream<'static, WatchEvent<EndpointSlice>>,
-        mut services: futures::stream::BoxStream<'static, WatchEvent<Service>>,
+        mut slices: futures::stream::BoxStream<'static, Change<EndpointSlice>>,
+        mut services: futures::stream::BoxStream<'static, Change<Service>>,
         closing: CancellationToken,
     ) {
         loop {
@@ -376,15 +348,15 @@ impl Worker {
         }
     }
 
-    fn take_slices(&mut self, event: WatchEvent<EndpointSlice>) {
+    fn take_slices(&mut self, event: Change<EndpointSlice>) {
         let changed = match event {
-            WatchEvent::Listed(slices) => {
+            Change::Listed(slices) => {
                 self.listed = true;
                 debug!(slices = slices.len(), "EndpointSlices listed");
                 self.endpoints.replace_all(&slices)
             }
-            WatchEvent::Applied(slice) => self.endpoints.apply(&slice),
-            WatchEvent::Deleted(slice) => {
+            Change::Applied(slice) => self.endpoints.apply(&slice),
+            Change::Deleted(slice) => {
                 let namespace = slice.namespace().unwrap_or_default();
                 self.endpoints.remove(&namespace, &slice.name_any())
             }
@@ -392,15 +364,15 @@ impl Worker {
         self.dirty_services.extend(changed);
     }
 
-    fn take_services(&mut self, event: WatchEvent<Service>) {
+    fn take_services(&mut self, event: Change<Service>) {
         let changed = match event {
-            WatchEvent::Listed(services) => {
+            Change::Listed(services) => {
                 self.services_listed = true;
                 debug!(services = services.len(), "Services listed");
                 self.endpoints.replace_services(&services)
             }
-            WatchEvent::Applied(service) => self.endpoints.apply_service(&service),
-            WatchEvent::Deleted(service) => {
+            Change::Applied(service) => self.endpoints.apply_service(&service),
+            Change::Deleted(service) => {
                 let namespace = service.namespace().unwrap_or_default();
                 self.endpoints
                     .remove_service(&namespace, &service.name_any())

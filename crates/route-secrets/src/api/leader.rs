@@ -40,7 +40,8 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
+use kube_common::listing::{Change, ListingStreamExt};
 use kube_common::time::sleep_until;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -174,7 +175,6 @@ impl LeaderElector {
             term: term_sender,
             observed: None,
             listed: false,
-            in_listing: None,
             last_renewal: None,
             failing: false,
             written: std::collections::VecDeque::new(),
@@ -259,8 +259,6 @@ struct Election {
     observed: Option<Observed>,
     /// The watch has listed: `observed: None` then means there is no Lease.
     listed: bool,
-    /// While the watch (re-)lists: whether the Lease was in the listing so far.
-    in_listing: Option<bool>,
     /// While leading: when the last successful renewal (or the acquisition) was sent.
     last_renewal: Option<Instant>,
     /// The last take-over or create failed (logged once per streak).
@@ -292,6 +290,7 @@ impl Election {
             watcher::Config::default().fields(&format!("metadata.name={}", self.options.name));
         let mut events = watcher::watcher(self.api.clone(), config)
             .default_backoff()
+            .gather_listings()
             .boxed();
         let mut next_action: Option<Instant> = None;
         loop {
@@ -324,27 +323,19 @@ impl Election {
         self.set_leading(false, "stopped");
     }
 
-    /// Takes in one watch event; returns whether the record changed (this replica's
+    /// Takes in one watch change; returns whether the record changed (this replica's
     /// own writes, already taken in from their answers, do not count).
-    fn observe(&mut self, event: Event<Lease>) -> bool {
-        match event {
-            Event::Init => {
-                self.in_listing = Some(false);
-                false
-            }
-            Event::InitApply(lease) => {
-                self.in_listing = Some(true);
-                self.saw(Some(lease))
-            }
-            Event::InitDone => {
-                let present = self.in_listing.take().unwrap_or(false);
+    fn observe(&mut self, change: Change<Lease>) -> bool {
+        match change {
+            Change::Listed(leases) => {
+                // The watch selects one name: the listing holds that Lease or nothing.
+                let changed = self.saw(leases.into_iter().next_back());
                 let first = !self.listed;
                 self.listed = true;
-                let changed = !present && self.saw(None);
                 changed || first
             }
-            Event::Apply(lease) => self.saw(Some(lease)),
-            Event::Delete(_) => self.saw(None),
+            Change::Applied(lease) => self.saw(Some(lease)),
+            Change::Deleted(_) => self.saw(None),
         }
     }
 

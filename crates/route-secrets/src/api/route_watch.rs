@@ -32,10 +32,11 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event, watcher};
+use kube::runtime::watcher::{self, watcher};
 use kube::{Client, ResourceExt};
 use kube_common::adaptive::{AdaptiveLimiter, sequential_client};
 use kube_common::backoff::{Backoff, BackoffPolicy};
+use kube_common::listing::{Change, ListingStreamExt};
 use kube_common::reconnect::{Reconnect, Waited};
 
 use crate::route::{Route, RouteKey};
@@ -221,27 +222,17 @@ pub fn route_events_reconnecting(
     reconnect: Option<Reconnect>,
     mut on_error: impl FnMut(&watcher::Error) + Send + 'static,
 ) -> impl Stream<Item = RouteEvent> + Send + 'static {
-    let mut listing: Option<Vec<Route>> = None;
     let events = backed_off(
         watcher(api, config),
         PolicyBackoff(Backoff::new(policy)),
         reconnect,
     )
+    .gather_listings()
     .filter_map(move |item| {
         let event = match item {
-            Ok(watcher::Event::Init) => {
-                listing = Some(Vec::new());
-                None
-            }
-            Ok(watcher::Event::InitApply(route)) => {
-                listing.get_or_insert_with(Vec::new).push(route);
-                None
-            }
-            Ok(watcher::Event::InitDone) => {
-                Some(RouteEvent::Listed(listing.take().unwrap_or_default()))
-            }
-            Ok(watcher::Event::Apply(route)) => Some(RouteEvent::Applied(route)),
-            Ok(watcher::Event::Delete(route)) => Some(RouteEvent::Deleted(route)),
+            Ok(Change::Listed(routes)) => Some(RouteEvent::Listed(routes)),
+            Ok(Change::Applied(route)) => Some(RouteEvent::Applied(route)),
+            Ok(Change::Deleted(route)) => Some(RouteEvent::Deleted(route)),
             Err(err) => {
                 on_error(&err);
                 match RouteWatchError::permanent(&err) {
@@ -431,27 +422,19 @@ fn namespace_events(
     selector: &str,
     mut on_error: impl FnMut(&watcher::Error) + Send + 'static,
 ) -> impl Stream<Item = NamespaceEvent> + Send + 'static {
-    let mut listing: Option<Vec<String>> = None;
     watcher(
         Api::<Namespace>::all(client),
         watcher::Config::default().labels(selector),
     )
     .default_backoff()
+    .gather_listings()
     .filter_map(move |item| {
         let event = match item {
-            Ok(Event::Init) => {
-                listing = Some(Vec::new());
-                None
-            }
-            Ok(Event::InitApply(namespace)) => {
-                listing
-                    .get_or_insert_with(Vec::new)
-                    .push(namespace.name_any());
-                None
-            }
-            Ok(Event::InitDone) => Some(NamespaceEvent::Listed(listing.take().unwrap_or_default())),
-            Ok(Event::Apply(namespace)) => Some(NamespaceEvent::Applied(namespace.name_any())),
-            Ok(Event::Delete(namespace)) => Some(NamespaceEvent::Deleted(namespace.name_any())),
+            Ok(Change::Listed(namespaces)) => Some(NamespaceEvent::Listed(
+                namespaces.iter().map(ResourceExt::name_any).collect(),
+            )),
+            Ok(Change::Applied(namespace)) => Some(NamespaceEvent::Applied(namespace.name_any())),
+            Ok(Change::Deleted(namespace)) => Some(NamespaceEvent::Deleted(namespace.name_any())),
             Err(error) => {
                 tracing::warn!(%error, "namespace watch failed; retrying");
                 on_error(&error);

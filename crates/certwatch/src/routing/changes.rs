@@ -13,7 +13,17 @@ use route_secrets::route::RouteKey;
 use tokio::sync::Notify;
 
 use super::model::ServedRoute;
-use super::task::RouteChange;
+
+/// What the outputs tell the routing task.
+#[derive(Debug)]
+pub enum RouteChange {
+    /// The route is served (added or changed).
+    Served(ServedRoute),
+    /// The route is no longer served.
+    Gone(RouteKey),
+    /// Start-up is decided and the crt-list is written.
+    Decided,
+}
 
 /// What waits for the task.
 #[derive(Debug, Default)]

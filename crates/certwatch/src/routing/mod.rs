@@ -22,10 +22,11 @@ pub mod task;
 use std::io;
 use std::path::{Path, PathBuf};
 
+pub use self::changes::RouteChange;
 pub use self::render::{
     CustomErrorPages, ErrorPage, ErrorPageError, RenderOptions, RenderedConfig, render,
 };
-pub use self::task::{RouteChange, Routing, RoutingOptions};
+pub use self::task::{Routing, RoutingOptions};
 
 /// The configuration file's name in the configuration directory.
 pub const CONFIG_FILE: &str = "haproxy.cfg";

@@ -287,7 +287,8 @@ pub async fn run(
         .await
         .map_err(|_| failed("the daemon stopped before its files were ready"))?;
     let files_ready_ms = ms(started.elapsed());
-    let peak_mib = || super::report::mib(super::process_stats::ProcessStats::now().rss_peak_bytes);
+    let peak_mib =
+        || super::process_stats::mib(super::process_stats::ProcessStats::now().rss_peak_bytes);
     super::progress(&format!(
         "  haproxy: files ready at {files_ready_ms} ms, peak memory so far {} MiB",
         peak_mib()

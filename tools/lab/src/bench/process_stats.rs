@@ -66,6 +66,11 @@ fn status_kib(status: &str, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Bytes as MiB with one decimal (how the reports show memory).
+pub(super) fn mib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / (1024.0 * 1024.0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

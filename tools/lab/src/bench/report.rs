@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use kube_sim::{ProtocolCounts, SimStats};
 use serde::Serialize;
 
+use super::process_stats::mib;
 use super::protocol::{Measurement, ReadyReport};
 use super::scenario::{Check, Scenario, Strategy, Targets};
 
@@ -346,11 +347,6 @@ pub fn human_ms(ms: u64) -> String {
     } else {
         format!("{:.1} h", secs / 3_600.0)
     }
-}
-
-/// Bytes as MiB with one decimal.
-pub(super) fn mib(bytes: u64) -> String {
-    format!("{:.1}", bytes as f64 / (1024.0 * 1024.0))
 }
 
 /// The table for people.

@@ -1,7 +1,11 @@
 //! `certwatch run`'s command line: every option also reads a `CERTWATCH_*` variable.
+//!
+//! [`RunArgs::daemon_options`] reads it into [`DaemonOptions`]; the five flags that say
+//! who runs HAProxy and where certificates go are read together into a
+//! [`HaproxyDeployment`], which holds only the combinations certwatch serves.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -928,16 +932,139 @@ pub enum ArgsError {
     },
 }
 
+/// The HAProxy deployment that the five HAProxy flags (--haproxy-socket,
+/// --haproxy-config, --haproxy-master-socket, --haproxy-config-dir, --run-haproxy)
+/// describe together: one of the combinations certwatch accepts, each with what it
+/// needs ([`RunArgs::haproxy_deployment`] refuses the others).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HaproxyDeployment {
+    /// No HAProxy: certificate files only (and --reload-command).
+    Files,
+    /// --haproxy-socket without --haproxy-config-dir: certificates go to that HAProxy.
+    Certificates(SocketHaproxy),
+    /// --haproxy-config-dir with --run-haproxy: certwatch writes the configuration in
+    /// `dir` and runs HAProxy on it.
+    Routing {
+        /// --haproxy-config-dir, absolute.
+        dir: PathBuf,
+        /// Where the certificates go; a HAProxy run by others is reached without its
+        /// master CLI (certwatch's own is DIR/run/master.sock).
+        certificates: RoutedCertificates,
+    },
+    /// --haproxy-config-dir with --run-haproxy false: certwatch writes the
+    /// configuration in `dir` for a HAProxy others run on it (a sidecar).
+    Sidecar {
+        /// --haproxy-config-dir, absolute.
+        dir: PathBuf,
+        /// --haproxy-master-socket: the sidecar's master CLI, through which certwatch
+        /// reloads it for route changes and certificates; without it others reload.
+        master: Option<PathBuf>,
+        /// Where the certificates go.
+        certificates: RoutedCertificates,
+    },
+}
+
+/// The HAProxy behind --haproxy-socket when certwatch does not write HAProxy's
+/// configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SocketHaproxy {
+    /// Run by others; its master CLI (--haproxy-master-socket), if given, lets
+    /// certwatch reload it for certificates too large for the runtime API.
+    External {
+        /// --haproxy-socket.
+        socket: PathBuf,
+        /// --haproxy-master-socket.
+        master: Option<PathBuf>,
+    },
+    /// Run by certwatch on --haproxy-config.
+    Managed(ManagedHaproxy),
+}
+
+/// A HAProxy that certwatch runs on a configuration of the user's (--haproxy-config).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManagedHaproxy {
+    /// --haproxy-socket: the runtime API the configuration's `stats socket` names.
+    pub socket: PathBuf,
+    /// --haproxy-config.
+    pub config: PathBuf,
+    /// --haproxy-master-socket, by default the socket's path with `.master` appended.
+    pub master: PathBuf,
+}
+
+/// Where the certificates go while certwatch writes HAProxy's configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RoutedCertificates {
+    /// To the HAProxy that serves the configuration, through DIR/run/haproxy.sock.
+    Served,
+    /// To another HAProxy run by others (--haproxy-socket).
+    External {
+        /// --haproxy-socket.
+        socket: PathBuf,
+    },
+    /// To a HAProxy certwatch runs on --haproxy-config.
+    Managed(ManagedHaproxy),
+}
+
+impl HaproxyDeployment {
+    /// --haproxy-config-dir, where certwatch writes HAProxy's configuration.
+    pub fn config_dir(&self) -> Option<&Path> {
+        match self {
+            Self::Files | Self::Certificates(_) => None,
+            Self::Routing { dir, .. } | Self::Sidecar { dir, .. } => Some(dir),
+        }
+    }
+
+    /// The HAProxy that the certificates go to: its runtime API socket, and either the
+    /// process certwatch runs or the master CLI of the one others run (if known).
+    fn certificate_target(&self) -> Option<CertificateTarget<'_>> {
+        // (where the certificates go, the configuration's directory, the master CLI of
+        // the HAProxy serving it, the master CLI of another HAProxy run by others)
+        let (certificates, dir, served_master, other_master) = match self {
+            Self::Files => return None,
+            Self::Certificates(SocketHaproxy::Managed(managed)) => {
+                return Some(CertificateTarget::Managed(managed));
+            }
+            Self::Certificates(SocketHaproxy::External { socket, master }) => {
+                return Some(CertificateTarget::External(socket.clone(), master.clone()));
+            }
+            Self::Routing { dir, certificates } => (
+                certificates,
+                dir,
+                Some(crate::routing::supervisor::master_socket(
+                    &dir.join(crate::routing::CONFIG_FILE),
+                )),
+                None,
+            ),
+            Self::Sidecar {
+                dir,
+                master,
+                certificates,
+            } => (certificates, dir, master.clone(), master.clone()),
+        };
+        Some(match certificates {
+            RoutedCertificates::Served => {
+                CertificateTarget::External(dir.join("run").join("haproxy.sock"), served_master)
+            }
+            RoutedCertificates::External { socket } => {
+                CertificateTarget::External(socket.clone(), other_master)
+            }
+            RoutedCertificates::Managed(managed) => CertificateTarget::Managed(managed),
+        })
+    }
+}
+
+/// What [`HaproxyDeployment::certificate_target`] finds.
+enum CertificateTarget<'a> {
+    /// A HAProxy run by others: its runtime API socket and master CLI.
+    External(PathBuf, Option<PathBuf>),
+    /// The HAProxy certwatch runs on --haproxy-config.
+    Managed(&'a ManagedHaproxy),
+}
+
 impl RunArgs {
     /// The daemon options these arguments describe.
     pub fn daemon_options(&self) -> Result<DaemonOptions, ArgsError> {
-        if self.haproxy_config_dir.is_some()
-            && self.run_haproxy
-            && self.haproxy_config.is_none()
-            && self.haproxy_master_socket.is_some()
-        {
-            return Err(ArgsError::MasterSocketOfManagedRouting);
-        }
+        let deployment = self.haproxy_deployment()?;
         let access_policy = match self.access_check {
             AccessCheck::SelfRules => AccessPolicy::SelfRules,
             AccessCheck::SelfReview => AccessPolicy::SelfReviews,
@@ -979,88 +1106,9 @@ impl RunArgs {
             timeout: self.reload_timeout,
             ..ReloadOptions::new(command)
         });
-        options.haproxy = self.haproxy_socket.clone().map(|socket| {
-            let mut haproxy = match &self.haproxy_config {
-                Some(config) => {
-                    let master = self.haproxy_master_socket.clone().unwrap_or_else(|| {
-                        let mut path = socket.clone().into_os_string();
-                        path.push(".master");
-                        PathBuf::from(path)
-                    });
-                    let mut process = ProcessOptions::new(&self.haproxy_binary, config, master);
-                    process.load_timeout = self.haproxy_load_timeout;
-                    process.command_timeout = self.haproxy_command_timeout;
-                    HaproxyOptions::managed(socket, process)
-                }
-                None => HaproxyOptions::with_master(socket, self.haproxy_master_socket.clone()),
-            };
-            haproxy.min_reload_interval = self.haproxy_min_reload_interval;
-            haproxy.command_timeout = self.haproxy_command_timeout;
-            haproxy
-        });
+        options.haproxy = self.haproxy_options(&deployment);
         options.crt_list.http2 = !self.disable_http2;
-        if let Some(dir) = &self.haproxy_config_dir {
-            let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
-            let socket = dir.join("run").join("haproxy.sock");
-            let crt_list = std::path::absolute(&self.cert_dir)
-                .unwrap_or_else(|_| self.cert_dir.clone())
-                .join(crate::files::CRT_LIST_FILE);
-            let default_certificate = self
-                .default_certificate
-                .clone()
-                .unwrap_or_else(|| dir.join("default.pem"));
-            let mut render =
-                RenderOptions::new(dir.clone(), crt_list, default_certificate, socket.clone());
-            render.http_bind = haproxy_bind(&self.http_bind);
-            render.https_bind = haproxy_bind(&self.https_bind);
-            render.spare_servers = self.haproxy_spare_servers;
-            render.max_connections = self.haproxy_max_connections;
-            render.threads = Some(self.haproxy_threads);
-            render.tls = tls.clone();
-            render.hard_stop_after = Some(self.haproxy_hard_stop_after);
-            render.health_bind = self.haproxy_health_bind.as_deref().map(haproxy_bind);
-            render.proxy_protocol = self.proxy_protocol;
-            render.access_log = self.access_log;
-            // HAProxy's own series go to the scrapers the metrics endpoint authorizes.
-            render.metrics_socket = self
-                .metrics_listen
-                .map(|_| dir.join("run").join("haproxy-metrics.sock"));
-            render.disable_http2 = self.disable_http2;
-            render.error_pages.page_503 = self.error_page_503.clone();
-            render.error_pages.page_404 = self.error_page_404.clone();
-            render.header_case_adjustments = self
-                .http_header_name_case_adjustments
-                .clone()
-                .unwrap_or_default()
-                .0;
-            render.default_destination_ca = self.default_destination_ca.clone().or_else(|| {
-                std::path::Path::new(SERVICE_CA_PATH)
-                    .exists()
-                    .then(|| PathBuf::from(SERVICE_CA_PATH))
-            });
-            let mut routing = RoutingOptions::new(render);
-            routing.haproxy_binary = self.run_haproxy.then(|| self.haproxy_binary.clone());
-            routing.reload_external = !self.run_haproxy && self.haproxy_master_socket.is_some();
-            routing.render.openssl_security_level = self.openssl_security_level;
-            routing.reload_interval = self.haproxy_min_reload_interval;
-            options.routing = Some(routing);
-            // Certificates reach the HAProxy certwatch configures through its socket.
-            if options.haproxy.is_none() {
-                // HAProxy's master CLI too, so that a certificate too large for the
-                // runtime API is loaded by a reload (the routing task notices it).
-                let master = if self.run_haproxy {
-                    Some(crate::routing::supervisor::master_socket(
-                        &dir.join(crate::routing::CONFIG_FILE),
-                    ))
-                } else {
-                    self.haproxy_master_socket.clone()
-                };
-                let mut haproxy = HaproxyOptions::with_master(socket, master);
-                haproxy.min_reload_interval = self.haproxy_min_reload_interval;
-                haproxy.command_timeout = self.haproxy_command_timeout;
-                options.haproxy = Some(haproxy);
-            }
-        }
+        options.routing = self.routing_options(&deployment, &tls);
         options.listen = Some(self.listen);
         options.secure_metrics = self.metrics_listen.map(|listen| SecureMetricsOptions {
             cert: self
@@ -1098,6 +1146,136 @@ impl RunArgs {
         options.progress = self.progress;
         options.leader_election = self.leader_election()?;
         Ok(options)
+    }
+
+    /// The HAProxy deployment the HAProxy flags describe; a combination certwatch
+    /// cannot serve is refused with the flags it names.
+    pub fn haproxy_deployment(&self) -> Result<HaproxyDeployment, ArgsError> {
+        let master = self.haproxy_master_socket.clone();
+        // --haproxy-config requires --haproxy-socket (clap checks it).
+        let managed = self
+            .haproxy_socket
+            .clone()
+            .zip(self.haproxy_config.clone())
+            .map(|(socket, config)| ManagedHaproxy {
+                master: master.clone().unwrap_or_else(|| {
+                    let mut path = socket.clone().into_os_string();
+                    path.push(".master");
+                    PathBuf::from(path)
+                }),
+                socket,
+                config,
+            });
+        let Some(dir) = &self.haproxy_config_dir else {
+            return Ok(match (managed, self.haproxy_socket.clone()) {
+                (Some(managed), _) => {
+                    HaproxyDeployment::Certificates(SocketHaproxy::Managed(managed))
+                }
+                (None, Some(socket)) => {
+                    HaproxyDeployment::Certificates(SocketHaproxy::External { socket, master })
+                }
+                (None, None) => HaproxyDeployment::Files,
+            });
+        };
+        let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+        let certificates = match (managed, self.haproxy_socket.clone()) {
+            (Some(managed), _) => RoutedCertificates::Managed(managed),
+            (None, Some(socket)) => RoutedCertificates::External { socket },
+            (None, None) => RoutedCertificates::Served,
+        };
+        if !self.run_haproxy {
+            return Ok(HaproxyDeployment::Sidecar {
+                dir,
+                master,
+                certificates,
+            });
+        }
+        // The master socket's only meaning here would be a managed HAProxy's.
+        if master.is_some() && !matches!(certificates, RoutedCertificates::Managed(_)) {
+            return Err(ArgsError::MasterSocketOfManagedRouting);
+        }
+        Ok(HaproxyDeployment::Routing { dir, certificates })
+    }
+
+    /// The certificates' HAProxy of `deployment`, with the timing flags.
+    fn haproxy_options(&self, deployment: &HaproxyDeployment) -> Option<HaproxyOptions> {
+        let mut haproxy = match deployment.certificate_target()? {
+            CertificateTarget::Managed(managed) => {
+                let mut process = ProcessOptions::new(
+                    &self.haproxy_binary,
+                    &managed.config,
+                    managed.master.clone(),
+                );
+                process.load_timeout = self.haproxy_load_timeout;
+                process.command_timeout = self.haproxy_command_timeout;
+                HaproxyOptions::managed(managed.socket.clone(), process)
+            }
+            CertificateTarget::External(socket, master) => {
+                HaproxyOptions::with_master(socket, master)
+            }
+        };
+        haproxy.min_reload_interval = self.haproxy_min_reload_interval;
+        haproxy.command_timeout = self.haproxy_command_timeout;
+        Some(haproxy)
+    }
+
+    /// The routing task's options where `deployment` writes HAProxy's configuration.
+    fn routing_options(
+        &self,
+        deployment: &HaproxyDeployment,
+        tls: &TlsPolicy,
+    ) -> Option<RoutingOptions> {
+        let dir = deployment.config_dir()?;
+        let socket = dir.join("run").join("haproxy.sock");
+        let crt_list = std::path::absolute(&self.cert_dir)
+            .unwrap_or_else(|_| self.cert_dir.clone())
+            .join(crate::files::CRT_LIST_FILE);
+        let default_certificate = self
+            .default_certificate
+            .clone()
+            .unwrap_or_else(|| dir.join("default.pem"));
+        let mut render = RenderOptions::new(dir.to_owned(), crt_list, default_certificate, socket);
+        render.http_bind = haproxy_bind(&self.http_bind);
+        render.https_bind = haproxy_bind(&self.https_bind);
+        render.spare_servers = self.haproxy_spare_servers;
+        render.max_connections = self.haproxy_max_connections;
+        render.threads = Some(self.haproxy_threads);
+        render.tls = tls.clone();
+        render.hard_stop_after = Some(self.haproxy_hard_stop_after);
+        render.health_bind = self.haproxy_health_bind.as_deref().map(haproxy_bind);
+        render.proxy_protocol = self.proxy_protocol;
+        render.access_log = self.access_log;
+        // HAProxy's own series go to the scrapers the metrics endpoint authorizes.
+        render.metrics_socket = self
+            .metrics_listen
+            .map(|_| dir.join("run").join("haproxy-metrics.sock"));
+        render.disable_http2 = self.disable_http2;
+        render.error_pages.page_503 = self.error_page_503.clone();
+        render.error_pages.page_404 = self.error_page_404.clone();
+        render.header_case_adjustments = self
+            .http_header_name_case_adjustments
+            .clone()
+            .unwrap_or_default()
+            .0;
+        render.default_destination_ca = self.default_destination_ca.clone().or_else(|| {
+            Path::new(SERVICE_CA_PATH)
+                .exists()
+                .then(|| PathBuf::from(SERVICE_CA_PATH))
+        });
+        render.openssl_security_level = self.openssl_security_level;
+        let mut routing = RoutingOptions::new(render);
+        match deployment {
+            HaproxyDeployment::Routing { .. } => {
+                routing.haproxy_binary = Some(self.haproxy_binary.clone());
+            }
+            HaproxyDeployment::Sidecar { master, .. } => {
+                routing.haproxy_binary = None;
+                routing.reload_external = master.is_some();
+            }
+            HaproxyDeployment::Files | HaproxyDeployment::Certificates(_) => {}
+        }
+        routing.reload_interval = self.haproxy_min_reload_interval;
+        Some(routing)
     }
 
     /// The TLS policy the flags describe (checked for HAProxy's configuration and
@@ -1183,7 +1361,9 @@ mod flag_tests {
 
     use clap::Parser;
 
-    use super::RunArgs;
+    use super::{
+        ArgsError, HaproxyDeployment, ManagedHaproxy, RoutedCertificates, RunArgs, SocketHaproxy,
+    };
 
     #[derive(Debug, Parser)]
     struct Command {
@@ -1268,5 +1448,148 @@ mod flag_tests {
             LogLevel::Debug
         );
         assert!(parse(&["--log-level", "loud"]).is_err());
+    }
+
+    /// What the daemon does with HAProxy under `args`: the certificates' HAProxy
+    /// (`-`, `ext SOCKET MASTER`, `managed SOCKET CONFIG MASTER`) and the routing task
+    /// (`-`, `runs`, `writes`, `writes+reloads`), or the refusal's message.
+    fn haproxy_shape(args: &[&str]) -> String {
+        use crate::haproxy::HaproxyMode;
+        let shown = |path: &std::path::Path| path.display().to_string();
+        let options = match parse(args).unwrap().daemon_options() {
+            Ok(options) => options,
+            Err(error) => return format!("refused: {error}"),
+        };
+        let haproxy = match &options.haproxy {
+            None => "-".to_owned(),
+            Some(haproxy) => match &haproxy.mode {
+                HaproxyMode::External { master_socket } => format!(
+                    "ext {} {}",
+                    shown(&haproxy.socket),
+                    master_socket.as_deref().map_or("-".into(), shown)
+                ),
+                HaproxyMode::Managed(process) => format!(
+                    "managed {} {} {}",
+                    shown(&haproxy.socket),
+                    shown(&process.config),
+                    shown(&process.master_socket)
+                ),
+            },
+        };
+        let routing = match &options.routing {
+            None => "-",
+            Some(routing) => match (routing.haproxy_binary.is_some(), routing.reload_external) {
+                (true, false) => "runs",
+                (false, false) => "writes",
+                (false, true) => "writes+reloads",
+                (true, true) => "runs+reloads",
+            },
+        };
+        format!("{haproxy} | {routing}")
+    }
+
+    #[test]
+    fn every_combination_of_the_haproxy_flags_is_served_or_refused_by_name() {
+        const S: &str = "--haproxy-socket=/s.sock";
+        const C: &str = "--haproxy-config=/h.cfg";
+        const M: &str = "--haproxy-master-socket=/m.sock";
+        const D: &str = "--haproxy-config-dir=/cfg";
+        const OFF: &str = "--run-haproxy=false";
+        let refused = "refused: --haproxy-master-socket with --haproxy-config-dir names the \
+            master CLI of a HAProxy run by others: set --run-haproxy false (certwatch's own \
+            HAProxy has its master CLI in DIR/run/master.sock)";
+        // Every combination clap accepts (--haproxy-config needs --haproxy-socket,
+        // --haproxy-master-socket a socket or a directory); without a directory
+        // --run-haproxy changes nothing, so those rows hold for both of its values.
+        let rows: &[(&[&str], &str)] = &[
+            (&[], "- | -"),
+            (&[S], "ext /s.sock - | -"),
+            (&[S, M], "ext /s.sock /m.sock | -"),
+            (&[S, C], "managed /s.sock /h.cfg /s.sock.master | -"),
+            (&[S, C, M], "managed /s.sock /h.cfg /m.sock | -"),
+            (
+                &[D],
+                "ext /cfg/run/haproxy.sock /cfg/run/master.sock | runs",
+            ),
+            (&[D, OFF], "ext /cfg/run/haproxy.sock - | writes"),
+            (&[D, M], refused),
+            (
+                &[D, M, OFF],
+                "ext /cfg/run/haproxy.sock /m.sock | writes+reloads",
+            ),
+            (&[D, S], "ext /s.sock - | runs"),
+            (&[D, S, OFF], "ext /s.sock - | writes"),
+            (&[D, S, M], refused),
+            (&[D, S, M, OFF], "ext /s.sock /m.sock | writes+reloads"),
+            (&[D, S, C], "managed /s.sock /h.cfg /s.sock.master | runs"),
+            (
+                &[D, S, C, OFF],
+                "managed /s.sock /h.cfg /s.sock.master | writes",
+            ),
+            (&[D, S, C, M], "managed /s.sock /h.cfg /m.sock | runs"),
+            (
+                &[D, S, C, M, OFF],
+                "managed /s.sock /h.cfg /m.sock | writes+reloads",
+            ),
+        ];
+        for (flags, expected) in rows {
+            let mut variants = vec![flags.to_vec()];
+            if !flags.contains(&D) {
+                variants.push([*flags, &[OFF]].concat());
+            }
+            for args in variants {
+                assert_eq!(haproxy_shape(&args), *expected, "{args:?}");
+            }
+        }
+        // What clap refuses never reaches the matrix.
+        for args in [&[C][..], &[M], &[C, D], &[M, OFF]] {
+            assert!(parse(args).is_err(), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn the_deployment_names_who_runs_haproxy_and_where_certificates_go() {
+        let deployment = |args: &[&str]| parse(args).unwrap().haproxy_deployment().unwrap();
+        assert_eq!(deployment(&[]), HaproxyDeployment::Files);
+        assert_eq!(
+            deployment(&["--haproxy-config-dir=/cfg"]),
+            HaproxyDeployment::Routing {
+                dir: "/cfg".into(),
+                certificates: RoutedCertificates::Served,
+            }
+        );
+        assert_eq!(
+            deployment(&[
+                "--haproxy-config-dir=/cfg",
+                "--run-haproxy=false",
+                "--haproxy-socket=/s.sock",
+                "--haproxy-master-socket=/m.sock",
+            ]),
+            HaproxyDeployment::Sidecar {
+                dir: "/cfg".into(),
+                master: Some("/m.sock".into()),
+                certificates: RoutedCertificates::External {
+                    socket: "/s.sock".into()
+                },
+            }
+        );
+        assert_eq!(
+            deployment(&["--haproxy-socket=/s.sock", "--haproxy-config=/h.cfg"]),
+            HaproxyDeployment::Certificates(SocketHaproxy::Managed(ManagedHaproxy {
+                socket: "/s.sock".into(),
+                config: "/h.cfg".into(),
+                master: "/s.sock.master".into(),
+            }))
+        );
+        let refused = parse(&[
+            "--haproxy-config-dir=/cfg",
+            "--haproxy-master-socket=/m.sock",
+        ])
+        .unwrap()
+        .haproxy_deployment();
+        assert!(
+            matches!(refused, Err(ArgsError::MasterSocketOfManagedRouting)),
+            "{refused:?}"
+        );
     }
 }

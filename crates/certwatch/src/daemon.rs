@@ -1,12 +1,13 @@
 //! The daemon as a library: [`Daemon::start`] wires the route pipeline to the cert
-//! directory, the reload command, HAProxy, metrics and the HTTP endpoint, on one kube
-//! client over a pool of HTTP/2 connections.
+//! directory, the reload command, HAProxy, the routing task, metrics and the HTTP
+//! endpoint, on one kube client over a pool of HTTP/2 connections.
 //!
 //! ```text
 //! route watch(es) ─▶ scope filter ─▶ RoutePipeline ─▶ outcomes ─▶ Outputs ─┬▶ cert dir (bundles, crt-list)
 //!                                      │   ▲                                ├▶ reload command (debounced)
 //!                          SecretManager   AccessChecker                    ├▶ HAProxy runtime API
-//!                          (one watch per secret, shared)                   └▶ metrics, readiness
+//!                          (one watch per secret, shared)                   ├▶ routing task (haproxy.cfg, endpoints)
+//!                                                                           └▶ metrics, readiness
 //! ```
 
 use std::net::SocketAddr;

@@ -14,7 +14,8 @@
 //! - [`outputs`]: from route outcomes to the proxy, and readiness.
 //! - [`cert_dir`] and [`files`]: bundles, links and the crt-list on disk.
 //! - [`reload`]: the debounced, single-flight reload command.
-//! - [`haproxy`]: HAProxy's runtime API client and the synchronisation over it.
+//! - [`haproxy`]: HAProxy's runtime API client and the synchronisation over it, the
+//!   HAProxy process certwatch runs and its master CLI.
 //! - [`routing`]: HAProxy's whole configuration for the served routes (frontends,
 //!   maps, a backend per route with its servers from the services' EndpointSlices).
 //! - [`metrics`] and [`process`]: the Prometheus metrics; `http`: `/healthz`,
@@ -22,6 +23,9 @@
 //!   `/metrics` over HTTPS for scrapers the API server authorizes.
 //! - [`progress`]: the start-up progress bar or log lines; [`logging`]: text or JSON
 //!   logs that stay clear of it.
+//! - [`tls_policy`]: the cluster's TLS policy for every listener; [`signals`]:
+//!   SIGTERM, SIGINT and SIGHUP; [`file_loads`]: HAProxy's loads in progress, which keep
+//!   the files they may read in place; [`clear_status`]: `certwatch clear-status`.
 //!
 //! # Example
 //!

@@ -1,5 +1,6 @@
-//! HAProxy: the runtime API and the controller (`--haproxy-socket`). These metrics are
-//! in the registry only when HAProxy is configured
+//! HAProxy: the runtime API and the controller (`--haproxy-socket`, or the HAProxy of
+//! `--haproxy-config-dir`). These metrics are in the registry only when HAProxy is
+//! configured
 //! ([`Metrics::register_haproxy`](super::Metrics::register_haproxy)).
 //!
 //! | Metric | Type | Labels | Meaning |

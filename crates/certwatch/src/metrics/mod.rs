@@ -12,7 +12,8 @@
 //! | [`secrets`] | [`Metrics::secrets`] | watched secrets, their first syncs, routes registered with them |
 //! | [`files`] | [`Metrics::files`] | bundles and the crt-list in the cert directory |
 //! | [`reload`] | [`Metrics::reload`] | the reload command |
-//! | [`haproxy`] | [`Metrics::haproxy`] | HAProxy's runtime API (registered only with `--haproxy-socket`) |
+//! | [`haproxy`] | [`Metrics::haproxy`] | HAProxy's runtime API (registered only when certwatch feeds a HAProxy: `--haproxy-socket` or `--haproxy-config-dir`) |
+//! | [`routing`] | [`Metrics::routing`] | HAProxy's routes' configuration (registered only with `--haproxy-config-dir`) |
 //! | [`api`] | [`Metrics::api`] | Kubernetes API requests, errors and connections |
 //! | [`limiter`] | [`Metrics::limiter`] | the adaptive limiter of start-up requests |
 //! | [`status`] | [`Metrics::status`] | route status writes, and whether this replica writes them |

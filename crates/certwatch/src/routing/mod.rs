@@ -7,9 +7,10 @@
 //! - [`write_config`]: the rendered files on disk, each replaced atomically.
 //! - [`dynamic`]: endpoint changes as runtime API commands on server slots (pure).
 //! - [`supervisor`]: the HAProxy process certwatch runs (master-worker, reloads).
-//! - [`task`]: the task that ties them: the EndpointSlice watch, the served routes,
-//!   loads and reloads at a bounded rate, endpoint changes without a reload.
-//! - `changes`: the served routes' changes to the task, coalesced per route.
+//! - [`task`]: the task that ties them: the EndpointSlice and Service watches, the
+//!   served routes, loads and reloads at a bounded rate, endpoint changes without a
+//!   reload.
+//! - `changes`: [`RouteChange`], what the outputs tell the task, coalesced per route.
 
 mod changes;
 pub mod dynamic;

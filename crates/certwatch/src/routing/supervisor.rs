@@ -1,7 +1,8 @@
 //! The HAProxy process certwatch runs on its configuration: master-worker mode (`-W`),
-//! in the foreground (`-db`), reloaded by `SIGUSR2` to the master (new workers load the
-//! configuration as it is on disk; the old ones finish their connections), stopped
-//! softly by `SIGUSR1`. Its output is logged line by line.
+//! in the foreground (`-db`), reloaded through its master CLI's `reload`
+//! (DIR/run/master.sock: new workers load the configuration as it is on disk; the old
+//! ones finish their connections), stopped softly by its watchdog (`SIGUSR1`) and
+//! killed after a grace period. Its output is logged line by line.
 //!
 //! HAProxy outlives no certwatch: it runs under [`crate::haproxy::watchdog`], which
 //! stops it when certwatch ends, however it ends (a `SIGKILL` runs no destructor), and

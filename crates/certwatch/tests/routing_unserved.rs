@@ -196,7 +196,6 @@ async fn idled_services_are_served_at_their_cluster_ip_and_error_pages_are_the_o
         ["200 awake-1", "200 cluster-ip"],
         "{split:?}"
     );
-    let sleepy_before = proxy.served();
 
     // Woken: its pod is ready, the cluster IP is served no more.
     let pod = Backend::http("sleepy-1").await;
@@ -218,7 +217,9 @@ async fn idled_services_are_served_at_their_cluster_ip_and_error_pages_are_the_o
             .then_some(())
     })
     .await;
-    assert!(proxy.served() > served_by_proxy && served_by_proxy > sleepy_before);
+    // Requests sent between an endpoint change and its arrival in HAProxy may reach either
+    // side, so only the answers after the switch back are counted on.
+    assert!(proxy.served() > served_by_proxy);
 
     // No longer idled, still no endpoint: nothing serves it, the operator's 503 page.
     Api::<Service>::namespaced(admin.clone(), NS)

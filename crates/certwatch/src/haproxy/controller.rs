@@ -59,7 +59,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use super::machine::{Action, Count, Event, Loaded, Machine, MachineOptions, Report};
+use super::machine::{
+    Action, Count, Event, HaproxyStatus, Loaded, Machine, MachineOptions, Report,
+};
 use super::process::{HaproxyProcess, MasterCli, ProcessError, ProcessOptions, Reloaded};
 use super::runtime::{RuntimeClient, RuntimeOptions, current_instance};
 use crate::cert_dir::{CrtChange, CrtEntry};
@@ -151,55 +153,6 @@ impl HaproxyOptions {
             file_loads: FileLoads::new(),
             refused: HashMap::new(),
         }
-    }
-}
-
-/// Where HAProxy is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum HaproxyState {
-    /// Waiting for the complete files.
-    #[default]
-    WaitingForFiles,
-    /// certwatch started HAProxy, which is loading its files.
-    Starting,
-    /// HAProxy answers; the changes reach it.
-    Serving,
-    /// HAProxy does not answer (or certwatch could not start it); retrying.
-    Down,
-}
-
-/// What the controller says about HAProxy.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HaproxyStatus {
-    /// Where HAProxy is.
-    pub state: HaproxyState,
-    /// The worker answering the runtime API.
-    pub worker: Option<u32>,
-    /// Successful starts and reloads by certwatch.
-    pub loads: u64,
-    /// Whether a reload is in progress.
-    pub reloading: bool,
-    /// Routes of the first complete listing (start-up).
-    pub startup_routes: usize,
-    /// Of those, routes HAProxy did not serve yet (refused ones not counted).
-    pub startup_unserved: usize,
-    /// Admitted routes HAProxy does not serve at their current version yet.
-    pub unserved: usize,
-    /// Admitted routes HAProxy refused.
-    pub refused: usize,
-}
-
-impl HaproxyStatus {
-    /// Whether HAProxy serves every route present at start-up (it did once, and
-    /// answers now): what `/readyz` waits for.
-    pub fn ready(&self) -> bool {
-        self.state == HaproxyState::Serving
-            && self.startup_routes_known()
-            && self.startup_unserved == 0
-    }
-
-    fn startup_routes_known(&self) -> bool {
-        self.state != HaproxyState::WaitingForFiles
     }
 }
 

@@ -31,6 +31,5 @@ pub mod process;
 pub mod runtime;
 pub mod watchdog;
 
-pub use controller::{
-    Haproxy, HaproxyHandle, HaproxyMode, HaproxyOptions, HaproxyState, HaproxyStatus,
-};
+pub use controller::{Haproxy, HaproxyHandle, HaproxyMode, HaproxyOptions};
+pub use machine::{HaproxyState, HaproxyStatus};

@@ -1,5 +1,10 @@
 //! The HAProxy controller: one task that owns how HAProxy gets certwatch's state.
 //!
+//! Every decision below is [`super::machine`]'s, a pure state machine; this task is
+//! its driver: it feeds the machine what was published, the answers of the runtime
+//! API, and the ends of starts and reloads, and performs what the machine asks (runtime
+//! API batches, starts, reloads through the master CLI, refusal reports, metrics).
+//!
 //! **Start-up.** Nothing reaches HAProxy before the cert directory is complete (every
 //! route present at start-up decided, its bundle and the crt-list on disk). Then:
 //!
@@ -42,23 +47,23 @@
 //! it does not serve yet, since when the oldest change waits, and whether every route of
 //! the first complete listing (start-up) has been served: `/readyz` waits for that.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use kube_common::backoff::{Backoff, BackoffPolicy};
+use kube_common::backoff::BackoffPolicy;
 use kube_common::sync;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
-use super::certs::{self, Applied, Held, HeldLine, Known, Planned, Unplannable};
-use super::process::{HaproxyProcess, MasterCli, ProcessError, ProcessOptions, Reloaded};
-use super::runtime::{
-    BatchOutcome, Command, Connected, RuntimeClient, RuntimeError, RuntimeOptions, current_instance,
+use super::machine::{
+    Action, Count, Event, HaproxyStatus, Loaded, Machine, MachineOptions, Report,
 };
+use super::process::{HaproxyProcess, MasterCli, ProcessError, ProcessOptions, Reloaded};
+use super::runtime::{RuntimeClient, RuntimeOptions, current_instance};
 use crate::cert_dir::{CrtChange, CrtEntry};
 use crate::file_loads::FileLoads;
 use crate::metrics::Metrics;
@@ -151,61 +156,12 @@ impl HaproxyOptions {
     }
 }
 
-/// Where HAProxy is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum HaproxyState {
-    /// Waiting for the complete files.
-    #[default]
-    WaitingForFiles,
-    /// certwatch started HAProxy, which is loading its files.
-    Starting,
-    /// HAProxy answers; the changes reach it.
-    Serving,
-    /// HAProxy does not answer (or certwatch could not start it); retrying.
-    Down,
-}
-
-/// What the controller says about HAProxy.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HaproxyStatus {
-    /// Where HAProxy is.
-    pub state: HaproxyState,
-    /// The worker answering the runtime API.
-    pub worker: Option<u32>,
-    /// Successful starts and reloads by certwatch.
-    pub loads: u64,
-    /// Whether a reload is in progress.
-    pub reloading: bool,
-    /// Routes of the first complete listing (start-up).
-    pub startup_routes: usize,
-    /// Of those, routes HAProxy did not serve yet (refused ones not counted).
-    pub startup_unserved: usize,
-    /// Admitted routes HAProxy does not serve at their current version yet.
-    pub unserved: usize,
-    /// Admitted routes HAProxy refused.
-    pub refused: usize,
-}
-
-impl HaproxyStatus {
-    /// Whether HAProxy serves every route present at start-up (it did once, and
-    /// answers now): what `/readyz` waits for.
-    pub fn ready(&self) -> bool {
-        self.state == HaproxyState::Serving
-            && self.startup_routes_known()
-            && self.startup_unserved == 0
-    }
-
-    fn startup_routes_known(&self) -> bool {
-        self.state != HaproxyState::WaitingForFiles
-    }
-}
-
 /// Changes waiting for the controller task, coalesced per certificate.
 #[derive(Debug, Default)]
 struct InboxState {
     /// Certificate name → its newest line (`None`: gone) and when its oldest
     /// unhandled change came.
-    changes: HashMap<String, (Option<CrtEntry>, SystemTime)>,
+    changes: HashMap<String, (Option<CrtEntry>, std::time::Instant)>,
     /// A complete listing was published.
     complete: bool,
     resync: bool,
@@ -261,60 +217,38 @@ impl Haproxy {
         let inbox = Arc::new(Inbox::default());
         let (status_tx, status) = watch::channel(HaproxyStatus::default());
         let (rejected_tx, rejected) = watch::channel(Arc::new(options.refused.clone()));
-        let refused = options
-            .refused
-            .iter()
-            .map(|(name, digest)| {
-                let refusal = Refusal {
-                    digest: *digest,
-                    reason: RefusalReason::Rejected,
-                };
-                (name.clone(), refusal)
-            })
-            .collect();
-        let master = match &options.mode {
+        let external_master = match &options.mode {
             HaproxyMode::External {
                 master_socket: Some(socket),
             } => Some(MasterCli::new(socket, options.command_timeout)),
             _ => None,
         };
-        let controller = Controller {
-            backoff: Backoff::new(options.retry),
-            options,
+        let machine = Machine::new(MachineOptions {
+            socket: options.socket.clone(),
             list: crt_list,
             prefix: managed_prefix,
+            managed: matches!(options.mode, HaproxyMode::Managed(_)),
+            external_master: external_master.is_some(),
+            retry: options.retry,
+            check_interval: options.check_interval,
+            batch_limit: options.batch_limit,
+            batch_bytes: options.batch_bytes,
+            min_reload_interval: options.min_reload_interval,
+            refused: options.refused.clone(),
+            seed: rand::random(),
+        });
+        let controller = Controller {
+            options,
+            machine,
             metrics,
             runtime: runtime.clone(),
             inbox: Arc::clone(&inbox),
             status: status_tx,
             rejected: rejected_tx,
             process: None,
-            master,
-            wanted: HashMap::new(),
-            version: 0,
-            pending: HashMap::new(),
-            awaiting_reload: HashMap::new(),
-            refused,
-            deferred: HashMap::new(),
-            aborts: HashSet::new(),
-            startup: None,
-            startup_routes: 0,
-            listing_complete: false,
-            known: None,
-            limits: None,
-            loaded: None,
-            reload_wanted: None,
-            reload_task: None,
-            last_reload: None,
-            load_time: None,
+            external_master,
             start_task: None,
-            loads: 0,
-            failures: 0,
-            retry_at: None,
-            next_check: Instant::now(),
-            up: false,
-            answered_once: false,
-            push_rate: None,
+            reload_task: None,
         };
         let task = tokio::spawn(controller.run());
         Self {
@@ -338,7 +272,7 @@ impl Haproxy {
         if changes.is_empty() && !complete {
             return;
         }
-        let now = SystemTime::now();
+        let now = std::time::Instant::now();
         self.inbox.update(|state| {
             state.complete |= complete;
             for change in changes {
@@ -421,29 +355,6 @@ impl HaproxyHandle {
     }
 }
 
-/// A certificate's wanted state.
-#[derive(Debug)]
-struct Want {
-    entry: Option<CrtEntry>,
-    /// The controller's change counter when it last changed.
-    version: u64,
-}
-
-/// Failures to reach a runtime API whose socket is not there yet, before the first
-/// answer, after which the wait is warned about (about 9 s with the default backoff).
-const STARTING_FAILURES: u32 = 5;
-
-/// How soon a step HAProxy could not do now (its certificate operations locked) is
-/// tried again.
-const BUSY_RETRY: Duration = Duration::from_millis(100);
-
-/// A refused certificate, until its material changes.
-#[derive(Debug)]
-struct Refusal {
-    digest: [u8; 32],
-    reason: RefusalReason,
-}
-
 /// Certificates whose material HAProxy rejected (name → bundle digest): their lines
 /// are left out of the crt-list file, so that HAProxy's next load of its files (a
 /// reload, a restart) does not fail on them and take every other route down.
@@ -452,31 +363,19 @@ pub type Rejected = Arc<HashMap<String, [u8; 32]>>;
 /// A start's result: the process and its first worker.
 type StartResult = Result<(Box<HaproxyProcess>, u32), ProcessError>;
 
-/// A start in progress, with the change counter when it began.
-struct StartTask {
-    epoch: u64,
-    handle: JoinHandle<StartResult>,
-}
-
-/// A reload in progress, with the change counter when it began and why.
-struct ReloadTask {
-    epoch: u64,
-    handle: JoinHandle<Result<Reloaded, ProcessError>>,
-    reason: ReloadReason,
-}
-
 /// What woke the task.
 enum Wake {
     Inbox,
     Started(StartResult),
-    Reloaded(ReloadReason, Result<Reloaded, ProcessError>),
+    Reloaded(Result<Reloaded, ProcessError>),
     Timer,
 }
 
+/// The driver: performs the [`Machine`]'s actions over the runtime API connection,
+/// the master CLI and the process, and feeds their results back.
 struct Controller {
     options: HaproxyOptions,
-    list: String,
-    prefix: String,
+    machine: Machine,
     metrics: Arc<Metrics>,
     runtime: RuntimeClient,
     inbox: Arc<Inbox>,
@@ -484,72 +383,34 @@ struct Controller {
     rejected: watch::Sender<Rejected>,
     /// The HAProxy certwatch runs, once started.
     process: Option<HaproxyProcess>,
-    /// The master CLI, when HAProxy can be reloaded.
-    master: Option<MasterCli>,
-    wanted: HashMap<String, Want>,
-    /// Counts changes taken from the inbox.
-    version: u64,
-    /// Certificates whose wanted state HAProxy may not hold, with when their oldest
-    /// unserved change came.
-    pending: HashMap<String, SystemTime>,
-    /// Certificates too large for the runtime API, waiting for a reload to load their
-    /// file.
-    awaiting_reload: HashMap<String, SystemTime>,
-    refused: HashMap<String, Refusal>,
-    /// Certificates whose last step failed, with their failures so far and when they
-    /// are due again: one certificate's failures never hold the others back.
-    deferred: HashMap<String, (Backoff, Instant)>,
-    /// Certificates whose transaction may have been left open (a `commit` HAProxy
-    /// could not do then): aborted at the start of the next batch, since an open
-    /// transaction blocks every other certificate's `set`.
-    aborts: HashSet<String>,
-    /// Names of the first complete listing not served yet (`None` before it).
-    startup: Option<HashSet<String>>,
-    startup_routes: usize,
-    listing_complete: bool,
-    known: Option<Known>,
-    /// The connection's process and limits, from the last batch.
-    limits: Option<Connected>,
-    /// The worker certwatch's last start or reload made, and the change counter when
-    /// it began: that worker holds every certificate not changed since.
-    loaded: Option<(u32, u64)>,
-    reload_wanted: Option<ReloadReason>,
-    reload_task: Option<ReloadTask>,
-    last_reload: Option<Instant>,
-    /// How long HAProxy took to load its files last time.
-    load_time: Option<Duration>,
-    start_task: Option<StartTask>,
-    loads: u64,
-    backoff: Backoff,
-    failures: u32,
-    retry_at: Option<Instant>,
-    next_check: Instant,
-    up: bool,
-    /// Whether the runtime API has answered once: before that, a socket that is not
-    /// there yet is HAProxy still starting, not a failure worth a warning.
-    answered_once: bool,
-    /// Certificates pushed per second, as measured over the last batches.
-    push_rate: Option<f64>,
+    /// An external HAProxy's master CLI, when it has one.
+    external_master: Option<MasterCli>,
+    start_task: Option<JoinHandle<StartResult>>,
+    reload_task: Option<JoinHandle<Result<Reloaded, ProcessError>>>,
 }
 
-async fn join_start(task: &mut Option<StartTask>) -> StartResult {
+async fn join_start(task: &mut Option<JoinHandle<StartResult>>) -> StartResult {
     match task {
-        Some(task) => match (&mut task.handle).await {
-            Ok(result) => result,
-            Err(join) => Err(ProcessError::Task {
-                what: "start",
-                source: join,
-            }),
-        },
+        Some(handle) => {
+            let result = match handle.await {
+                Ok(result) => result,
+                Err(join) => Err(ProcessError::Task {
+                    what: "start",
+                    source: join,
+                }),
+            };
+            *task = None;
+            result
+        }
         None => std::future::pending().await,
     }
 }
 
 async fn join_reload(
-    task: &mut Option<ReloadTask>,
-) -> (ReloadReason, Result<Reloaded, ProcessError>) {
+    task: &mut Option<JoinHandle<Result<Reloaded, ProcessError>>>,
+) -> Result<Reloaded, ProcessError> {
     match task {
-        Some(ReloadTask { handle, reason, .. }) => {
+        Some(handle) => {
             let result = match handle.await {
                 Ok(result) => result,
                 Err(join) => Err(ProcessError::Task {
@@ -557,7 +418,8 @@ async fn join_reload(
                     source: join,
                 }),
             };
-            (*reason, result)
+            *task = None;
+            result
         }
         None => std::future::pending().await,
     }
@@ -566,20 +428,36 @@ async fn join_reload(
 impl Controller {
     async fn run(mut self) {
         loop {
-            let wake_at = self.next_wake();
+            let wake_at = self.machine.next_wake(std::time::Instant::now());
+            let sleep = async {
+                match wake_at {
+                    Some(at) => tokio::time::sleep_until(Instant::from_std(at)).await,
+                    None => std::future::pending().await,
+                }
+            };
             let wake = tokio::select! {
                 () = self.inbox.notify.notified() => Wake::Inbox,
                 started = join_start(&mut self.start_task) => Wake::Started(started),
-                (reason, reloaded) = join_reload(&mut self.reload_task) => Wake::Reloaded(reason, reloaded),
-                () = tokio::time::sleep_until(wake_at) => Wake::Timer,
+                reloaded = join_reload(&mut self.reload_task) => Wake::Reloaded(reloaded),
+                () = sleep => Wake::Timer,
             };
             match wake {
-                Wake::Started(result) => self.started(result).await,
-                Wake::Reloaded(reason, result) => self.reloaded(reason, result).await,
+                Wake::Started(result) => {
+                    let event = self.started(result);
+                    self.feed(event).await;
+                }
+                Wake::Reloaded(result) => {
+                    let loaded = result.map(|reloaded| Loaded {
+                        worker: reloaded.worker,
+                        took: reloaded.took,
+                    });
+                    self.feed(Event::Reloaded(loaded)).await;
+                }
                 Wake::Inbox | Wake::Timer => {}
             }
-            let closed = self.take_inbox();
-            self.step().await;
+            let closed = self.take_inbox().await;
+            self.watch_process().await;
+            self.feed(Event::Timer).await;
             self.publish_status();
             if closed {
                 break;
@@ -588,153 +466,71 @@ impl Controller {
         self.shutdown().await;
     }
 
-    fn managed(&self, name: &str) -> bool {
-        name.starts_with(&self.prefix)
-    }
-
-    fn is_managed_mode(&self) -> bool {
-        matches!(self.options.mode, HaproxyMode::Managed(_))
-    }
-
-    /// When to wake without news: a retry, the identity check, or at once while work
-    /// is pending.
-    fn next_wake(&self) -> Instant {
-        let now = Instant::now();
-        let mut at = self.next_check;
-        if self.up && self.retry_at.is_none() && self.ready_to_push() {
-            for name in self.pending.keys() {
-                match self.deferred.get(name) {
-                    None => return now,
-                    Some((_, due)) => at = at.min(*due),
-                }
+    /// Feeds `event` to the machine and performs what it says, feeding the answers
+    /// back until it waits for nothing.
+    async fn feed(&mut self, event: Event) {
+        let mut actions: VecDeque<Action> =
+            self.machine.step(std::time::Instant::now(), event).into();
+        while let Some(action) = actions.pop_front() {
+            if let Some(answer) = self.perform(action).await {
+                let more = self.machine.step(std::time::Instant::now(), answer);
+                actions.extend(more);
             }
         }
-        if let Some(retry) = self.retry_at {
-            at = at.min(retry);
-        }
-        if let (Some(_), Some(last)) = (self.reload_wanted, self.last_reload) {
-            at = at.min(last + self.options.min_reload_interval);
-        }
-        at.max(now)
     }
 
-    fn ready_to_push(&self) -> bool {
-        self.listing_complete && self.start_task.is_none() && self.known.is_some()
+    /// Performs one action; the event that answers it, when it is an exchange.
+    async fn perform(&mut self, action: Action) -> Option<Event> {
+        match action {
+            Action::Execute(commands) => {
+                return Some(Event::Answered(self.runtime.execute(commands).await));
+            }
+            Action::CheckIdentity => {
+                let current =
+                    current_instance(&self.options.socket, self.options.command_timeout).await;
+                let connected = self.runtime.connected();
+                return Some(Event::Identity { current, connected });
+            }
+            Action::Reconnect => self.runtime.reconnect().await,
+            Action::Start => self.start(),
+            Action::Reload(reason) => self.reload(reason),
+            Action::CancelReload => {
+                if let Some(reload) = self.reload_task.take() {
+                    reload.abort();
+                }
+            }
+            Action::Report(report) => self.report(report),
+            Action::Count(count) => self.count(count),
+        }
+        None
     }
 
-    /// Takes the published changes; returns whether the controller is closing.
-    fn take_inbox(&mut self) -> bool {
+    /// Takes the published changes into the machine; returns whether the controller
+    /// is closing.
+    async fn take_inbox(&mut self) -> bool {
         let taken = self.inbox.take();
         if taken.resync {
-            info!(socket = %self.options.socket.display(), "re-reading HAProxy's certificates");
-            self.known = None;
-            self.loaded = None;
+            self.feed(Event::Resync).await;
         }
         if let Some(reason) = taken.reload {
-            self.reload_wanted = Some(reason);
+            self.feed(Event::ReloadRequested(reason)).await;
         }
-        let first = taken.complete && !self.listing_complete;
         for (name, (entry, arrived)) in taken.changes {
-            self.version += 1;
-            // A refusal holds until the material changes. A rejected certificate's line
-            // leaves the crt-list because of the refusal itself: that is no change.
-            if let Some(refusal) = self.refused.get(&name) {
-                let changed = match &entry {
-                    Some(entry) => entry.digest != refusal.digest,
-                    None => refusal.reason != RefusalReason::Rejected,
-                };
-                if changed {
-                    let reason = refusal.reason;
-                    self.refused.remove(&name);
-                    if reason == RefusalReason::Rejected {
-                        self.rejected.send_modify(|rejected| {
-                            Arc::make_mut(rejected).remove(&name);
-                        });
-                    }
-                }
-            }
-            if entry.is_none()
-                && let Some(startup) = self.startup.as_mut()
-            {
-                startup.remove(&name);
-            }
-            // A change waiting for a reload keeps the time it has waited.
-            let since = self.awaiting_reload.remove(&name).unwrap_or(arrived);
-            self.deferred.remove(&name);
-            self.pending.entry(name.clone()).or_insert(since);
-            self.wanted.insert(
+            self.feed(Event::Changed {
                 name,
-                Want {
-                    entry,
-                    version: self.version,
-                },
-            );
+                entry,
+                arrived,
+            })
+            .await;
         }
-        if first {
-            self.listing_complete = true;
-            let names: HashSet<String> = self
-                .wanted
-                .iter()
-                .filter(|(_, want)| want.entry.is_some())
-                .map(|(name, _)| name.clone())
-                .collect();
-            self.startup_routes = names.len();
-            self.startup = Some(names);
-            info!(
-                routes = self.startup_routes,
-                "the cert directory is complete; bringing HAProxy there"
-            );
+        if taken.complete {
+            self.feed(Event::ListingComplete).await;
         }
         taken.closed
     }
 
-    async fn step(&mut self) {
-        if !self.listing_complete {
-            return;
-        }
-        self.watch_process();
-        if self.is_managed_mode() && self.process.is_none() {
-            self.start_if_due();
-            return;
-        }
-        if self.start_task.is_some() {
-            return;
-        }
-        if self.retry_at.is_some_and(|at| Instant::now() < at) {
-            return;
-        }
-        self.retry_at = None;
-        // While HAProxy reloads, the connection reaches the old worker on purpose (it
-        // serves until the new one is up); the reload's end says when to move.
-        if Instant::now() >= self.next_check && self.reload_task.is_none() {
-            self.next_check = Instant::now() + self.options.check_interval;
-            self.check_identity().await;
-        }
-        if self.known.as_ref().is_none_or(|known| known.stale) {
-            match self.discover().await {
-                Ok(true) => self.succeeded(),
-                Ok(false) => {
-                    debug!("HAProxy's certificate operations are locked; asking again shortly");
-                    self.retry_at = Some(Instant::now() + BUSY_RETRY);
-                    return;
-                }
-                Err(error) => {
-                    self.failed(&error.to_string());
-                    return;
-                }
-            }
-        }
-        self.maybe_reload();
-        if !self.pending.is_empty() {
-            match self.push_batch().await {
-                Ok(()) => self.succeeded(),
-                Err(error) => self.failed(&error.to_string()),
-            }
-        }
-    }
-
-    /// A managed HAProxy that exited is started again (after the backoff).
-    fn watch_process(&mut self) {
+    /// A managed HAProxy that exited is said to the machine.
+    async fn watch_process(&mut self) {
         let Some(process) = self.process.as_mut() else {
             return;
         };
@@ -747,26 +543,13 @@ impl Controller {
             "HAProxy exited; starting it again"
         );
         self.process = None;
-        self.master = None;
-        if let Some(reload) = self.reload_task.take() {
-            reload.handle.abort();
-        }
-        self.known = None;
-        self.loaded = None;
-        self.up = false;
-        self.metrics.haproxy.set_up(false);
-        let delay = self.backoff.next_delay();
-        self.retry_at = Some(Instant::now() + delay);
+        self.feed(Event::Exited).await;
     }
 
-    fn start_if_due(&mut self) {
-        if self.start_task.is_some() || self.retry_at.is_some_and(|at| Instant::now() < at) {
-            return;
-        }
+    fn start(&mut self) {
         let HaproxyMode::Managed(options) = &self.options.mode else {
             return;
         };
-        self.retry_at = None;
         let options = options.clone();
         info!(
             binary = %options.binary.display(),
@@ -775,666 +558,96 @@ impl Controller {
         );
         // The load lasts as long as the task (ended, or aborted).
         let loading = self.options.file_loads.begin();
-        self.start_task = Some(StartTask {
-            epoch: self.version,
-            handle: tokio::spawn(async move {
-                let _loading = loading;
-                HaproxyProcess::start(options)
-                    .await
-                    .map(|(process, worker)| (Box::new(process), worker))
-            }),
-        });
+        self.start_task = Some(tokio::spawn(async move {
+            let _loading = loading;
+            HaproxyProcess::start(options)
+                .await
+                .map(|(process, worker)| (Box::new(process), worker))
+        }));
     }
 
-    async fn started(&mut self, result: StartResult) {
-        let Some(StartTask { epoch, .. }) = self.start_task.take() else {
-            return;
-        };
-        match result {
-            Ok((process, worker)) => {
-                let process = *process;
-                self.master = Some(process.master().clone());
-                self.process = Some(process);
-                self.loaded = Some((worker, epoch));
-                self.loads += 1;
-                self.last_reload = Some(Instant::now());
-                // The runtime API reaches the new worker from now on.
-                self.runtime.reconnect().await;
-                self.known = None;
-                let took = self.start_took();
-                self.load_time = took;
-                self.metrics
-                    .haproxy
-                    .reloaded(ReloadReason::Start, true, took);
-                self.failures = 0;
-                self.backoff = Backoff::new(self.options.retry);
-            }
-            Err(error) => {
-                self.metrics
-                    .haproxy
-                    .reloaded(ReloadReason::Start, false, None);
-                self.failed(&format!("cannot start HAProxy: {error}"));
-            }
-        }
+    fn started(&mut self, result: StartResult) -> Event {
+        Event::Started(result.map(|(process, worker)| {
+            let process = *process;
+            let took = process.start_duration();
+            self.process = Some(process);
+            Loaded { worker, took }
+        }))
     }
 
-    /// The start's duration, from the metrics HAProxy's start logged (the process does
-    /// not say): measured by the caller instead.
-    fn start_took(&self) -> Option<Duration> {
-        self.process.as_ref().map(HaproxyProcess::start_duration)
-    }
-
-    async fn reloaded(&mut self, reason: ReloadReason, result: Result<Reloaded, ProcessError>) {
-        let Some(ReloadTask { epoch, .. }) = self.reload_task.take() else {
+    fn reload(&mut self, reason: ReloadReason) {
+        let master = match &self.options.mode {
+            HaproxyMode::Managed(_) => self.process.as_ref().map(|p| p.master().clone()),
+            HaproxyMode::External { .. } => self.external_master.clone(),
+        };
+        let Some(master) = master else {
+            // The machine reloads only what it knows can be reloaded.
+            warn!(
+                reason = reason.as_str(),
+                "no master CLI to reload HAProxy through"
+            );
             return;
         };
-        match result {
-            Ok(reloaded) => {
-                info!(
-                    reason = reason.as_str(),
-                    worker = reloaded.worker,
-                    took = ?reloaded.took,
-                    "HAProxy reloaded; its new worker serves"
-                );
-                self.metrics
-                    .haproxy
-                    .reloaded(reason, true, Some(reloaded.took));
-                self.load_time = Some(reloaded.took);
-                self.loads += 1;
-                self.loaded = Some((reloaded.worker, epoch));
-                // The old worker finishes its connections once ours is closed.
-                self.runtime.reconnect().await;
-                self.known = None;
-            }
-            Err(error) => {
-                self.metrics.haproxy.reloaded(reason, false, None);
-                error!(reason = reason.as_str(), %error, "HAProxy's reload failed; its previous worker keeps serving");
-                // Certificates waiting for it stay waiting: the next reload will try.
-                if !self.awaiting_reload.is_empty() {
-                    self.reload_wanted.get_or_insert(reason);
-                }
-            }
-        }
-    }
-
-    /// Starts a reload when one is wanted and allowed now.
-    fn maybe_reload(&mut self) {
-        if self.reload_task.is_some() {
-            return;
-        }
-        let Some(master) = self.master.clone() else {
-            if let Some(reason) = self.reload_wanted.take() {
-                warn!(
-                    reason = reason.as_str(),
-                    "a reload of HAProxy was asked for, but certwatch cannot reload it (no master socket)"
-                );
-            }
-            return;
-        };
-        if self.reload_wanted.is_none() && self.backlog_worth_a_reload() {
-            self.reload_wanted = Some(ReloadReason::Backlog);
-        }
-        let Some(reason) = self.reload_wanted else {
-            return;
-        };
-        if self
-            .last_reload
-            .is_some_and(|last| last.elapsed() < self.options.min_reload_interval)
-        {
-            return;
-        }
-        self.reload_wanted = None;
-        self.last_reload = Some(Instant::now());
         let timeout = match &self.options.mode {
             HaproxyMode::Managed(options) => options.load_timeout,
             HaproxyMode::External { .. } => Duration::from_secs(600),
         };
-        info!(
-            reason = reason.as_str(),
-            waiting = self.awaiting_reload.len(),
-            pending = self.pending.len(),
-            "reloading HAProxy"
-        );
         // The load lasts as long as the task (ended, or aborted).
         let loading = self.options.file_loads.begin();
-        self.reload_task = Some(ReloadTask {
-            epoch: self.version,
-            handle: tokio::spawn(async move {
-                let _loading = loading;
-                master.reload(timeout).await
-            }),
-            reason,
-        });
+        self.reload_task = Some(tokio::spawn(async move {
+            let _loading = loading;
+            master.reload(timeout).await
+        }));
     }
 
-    /// Whether pushing what is pending takes longer than HAProxy loading its files.
-    fn backlog_worth_a_reload(&self) -> bool {
-        let (Some(rate), Some(load)) = (self.push_rate, self.load_time) else {
-            return false;
-        };
-        let backlog = self.pending.len() as f64;
-        backlog > 1_000.0 && backlog / rate > load.as_secs_f64()
-    }
-
-    /// Whether the runtime API connection still reaches HAProxy's current process;
-    /// closes it when not.
-    async fn check_identity(&mut self) {
-        let current = current_instance(&self.options.socket, self.options.command_timeout).await;
-        match (current, self.runtime.connected()) {
-            (Ok(current), Some(connected)) if connected.instance != current => {
-                info!(
-                    old = connected.instance.pid,
-                    new = current.pid,
-                    "HAProxy's process changed; reconnecting and reading its certificates"
-                );
-                self.runtime.reconnect().await;
-                self.known = None;
-            }
-            (Ok(_), _) => {}
-            (Err(error), _) => {
-                if self.up {
-                    self.failed(&error.to_string());
-                }
-            }
-        }
-    }
-
-    /// Reads what HAProxy holds (see the module documentation).
-    /// Returns `false` when HAProxy's certificate operations were locked (by another
-    /// CLI session or HAProxy itself): nothing was learnt, ask again shortly.
-    async fn discover(&mut self) -> Result<bool, RuntimeError> {
-        let list = self.list.clone();
-        let outcome = self
-            .execute(vec![
-                Command::new("show ssl cert"),
-                Command::new(format!("show ssl crt-list -n {list}")),
-            ])
-            .await?;
-        let connected = outcome.connected.ok_or(RuntimeError::Stopped)?;
-        if outcome
-            .replies
-            .iter()
-            .any(|reply| reply.contains("currently locked"))
-        {
-            return Ok(false);
-        }
-        let (committed, transactions) = certs::parse_certificates(outcome.replies[0].text());
-        let shown = outcome.replies[1].text();
-        if shown.starts_with("didn't find") || shown.contains("Can't") {
-            return Err(RuntimeError::Protocol {
-                socket: self.options.socket.clone(),
-                problem: format!(
-                    "show ssl crt-list {list}: {} (HAProxy's configuration must load this crt-list by this exact path)",
-                    outcome.replies[1].summary()
-                ),
-            });
-        }
-        let mut known = Known::new(connected.instance);
-        // Left by an interrupted update: it would block the next `set ssl cert`.
-        let aborts: Vec<Command> = transactions
-            .iter()
-            .filter(|name| self.managed(name))
-            .map(|name| Command::new(format!("abort ssl cert {name}")))
-            .collect();
-        if !aborts.is_empty() {
-            self.execute(aborts).await?;
-        }
-        let loaded_epoch = self
-            .loaded
-            .filter(|(worker, _)| *worker == connected.instance.pid)
-            .map(|(_, epoch)| epoch);
-        let managed: Vec<String> = committed
-            .into_iter()
-            .filter(|name| self.managed(name))
-            .collect();
-        match loaded_epoch {
-            Some(epoch) => {
-                for name in &managed {
-                    let held = match self.wanted.get(name) {
-                        Some(Want {
-                            entry: Some(entry),
-                            version,
-                        }) if *version <= epoch => Held::Bundle(entry.digest),
-                        _ => Held::Unknown,
-                    };
-                    known.certs.insert(name.clone(), held);
-                }
-            }
-            None => {
-                // A process certwatch did not load: each certificate is asked.
-                for chunk in managed.chunks(self.options.batch_limit.max(1) * 4) {
-                    let commands = chunk
-                        .iter()
-                        .map(|name| Command::new(format!("show ssl cert {name}")))
-                        .collect();
-                    let outcome = self.execute(commands).await?;
-                    for (name, reply) in chunk.iter().zip(&outcome.replies) {
-                        let held =
-                            certs::parse_sha1(reply.text()).map_or(Held::Unknown, Held::Leaf);
-                        known.certs.insert(name.clone(), held);
-                    }
-                }
-            }
-        }
-        for (name, number, rest) in certs::parse_crt_list(shown) {
-            if self.managed(&name) {
-                known.lines.entry(name).or_default().push(HeldLine {
-                    number: Some(number),
-                    rest,
-                });
-            }
-        }
-        // What HAProxy holds of certwatch's and certwatch no longer wants goes.
-        let now = SystemTime::now();
-        let strays: Vec<String> = known
-            .certs
-            .keys()
-            .chain(known.lines.keys())
-            .filter(|name| !self.wanted.contains_key(*name))
-            .cloned()
-            .collect();
-        for name in strays {
-            self.version += 1;
-            self.wanted.insert(
+    fn report(&mut self, report: Report) {
+        match report {
+            Report::Refused {
                 name,
-                Want {
-                    entry: None,
-                    version: self.version,
-                },
-            );
-        }
-        // Everything HAProxy does not hold as wanted is pending; what it holds is
-        // served.
-        let mut served = Vec::new();
-        for (name, want) in &self.wanted {
-            if known.holds(name, want.entry.as_ref()) {
-                served.push(name.clone());
-            } else if !self.awaiting_reload.contains_key(name) && !self.is_refused(name, want) {
-                self.pending.entry(name.clone()).or_insert(now);
-            }
-        }
-        for name in served {
-            self.served(&name);
-        }
-        debug!(
-            pid = connected.instance.pid,
-            certificates = known.certs.len(),
-            lines = known.lines.len(),
-            pending = self.pending.len(),
-            read_each = loaded_epoch.is_none(),
-            "read HAProxy's certificates"
-        );
-        self.limits = Some(connected);
-        self.known = Some(known);
-        Ok(true)
-    }
-
-    fn is_refused(&self, name: &str, want: &Want) -> bool {
-        match (self.refused.get(name), &want.entry) {
-            (Some(refusal), Some(entry)) => refusal.digest == entry.digest,
-            _ => false,
-        }
-    }
-
-    /// `name` is as wanted in HAProxy now.
-    fn served(&mut self, name: &str) {
-        self.pending.remove(name);
-        self.deferred.remove(name);
-        self.awaiting_reload.remove(name);
-        if let Some(startup) = self.startup.as_mut() {
-            startup.remove(name);
-        }
-        if self
-            .wanted
-            .get(name)
-            .is_some_and(|want| want.entry.is_none())
-        {
-            self.wanted.remove(name);
-        }
-    }
-
-    /// Runs commands, counting them; an incomplete batch is an error (after the
-    /// answers it got are returned through `outcome`).
-    async fn execute(&mut self, commands: Vec<Command>) -> Result<BatchOutcome, RuntimeError> {
-        let mut outcome = self.runtime.execute(commands).await;
-        if let Some(connected) = outcome.connected {
-            self.limits = Some(connected);
-        }
-        match outcome.error.take() {
-            Some(error) => Err(error),
-            None => Ok(outcome),
-        }
-    }
-
-    /// One batch: the oldest pending certificates' commands, pipelined.
-    async fn push_batch(&mut self) -> Result<(), RuntimeError> {
-        let Some(known) = self.known.as_ref() else {
-            return Ok(());
-        };
-        let max_request = self
-            .limits
-            .map_or(super::runtime::DEFAULT_BUFSIZE - 1, |limits| {
-                limits.max_request
-            });
-        let mut order: Vec<(SystemTime, String)> = self
-            .pending
-            .iter()
-            .map(|(name, since)| (*since, name.clone()))
-            .collect();
-        order.sort_unstable();
-        let mut planned: Vec<Planned> = Vec::new();
-        let mut batch: Vec<(String, std::ops::Range<usize>)> = Vec::new();
-        let mut bytes = 0;
-        let mut served = Vec::new();
-        let mut too_large = Vec::new();
-        let mut stale = false;
-        let now = Instant::now();
-        for (_, name) in order {
-            if batch.len() >= self.options.batch_limit || bytes >= self.options.batch_bytes {
-                break;
-            }
-            if self.deferred.get(&name).is_some_and(|(_, due)| now < *due) {
-                continue;
-            }
-            let Some(want) = self.wanted.get(&name) else {
-                served.push(name);
-                continue;
-            };
-            match certs::plan(&name, want.entry.as_ref(), known, &self.list, max_request) {
-                Ok(steps) if steps.is_empty() => served.push(name),
-                Ok(steps) => {
-                    let start = planned.len();
-                    bytes += steps
-                        .iter()
-                        .map(|p| p.command.request_size())
-                        .sum::<usize>();
-                    planned.extend(steps);
-                    batch.push((name, start..planned.len()));
-                }
-                Err(Unplannable::TooLarge { size, limit }) => too_large.push((name, size, limit)),
-                Err(Unplannable::LinesUnknown) => stale = true,
-            }
-        }
-        for name in served {
-            self.served(&name);
-        }
-        for (name, size, limit) in too_large {
-            self.too_large(name, size, limit);
-        }
-        if stale && let Some(known) = self.known.as_mut() {
-            known.stale = true;
-        }
-        if planned.is_empty() && self.aborts.is_empty() {
-            return Ok(());
-        }
-        // Transactions a busy `commit` may have left open go first.
-        let aborts: Vec<Planned> = self
-            .aborts
-            .drain()
-            .map(|name| Planned {
-                step: certs::Step::Abort,
-                command: Command::new(format!("abort ssl cert {name}")),
-                name,
-            })
-            .collect();
-        let offset = aborts.len();
-        for (_, range) in &mut batch {
-            *range = range.start + offset..range.end + offset;
-        }
-        planned.splice(0..0, aborts);
-        let started = std::time::Instant::now();
-        let commands: Vec<Command> = planned.iter().map(|p| p.command.clone()).collect();
-        let outcome = self.runtime.execute(commands).await;
-        if let Some(connected) = outcome.connected {
-            self.limits = Some(connected);
-            if self
-                .known
-                .as_ref()
-                .is_some_and(|known| known.instance != connected.instance)
-            {
-                // Another process answered: nothing it said is about what is known.
-                self.known = None;
-                return Err(RuntimeError::ProcessChanged {
-                    socket: self.options.socket.clone(),
-                });
-            }
-        }
-        let answered = outcome.replies.len();
-        let mut pushed = 0;
-        let mut refusals = Vec::new();
-        let mut done = Vec::new();
-        let mut failed = Vec::new();
-        let mut busy = Vec::new();
-        {
-            let Some(known) = self.known.as_mut() else {
-                return Ok(());
-            };
-            for (name, range) in &batch {
-                let want = self.wanted.get(name).and_then(|want| want.entry.as_ref());
-                let mut complete = range.end <= answered;
-                let mut refused = None;
-                for index in range.clone() {
-                    let Some(reply) = outcome.replies.get(index) else {
-                        break;
-                    };
-                    let step = &planned[index];
-                    let applied = known.apply(step, want, reply);
-                    self.metrics
-                        .haproxy
-                        .command(step.step.command(), applied == Applied::Done);
-                    match applied {
-                        Applied::Done => {
-                            if step.step == certs::Step::Commit {
-                                pushed += 1;
-                            }
-                        }
-                        Applied::MaterialRefused(message) => {
-                            refused.get_or_insert(message);
-                        }
-                        Applied::Failed(message) => {
-                            debug!(certificate = %name, step = step.step.command(), %message, "runtime API step failed");
-                            complete = false;
-                            failed.push(name.clone());
-                        }
-                        Applied::Busy => {
-                            complete = false;
-                            busy.push((name.clone(), step.step == certs::Step::Commit));
-                        }
-                    }
-                }
-                if let Some(message) = refused {
-                    refusals.push((name.clone(), message));
-                } else if complete && known.holds(name, want) {
-                    done.push(name.clone());
-                }
-            }
-        }
-        for name in done {
-            self.served(&name);
-        }
-        for (name, commit) in busy {
-            if commit {
-                self.aborts.insert(name.clone());
-            }
-            self.deferred
-                .entry(name)
-                .or_insert_with(|| (Backoff::new(self.options.retry), now))
-                .1 = now + BUSY_RETRY;
-        }
-        for name in failed {
-            let mut backoff = self
-                .deferred
-                .remove(&name)
-                .map_or_else(|| Backoff::new(self.options.retry), |(backoff, _)| backoff);
-            let delay = backoff.next_delay();
-            self.deferred.insert(name, (backoff, now + delay));
-        }
-        for (name, message) in refusals {
-            self.rejected(name, &message);
-        }
-        self.metrics.haproxy.pushed(pushed);
-        let elapsed = started.elapsed().as_secs_f64();
-        if pushed >= 16 && elapsed > 0.0 {
-            let rate = pushed as f64 / elapsed;
-            self.push_rate = Some(self.push_rate.map_or(rate, |old| 0.7 * old + 0.3 * rate));
-        }
-        debug!(
-            certificates = batch.len(),
-            commands = planned.len(),
-            answered,
-            pushed,
-            elapsed_ms = elapsed * 1e3,
-            "runtime API batch"
-        );
-        match outcome.error {
-            Some(error) => {
-                // What the unanswered commands did is not known.
-                if let Some(known) = self.known.as_mut() {
-                    known.stale = true;
-                }
-                Err(error)
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// A bundle too large for one runtime API request: its file is loaded by a reload,
-    /// or it is refused.
-    fn too_large(&mut self, name: String, size: usize, limit: usize) {
-        let Some(since) = self.pending.remove(&name) else {
-            return;
-        };
-        if self.master.is_some() {
-            if !self.awaiting_reload.contains_key(&name) {
-                info!(
-                    certificate = %name,
-                    size,
-                    limit,
-                    "certificate too large for HAProxy's runtime API (tune.bufsize); HAProxy will load its file at a reload"
-                );
-                self.metrics.haproxy.refused(RefusalReason::TooLarge);
-            }
-            self.awaiting_reload.insert(name, since);
-            self.reload_wanted.get_or_insert(ReloadReason::TooLarge);
-            return;
-        }
-        warn!(
-            certificate = %name,
-            size,
-            limit,
-            "HAProxy cannot take this certificate through its runtime API (larger than tune.bufsize) and certwatch cannot reload it: not served until HAProxy next loads its files"
-        );
-        self.metrics.haproxy.refused(RefusalReason::TooLarge);
-        self.refuse(name, RefusalReason::TooLarge);
-    }
-
-    /// HAProxy rejected a certificate's material.
-    fn rejected(&mut self, name: String, message: &str) {
-        warn!(
-            certificate = %name,
-            answer = %message,
-            "HAProxy refused this certificate; it is not served until its material changes"
-        );
-        self.metrics.haproxy.refused(RefusalReason::Rejected);
-        self.pending.remove(&name);
-        self.refuse(name, RefusalReason::Rejected);
-    }
-
-    fn refuse(&mut self, name: String, reason: RefusalReason) {
-        if let Some(startup) = self.startup.as_mut() {
-            startup.remove(&name);
-        }
-        if let Some(Want {
-            entry: Some(entry), ..
-        }) = self.wanted.get(&name)
-        {
-            let digest = entry.digest;
-            if reason == RefusalReason::Rejected {
+                digest,
+                reason: RefusalReason::Rejected,
+            } => {
                 self.rejected.send_modify(|rejected| {
-                    Arc::make_mut(rejected).insert(name.clone(), digest);
+                    Arc::make_mut(rejected).insert(name, digest);
                 });
             }
-            self.refused.insert(name, Refusal { digest, reason });
+            Report::RefusalLifted {
+                name,
+                reason: RefusalReason::Rejected,
+            } => {
+                self.rejected.send_modify(|rejected| {
+                    Arc::make_mut(rejected).remove(&name);
+                });
+            }
+            Report::Refused { .. } | Report::RefusalLifted { .. } => {}
         }
     }
 
-    fn succeeded(&mut self) {
-        if !self.up || self.failures > 0 {
-            info!(socket = %self.options.socket.display(), "HAProxy's runtime API answers");
+    fn count(&self, count: Count) {
+        let metrics = &self.metrics.haproxy;
+        match count {
+            Count::Command { command, ok } => metrics.command(command, ok),
+            Count::Pushed(certificates) => metrics.pushed(certificates),
+            Count::Refused(reason) => metrics.refused(reason),
+            Count::Loaded { reason, ok, took } => metrics.reloaded(reason, ok, took),
+            Count::Up(up) => metrics.set_up(up),
+            Count::SyncFailed => metrics.synced(false),
         }
-        self.up = true;
-        self.answered_once = true;
-        self.failures = 0;
-        self.retry_at = None;
-        self.backoff = Backoff::new(self.options.retry);
-        self.metrics.haproxy.set_up(true);
-    }
-
-    fn failed(&mut self, error: &str) {
-        self.failures = self.failures.saturating_add(1);
-        self.up = false;
-        self.metrics.haproxy.set_up(false);
-        self.metrics.haproxy.synced(false);
-        let delay = self.backoff.next_delay();
-        // HAProxy started beside certwatch (by its routing task, a sidecar) creates its
-        // socket a moment after the files are complete: until it has answered once, a
-        // missing socket is said at info, and warned about only once it lasts.
-        let starting = !self.answered_once && !self.options.socket.exists();
-        let warn_at = if starting { STARTING_FAILURES } else { 1 };
-        if self.failures == warn_at {
-            warn!(%error, retry_in = ?delay, "HAProxy: cannot bring it up to date; retrying");
-        } else if self.failures == 1 {
-            info!(
-                socket = %self.options.socket.display(),
-                "waiting for HAProxy's runtime API (HAProxy is starting)"
-            );
-        } else {
-            debug!(%error, retry_in = ?delay, "HAProxy: still failing; retrying");
-        }
-        self.retry_at = Some(Instant::now() + delay);
     }
 
     fn publish_status(&mut self) {
-        let unserved = self
-            .pending
-            .keys()
-            .chain(self.awaiting_reload.keys())
-            .filter(|name| {
-                self.wanted
-                    .get(*name)
-                    .is_some_and(|want| want.entry.is_some())
-            })
-            .count();
-        let oldest = self
-            .pending
-            .values()
-            .chain(self.awaiting_reload.values())
-            .min()
-            .copied();
-        let refused = self.refused.len();
-        self.metrics.haproxy.set_serving(unserved, refused, oldest);
-        if self.up {
-            self.metrics.haproxy.set_in_sync(unserved == 0);
+        let serving = self.machine.serving();
+        let oldest = serving.oldest.and_then(|oldest| {
+            let waited = std::time::Instant::now().saturating_duration_since(oldest);
+            SystemTime::now().checked_sub(waited)
+        });
+        self.metrics
+            .haproxy
+            .set_serving(serving.unserved, serving.refused, oldest);
+        if self.machine.up() {
+            self.metrics.haproxy.set_in_sync(serving.unserved == 0);
         }
-        let state = if !self.listing_complete {
-            HaproxyState::WaitingForFiles
-        } else if self.start_task.is_some() {
-            HaproxyState::Starting
-        } else if self.up {
-            HaproxyState::Serving
-        } else {
-            HaproxyState::Down
-        };
-        let status = HaproxyStatus {
-            state,
-            worker: self.known.as_ref().map(|known| known.instance.pid),
-            loads: self.loads,
-            reloading: self.reload_task.is_some(),
-            startup_routes: self.startup_routes,
-            startup_unserved: self.startup.as_ref().map_or(0, HashSet::len),
-            unserved,
-            refused,
-        };
+        let status = self.machine.status();
         self.status.send_if_modified(|current| {
             let changed = *current != status;
             *current = status;
@@ -1444,16 +657,14 @@ impl Controller {
 
     async fn shutdown(mut self) {
         // What is pending goes out before certwatch stops (one batch at most).
-        if self.up && !self.pending.is_empty() {
-            let _ = self.push_batch().await;
-        }
+        self.feed(Event::Closing).await;
         if let Some(start) = self.start_task.take()
-            && let Ok(Ok((process, _))) = start.handle.await
+            && let Ok(Ok((process, _))) = start.await
         {
             self.process = Some(*process);
         }
         if let Some(reload) = self.reload_task.take() {
-            let _ = reload.handle.await;
+            let _ = reload.await;
         }
         // An open runtime API connection would hold the soft stop.
         self.runtime.reconnect().await;

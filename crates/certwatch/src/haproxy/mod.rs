@@ -5,6 +5,9 @@
 //!   (start-up on the files, changes through the runtime API, reloads for what the
 //!   runtime API cannot carry), and what `/readyz` learns from it: every route present
 //!   at start-up served.
+//! - [`machine`]: the controller's bookkeeping and every decision (what to push,
+//!   batch, defer, refuse, when to reload, what an answer means), as a pure state
+//!   machine the controller drives.
 //! - [`process`]: HAProxy as certwatch's child in master-worker mode, and its master
 //!   CLI (`reload`, `show proc`).
 //! - [`watchdog`]: how every HAProxy certwatch starts runs, so that none outlives
@@ -23,10 +26,10 @@
 pub mod certs;
 pub mod controller;
 pub mod crt_list;
+pub mod machine;
 pub mod process;
 pub mod runtime;
 pub mod watchdog;
 
-pub use controller::{
-    Haproxy, HaproxyHandle, HaproxyMode, HaproxyOptions, HaproxyState, HaproxyStatus,
-};
+pub use controller::{Haproxy, HaproxyHandle, HaproxyMode, HaproxyOptions};
+pub use machine::{HaproxyState, HaproxyStatus};

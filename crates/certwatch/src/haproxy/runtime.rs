@@ -256,6 +256,12 @@ impl Command {
         &self.line
     }
 
+    /// The payload's text (tests model HAProxy's answers to it).
+    #[cfg(test)]
+    pub(crate) fn payload_text(&self) -> Option<&str> {
+        self.payload.as_ref().map(|payload| payload.0.as_str())
+    }
+
     fn escaped_line(&self) -> String {
         let mut out = String::with_capacity(self.line.len() + 4);
         for c in self.line.chars() {

@@ -540,7 +540,9 @@ fn maps_follow_the_routers_entries_and_order() {
 fn backends_carry_weights_balance_cookies_and_annotations() {
     let endpoints = endpoints();
     let dir = tempfile::tempdir().unwrap();
-    let options = options_in(dir.path());
+    let mut options = options_in(dir.path());
+    // One spare server, to show its line (none by default).
+    options.spare_servers = 1;
     let mut table = RoutingTable::new();
     for case in cases() {
         table.upsert(case);

@@ -12,7 +12,7 @@
 //!   `state ready` (and, for a health-checked backend, `health up`: it serves at once,
 //!   and its checks take over);
 //! - with no spare slot, it is added to HAProxy (`add server <b>/_dynamic-pod-<n>
-//!   <ip>:<port> weight <w>` and the backend's server options, then `enable server`,
+//!   <ip>:<port> id <id> weight <w>` and the backend's server options, then `enable server`,
 //!   and `enable health` for a health-checked backend; `enable dynamic-cookie backend`
 //!   gives it its sticky cookie), where the backend's balance algorithm allows it
 //!   ([`AddServers`]).
@@ -203,14 +203,16 @@ impl LoadedBackend {
                 }
                 (None, Some(add)) => {
                     let name = format!("{SPARE_SERVER_PREFIX}{}", add.next);
+                    let id = add.next_id;
                     add.next += 1;
+                    add.next_id += 1;
                     let proto = if server.h2c && add.h2c {
                         " proto h2"
                     } else {
                         ""
                     };
                     commands.push(format!(
-                        "add server {backend}/{name} {}:{} weight {}{proto}{}",
+                        "add server {backend}/{name} {}:{} id {id} weight {}{proto}{}",
                         target.ip, target.port, target.weight, add.options
                     ));
                     commands.push(format!("enable server {backend}/{name}"));
@@ -409,6 +411,7 @@ mod tests {
             h2c: true,
             cookies: true,
             next: spare + 1,
+            next_id: slots.len() + spare + 1,
         });
         backend
     }
@@ -430,9 +433,9 @@ mod tests {
                 "set server be_http:shop:r/_dynamic-pod-1 addr 10.0.0.2 port 80",
                 "set server be_http:shop:r/_dynamic-pod-1 weight 1",
                 "set server be_http:shop:r/_dynamic-pod-1 state ready",
-                "add server be_http:shop:r/_dynamic-pod-2 10.0.0.3:80 weight 1 maxconn 10",
+                "add server be_http:shop:r/_dynamic-pod-2 10.0.0.3:80 id 3 weight 1 maxconn 10",
                 "enable server be_http:shop:r/_dynamic-pod-2",
-                "add server be_http:shop:r/_dynamic-pod-3 [2001:db8::4]:80 weight 1 maxconn 10",
+                "add server be_http:shop:r/_dynamic-pod-3 [2001:db8::4]:80 id 4 weight 1 maxconn 10",
                 "enable server be_http:shop:r/_dynamic-pod-3",
                 "enable dynamic-cookie backend be_http:shop:r",
             ]
@@ -472,9 +475,9 @@ mod tests {
         assert_eq!(
             added,
             [
-                "add server be_http:shop:r/_dynamic-pod-4 10.0.0.7:80 weight 1 maxconn 10",
+                "add server be_http:shop:r/_dynamic-pod-4 10.0.0.7:80 id 5 weight 1 maxconn 10",
                 "enable health be_http:shop:r/_dynamic-pod-4",
-                "add server be_http:shop:r/_dynamic-pod-5 10.0.0.8:80 weight 1 maxconn 10",
+                "add server be_http:shop:r/_dynamic-pod-5 10.0.0.8:80 id 6 weight 1 maxconn 10",
                 "enable health be_http:shop:r/_dynamic-pod-5",
             ]
         );
@@ -489,7 +492,7 @@ mod tests {
         let commands = backend.update(&h2c).unwrap();
         assert_eq!(
             commands[0],
-            "add server be_http:shop:r/_dynamic-pod-2 10.0.0.1:80 weight 1 proto h2 maxconn 10"
+            "add server be_http:shop:r/_dynamic-pod-2 10.0.0.1:80 id 2 weight 1 proto h2 maxconn 10"
         );
         assert_eq!(backend.spares_beyond(0), ["_dynamic-pod-1"]);
         // A backend that speaks TLS to its servers (reencrypt) has no `proto h2`.
@@ -502,7 +505,7 @@ mod tests {
         assert_eq!(
             commands,
             [
-                "add server be_http:shop:r/_dynamic-pod-1 10.0.0.1:80 weight 1 maxconn 10",
+                "add server be_http:shop:r/_dynamic-pod-1 10.0.0.1:80 id 1 weight 1 maxconn 10",
                 "enable server be_http:shop:r/_dynamic-pod-1",
             ]
         );

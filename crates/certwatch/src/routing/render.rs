@@ -446,6 +446,11 @@ pub struct AddServers {
     pub cookies: bool,
     /// The number the next server added is named with ([`SPARE_SERVER_PREFIX`]).
     pub next: usize,
+    /// The next server added's `id`, past the ids HAProxy gave the rendered servers
+    /// (1 to their number). HAProxy 2.6 gives servers added without one no distinct
+    /// place in the random and consistent-hash algorithms: of several, some never get
+    /// a request.
+    pub next_id: usize,
 }
 
 /// A server as rendered.
@@ -1107,6 +1112,7 @@ fn backend(
         servers.push(RenderedServer { name, target: None });
     }
     out.push('\n');
+    let rendered = servers.len();
     RenderedBackend {
         name: plan.name.clone(),
         servers,
@@ -1116,6 +1122,7 @@ fn backend(
             h2c: matches!(routing.termination, Termination::Http | Termination::Edge),
             cookies,
             next: options.spare_servers + 1,
+            next_id: rendered + 1,
         }),
     }
 }

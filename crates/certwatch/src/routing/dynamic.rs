@@ -85,8 +85,12 @@ impl LoadedBackend {
         }
     }
 
-    /// The spare slots beyond the first `keep`: the servers to delete.
+    /// The spare slots beyond the first `keep`: the servers to delete. None in a
+    /// backend that takes no server added at run time (its spares are all it has).
     pub fn spares_beyond(&self, keep: usize) -> Vec<String> {
+        if self.add.is_none() {
+            return Vec::new();
+        }
         self.slots
             .iter()
             .filter(|slot| slot.target.is_none())

@@ -51,6 +51,11 @@ pub const SPARE_SERVER_PREFIX: &str = "_dynamic-pod-";
 /// each backend cost about 8 KiB a backend.
 pub const FORWARDED_APPEND_DEFAULTS: &str = "forwarded_append";
 
+/// Spare servers a backend has at least when its balance algorithm takes no server
+/// added at run time (`balance source` or another hash without `hash-type
+/// consistent`): endpoints that come take them without a reload.
+pub const STATIC_BACKEND_SPARE_SERVERS: usize = 5;
+
 /// Where a spare server points until it is given an endpoint (never contacted: it is
 /// in maintenance).
 pub const SPARE_SERVER_ADDRESS: &str = "127.0.0.1:1";
@@ -1103,7 +1108,14 @@ fn backend(
     // route verified by host needs a reload.
     let primary_host = primary_service_host(route);
     let spare_options = server_options(false, &primary_host, true);
-    for n in 1..=options.spare_servers {
+    // A backend that takes no server at run time keeps spare servers for the
+    // endpoints that come.
+    let spares = if dynamic {
+        options.spare_servers
+    } else {
+        options.spare_servers.max(STATIC_BACKEND_SPARE_SERVERS)
+    };
+    for n in 1..=spares {
         let name = format!("{SPARE_SERVER_PREFIX}{n}");
         let _ = writeln!(
             out,

@@ -388,7 +388,7 @@ pub struct RunArgs {
     pub haproxy_command_timeout: Duration,
 
     /// Least time between two reloads of HAProxy (with --haproxy-config-dir, route
-    /// changes and endpoint changes spare servers cannot take come at most this often,
+    /// changes and endpoint changes the runtime API cannot make come at most this often,
     /// each reload taking every change since the last).
     #[arg(long, env = "CERTWATCH_HAPROXY_MIN_RELOAD_INTERVAL", value_name = "D", value_parser = duration_arg, default_value = "5s", help_heading = "HAProxy")]
     pub haproxy_min_reload_interval: Duration,
@@ -749,12 +749,14 @@ pub struct RunArgs {
     )]
     pub default_destination_ca: Option<PathBuf>,
 
-    /// Spare servers per backend, for endpoints added without a reload.
+    /// Spare servers (in maintenance) per backend, kept for endpoints that come; an
+    /// endpoint no spare server takes is added to HAProxy at run time (`add server`),
+    /// and servers endpoints leave are deleted down to this many. Either way, no reload.
     #[arg(
         long,
         env = "CERTWATCH_HAPROXY_SPARE_SERVERS",
         value_name = "N",
-        default_value_t = 5,
+        default_value_t = 0,
         help_heading = "Routing"
     )]
     pub haproxy_spare_servers: usize,

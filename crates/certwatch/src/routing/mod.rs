@@ -5,7 +5,8 @@
 //! - [`model`]: served routes, and each route's backend: servers and weights (pure).
 //! - [`render`]: `haproxy.cfg` and its maps from both (pure), checked by `haproxy -c`.
 //! - [`write_config`]: the rendered files on disk, each replaced atomically.
-//! - [`dynamic`]: endpoint changes as runtime API commands on server slots (pure).
+//! - [`dynamic`]: endpoint changes as runtime API commands on server slots and on
+//!   servers added and deleted at run time (pure).
 //! - [`supervisor`]: the HAProxy process certwatch runs (master-worker, reloads).
 //! - [`task`]: the task that ties them: the EndpointSlice and Service watches, the
 //!   served routes, loads and reloads at a bounded rate, endpoint changes without a

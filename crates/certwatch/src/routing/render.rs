@@ -14,8 +14,11 @@
 //!   certificate otherwise), a hello without one by `fe_no_sni` (the default
 //!   certificate); both look the route up in `os_edge_reencrypt_be.map`.
 //! - One backend per route ([`super::model`]), its servers from the services'
-//!   endpoints, plus spare servers in maintenance (`_dynamic-pod-<n>`) that endpoint
-//!   changes take at run time without a reload ([`super::dynamic`]).
+//!   endpoints, plus `--haproxy-spare-servers` spare servers in maintenance
+//!   (`_dynamic-pod-<n>`, none by default); endpoint changes take those or add and
+//!   delete servers at run time without a reload ([`super::dynamic`]).
+//! - The `append` policy's `X-Forwarded-*` rules once, in a defaults section that the
+//!   backends with that policy follow ([`FORWARDED_APPEND_DEFAULTS`]).
 //! - A backend carries its route's annotations and header actions as the router writes
 //!   them (allow lists, rate limits, rewrites, HSTS, header case, `httpHeaders`; the
 //!   readers in `annotations`): a malformed value affects its route only, and never
@@ -37,8 +40,21 @@ use super::endpoints::EndpointTable;
 use super::model::{BackendPlan, RoutingTable, ServedRoute};
 use crate::tls_policy::TlsPolicy;
 
-/// The name spare servers get, numbered from 1 (the router's dynamic servers' name).
+/// The name spare servers and servers added at run time get, numbered from 1 (the
+/// router's dynamic servers' name).
 pub const SPARE_SERVER_PREFIX: &str = "_dynamic-pod-";
+
+/// The name of the `defaults` section that holds the `X-Forwarded-*` and `Forwarded`
+/// request rules of the `append` policy (every HTTP route's but those annotated
+/// otherwise): HAProxy keeps a defaults section's rules once for all the backends that
+/// take it (those after it, up to the next defaults section), where rules written in
+/// each backend cost about 8 KiB a backend.
+pub const FORWARDED_APPEND_DEFAULTS: &str = "forwarded_append";
+
+/// Spare servers a backend has at least when its balance algorithm takes no server
+/// added at run time (`balance source` or another hash without `hash-type
+/// consistent`): endpoints that come take them without a reload.
+pub const STATIC_BACKEND_SPARE_SERVERS: usize = 5;
 
 /// Where a spare server points until it is given an endpoint (never contacted: it is
 /// in maintenance).
@@ -73,7 +89,9 @@ pub struct RenderOptions {
     pub max_connections: u32,
     /// `nbthread`, when set.
     pub threads: Option<u32>,
-    /// Spare servers per backend for endpoints added at run time.
+    /// Spare servers (in maintenance) per backend for endpoints added at run time; an
+    /// endpoint no spare server takes is added to HAProxy as a server of its own (`add
+    /// server`), and a backend keeps this many of the servers its endpoints leave.
     pub spare_servers: usize,
     /// The CA that verifies reencrypt backends of routes without a
     /// `destinationCACertificate` (the service CA); `None`: not verified, as the router
@@ -326,7 +344,7 @@ impl RenderOptions {
             admin_socket: admin_socket.into(),
             max_connections: 50_000,
             threads: None,
-            spare_servers: 5,
+            spare_servers: 0,
             default_destination_ca: None,
             disable_http2: false,
             load_balance_algorithm: "random".into(),
@@ -411,6 +429,33 @@ pub struct RenderedBackend {
     pub servers: Vec<RenderedServer>,
     /// Whether its servers are health-checked.
     pub checked: bool,
+    /// How servers are added to it at run time; `None` when its balance algorithm
+    /// takes no server added at run time (HAProxy's hash-based ones without `hash-type
+    /// consistent`).
+    pub add: Option<AddServers>,
+}
+
+/// What a server added to a backend at run time (`add server`) is given besides its
+/// address and weight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddServers {
+    /// The options of a spare server's line (the route's TLS towards the backend,
+    /// health checks, `maxconn`): ` ssl ... check inter 5000ms`, or empty.
+    pub options: String,
+    /// Whether an `h2c` endpoint's server speaks HTTP/2 in clear (`proto h2`): the
+    /// route's backend speaks HTTP (plain and edge routes).
+    pub h2c: bool,
+    /// Whether the backend sets sticky cookies: HAProxy 2.6 gives an added server no
+    /// dynamic cookie until the backend's are computed again (`enable dynamic-cookie
+    /// backend`).
+    pub cookies: bool,
+    /// The number the next server added is named with ([`SPARE_SERVER_PREFIX`]).
+    pub next: usize,
+    /// The next server added's `id`, past the ids HAProxy gave the rendered servers
+    /// (1 to their number). HAProxy 2.6 gives servers added without one no distinct
+    /// place in the random and consistent-hash algorithms: of several, some never get
+    /// a request.
+    pub next_id: usize,
 }
 
 /// A server as rendered.
@@ -557,29 +602,45 @@ pub fn render(
     let mut ca_files = Vec::new();
     let mut allowlist_files = Vec::new();
     let mut backends = Vec::with_capacity(routes.len());
-    for route in routes.routes() {
-        map_entries(route, &mut maps);
-        let Some(plan) = RoutingTable::plan(route, endpoints) else {
-            continue;
-        };
-        let ca_file = route
-            .routing
-            .destination_ca_certificate
-            .as_deref()
-            .filter(|_| route.routing.termination == Termination::Reencrypt)
-            .map(|pem| {
-                let path = options.destination_ca_file(route);
-                ca_files.push((path.clone(), pem.to_owned()));
-                path
-            });
-        backends.push(backend(
-            &mut out,
-            route,
-            &plan,
-            ca_file.as_deref(),
-            &mut allowlist_files,
-            options,
-        ));
+    // The backends that take the append policy's rules from their defaults section
+    // first (each route's map entries with them), then the others after a defaults
+    // section of their own.
+    forwarding_defaults(&mut out, options);
+    for pass in [true, false] {
+        if !pass {
+            out.push_str("defaults\n");
+            defaults_body(&mut out, options);
+            out.push('\n');
+        }
+        for route in routes.routes() {
+            if pass {
+                map_entries(route, &mut maps);
+            }
+            if forwards_by_defaults(route) != pass {
+                continue;
+            }
+            let Some(plan) = RoutingTable::plan(route, endpoints) else {
+                continue;
+            };
+            let ca_file = route
+                .routing
+                .destination_ca_certificate
+                .as_deref()
+                .filter(|_| route.routing.termination == Termination::Reencrypt)
+                .map(|pem| {
+                    let path = options.destination_ca_file(route);
+                    ca_files.push((path.clone(), pem.to_owned()));
+                    path
+                });
+            backends.push(backend(
+                &mut out,
+                route,
+                &plan,
+                ca_file.as_deref(),
+                &mut allowlist_files,
+                options,
+            ));
+        }
     }
     let maps = MAP_FILES
         .iter()
@@ -687,17 +748,9 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
         socket = options.admin_socket.display(),
         tls = options.tls.haproxy_global(),
     );
-    let _ = writeln!(
-        out,
-        "defaults\n  maxconn {maxconn}\n  \
-         errorfile 503 {e503}\n  errorfile 404 {e404}\n  \
-         timeout connect 5s\n  timeout client 30s\n  timeout client-fin 1s\n  \
-         timeout server 30s\n  timeout server-fin 1s\n  timeout http-request 10s\n  \
-         timeout http-keep-alive 300s\n  timeout tunnel 1h\n",
-        maxconn = options.max_connections,
-        e503 = dir.join(ERROR_PAGES[0].0).display(),
-        e404 = dir.join(ERROR_PAGES[1].0).display(),
-    );
+    out.push_str("defaults\n");
+    defaults_body(out, options);
+    out.push('\n');
     header_case_adjustments(out, options);
     if let Some(socket) = &options.metrics_socket {
         let _ = writeln!(
@@ -787,18 +840,31 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
     );
 }
 
-/// The header names whose case HAProxy adjusts (a `global` section of their own) and
-/// the adjustment of responses to clients (in `defaults`, which this follows).
+/// What every `defaults` section holds: timeouts, limits, error pages, and the
+/// adjustment of header case in responses to clients when there is one.
+fn defaults_body(out: &mut String, options: &RenderOptions) {
+    let _ = writeln!(
+        out,
+        "  maxconn {maxconn}\n  \
+         errorfile 503 {e503}\n  errorfile 404 {e404}\n  \
+         timeout connect 5s\n  timeout client 30s\n  timeout client-fin 1s\n  \
+         timeout server 30s\n  timeout server-fin 1s\n  timeout http-request 10s\n  \
+         timeout http-keep-alive 300s\n  timeout tunnel 1h",
+        maxconn = options.max_connections,
+        e503 = options.config_dir.join(ERROR_PAGES[0].0).display(),
+        e404 = options.config_dir.join(ERROR_PAGES[1].0).display(),
+    );
+    if !options.header_case_adjustments.is_empty() {
+        out.push_str("  option h1-case-adjust-bogus-client\n");
+    }
+}
+
+/// The header names whose case HAProxy adjusts (a `global` section of their own).
 fn header_case_adjustments(out: &mut String, options: &RenderOptions) {
     if options.header_case_adjustments.is_empty() {
         return;
     }
-    out.push_str(
-        "  option h1-case-adjust-bogus-client
-
-global
-",
-    );
+    out.push_str("global\n");
     for name in &options.header_case_adjustments {
         let _ = writeln!(out, "  h1-case-adjust {} {name}", name.to_ascii_lowercase());
     }
@@ -871,7 +937,12 @@ fn backend(
     let max_connections = annotation("haproxy.router.openshift.io/pod-concurrent-connections")
         .filter(|value| value.parse::<i64>().is_ok());
     let passthrough = routing.termination == Termination::Passthrough;
+    let forwarded = forwarded_policy(route);
     let _ = writeln!(out, "backend {}", plan.name);
+    // Servers can be added at run time to a backend whose balance algorithm is
+    // dynamic: passthrough backends hash consistently, HTTP ones hash by no key.
+    let mut dynamic = passthrough;
+    let mut cookies = false;
     if passthrough {
         let balance = balance.map(str::to_owned).unwrap_or_else(|| {
             if plan.active_services > 1 {
@@ -891,11 +962,6 @@ fn backend(
         out.push_str("  hash-type consistent\n  timeout check 5000ms\n");
     } else {
         out.push_str("  mode http\n  option redispatch\n");
-        let forwarded = one_of(
-            annotation("haproxy.router.openshift.io/set-forwarded-headers"),
-            "append|replace|if-none|never",
-        )
-        .unwrap_or("append");
         match forwarded {
             "append" => out.push_str("  option forwardfor\n"),
             "if-none" => out.push_str("  option forwardfor if-none\n"),
@@ -913,6 +979,10 @@ fn backend(
                 options.load_balance_algorithm.clone()
             }
         });
+        dynamic = matches!(
+            balance.split_whitespace().next(),
+            Some("roundrobin" | "leastconn" | "random")
+        );
         let _ = writeln!(out, "  balance {balance}");
         allowlist(out);
         if let Some(timeout) = time_value(annotation("haproxy.router.openshift.io/timeout")) {
@@ -923,21 +993,25 @@ fn backend(
         }
         out.push_str(&annotations::rate_limits(owned, true));
         out.push_str("  timeout check 5000ms\n");
-        forwarded_headers(out, forwarded);
+        // The append policy's rules are its defaults section's.
+        if forwarded != "append" {
+            forwarded_headers(out, forwarded);
+        }
         if let Some(rewrite) = annotations::rewrite_target(
             annotation("haproxy.router.openshift.io/rewrite-target"),
             routing.path.as_deref(),
         ) {
             out.push_str(&rewrite);
         }
-        let cookies = annotation("haproxy.router.openshift.io/disable_cookies")
+        let cookie_enabled = annotation("haproxy.router.openshift.io/disable_cookies")
             .is_none_or(|value| !matches!(value, "true" | "TRUE" | "True" | "1" | "t" | "T"));
         let terminated = matches!(
             routing.termination,
             Termination::Edge | Termination::Reencrypt
         );
         let key = routing_key(route);
-        if cookies {
+        if cookie_enabled {
+            cookies = true;
             let name = annotation("router.openshift.io/cookie_name")
                 .filter(|name| {
                     !name.is_empty()
@@ -1033,20 +1107,35 @@ fn backend(
     // router's dynamic servers are: an endpoint of another service of a reencrypt
     // route verified by host needs a reload.
     let primary_host = primary_service_host(route);
-    for n in 1..=options.spare_servers {
+    let spare_options = server_options(false, &primary_host, true);
+    // A backend that takes no server at run time keeps spare servers for the
+    // endpoints that come.
+    let spares = if dynamic {
+        options.spare_servers
+    } else {
+        options.spare_servers.max(STATIC_BACKEND_SPARE_SERVERS)
+    };
+    for n in 1..=spares {
         let name = format!("{SPARE_SERVER_PREFIX}{n}");
         let _ = writeln!(
             out,
-            "  server {name} {SPARE_SERVER_ADDRESS} weight 0 disabled{}",
-            server_options(false, &primary_host, true)
+            "  server {name} {SPARE_SERVER_ADDRESS} weight 0 disabled{spare_options}"
         );
         servers.push(RenderedServer { name, target: None });
     }
     out.push('\n');
+    let rendered = servers.len();
     RenderedBackend {
         name: plan.name.clone(),
         servers,
         checked,
+        add: dynamic.then(|| AddServers {
+            options: spare_options,
+            h2c: matches!(routing.termination, Termination::Http | Termination::Edge),
+            cookies,
+            next: options.spare_servers + 1,
+            next_id: rendered + 1,
+        }),
     }
 }
 
@@ -1058,6 +1147,34 @@ pub fn primary_service_host(route: &ServedRoute) -> String {
         .first()
         .map_or("", |backend| &*backend.name);
     format!("{service}.{}.svc", route.key.namespace)
+}
+
+/// A route's `set-forwarded-headers` policy (`append` unless annotated otherwise).
+fn forwarded_policy(route: &ServedRoute) -> &str {
+    one_of(
+        route
+            .routing
+            .annotation("haproxy.router.openshift.io/set-forwarded-headers"),
+        "append|replace|if-none|never",
+    )
+    .unwrap_or("append")
+}
+
+/// Whether a route's backend takes the `append` policy's rules from
+/// [`FORWARDED_APPEND_DEFAULTS`].
+fn forwards_by_defaults(route: &ServedRoute) -> bool {
+    route.routing.termination != Termination::Passthrough && forwarded_policy(route) == "append"
+}
+
+/// The `defaults` section of the backends that take the append policy's rules
+/// ([`FORWARDED_APPEND_DEFAULTS`]): the first defaults section's settings and those
+/// rules.
+fn forwarding_defaults(out: &mut String, options: &RenderOptions) {
+    let _ = writeln!(out, "defaults {FORWARDED_APPEND_DEFAULTS}");
+    defaults_body(out, options);
+    out.push_str("  mode http\n");
+    forwarded_headers(out, "append");
+    out.push('\n');
 }
 
 /// The `X-Forwarded-*` and `Forwarded` headers a backend adds, by the route's

@@ -9,7 +9,9 @@
 //!   reloaded) on it once. The slices' and Services' lists go out with the routes'
 //!   own, so start-up keeps its two round trips.
 //! - An endpoint change reaches the running HAProxy through its runtime API, on the
-//!   backends' server slots ([`super::dynamic`]), without a reload.
+//!   backends' server slots and servers added and deleted at run time
+//!   ([`super::dynamic`]), without a reload. A server an endpoint left is deleted once
+//!   HAProxy lets it (no connection left on it): at once, or at a later check.
 //! - A change the slots cannot take, and any change of the routes themselves (added,
 //!   removed, another host, path, termination, backend, weight or annotation), is
 //!   written to the files and loaded by a reload; reloads come at most once per
@@ -240,6 +242,8 @@ struct Worker {
     structure_dirty: bool,
     /// Services whose endpoints changed since HAProxy last heard.
     dirty_services: HashSet<ServiceKey>,
+    /// Backends with spare servers beyond those kept, to delete.
+    retiring: HashSet<String>,
     last_load: Option<Instant>,
     due: Option<Instant>,
     /// When to check next that the instance that loaded the configuration still
@@ -278,6 +282,7 @@ impl Worker {
             instance: None,
             structure_dirty: true,
             dirty_services: HashSet::new(),
+            retiring: HashSet::new(),
             last_load: None,
             due: None,
             next_check: Instant::now() + IDENTITY_CHECK,
@@ -431,10 +436,12 @@ impl Worker {
             }
         }
         if self.dirty_services.is_empty() {
+            self.delete_spares().await;
             return;
         }
         let services: Vec<ServiceKey> = self.dirty_services.drain().collect();
         let mut commands = Vec::new();
+        let mut touched = Vec::new();
         let mut seen = HashSet::new();
         for service in &services {
             for route in self.table.routes_of(service) {
@@ -449,7 +456,12 @@ impl Worker {
                     continue;
                 };
                 match backend.update(&plan) {
-                    Ok(more) => commands.extend(more),
+                    Ok(more) => {
+                        if !more.is_empty() {
+                            touched.push(plan.name.clone());
+                        }
+                        commands.extend(more);
+                    }
                     Err(why) => {
                         info!(%why, "an endpoint change needs a reload");
                         self.structure_dirty = true;
@@ -471,6 +483,8 @@ impl Worker {
                         commands = commands.len(),
                         "endpoint changes sent to HAProxy"
                     );
+                    self.retiring.extend(touched);
+                    self.delete_spares().await;
                 }
                 Err(error) => {
                     self.metrics.routing.server_commands(commands.len(), false);
@@ -482,6 +496,51 @@ impl Worker {
         if self.structure_dirty {
             // Taken by the next step (now or when the interval allows).
             self.due = Some(Instant::now());
+        }
+    }
+
+    /// Deletes the spare servers beyond `--haproxy-spare-servers` of the backends in
+    /// `retiring`, each by its own command (each answers whether HAProxy deleted it).
+    /// HAProxy deletes no server with a connection on it (a request still in flight, an
+    /// idle connection kept for reuse): its backend stays in `retiring` for the next
+    /// check. The servers are in maintenance already: they get no new request.
+    async fn delete_spares(&mut self) {
+        if self.retiring.is_empty() {
+            return;
+        }
+        let socket = self.options.render.admin_socket.clone();
+        let timeout = self.options.command_timeout;
+        let keep = self.options.render.spare_servers;
+        let mut deleted = 0;
+        for name in std::mem::take(&mut self.retiring) {
+            let Some(backend) = self.loaded.get_mut(&name) else {
+                continue;
+            };
+            let mut left = false;
+            for server in backend.spares_beyond(keep) {
+                let command = format!("del server {name}/{server}");
+                match one_shot(&socket, &command, timeout).await {
+                    Ok(answer) if answer.contains("Server deleted") => {
+                        backend.deleted(&server);
+                        deleted += 1;
+                    }
+                    Ok(answer) => {
+                        debug!(backend = %name, %server, answer = answer.trim(), "server not deleted yet");
+                        left = true;
+                    }
+                    Err(error) => {
+                        debug!(%error, backend = %name, %server, "server not deleted yet");
+                        left = true;
+                    }
+                }
+            }
+            if left {
+                self.retiring.insert(name);
+            }
+        }
+        if deleted > 0 {
+            self.metrics.routing.server_commands(deleted, true);
+            debug!(deleted, "servers endpoints left deleted from HAProxy");
         }
     }
 
@@ -603,6 +662,7 @@ impl Worker {
     /// HAProxy holds `rendered`, loaded from the files (what each backend's slots are).
     fn loaded_now(&mut self, rendered: &super::RenderedConfig, started: Instant) {
         self.loaded = loaded_backends(&self.table, rendered, &self.options.render);
+        self.retiring.clear();
         self.current = true;
         self.backoff = Backoff::new(BackoffPolicy::default());
         self.metrics
@@ -705,6 +765,7 @@ impl Worker {
         self.structure_dirty = true;
         self.current = false;
         self.loaded.clear();
+        self.retiring.clear();
         self.due = Some(Instant::now() + self.backoff.next_delay());
     }
 }
@@ -760,16 +821,41 @@ fn loaded_backends(
         .collect()
 }
 
-/// Runs payload-free commands (`set server ...`) on connections of their own, a
-/// hundred at a time separated by `;` as the CLI reads them (each request stays within
-/// HAProxy's line buffer). Those commands answer nothing, or a line saying what changed,
-/// on success; an answer naming a problem fails the batch (the commands before it ran).
+/// The most bytes of commands sent as one request: well within HAProxy's line buffer
+/// (`tune.bufsize`), whatever `add server` lines carry (CA file paths).
+const MAX_BATCH_BYTES: usize = 8 * 1024;
+
+/// Splits `commands` into requests of at most a hundred commands and
+/// [`MAX_BATCH_BYTES`] (a longer command goes alone).
+fn batches(commands: &[String]) -> Vec<&[String]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, command) in commands.iter().enumerate() {
+        let full = i - start == 100 || (i > start && bytes + 2 + command.len() > MAX_BATCH_BYTES);
+        if full {
+            out.push(&commands[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += command.len() + 2;
+    }
+    if start < commands.len() {
+        out.push(&commands[start..]);
+    }
+    out
+}
+
+/// Runs payload-free commands (`set server ...`, `add server ...`) on connections of
+/// their own, in [`batches`] separated by `;` as the CLI reads them. Those commands
+/// answer nothing, or a line saying what changed, on success; an answer naming a
+/// problem fails the batch (the commands before it ran).
 async fn run_commands(
     socket: &std::path::Path,
     commands: &[String],
     timeout: Duration,
 ) -> Result<(), CommandError> {
-    for batch in commands.chunks(100) {
+    for batch in batches(commands) {
         let answer = one_shot(socket, &batch.join("; "), timeout).await?;
         let refused = answer.lines().find(|line| {
             [
@@ -782,6 +868,9 @@ async fn run_commands(
                 "not allowed",
                 "Permission denied",
                 "expects",
+                "Already exists",
+                "must use",
+                "unknown keyword",
             ]
             .iter()
             .any(|marker| line.contains(marker))
@@ -805,4 +894,24 @@ enum CommandError {
     /// HAProxy refused a command of the batch.
     #[error("HAProxy refused a batch starting with {command:?}: {answer}")]
     Refused { command: String, answer: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_hold_a_hundred_commands_and_a_bounded_size() {
+        let short: Vec<String> = (0..250)
+            .map(|n| format!("set server b/s{n} weight 1"))
+            .collect();
+        let sizes: Vec<usize> = batches(&short).iter().map(|batch| batch.len()).collect();
+        assert_eq!(sizes, [100, 100, 50]);
+        let long: Vec<String> = (0..5).map(|n| format!("{n}{}", "x".repeat(3000))).collect();
+        let sizes: Vec<usize> = batches(&long).iter().map(|batch| batch.len()).collect();
+        assert_eq!(sizes, [2, 2, 1]);
+        let huge = vec!["y".repeat(MAX_BATCH_BYTES * 2)];
+        assert_eq!(batches(&huge).len(), 1);
+        assert!(batches(&[]).is_empty());
+    }
 }

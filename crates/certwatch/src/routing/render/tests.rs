@@ -540,7 +540,9 @@ fn maps_follow_the_routers_entries_and_order() {
 fn backends_carry_weights_balance_cookies_and_annotations() {
     let endpoints = endpoints();
     let dir = tempfile::tempdir().unwrap();
-    let options = options_in(dir.path());
+    let mut options = options_in(dir.path());
+    // One spare server, to show its line (none by default).
+    options.spare_servers = 1;
     let mut table = RoutingTable::new();
     for case in cases() {
         table.upsert(case);
@@ -992,4 +994,70 @@ fn custom_error_pages_are_written_and_taken_by_haproxy() {
         std::fs::read(options.config_dir.join("error-page-404.http")).unwrap(),
         page_404
     );
+}
+
+#[test]
+fn backends_take_servers_at_run_time_where_their_balance_allows_and_keep_spares_otherwise() {
+    let endpoints = endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let options = options_in(dir.path());
+    let mut table = RoutingTable::new();
+    let mut hashed = routing(Termination::Edge, InsecurePolicy::None);
+    hashed.host = Some("hashed.example".into());
+    hashed.annotations.insert(
+        "haproxy.router.openshift.io/balance".into(),
+        "source".into(),
+    );
+    table.upsert(served("hashed", hashed));
+    table.upsert(served(
+        "plain",
+        routing(Termination::Http, InsecurePolicy::None),
+    ));
+    let mut forwarding = routing(Termination::Edge, InsecurePolicy::None);
+    forwarding.host = Some("replace.example".into());
+    forwarding.annotations.insert(
+        "haproxy.router.openshift.io/set-forwarded-headers".into(),
+        "replace".into(),
+    );
+    table.upsert(served("replace", forwarding));
+    let rendered = render(&table, &endpoints, &options);
+    let backend = |name: &str| {
+        rendered
+            .backends
+            .iter()
+            .find(|b| b.name == name)
+            .unwrap()
+            .clone()
+    };
+    // `balance source` without `hash-type consistent`: no server added at run time,
+    // spare servers instead (none by default elsewhere).
+    let hashed = backend("be_edge_http:shop:hashed");
+    assert!(hashed.add.is_none());
+    assert_eq!(
+        hashed.servers.iter().filter(|s| s.target.is_none()).count(),
+        STATIC_BACKEND_SPARE_SERVERS
+    );
+    let plain = backend("be_http:shop:plain");
+    assert!(plain.servers.iter().all(|s| s.target.is_some()));
+    let add = plain.add.expect("random takes servers at run time");
+    assert_eq!(
+        (add.next, add.next_id, add.cookies, add.h2c),
+        (1, plain.servers.len() + 1, true, true)
+    );
+    // The append policy's rules once, in the defaults section its backends follow; the
+    // other policies' rules in their backends, after a defaults section of their own.
+    let config = &rendered.config;
+    let append_defaults = config.find("defaults forwarded_append\n").unwrap();
+    let plain_at = config.find("backend be_http:shop:plain\n").unwrap();
+    let plain_defaults = config[append_defaults..].find("\ndefaults\n").unwrap() + append_defaults;
+    let replace_at = config.find("backend be_edge_http:shop:replace\n").unwrap();
+    assert!(append_defaults < plain_at && plain_at < plain_defaults && plain_defaults < replace_at);
+    assert_eq!(
+        config
+            .matches("http-request add-header X-Forwarded-Host %[req.hdr(host)]")
+            .count(),
+        1
+    );
+    assert!(config[replace_at..].contains("http-request set-header X-Forwarded-For %[src]"));
+    haproxy_check(&write_config(&rendered, &options).unwrap());
 }

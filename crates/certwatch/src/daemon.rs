@@ -5,8 +5,8 @@
 //! ```text
 //! route watch(es) ─▶ scope filter ─▶ RoutePipeline ─▶ outcomes ─▶ Outputs ─┬▶ cert dir (bundles, crt-list)
 //!                                      │   ▲                                ├▶ reload command (debounced)
-//!                          SecretManager   AccessChecker                    ├▶ HAProxy runtime API
-//!                          (one watch per secret, shared)                   ├▶ routing task (haproxy.cfg, endpoints)
+//!                          SecretManager   AccessChecker                    ├▶ proxies (proxy::Proxy): HAProxy's
+//!                          (one watch per secret, shared)                   │  runtime API and routing task
 //!                                                                           └▶ metrics, readiness
 //! ```
 

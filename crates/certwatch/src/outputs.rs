@@ -390,7 +390,7 @@ impl Outputs {
                         );
                         let served = ServedCert {
                             route: admitted.route,
-                            sni: crate::haproxy::crt_list::sni_filter(&admitted.sni),
+                            sni: admitted.sni,
                             created: admitted.created,
                             tls: certificate.tls,
                         };

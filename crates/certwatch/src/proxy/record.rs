@@ -171,6 +171,16 @@ mod tests {
             .collect()
     }
 
+    /// The flush told after the first `seen`, once it is told.
+    async fn flush_after(told: &mut watch::Receiver<Vec<Told>>, seen: usize) -> Told {
+        let all = told
+            .wait_for(|told| flushes(told).len() > seen)
+            .await
+            .unwrap()
+            .clone();
+        flushes(&all).swap_remove(seen)
+    }
+
     /// The outputs drive a proxy that is not HAProxy through the seam alone: routes
     /// and certificates are told once their files are on disk and in order, start-up
     /// is told after the first complete listing, readiness waits for the proxy, and a
@@ -270,21 +280,17 @@ mod tests {
             .cloned()
             .unwrap();
         let refused = Arc::new(HashMap::from([(name.clone(), digest.unwrap())]));
+        let seen = flushes(&handle.told.borrow()).len();
         handle
             .reports
             .send(ProxyReport::Refused(refused))
             .await
             .unwrap();
-        handle
-            .told
-            .wait_for(|told| {
-                told.iter().any(|told| {
-                    matches!(told, Told::Flushed { certificates, .. }
-                        if certificates.iter().any(|(_, named, digest)| *named == name && digest.is_none()))
-                })
-            })
-            .await
-            .unwrap();
+        // The refusal's flush tells the proxy that a has no line any more.
+        let Told::Flushed { certificates, .. } = flush_after(&mut handle.told, seen).await else {
+            unreachable!()
+        };
+        assert_eq!(certificates, [(RouteKey::new("shop", "a"), name, None)]);
         let list = std::fs::read_to_string(dir.path().join(CRT_LIST_FILE)).unwrap();
         assert!(!list.contains("a.example.com"), "{list}");
         assert!(list.contains("b.example.com"), "{list}");
@@ -298,20 +304,25 @@ mod tests {
             .unwrap();
 
         // A removed route is told gone with its certificate.
+        let seen = flushes(&handle.told.borrow()).len();
         outcomes_tx
             .send(RouteOutcome::Removed(RouteKey::new("shop", "b")))
             .await
             .unwrap();
-        handle
-            .told
-            .wait_for(|told| {
-                told.iter().any(|told| {
-                    matches!(told, Told::Flushed { routes, .. }
-                        if routes.contains(&RouteDecision::Gone(RouteKey::new("shop", "b"))))
-                })
-            })
-            .await
-            .unwrap();
+        let Told::Flushed {
+            routes,
+            certificates,
+            ..
+        } = flush_after(&mut handle.told, seen).await
+        else {
+            unreachable!()
+        };
+        assert_eq!(routes, [RouteDecision::Gone(RouteKey::new("shop", "b"))]);
+        let gone: Vec<_> = certificates
+            .iter()
+            .map(|(route, _, digest)| (route.clone(), *digest))
+            .collect();
+        assert_eq!(gone, [(RouteKey::new("shop", "b"), None)]);
 
         // The outputs end with the pipeline, and close the proxy last.
         drop(outcomes_tx);

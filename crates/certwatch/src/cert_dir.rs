@@ -44,6 +44,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use jiff::Timestamp;
+use route_secrets::machine::Sni;
 use route_secrets::route::RouteKey;
 use route_secrets::tls::ValidatedTls;
 use tracing::debug;
@@ -57,10 +58,10 @@ use crate::haproxy::crt_list::{self, CrtListOptions};
 pub struct ServedCert {
     /// The route.
     pub route: RouteKey,
-    /// The crt-list's SNI filter for it: its host, or `*.<domain>` for an admitted
-    /// wildcard route. `None`: the bundle is written but gets no crt-list line (a line
+    /// The server names it is served for. [`Sni::NoHost`] (or a name a crt-list SNI
+    /// filter cannot hold): the bundle is written but gets no crt-list line (a line
     /// without a filter would capture every other route's hosts).
-    pub sni: Option<String>,
+    pub sni: Sni,
     /// When the route was created: older routes come first in the crt-list, so they
     /// win a host conflict, as in a router.
     pub created: Option<Timestamp>,
@@ -721,11 +722,7 @@ impl CertDir {
     fn listing_of(&self, route: &RouteKey) -> Option<Listed> {
         let desired = self.desired.get(route)?;
         let disk = self.on_disk.get(&desired.names.bundle)?;
-        let sni = desired
-            .cert
-            .sni
-            .as_deref()
-            .filter(|sni| crt_list::usable_sni(sni))?;
+        let sni = crt_list::sni_filter(&desired.cert.sni)?;
         let sharing = self.by_chain.get(&desired.chain).map_or(1, HashSet::len);
         let alpn = self.options.alpn(&desired.chain, sharing);
         let tls = if disk.digest == desired.digest {
@@ -753,7 +750,7 @@ impl CertDir {
             entry: CrtEntry {
                 route: route.clone(),
                 name,
-                line: crt_list::line_rest(sni, alpn),
+                line: crt_list::line_rest(&sni, alpn),
                 tls,
                 digest: disk.digest,
             },
@@ -1157,7 +1154,7 @@ mod tests {
             .unwrap();
         ServedCert {
             route: RouteKey::new(namespace, name),
-            sni: Some(host),
+            sni: Sni::Host(host),
             created: Some(Timestamp::from_second(created).unwrap()),
             tls: Arc::new(tls),
         }
@@ -1451,7 +1448,7 @@ mod tests {
         let root = temp.path().canonicalize().unwrap();
         let pki = Pki::new(Timestamp::now());
         let mut hostless = served(&pki, "ns", "hostless", 1);
-        hostless.sni = None;
+        hostless.sni = Sni::NoHost;
         let long = served(&pki, &"n".repeat(63), &"r".repeat(253), 2);
         let long_names = files::bundle_names(&long.route).unwrap();
         let mut dir = CertDir::open(&root, 4).await.unwrap();
@@ -1464,7 +1461,10 @@ mod tests {
         assert!(root.join(&long_names.bundle).exists());
         assert_eq!(
             listed(&root),
-            [(long_names.link.clone(), long.sni.clone().unwrap())]
+            [(
+                long_names.link.clone(),
+                crt_list::sni_filter(&long.sni).unwrap().into_owned()
+            )]
         );
         assert!(dir.is_current());
 

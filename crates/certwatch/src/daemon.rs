@@ -5,8 +5,8 @@
 //! ```text
 //! route watch(es) ─▶ scope filter ─▶ RoutePipeline ─▶ outcomes ─▶ Outputs ─┬▶ cert dir (bundles, crt-list)
 //!                                      │   ▲                                ├▶ reload command (debounced)
-//!                          SecretManager   AccessChecker                    ├▶ HAProxy runtime API
-//!                          (one watch per secret, shared)                   ├▶ routing task (haproxy.cfg, endpoints)
+//!                          SecretManager   AccessChecker                    ├▶ proxies (proxy::Proxy): HAProxy's
+//!                          (one watch per secret, shared)                   │  runtime API and routing task
 //!                                                                           └▶ metrics, readiness
 //! ```
 
@@ -45,6 +45,8 @@ use crate::http;
 use crate::metrics::Metrics;
 use crate::outputs::{DaemonStatus, Outputs};
 use crate::progress::{self, ProgressMode};
+use crate::proxy::Proxy;
+use crate::proxy::haproxy::HaproxyProxy;
 use crate::reload::{ReloadOptions, Reloader};
 use crate::routing::{Routing, RoutingOptions};
 use crate::secure_metrics::auth::AuthStats;
@@ -650,12 +652,17 @@ fn spawn_outputs(
             cert_dir,
             metrics: Arc::clone(metrics),
             reloader,
-            haproxy,
+            // Every proxy certwatch feeds; a second one is one more entry here.
+            proxies: [
+                HaproxyProxy::new(haproxy, routing).map(|proxy| Box::new(proxy) as Box<dyn Proxy>)
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
             status,
             started,
             resync: resync_requests,
-            routing,
-            routing_pending: Vec::new(),
+            routes_pending: Vec::new(),
         }
         .run(pipeline.outcomes, pipeline.readiness),
     );

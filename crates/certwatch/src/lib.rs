@@ -11,7 +11,8 @@
 //!   command line.
 //! - [`daemon`]: [`Daemon`], the wiring of the route pipeline to the outputs, on one
 //!   kube client over a pool of HTTP/2 connections ([`connect`]: the configuration).
-//! - [`outputs`]: from route outcomes to the proxy, and readiness.
+//! - [`outputs`]: from route outcomes to the proxies, and readiness.
+//! - [`proxy`]: the seam between the outputs and a proxy, and HAProxy behind it.
 //! - [`cert_dir`] and [`files`]: bundles, links and the crt-list on disk.
 //! - [`reload`]: the debounced, single-flight reload command.
 //! - [`haproxy`]: HAProxy's runtime API client and the synchronisation over it, the
@@ -61,6 +62,7 @@ pub mod metrics;
 pub mod outputs;
 pub mod process;
 pub mod progress;
+pub mod proxy;
 pub mod reload;
 pub mod routing;
 pub mod secure_metrics;

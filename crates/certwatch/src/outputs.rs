@@ -1,23 +1,24 @@
-//! From route outcomes to the proxy: the task that consumes the pipeline's outcomes,
-//! keeps the cert directory, metrics and HAProxy current, triggers reloads, and
-//! decides when the daemon is ready.
+//! From route outcomes to the proxies: the task that consumes the pipeline's outcomes,
+//! keeps the cert directory and metrics current, triggers reloads, tells the proxies
+//! ([`crate::proxy`]) and decides when the daemon is ready.
 //!
 //! Outcomes are taken in batches (everything queued at the moment), so that a burst,
 //! like start-up, costs one crt-list write and one reload, not one per route. Each
-//! batch is one [`CertDir::flush`], whose changed lines go to HAProxy.
+//! batch is one [`CertDir::flush`], whose changed certificates, and the routes decided
+//! meanwhile, go to every proxy ([`Proxy::flushed`]).
 //!
 //! Ready means: the pipeline has decided every route present at start-up, every
 //! admitted route's bundle is on disk with its current material, the crt-list naming
-//! them is written ("files ready"), and, when certwatch feeds a HAProxy, HAProxy
-//! serves every route present at start-up and answers now (and, with routing, holds
-//! the routes' configuration). Only once start-up is
+//! them is written ("files ready"), and every proxy says it is ready (a HAProxy serves
+//! every route present at start-up and answers now, and, with routing, holds the
+//! routes' configuration). Only once start-up is
 //! decided is the crt-list written for the first time, are bundles of routes that no
-//! longer exist removed, does HAProxy get anything and does the reload command run:
-//! until then the proxy keeps what it had. While writes fail (a full or read-only cert
+//! longer exist removed, does a proxy get any certificate and does the reload command
+//! run: until then the proxy keeps what it had. While writes fail (a full or read-only cert
 //! dir) the daemon stays not ready, says why in `/readyz`, and retries with
 //! [`kube_common::backoff`]. Once the files are ready they stay so (they keep being
 //! served if the API server goes away later; later write failures are counted and
-//! logged); readiness then follows HAProxy: not ready while it does not answer.
+//! logged); readiness then follows the proxies: not ready while one is not.
 
 use std::io;
 use std::sync::Arc;
@@ -33,12 +34,11 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::cert_dir::{CertDir, FlushReport, ServedCert};
-use crate::haproxy::{Haproxy, HaproxyStatus};
+use crate::haproxy::HaproxyStatus;
 use crate::logging::{Repeats, Seen, StateLog};
 use crate::metrics::{Metrics, RouteState, RouteStates};
+use crate::proxy::{Flushed, Proxy, ProxyReport, ProxyState, RouteDecision, RouteServed};
 use crate::reload::Reloader;
-use crate::routing::model::ServedRoute;
-use crate::routing::{RouteChange, Routing};
 
 /// How often a lasting condition (failing writes, a route rejected the same way again)
 /// is logged again, with a count.
@@ -91,16 +91,16 @@ pub(crate) struct Outputs {
     pub(crate) cert_dir: CertDir,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) reloader: Option<Reloader>,
-    pub(crate) haproxy: Option<Haproxy>,
+    /// The proxies told of every flush (see [`crate::proxy`]).
+    pub(crate) proxies: Vec<Box<dyn Proxy>>,
     pub(crate) status: watch::Sender<DaemonStatus>,
     pub(crate) started: Instant,
     /// Re-synchronisation requests ([`crate::Daemon::resync`]).
     pub(crate) resync: watch::Receiver<u64>,
-    /// HAProxy's routes' configuration, when certwatch runs it.
-    pub(crate) routing: Option<Routing>,
-    /// Route changes for `routing`, sent once the flush that writes their files is done
-    /// (so that a reload loads a crt-list that names their certificates).
-    pub(crate) routing_pending: Vec<RouteChange>,
+    /// Route decisions for the proxies that route, told once the flush that writes
+    /// their files is done (so that a reload loads a crt-list that names their
+    /// certificates); kept only when a proxy routes.
+    pub(crate) routes_pending: Vec<RouteDecision>,
 }
 
 /// The outputs task's own state besides its parts.
@@ -156,10 +156,6 @@ impl Outputs {
         };
         let mut readiness_open = true;
         let mut resync_open = true;
-        let mut haproxy_status = self.haproxy.as_ref().map(Haproxy::status);
-        let mut rejected = self.haproxy.as_ref().map(Haproxy::rejected);
-        let mut routing_served = self.routing.as_ref().map(Routing::served);
-        let mut routing_repairs = self.routing.as_ref().map(Routing::repairs);
         // A removal waiting for a load to end is done by the flush after it ends.
         let mut file_loads = Some(self.cert_dir.file_loads().subscribe());
         loop {
@@ -183,24 +179,14 @@ impl Outputs {
                         if let Some(reloader) = &self.reloader {
                             reloader.trigger();
                         }
-                        if let Some(haproxy) = &self.haproxy {
-                            haproxy.resync();
+                        for proxy in &mut self.proxies {
+                            proxy.resync();
                         }
                     }
                 }
                 () = sleep_until(progress.retry_at), if progress.retry_at.is_some() => {
                     progress.retry_at = None;
                     self.flush(&mut progress).await;
-                }
-                changed = changed_or_pending(&mut haproxy_status) => {
-                    if changed.is_err() {
-                        haproxy_status = None;
-                    }
-                }
-                changed = changed_or_pending(&mut routing_served) => {
-                    if changed.is_err() {
-                        routing_served = None;
-                    }
                 }
                 changed = changed_or_pending(&mut file_loads), if removals_waiting => {
                     if changed.is_err() {
@@ -209,31 +195,8 @@ impl Outputs {
                         self.flush(&mut progress).await;
                     }
                 }
-                changed = changed_or_pending(&mut routing_repairs) => {
-                    if changed.is_err() {
-                        routing_repairs = None;
-                    } else if progress.decided {
-                        // HAProxy could not load the files: whatever is missing is
-                        // written again before it loads them again.
-                        let missing = self.cert_dir.verify_files();
-                        if !missing.is_empty() {
-                            warn!(
-                                routes = ?missing,
-                                "files the crt-list names were removed by others; writing them again"
-                            );
-                        }
-                        self.flush(&mut progress).await;
-                    }
-                }
-                changed = changed_or_pending(&mut rejected) => {
-                    match (changed, rejected.as_mut()) {
-                        (Ok(()), Some(receiver)) => {
-                            let excluded = (**receiver.borrow_and_update()).clone();
-                            self.cert_dir.set_excluded(excluded);
-                            self.flush(&mut progress).await;
-                        }
-                        _ => rejected = None,
-                    }
+                report = next_report(&mut self.proxies) => {
+                    self.take_report(&mut progress, report).await;
                 }
             }
             let pipeline = *readiness.borrow();
@@ -247,9 +210,8 @@ impl Outputs {
                 self.cert_dir.mark_complete();
                 progress.decided = true;
                 self.flush(&mut progress).await;
-                // The crt-list HAProxy's configuration names is written now.
-                if let Some(routing) = &self.routing {
-                    routing.send(RouteChange::Decided);
+                for proxy in &mut self.proxies {
+                    proxy.decided();
                 }
             }
             self.publish_status(&mut progress, pipeline);
@@ -257,11 +219,33 @@ impl Outputs {
         if let Some(reloader) = self.reloader.take() {
             reloader.close().await;
         }
-        if let Some(haproxy) = self.haproxy.take() {
-            haproxy.close().await;
+        for proxy in self.proxies.drain(..) {
+            proxy.close().await;
         }
-        if let Some(routing) = self.routing.take() {
-            routing.close().await;
+    }
+
+    /// Acts on what a proxy reported.
+    async fn take_report(&mut self, progress: &mut Progress, report: ProxyReport) {
+        match report {
+            // Read by the status published after every turn.
+            ProxyReport::State => {}
+            ProxyReport::Refused(refused) => {
+                self.cert_dir.set_excluded((*refused).clone());
+                self.flush(progress).await;
+            }
+            ProxyReport::FilesMissing if progress.decided => {
+                // The proxy could not load the files: whatever is missing is written
+                // again before it loads them again.
+                let missing = self.cert_dir.verify_files();
+                if !missing.is_empty() {
+                    warn!(
+                        routes = ?missing,
+                        "files the crt-list names were removed by others; writing them again"
+                    );
+                }
+                self.flush(progress).await;
+            }
+            ProxyReport::FilesMissing => {}
         }
     }
 
@@ -282,18 +266,20 @@ impl Outputs {
                 "files ready: every route present at start-up is decided, and its bundle and the crt-list are on disk"
             );
         }
-        let haproxy = self
-            .haproxy
-            .as_ref()
-            .map(|haproxy| *haproxy.status().borrow());
-        // With routing, HAProxy also holds the routes' configuration.
-        let routed = self
-            .routing
-            .as_ref()
-            .map(|routing| *routing.served().borrow());
-        let ready = progress.files_ready
-            && haproxy.is_none_or(|haproxy| haproxy.ready())
-            && routed != Some(false);
+        let proxies = self.proxies.iter().map(|proxy| proxy.state()).fold(
+            ProxyState {
+                ready: true,
+                haproxy: None,
+                routed: None,
+            },
+            |all, proxy| ProxyState {
+                ready: all.ready && proxy.ready,
+                haproxy: all.haproxy.or(proxy.haproxy),
+                routed: all.routed.or(proxy.routed),
+            },
+        );
+        let (haproxy, routed) = (proxies.haproxy, proxies.routed);
+        let ready = progress.files_ready && proxies.ready;
         if ready && progress.ready_after.is_none() {
             let elapsed = self.started.elapsed();
             progress.ready_after = Some(elapsed);
@@ -387,8 +373,8 @@ impl Outputs {
                     &admitted.route,
                     Some(RouteState::Admitted),
                 );
-                if self.routing.is_some() {
-                    self.routing_pending.push(RouteChange::Served(ServedRoute {
+                if self.routes_wanted() {
+                    self.routes_pending.push(RouteDecision::Served(RouteServed {
                         key: admitted.route.clone(),
                         routing: Arc::clone(&admitted.routing),
                         wildcard: matches!(admitted.sni, Sni::Subdomain { .. }),
@@ -404,7 +390,7 @@ impl Outputs {
                         );
                         let served = ServedCert {
                             route: admitted.route,
-                            sni: crate::haproxy::crt_list::sni_filter(&admitted.sni),
+                            sni: admitted.sni,
                             created: admitted.created,
                             tls: certificate.tls,
                         };
@@ -451,9 +437,9 @@ impl Outputs {
                     &rejected.route,
                     Some(RouteState::Rejected { reason, cause }),
                 );
-                if self.routing.is_some() {
-                    self.routing_pending
-                        .push(RouteChange::Gone(rejected.route.clone()));
+                if self.routes_wanted() {
+                    self.routes_pending
+                        .push(RouteDecision::Gone(rejected.route.clone()));
                 }
                 self.cert_dir.remove(&rejected.route);
             }
@@ -463,8 +449,8 @@ impl Outputs {
                 progress.route_log.forget(&route);
                 self.metrics.routes.removed(&route);
                 progress.states.set(&self.metrics.routes, &route, None);
-                if self.routing.is_some() {
-                    self.routing_pending.push(RouteChange::Gone(route.clone()));
+                if self.routes_wanted() {
+                    self.routes_pending.push(RouteDecision::Gone(route.clone()));
                 }
                 self.cert_dir.remove(&route);
             }
@@ -495,16 +481,21 @@ impl Outputs {
                 .retry_at
                 .get_or_insert_with(|| Instant::now() + delay);
         }
-        if let Some(routing) = &self.routing {
-            for change in self.routing_pending.drain(..) {
-                routing.send(change);
-            }
+        // Certificates change only once start-up is decided: a half-built set must not
+        // remove anything from a running proxy.
+        let routes = std::mem::take(&mut self.routes_pending);
+        for proxy in &mut self.proxies {
+            proxy.flushed(Flushed {
+                routes: if proxy.routes() { &routes } else { &[] },
+                certificates: &report.changes,
+                complete: report.complete_listing,
+            });
         }
-        if let Some(haproxy) = &self.haproxy {
-            // Only once start-up is decided (there are changes only then): a half-built
-            // set must not remove anything from a running HAProxy.
-            haproxy.publish(report.changes, report.complete_listing);
-        }
+    }
+
+    /// Whether a proxy routes, so that route decisions are kept for it.
+    fn routes_wanted(&self) -> bool {
+        self.proxies.iter().any(|proxy| proxy.routes())
     }
 
     fn log_failures(&mut self, progress: &mut Progress, report: &FlushReport) {
@@ -534,6 +525,16 @@ impl Outputs {
             _ => {}
         }
     }
+}
+
+/// Waits for the next report of any proxy; never, without one.
+async fn next_report(proxies: &mut [Box<dyn Proxy>]) -> ProxyReport {
+    if proxies.is_empty() {
+        return std::future::pending().await;
+    }
+    let (report, _, _) =
+        futures::future::select_all(proxies.iter_mut().map(|proxy| proxy.report())).await;
+    report
 }
 
 /// Waits for the next change of `status`; never, without one.

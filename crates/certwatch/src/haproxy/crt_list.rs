@@ -17,6 +17,8 @@
 //! certificates re-encoded), so two secrets holding the same certificates written
 //! differently count as one here.
 
+use std::borrow::Cow;
+
 use route_secrets::machine::Sni;
 
 /// The ALPN list of a line that offers HTTP/2, as the router writes it.
@@ -53,10 +55,10 @@ impl CrtListOptions {
 
 /// The SNI filter of a route's line: its host, or `*.<domain>` for an allowed wildcard
 /// route; `None`: no line.
-pub fn sni_filter(sni: &Sni) -> Option<String> {
+pub fn sni_filter(sni: &Sni) -> Option<Cow<'_, str>> {
     let filter = match sni {
-        Sni::Host(host) => host.clone(),
-        Sni::Subdomain { domain } => format!("*.{domain}"),
+        Sni::Host(host) => Cow::Borrowed(host.as_str()),
+        Sni::Subdomain { domain } => Cow::Owned(format!("*.{domain}")),
         Sni::NoHost => return None,
     };
     usable_sni(&filter).then_some(filter)

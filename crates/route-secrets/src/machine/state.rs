@@ -56,17 +56,19 @@ impl RouteCopy {
     /// The copy of `route`; keeps the object itself when `keep_object`.
     pub fn of(mut route: Route, keep_object: bool) -> Self {
         let tls = route.spec.tls.as_ref();
+        let routing = RouteRouting::of(&route);
         let copy = Self {
             uid: route.metadata.uid.as_deref().map(Arc::from),
             created: route.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            host: route.host().map(Arc::from),
+            // The same text as the routing data's host: one allocation for both.
+            host: routing.host.clone(),
             wildcard_subdomain: route.spec.wildcard_policy == Some(WildcardPolicy::Subdomain),
             secret: route
                 .external_certificate_name()
                 .filter(|name| !name.is_empty())
                 .map(Arc::from),
             tls: tls.map(|tls| Arc::new(TlsFields::of(tls))),
-            routing: Arc::new(RouteRouting::of(&route)),
+            routing: Arc::new(routing),
             spec_digest: spec_digest(&route.spec, &route),
             object: None,
         };

@@ -45,6 +45,23 @@ pub fn other_process_cpu_ms(pid: u32) -> Option<u64> {
     Some(ticks.saturating_mul(1000) / per_second)
 }
 
+/// Peak resident set (`VmHWM`) of another process, in bytes; `None` when it cannot be
+/// read (gone, or a zombie).
+pub fn other_process_peak_rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = status_kib(&status, "VmHWM:");
+    (kib > 0).then(|| kib.saturating_mul(1024))
+}
+
+/// The parent of another process (`PPid`), if it can be read.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("PPid:"))
+        .and_then(|rest| rest.trim().parse().ok())
+}
+
 /// `utime + stime` from a `/proc/<pid>/stat` line. The command name (field 2) may
 /// contain spaces and parentheses, so fields are counted after its last `)`.
 fn stat_cpu_ticks(stat: &str) -> Option<u64> {

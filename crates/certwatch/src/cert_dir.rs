@@ -172,7 +172,9 @@ pub struct CertDir {
     /// The directory's mode.
     mode: u32,
     options: CrtListOptions,
-    desired: HashMap<RouteKey, Desired>,
+    /// Boxed, as the lines are: a map keeps up to as many spare slots as entries, and an
+    /// entry of about 200 bytes inline cost that again in every spare slot.
+    desired: HashMap<RouteKey, Box<Desired>>,
     /// Bundles known to be on disk with their link, by file name.
     on_disk: HashMap<String, OnDisk>,
     /// Bundle files on disk that no desired route names: removed once the crt-list on
@@ -195,7 +197,7 @@ pub struct CertDir {
     /// Every route's line is recomputed at the next flush (start-up just completed).
     relist_all: bool,
     /// The lines, by route.
-    lines: HashMap<RouteKey, Listed>,
+    lines: HashMap<RouteKey, Box<Listed>>,
     /// The lines in crt-list order.
     order: BTreeMap<ListKey, RouteKey>,
     /// Desired routes per chain digest (for the ALPN rule: a shared certificate).
@@ -567,12 +569,12 @@ impl CertDir {
         let route = cert.route.clone();
         let old = self.desired.insert(
             route.clone(),
-            Desired {
+            Box::new(Desired {
                 cert,
                 names: names.clone(),
                 digest,
                 chain,
-            },
+            }),
         );
         match old {
             Some(old) => {
@@ -809,7 +811,7 @@ impl CertDir {
             }
             if let Some(listed) = listed {
                 self.order.insert(listed.key.clone(), route.clone());
-                self.lines.insert(route.clone(), listed);
+                self.lines.insert(route.clone(), Box::new(listed));
             }
             if let Some((name, entry)) = change {
                 changes.push(CrtChange { route, name, entry });
@@ -1652,6 +1654,69 @@ mod tests {
             listed_lines(&root),
             [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
         );
+    }
+
+    /// Without a change report the directory lists alike: the same crt-list after every
+    /// flush, through a certificate shared by three routes and given up one route at a
+    /// time (the ALPN rule follows), and a removal; only the reported changes differ.
+    #[tokio::test]
+    async fn lines_are_alike_without_a_change_report() {
+        let pki = Pki::new(Timestamp::now());
+        let (a, b, c) = (
+            served(&pki, "ns", "a", 1),
+            served(&pki, "ns", "b", 2),
+            served(&pki, "ns", "c", 3),
+        );
+        let sharing = |route: &ServedCert| ServedCert {
+            tls: Arc::clone(&a.tls),
+            ..route.clone()
+        };
+        let steps: Vec<Vec<Option<ServedCert>>> = vec![
+            vec![Some(a.clone()), Some(b.clone()), Some(c.clone())],
+            vec![Some(sharing(&b)), Some(sharing(&c))],
+            vec![Some(served(&pki, "ns", "c", 3))],
+            vec![Some(served(&pki, "ns", "b", 2))],
+            vec![None],
+        ];
+        let (with, without) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let roots = [with.path(), without.path()].map(|path| path.canonicalize().unwrap());
+        let mut reporting = CertDir::open(&roots[0], 4).await.unwrap();
+        let mut silent = CertDir::open(&roots[1], 4)
+            .await
+            .unwrap()
+            .with_change_report(false);
+        let mut alpn = Vec::new();
+        for (index, step) in steps.into_iter().enumerate() {
+            for dir in [&mut reporting, &mut silent] {
+                for cert in &step {
+                    match cert {
+                        Some(cert) => dir.set(cert.clone()).unwrap(),
+                        None => dir.remove(&a.route),
+                    }
+                }
+                if index == 0 {
+                    dir.mark_complete();
+                }
+            }
+            let (told, quiet) = (reporting.flush().await, silent.flush().await);
+            assert!(!told.changes.is_empty(), "step {index}");
+            assert!(
+                quiet.changes.is_empty(),
+                "step {index}: {:?}",
+                quiet.changes
+            );
+            let lines = listed_lines(&roots[0]);
+            assert_eq!(lines, listed_lines(&roots[1]), "step {index}");
+            alpn.push(
+                lines
+                    .iter()
+                    .filter(|(_, rest)| rest.starts_with("[alpn "))
+                    .count(),
+            );
+        }
+        // Own certificates: ALPN on all three; a's shared by three, then by a and b:
+        // none; b back on its own: all three; a gone: the other two.
+        assert_eq!(alpn, [3, 0, 1, 3, 2]);
     }
 
     /// A certificate HAProxy rejected leaves the crt-list while it holds that material

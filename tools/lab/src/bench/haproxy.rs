@@ -378,7 +378,7 @@ pub async fn run(
             phases,
             per_route_ms: None,
             per_secret_ms: None,
-            haproxy: Some(HaproxyReady {
+            haproxy: Some(Box::new(HaproxyReady {
                 tls_port: port,
                 stats_socket: socket,
                 cert_dir: certs,
@@ -395,7 +395,7 @@ pub async fn run(
                 served_haproxy,
                 cold_haproxy,
                 check,
-            }),
+            })),
         },
         HaproxyRun {
             daemon,

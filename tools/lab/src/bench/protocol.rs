@@ -115,7 +115,7 @@ pub struct ReadyReport {
     pub per_secret_ms: Option<f64>,
     /// The `haproxy` strategy only: where HAProxy is and how its start-up went.
     #[serde(default)]
-    pub haproxy: Option<HaproxyReady>,
+    pub haproxy: Option<Box<HaproxyReady>>,
 }
 
 /// The child's resource use and client figures at the moment the parent asked.

@@ -890,7 +890,9 @@ pub async fn measure(
             rate,
             seconds,
             client_pid,
-            ready.worker,
+            // A reload since (HAProxy's controller may reload under a backlog)
+            // replaced the worker of the start.
+            ready.served_haproxy.current_worker().or(ready.worker),
         )
         .await?;
         first += figures.rotations;
@@ -950,7 +952,11 @@ pub async fn measure(
         own_rate_per_s: (own_rate_per_s * 10.0).round() / 10.0,
         own_rate_sample,
         rotations: phases,
-        after_rotations: ready.worker.map(HaproxyResources::of_worker),
+        after_rotations: ready
+            .served_haproxy
+            .current_worker()
+            .or(ready.worker)
+            .map(HaproxyResources::of_worker),
         bounds,
     })
 }

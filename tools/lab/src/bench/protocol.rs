@@ -240,6 +240,9 @@ pub struct HaproxyResources {
     pub master_peak_rss_bytes: u64,
     /// CPU (user + system) of master and worker since they started, in milliseconds.
     pub cpu_ms: u64,
+    /// The master's pid, if it was found.
+    #[serde(default)]
+    pub master_pid: Option<u32>,
 }
 
 impl HaproxyResources {
@@ -253,7 +256,15 @@ impl HaproxyResources {
             master_peak_rss_bytes: master.and_then(other_process_peak_rss_bytes).unwrap_or(0),
             cpu_ms: other_process_cpu_ms(worker).unwrap_or(0)
                 + master.and_then(other_process_cpu_ms).unwrap_or(0),
+            master_pid: master,
         }
+    }
+
+    /// The master's newest worker now (a reload replaces the worker), if any.
+    pub fn current_worker(&self) -> Option<u32> {
+        super::process_stats::children(self.master_pid?)
+            .last()
+            .copied()
     }
 }
 

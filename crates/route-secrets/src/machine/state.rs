@@ -67,7 +67,7 @@ impl RouteCopy {
                 .external_certificate_name()
                 .filter(|name| !name.is_empty())
                 .map(Arc::from),
-            tls: tls.map(|tls| Arc::new(TlsFields::of(tls))),
+            tls: tls.map(TlsFields::shared),
             routing: Arc::new(routing),
             spec_digest: spec_digest(&route.spec, &route),
             object: None,
@@ -117,6 +117,44 @@ impl TlsFields {
             ca_certificate: given(&tls.ca_certificate),
             destination_ca_certificate: given(&tls.destination_ca_certificate),
         }
+    }
+
+    /// The fields of `tls`, shared: a route without certificate material of its own (an
+    /// external certificate, passthrough, or the default certificate) has fields that
+    /// differ only by termination, and every such route shares one copy of them.
+    fn shared(tls: &TlsConfig) -> Arc<Self> {
+        static BARE: std::sync::OnceLock<[Arc<TlsFields>; 3]> = std::sync::OnceLock::new();
+        let fields = Self::of(tls);
+        let bare = fields.certificate.is_none()
+            && fields.key.is_none()
+            && fields.ca_certificate.is_none()
+            && fields.destination_ca_certificate.is_none();
+        let index = match fields.termination {
+            TlsTermination::Edge => 0,
+            TlsTermination::Passthrough => 1,
+            TlsTermination::Reencrypt => 2,
+            TlsTermination::Other(_) => return Arc::new(fields),
+        };
+        if !bare {
+            return Arc::new(fields);
+        }
+        let shared = BARE.get_or_init(|| {
+            [
+                TlsTermination::Edge,
+                TlsTermination::Passthrough,
+                TlsTermination::Reencrypt,
+            ]
+            .map(|termination| {
+                Arc::new(Self {
+                    termination,
+                    certificate: None,
+                    key: None,
+                    ca_certificate: None,
+                    destination_ca_certificate: None,
+                })
+            })
+        });
+        Arc::clone(&shared[index])
     }
 
     /// The fields as the validator reads them, for a route with (`external`) or without

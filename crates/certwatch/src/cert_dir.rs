@@ -173,7 +173,9 @@ pub struct CertDir {
     /// The directory's mode.
     mode: u32,
     options: CrtListOptions,
-    desired: HashMap<RouteKey, Desired>,
+    /// Boxed, as the lines are: a map keeps up to as many spare slots as entries, and an
+    /// entry of about 200 bytes inline cost that again in every spare slot.
+    desired: HashMap<RouteKey, Box<Desired>>,
     /// Bundles known to be on disk with their link, by file name.
     on_disk: HashMap<String, OnDisk>,
     /// Bundle files on disk that no desired route names: removed once the crt-list on
@@ -196,11 +198,11 @@ pub struct CertDir {
     /// Every route's line is recomputed at the next flush (start-up just completed).
     relist_all: bool,
     /// The lines, by route.
-    lines: HashMap<RouteKey, Listed>,
+    lines: HashMap<RouteKey, Box<Listed>>,
     /// The lines in crt-list order.
     order: BTreeMap<ListKey, RouteKey>,
     /// Desired routes per chain digest (for the ALPN rule: a shared certificate).
-    by_chain: HashMap<[u8; 32], HashSet<RouteKey>>,
+    by_chain: HashMap<[u8; 32], ChainRoutes>,
     /// Certificates (by name in HAProxy: the link's path) whose material HAProxy
     /// rejected, with that material's digest: their lines stay out of the crt-list
     /// while they hold that material.
@@ -209,12 +211,72 @@ pub struct CertDir {
     excluded_dirty: bool,
     /// Whether a line changed since the crt-list was last written.
     list_dirty: bool,
-    /// The crt-list's content as last written (or found).
-    crt_list: Option<String>,
+    /// SHA-256 of the crt-list's content as last written (or found): a new rendering
+    /// is compared with it, so the text itself (about 150 bytes per route) is not kept.
+    crt_list: Option<[u8; 32]>,
     /// Whether the last crt-list write failed (the file on disk is behind).
     crt_list_failed: bool,
     complete: bool,
     concurrency: usize,
+    /// Whether a flush reports the changed lines ([`FlushReport::changes`]): only a
+    /// HAProxy fed through its runtime API reads them, and the first complete listing
+    /// copies every line.
+    report_changes: bool,
+}
+
+/// The desired routes serving one chain. Nearly every chain has one route: that one is
+/// held inline, without a set of its own (a set per chain cost about 100 bytes per
+/// route).
+#[derive(Debug)]
+enum ChainRoutes {
+    One(RouteKey),
+    Many(HashSet<RouteKey>),
+}
+
+impl ChainRoutes {
+    fn len(&self) -> usize {
+        match self {
+            Self::One(_) => 1,
+            Self::Many(routes) => routes.len(),
+        }
+    }
+
+    /// Adds `route`; returns the routes now serving the chain.
+    fn insert(&mut self, route: &RouteKey) -> usize {
+        match self {
+            Self::One(one) if one == route => {}
+            Self::One(one) => {
+                let routes = HashSet::from([one.clone(), route.clone()]);
+                *self = Self::Many(routes);
+            }
+            Self::Many(routes) => {
+                routes.insert(route.clone());
+            }
+        }
+        self.len()
+    }
+
+    /// Removes `route`; `None` when no route is left.
+    fn remove(mut self, route: &RouteKey) -> Option<Self> {
+        match &mut self {
+            Self::One(one) => (one != route).then_some(self),
+            Self::Many(routes) => {
+                routes.remove(route);
+                match routes.len() {
+                    0 => None,
+                    1 => routes.iter().next().cloned().map(Self::One),
+                    _ => Some(self),
+                }
+            }
+        }
+    }
+
+    fn routes(&self) -> Vec<RouteKey> {
+        match self {
+            Self::One(one) => vec![one.clone()],
+            Self::Many(routes) => routes.iter().cloned().collect(),
+        }
+    }
 }
 
 fn digest(bytes: &[u8]) -> [u8; 32] {
@@ -421,11 +483,23 @@ impl CertDir {
             excluded: found.refused,
             excluded_dirty: false,
             list_dirty: false,
-            crt_list: found.crt_list,
+            crt_list: found
+                .crt_list
+                .as_deref()
+                .map(|text| digest(text.as_bytes())),
             crt_list_failed: false,
             complete: false,
             concurrency: concurrency.max(1),
+            report_changes: true,
         })
+    }
+
+    /// Whether flushes report the changed lines (default: yes). Without a reader of
+    /// [`FlushReport::changes`] they are left empty, which spares a copy of every line
+    /// at the end of start-up.
+    pub fn with_change_report(mut self, report: bool) -> Self {
+        self.report_changes = report;
+        self
     }
 
     /// How lines are written (ALPN); set before the first line is listed.
@@ -490,16 +564,18 @@ impl CertDir {
         self.unwanted.remove(&names.bundle);
         self.held.remove(&names.bundle);
         self.dirty.insert(cert.route.clone());
-        self.relist.insert(cert.route.clone());
+        if self.relisting() {
+            self.relist.insert(cert.route.clone());
+        }
         let route = cert.route.clone();
         let old = self.desired.insert(
             route.clone(),
-            Desired {
+            Box::new(Desired {
                 cert,
                 names: names.clone(),
                 digest,
                 chain,
-            },
+            }),
         );
         match old {
             Some(old) => {
@@ -520,7 +596,9 @@ impl CertDir {
     pub fn remove(&mut self, route: &RouteKey) {
         if let Some(old) = self.desired.remove(route) {
             self.failed.remove(route);
-            self.relist.insert(route.clone());
+            if self.relisting() {
+                self.relist.insert(route.clone());
+            }
             self.unshare(route, old.chain);
             if self.on_disk.contains_key(&old.names.bundle) {
                 self.unwanted.insert(old.names.bundle);
@@ -528,29 +606,45 @@ impl CertDir {
         }
     }
 
+    /// Whether a changed route must be remembered for the next flush's listing. Until
+    /// start-up is complete, and until the first complete listing is made, every line
+    /// is computed anyway: remembering each route meanwhile held a set of every route.
+    fn relisting(&self) -> bool {
+        self.complete && !self.relist_all
+    }
+
     /// `route` now serves `chain`. When the chain becomes shared (one route to two),
     /// the other route's line loses its ALPN.
     fn share(&mut self, route: &RouteKey, chain: [u8; 32]) {
-        let routes = self.by_chain.entry(chain).or_default();
-        routes.insert(route.clone());
-        if routes.len() == 2 {
-            self.relist.extend(routes.iter().cloned());
+        let routes = match self.by_chain.entry(chain) {
+            std::collections::hash_map::Entry::Occupied(mut entry) => {
+                if entry.get_mut().insert(route) == 2 {
+                    entry.get().routes()
+                } else {
+                    Vec::new()
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                entry.insert(ChainRoutes::One(route.clone()));
+                Vec::new()
+            }
+        };
+        if self.relisting() {
+            self.relist.extend(routes);
         }
     }
 
     /// `route` no longer serves `chain`. When one route is left with it, its line gets
     /// its ALPN back.
     fn unshare(&mut self, route: &RouteKey, chain: [u8; 32]) {
-        let Some(routes) = self.by_chain.get_mut(&chain) else {
+        let Some(routes) = self.by_chain.remove(&chain) else {
             return;
         };
-        routes.remove(route);
-        match routes.len() {
-            0 => {
-                self.by_chain.remove(&chain);
+        if let Some(left) = routes.remove(route) {
+            if left.len() == 1 && self.relisting() {
+                self.relist.extend(left.routes());
             }
-            1 => self.relist.extend(routes.iter().cloned()),
-            _ => {}
+            self.by_chain.insert(chain, left);
         }
     }
 
@@ -670,13 +764,19 @@ impl CertDir {
     fn relist_changed(&mut self) -> Vec<CrtChange> {
         let routes: Vec<RouteKey> = if std::mem::take(&mut self.relist_all) {
             self.relist.clear();
-            let mut all: HashSet<RouteKey> = self.desired.keys().cloned().collect();
-            all.extend(self.lines.keys().cloned());
-            all.into_iter().collect()
+            // Every desired route, then the listed ones no longer desired; the lines
+            // are sized for the listing at once instead of growing step by step.
+            self.lines
+                .reserve(self.desired.len().saturating_sub(self.lines.len()));
+            let gone = self
+                .lines
+                .keys()
+                .filter(|route| !self.desired.contains_key(*route));
+            self.desired.keys().chain(gone).cloned().collect()
         } else {
             self.relist.drain().collect()
         };
-        let mut changes = Vec::new();
+        let mut changes = Vec::with_capacity(if self.report_changes { routes.len() } else { 0 });
         for route in routes {
             let listed = self.listing_of(&route);
             let old = self.lines.get(&route);
@@ -698,20 +798,25 @@ impl CertDir {
                 _ => true,
             };
             self.list_dirty |= text_changed;
-            let name = listed
-                .as_ref()
-                .map(|listed| listed.entry.name.clone())
-                .or_else(|| old.map(|old| old.entry.name.clone()))
-                .unwrap_or_default();
+            let change = self.report_changes.then(|| {
+                let name = listed
+                    .as_ref()
+                    .map(|listed| listed.entry.name.clone())
+                    .or_else(|| old.map(|old| old.entry.name.clone()))
+                    .unwrap_or_default();
+                let entry = listed.as_ref().map(|listed| listed.entry.clone());
+                (name, entry)
+            });
             if let Some(old) = self.lines.remove(&route) {
                 self.order.remove(&old.key);
             }
-            let entry = listed.as_ref().map(|listed| listed.entry.clone());
             if let Some(listed) = listed {
                 self.order.insert(listed.key.clone(), route.clone());
-                self.lines.insert(route.clone(), listed);
+                self.lines.insert(route.clone(), Box::new(listed));
             }
-            changes.push(CrtChange { route, name, entry });
+            if let Some((name, entry)) = change {
+                changes.push(CrtChange { route, name, entry });
+            }
         }
         changes
     }
@@ -723,7 +828,10 @@ impl CertDir {
         let desired = self.desired.get(route)?;
         let disk = self.on_disk.get(&desired.names.bundle)?;
         let sni = crt_list::sni_filter(&desired.cert.sni)?;
-        let sharing = self.by_chain.get(&desired.chain).map_or(1, HashSet::len);
+        let sharing = self
+            .by_chain
+            .get(&desired.chain)
+            .map_or(1, ChainRoutes::len);
         let alpn = self.options.alpn(&desired.chain, sharing);
         let tls = if disk.digest == desired.digest {
             Arc::clone(&desired.cert.tls)
@@ -762,21 +870,21 @@ impl CertDir {
     async fn write_crt_list(&mut self, report: &mut FlushReport) {
         let content = self.render_crt_list();
         self.list_dirty = false;
-        if self.crt_list.as_deref() == Some(content.as_str()) && !self.crt_list_failed {
+        let content_digest = digest(content.as_bytes());
+        if self.crt_list == Some(content_digest) && !self.crt_list_failed {
             return;
         }
         let dir = self.dir.clone();
-        let bytes = content.clone();
         let lines = self.lines.len();
         match blocking(move || {
-            files::write_atomic(&dir, CRT_LIST_FILE, bytes.as_bytes())?;
+            files::write_atomic(&dir, CRT_LIST_FILE, content.as_bytes())?;
             files::sync_dir(&dir)
         })
         .await
         {
             Ok(()) => {
                 debug!(lines, "crt-list written");
-                self.crt_list = Some(content);
+                self.crt_list = Some(content_digest);
                 self.crt_list_failed = false;
                 report.crt_list_written = true;
             }
@@ -984,7 +1092,9 @@ impl CertDir {
                             },
                         );
                     }
-                    self.relist.insert(route);
+                    if self.relisting() {
+                        self.relist.insert(route);
+                    }
                     report.written += 1;
                 }
                 Err(error) => self.write_failed(report, route, &names, &error),
@@ -1544,6 +1654,69 @@ mod tests {
             listed_lines(&root),
             [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
         );
+    }
+
+    /// Without a change report the directory lists alike: the same crt-list after every
+    /// flush, through a certificate shared by three routes and given up one route at a
+    /// time (the ALPN rule follows), and a removal; only the reported changes differ.
+    #[tokio::test]
+    async fn lines_are_alike_without_a_change_report() {
+        let pki = Pki::new(Timestamp::now());
+        let (a, b, c) = (
+            served(&pki, "ns", "a", 1),
+            served(&pki, "ns", "b", 2),
+            served(&pki, "ns", "c", 3),
+        );
+        let sharing = |route: &ServedCert| ServedCert {
+            tls: Arc::clone(&a.tls),
+            ..route.clone()
+        };
+        let steps: Vec<Vec<Option<ServedCert>>> = vec![
+            vec![Some(a.clone()), Some(b.clone()), Some(c.clone())],
+            vec![Some(sharing(&b)), Some(sharing(&c))],
+            vec![Some(served(&pki, "ns", "c", 3))],
+            vec![Some(served(&pki, "ns", "b", 2))],
+            vec![None],
+        ];
+        let (with, without) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let roots = [with.path(), without.path()].map(|path| path.canonicalize().unwrap());
+        let mut reporting = CertDir::open(&roots[0], 4).await.unwrap();
+        let mut silent = CertDir::open(&roots[1], 4)
+            .await
+            .unwrap()
+            .with_change_report(false);
+        let mut alpn = Vec::new();
+        for (index, step) in steps.into_iter().enumerate() {
+            for dir in [&mut reporting, &mut silent] {
+                for cert in &step {
+                    match cert {
+                        Some(cert) => dir.set(cert.clone()).unwrap(),
+                        None => dir.remove(&a.route),
+                    }
+                }
+                if index == 0 {
+                    dir.mark_complete();
+                }
+            }
+            let (told, quiet) = (reporting.flush().await, silent.flush().await);
+            assert!(!told.changes.is_empty(), "step {index}");
+            assert!(
+                quiet.changes.is_empty(),
+                "step {index}: {:?}",
+                quiet.changes
+            );
+            let lines = listed_lines(&roots[0]);
+            assert_eq!(lines, listed_lines(&roots[1]), "step {index}");
+            alpn.push(
+                lines
+                    .iter()
+                    .filter(|(_, rest)| rest.starts_with("[alpn "))
+                    .count(),
+            );
+        }
+        // Own certificates: ALPN on all three; a's shared by three, then by a and b:
+        // none; b back on its own: all three; a gone: the other two.
+        assert_eq!(alpn, [3, 0, 1, 3, 2]);
     }
 
     /// A certificate HAProxy rejected leaves the crt-list while it holds that material

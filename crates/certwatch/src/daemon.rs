@@ -314,7 +314,9 @@ impl Parts {
                 path: options.cert_dir.clone(),
                 source,
             })?
-            .with_crt_list_options(options.crt_list.clone());
+            .with_crt_list_options(options.crt_list.clone())
+            // The changed lines are for the HAProxy fed through its runtime API.
+            .with_change_report(options.haproxy.is_some());
         if let Some(routing) = &options.routing {
             ensure_default_certificate(&routing.render.default_certificate).map_err(|source| {
                 DaemonError::DefaultCertificate {

@@ -11,7 +11,7 @@
 //! | `certwatch_routes_with_certificate_warning` | gauge | `warning` | routes served now with a certificate that has this warning |
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use jiff::Timestamp;
 use kube_common::sync;
@@ -46,9 +46,9 @@ struct CertificateLabels {
     /// Not `namespace`: a scrape with `honor_labels: false` (what a ServiceMonitor
     /// generates) renames that `exported_namespace` and puts the namespace certwatch
     /// runs in in its place.
-    route_namespace: String,
-    route: String,
-    secret: String,
+    route_namespace: Arc<str>,
+    route: Arc<str>,
+    secret: Arc<str>,
 }
 
 /// A route's current state, as the metrics count it.
@@ -76,7 +76,7 @@ pub struct RouteMetrics {
     /// Guards the secret whose certificate each route's expiration series is labelled
     /// with (to replace the series when the route moves to another secret, and drop it
     /// when the route goes). Held only to read or update the map.
-    expiration_secrets: Mutex<HashMap<RouteKey, String>>,
+    expiration_secrets: Mutex<HashMap<RouteKey, Arc<str>>>,
     warnings: Family<WarningLabels, Counter>,
     routes_with_warning: Family<WarningLabels, Gauge>,
     /// Guards the warnings of the certificate each route serves now (to move the
@@ -216,18 +216,29 @@ impl RouteMetrics {
     /// Records the `notAfter` of the certificate now served for `route`, from
     /// `secret` (replacing the series of an earlier secret).
     pub fn certificate_served(&self, route: &RouteKey, secret: &str, not_after: Timestamp) {
-        let labels = |secret: String| CertificateLabels {
-            route_namespace: route.namespace.to_string(),
-            route: route.name.to_string(),
+        // The labels share the route key's strings and one copy of the secret's name
+        // with the map: a series per route costs no copies of them.
+        let labels = |secret: Arc<str>| CertificateLabels {
+            route_namespace: Arc::clone(&route.namespace),
+            route: Arc::clone(&route.name),
             secret,
         };
-        let previous =
-            sync::lock(&self.expiration_secrets).insert(route.clone(), secret.to_owned());
-        if let Some(previous) = previous.filter(|previous| previous != secret) {
+        let (secret, previous) = {
+            let mut secrets = sync::lock(&self.expiration_secrets);
+            match secrets.get(route) {
+                Some(known) if known.as_ref() == secret => (Arc::clone(known), None),
+                _ => {
+                    let secret: Arc<str> = Arc::from(secret);
+                    let previous = secrets.insert(route.clone(), Arc::clone(&secret));
+                    (secret, previous)
+                }
+            }
+        };
+        if let Some(previous) = previous {
             self.expiration.remove(&labels(previous));
         }
         self.expiration
-            .get_or_create(&labels(secret.to_owned()))
+            .get_or_create(&labels(secret))
             .set(not_after.as_second());
     }
 
@@ -280,8 +291,8 @@ impl RouteMetrics {
         let previous = sync::lock(&self.expiration_secrets).remove(route);
         if let Some(secret) = previous {
             self.expiration.remove(&CertificateLabels {
-                route_namespace: route.namespace.to_string(),
-                route: route.name.to_string(),
+                route_namespace: Arc::clone(&route.namespace),
+                route: Arc::clone(&route.name),
                 secret,
             });
         }

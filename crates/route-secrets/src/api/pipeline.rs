@@ -418,7 +418,9 @@ struct Validations {
 /// The validation of one version of a secret, without a host.
 struct Validation {
     version: SecretVersionId,
-    result: Result<Arc<ValidatedTls>, TlsRejection>,
+    /// The rejection boxed: kept inline it would make every entry of the map (one per
+    /// secret, nearly all of them accepted) as large as its largest variant.
+    result: Result<Arc<ValidatedTls>, Box<TlsRejection>>,
     /// When it was validated: it holds until the certificate becomes valid or expires
     /// ([`validation_holds`]).
     at: Timestamp,
@@ -447,7 +449,11 @@ impl Validations {
             secret.namespace().unwrap_or_default(),
             secret.name().unwrap_or_default(),
         );
-        let current = |found: &Validation| validation_holds(&found.result, found.at, now);
+        let current = |found: &Validation| match &found.result {
+            Ok(tls) => validation_holds(&Ok(Arc::clone(tls)), found.at, now),
+            Err(_) => true,
+        };
+        let unboxed = |found: &Validation| found.result.clone().map_err(|rejection| *rejection);
         let handed_over = |id, validation| SecretVersion {
             id,
             validation,
@@ -458,7 +464,7 @@ impl Validations {
             && &found.version == id
             && current(found)
         {
-            return handed_over(Some(id.clone()), found.result.clone());
+            return handed_over(Some(id.clone()), unboxed(found));
         }
         let result = self
             .validator
@@ -469,13 +475,13 @@ impl Validations {
         };
         let mut latest = self.map();
         let validation = match latest.get(&key) {
-            Some(found) if found.version == id && current(found) => found.result.clone(),
+            Some(found) if found.version == id && current(found) => unboxed(found),
             _ => {
                 latest.insert(
                     key,
                     Validation {
                         version: id.clone(),
-                        result: result.clone(),
+                        result: result.clone().map_err(Box::new),
                         at: now,
                     },
                 );

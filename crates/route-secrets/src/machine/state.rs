@@ -56,17 +56,19 @@ impl RouteCopy {
     /// The copy of `route`; keeps the object itself when `keep_object`.
     pub fn of(mut route: Route, keep_object: bool) -> Self {
         let tls = route.spec.tls.as_ref();
+        let routing = RouteRouting::of(&route);
         let copy = Self {
             uid: route.metadata.uid.as_deref().map(Arc::from),
             created: route.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            host: route.host().map(Arc::from),
+            // The same text as the routing data's host: one allocation for both.
+            host: routing.host.clone(),
             wildcard_subdomain: route.spec.wildcard_policy == Some(WildcardPolicy::Subdomain),
             secret: route
                 .external_certificate_name()
                 .filter(|name| !name.is_empty())
                 .map(Arc::from),
-            tls: tls.map(|tls| Arc::new(TlsFields::of(tls))),
-            routing: Arc::new(RouteRouting::of(&route)),
+            tls: tls.map(TlsFields::shared),
+            routing: Arc::new(routing),
             spec_digest: spec_digest(&route.spec, &route),
             object: None,
         };
@@ -115,6 +117,44 @@ impl TlsFields {
             ca_certificate: given(&tls.ca_certificate),
             destination_ca_certificate: given(&tls.destination_ca_certificate),
         }
+    }
+
+    /// The fields of `tls`, shared: a route without certificate material of its own (an
+    /// external certificate, passthrough, or the default certificate) has fields that
+    /// differ only by termination, and every such route shares one copy of them.
+    fn shared(tls: &TlsConfig) -> Arc<Self> {
+        static BARE: std::sync::OnceLock<[Arc<TlsFields>; 3]> = std::sync::OnceLock::new();
+        let fields = Self::of(tls);
+        let bare = fields.certificate.is_none()
+            && fields.key.is_none()
+            && fields.ca_certificate.is_none()
+            && fields.destination_ca_certificate.is_none();
+        let index = match fields.termination {
+            TlsTermination::Edge => 0,
+            TlsTermination::Passthrough => 1,
+            TlsTermination::Reencrypt => 2,
+            TlsTermination::Other(_) => return Arc::new(fields),
+        };
+        if !bare {
+            return Arc::new(fields);
+        }
+        let shared = BARE.get_or_init(|| {
+            [
+                TlsTermination::Edge,
+                TlsTermination::Passthrough,
+                TlsTermination::Reencrypt,
+            ]
+            .map(|termination| {
+                Arc::new(Self {
+                    termination,
+                    certificate: None,
+                    key: None,
+                    ca_certificate: None,
+                    destination_ca_certificate: None,
+                })
+            })
+        });
+        Arc::clone(&shared[index])
     }
 
     /// The fields as the validator reads them, for a route with (`external`) or without

@@ -1941,6 +1941,32 @@ fn a_route_entry_stays_small() {
     assert!(key <= 32, "a route key grew to {key} bytes");
 }
 
+/// Routes without certificate material of their own (here: external certificates)
+/// share one copy of their TLS fields, and each copy shares its host with its routing
+/// data; a route with an inline certificate keeps its own.
+#[test]
+fn route_copies_share_what_does_not_differ() {
+    let a = state::RouteCopy::of(route("a", Some("s"), "a.example", 1, "uid-a"), false);
+    let b = state::RouteCopy::of(route("b", Some("t"), "b.example", 2, "uid-b"), false);
+    let (tls_a, tls_b) = (a.tls.clone().expect("tls"), b.tls.clone().expect("tls"));
+    assert!(Arc::ptr_eq(&tls_a, &tls_b));
+    let (host, routed) = (
+        a.host.clone().expect("host"),
+        a.routing.host.clone().expect("host"),
+    );
+    assert!(Arc::ptr_eq(&host, &routed));
+    assert_eq!(&*host, "a.example");
+
+    let pem = "-----BEGIN CERTIFICATE-----";
+    let mut inline = route("c", None, "c.example", 3, "uid-c");
+    inline.spec.tls.as_mut().expect("tls").certificate = Some(pem.into());
+    let c = state::RouteCopy::of(inline, false);
+    let tls_c = c.tls.expect("tls");
+    assert!(!Arc::ptr_eq(&tls_a, &tls_c));
+    assert_eq!(tls_c.certificate.as_deref(), Some(pem));
+    assert_eq!(tls_c.termination, tls_a.termination);
+}
+
 #[test]
 fn a_route_copy_keeps_what_the_machine_reads_and_the_object_only_for_status() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;

@@ -190,6 +190,17 @@ fn weight(value: Option<i32>) -> u16 {
     u16::try_from(value.unwrap_or(1).clamp(0, 256)).unwrap_or(0)
 }
 
+/// A backend's `kind`: nearly always `Service`, which every route then shares instead
+/// of holding a copy of its own.
+fn backend_kind(kind: &str) -> Arc<str> {
+    static SERVICE: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    if kind == "Service" {
+        Arc::clone(SERVICE.get_or_init(|| Arc::from("Service")))
+    } else {
+        Arc::from(kind)
+    }
+}
+
 fn non_empty(value: Option<&String>) -> Option<Arc<str>> {
     value
         .filter(|text| !text.is_empty())
@@ -201,10 +212,11 @@ impl RouteRouting {
     pub fn of(route: &Route) -> Self {
         let spec = &route.spec;
         let tls = spec.tls.as_ref();
-        let mut backends: Vec<Backend> = Vec::new();
+        let targets = 1 + spec.alternate_backends.as_ref().map_or(0, Vec::len);
+        let mut backends: Vec<Backend> = Vec::with_capacity(targets);
         for target in std::iter::once(&spec.to).chain(spec.alternate_backends.iter().flatten()) {
             let backend = Backend {
-                kind: Arc::from(target.kind.as_str()),
+                kind: backend_kind(&target.kind),
                 name: Arc::from(target.name.as_str()),
                 weight: weight(target.weight),
             };
@@ -213,6 +225,7 @@ impl RouteRouting {
                 None => backends.push(backend),
             }
         }
+        backends.shrink_to_fit();
         let annotations = route
             .metadata
             .annotations

@@ -48,7 +48,9 @@ use route_secrets::api::pipeline::Readiness;
 use serde::Serialize;
 
 use super::BenchError;
-use super::protocol::{ClientSpec, ErrorLog, HaproxyReady, ReadyReport};
+use super::protocol::{
+    ClientSpec, ErrorLog, HaproxyCheck, HaproxyReady, HaproxyResources, ReadyReport,
+};
 use super::scenario::Check;
 
 /// Routes sampled by handshakes at start-up.
@@ -328,6 +330,7 @@ pub async fn run(
     )
     .map_or(0, |seconds| ms(Duration::from_secs_f64(seconds)));
     let worker = ready.haproxy.and_then(|haproxy| haproxy.worker);
+    let served_haproxy = worker.map(HaproxyResources::of_worker).unwrap_or_default();
     if ready
         .haproxy
         .is_some_and(|haproxy| haproxy.state != HaproxyState::Serving)
@@ -340,11 +343,21 @@ pub async fn run(
     let cold_config = write_config(&setup, "cold.cfg", &cold_socket, free_port()?)?;
     let mut cold = ProcessOptions::new("haproxy", &cold_config, root.join("cold-master.sock"));
     cold.load_timeout = Duration::from_millis(spec.timeout_ms);
-    let (cold_process, _) = HaproxyProcess::start(cold)
+    let (cold_process, cold_worker) = HaproxyProcess::start(cold)
         .await
         .map_err(|e| failed(format!("HAProxy's cold load: {e}")))?;
     let cold_load_ms = ms(cold_process.start_duration());
+    let cold_haproxy = HaproxyResources::of_worker(cold_worker);
     cold_process.stop(Duration::from_secs(10)).await;
+    // And `haproxy -c` of it: the load alone, no worker.
+    let check = check_load(&cold_config).await?;
+    super::progress(&format!(
+        "  haproxy: cold load {cold_load_ms} ms (worker peak {} MiB, master {} MiB); haproxy -c {} ms, peak {} MiB",
+        super::report::mib(cold_haproxy.worker_peak_rss_bytes),
+        super::report::mib(cold_haproxy.master_peak_rss_bytes),
+        check.ms,
+        super::report::mib(check.peak_rss_bytes),
+    ));
 
     for _ in 0..ready.rejected {
         errors.record("a route was rejected (see the daemon's log)");
@@ -366,7 +379,7 @@ pub async fn run(
             phases,
             per_route_ms: None,
             per_secret_ms: None,
-            haproxy: Some(HaproxyReady {
+            haproxy: Some(Box::new(HaproxyReady {
                 tls_port: port,
                 stats_socket: socket,
                 cert_dir: certs,
@@ -380,7 +393,10 @@ pub async fn run(
                 cold_load_ms,
                 metrics_addr: daemon.http_addr(),
                 threads: spec.haproxy_threads,
-            }),
+                served_haproxy,
+                cold_haproxy,
+                check,
+            })),
         },
         HaproxyRun {
             daemon,
@@ -388,6 +404,42 @@ pub async fn run(
             _run_dir: run_dir,
         },
     ))
+}
+
+/// `haproxy -c -q -f config`, timed; its memory and CPU sampled every 20 ms while it
+/// runs (the last sample before it exits stands for its peak: `VmHWM` only grows).
+async fn check_load(config: &Path) -> Result<HaproxyCheck, BenchError> {
+    use super::process_stats::{other_process_cpu_ms, other_process_peak_rss_bytes};
+    let started = Instant::now();
+    let mut child = tokio::process::Command::new("haproxy")
+        .arg("-c")
+        .arg("-q")
+        .arg("-f")
+        .arg(config)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(io("starting haproxy -c"))?;
+    let mut check = HaproxyCheck::default();
+    let status = loop {
+        if let Some(pid) = child.id() {
+            if let Some(peak) = other_process_peak_rss_bytes(pid) {
+                check.peak_rss_bytes = check.peak_rss_bytes.max(peak);
+            }
+            if let Some(cpu) = other_process_cpu_ms(pid) {
+                check.cpu_ms = check.cpu_ms.max(cpu);
+            }
+        }
+        tokio::select! {
+            status = child.wait() => break status.map_err(io("waiting for haproxy -c"))?,
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    };
+    check.ms = ms(started.elapsed());
+    check.ok = status.success();
+    Ok(check)
 }
 
 fn metric_seconds(text: &str, name: &str) -> Option<f64> {
@@ -543,6 +595,9 @@ pub struct HaproxyFigures {
     pub own_rate_sample: usize,
     /// The rotation phases.
     pub rotations: Vec<RotationFigures>,
+    /// The HAProxy certwatch runs, after the rotation phases (peak memory and CPU
+    /// since its start).
+    pub after_rotations: Option<HaproxyResources>,
     /// The bounds, measured.
     pub bounds: BTreeMap<String, Check>,
 }
@@ -836,7 +891,9 @@ pub async fn measure(
             rate,
             seconds,
             client_pid,
-            ready.worker,
+            // A reload since (HAProxy's controller may reload under a backlog)
+            // replaced the worker of the start.
+            ready.served_haproxy.current_worker().or(ready.worker),
         )
         .await?;
         first += figures.rotations;
@@ -896,6 +953,11 @@ pub async fn measure(
         own_rate_per_s: (own_rate_per_s * 10.0).round() / 10.0,
         own_rate_sample,
         rotations: phases,
+        after_rotations: ready
+            .served_haproxy
+            .current_worker()
+            .or(ready.worker)
+            .map(HaproxyResources::of_worker),
         bounds,
     })
 }

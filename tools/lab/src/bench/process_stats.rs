@@ -45,6 +45,41 @@ pub fn other_process_cpu_ms(pid: u32) -> Option<u64> {
     Some(ticks.saturating_mul(1000) / per_second)
 }
 
+/// Peak resident set (`VmHWM`) of another process, in bytes; `None` when it cannot be
+/// read (gone, or a zombie).
+pub fn other_process_peak_rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = status_kib(&status, "VmHWM:");
+    (kib > 0).then(|| kib.saturating_mul(1024))
+}
+
+/// The parent of another process (`PPid`), if it can be read.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("PPid:"))
+        .and_then(|rest| rest.trim().parse().ok())
+}
+
+/// The children of another process (of every thread of it), in the order the kernel
+/// lists them, thread by thread; empty when they cannot be read.
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|listed| {
+            listed
+                .split_whitespace()
+                .filter_map(|child| child.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
 /// `utime + stime` from a `/proc/<pid>/stat` line. The command name (field 2) may
 /// contain spaces and parentheses, so fields are counted after its last `)`.
 fn stat_cpu_ticks(stat: &str) -> Option<u64> {
@@ -88,6 +123,32 @@ mod tests {
         let stat = "4242 (cert watch) S 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0 3 0 100";
         assert_eq!(stat_cpu_ticks(stat), Some(175));
         assert_eq!(stat_cpu_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn reads_another_process_by_pid() {
+        let me = std::process::id();
+        assert_eq!(parent_pid(me), Some(std::os::unix::process::parent_id()));
+        // The peak, read by pid after the resident set now: never below it.
+        let resident = ProcessStats::now().rss_bytes;
+        let peak = other_process_peak_rss_bytes(me).unwrap_or(0);
+        assert!(resident > 0);
+        assert!(peak >= resident, "{peak} < {resident}");
+        assert_eq!(other_process_peak_rss_bytes(u32::MAX), None);
+        assert_eq!(parent_pid(u32::MAX), None);
+    }
+
+    #[test]
+    fn lists_a_process_children() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep starts");
+        let listed = children(std::process::id());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(listed.contains(&child.id()), "{listed:?}");
+        assert!(children(u32::MAX).is_empty());
     }
 
     #[test]

@@ -115,7 +115,7 @@ pub struct ReadyReport {
     pub per_secret_ms: Option<f64>,
     /// The `haproxy` strategy only: where HAProxy is and how its start-up went.
     #[serde(default)]
-    pub haproxy: Option<HaproxyReady>,
+    pub haproxy: Option<Box<HaproxyReady>>,
 }
 
 /// The child's resource use and client figures at the moment the parent asked.
@@ -218,4 +218,66 @@ pub struct HaproxyReady {
     /// HAProxy's `nbthread` (`None`: its default).
     #[serde(default)]
     pub threads: Option<u16>,
+    /// The HAProxy certwatch runs, once every sampled route is served.
+    #[serde(default)]
+    pub served_haproxy: HaproxyResources,
+    /// The second HAProxy of the cold load, once it serves: the certificates alone.
+    #[serde(default)]
+    pub cold_haproxy: HaproxyResources,
+    /// `haproxy -c` of the same configuration: HAProxy's own load of every file,
+    /// without a worker.
+    #[serde(default)]
+    pub check: HaproxyCheck,
+}
+
+/// Memory and CPU of a HAProxy (master and worker), from `/proc`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct HaproxyResources {
+    /// The worker's peak resident set (`VmHWM`), in bytes.
+    pub worker_peak_rss_bytes: u64,
+    /// The master's peak resident set, in bytes (it loads the configuration and its
+    /// certificates too, before it starts the worker).
+    pub master_peak_rss_bytes: u64,
+    /// CPU (user + system) of master and worker since they started, in milliseconds.
+    pub cpu_ms: u64,
+    /// The master's pid, if it was found.
+    #[serde(default)]
+    pub master_pid: Option<u32>,
+}
+
+impl HaproxyResources {
+    /// The figures of the HAProxy whose worker is `worker` (its master is the worker's
+    /// parent).
+    pub fn of_worker(worker: u32) -> Self {
+        use super::process_stats::{other_process_cpu_ms, other_process_peak_rss_bytes};
+        let master = super::process_stats::parent_pid(worker).filter(|pid| *pid > 1);
+        Self {
+            worker_peak_rss_bytes: other_process_peak_rss_bytes(worker).unwrap_or(0),
+            master_peak_rss_bytes: master.and_then(other_process_peak_rss_bytes).unwrap_or(0),
+            cpu_ms: other_process_cpu_ms(worker).unwrap_or(0)
+                + master.and_then(other_process_cpu_ms).unwrap_or(0),
+            master_pid: master,
+        }
+    }
+
+    /// The master's newest worker now (a reload replaces the worker), if any.
+    pub fn current_worker(&self) -> Option<u32> {
+        super::process_stats::children(self.master_pid?)
+            .last()
+            .copied()
+    }
+}
+
+/// `haproxy -c -q -f <config>`: wall time, and its resident set and CPU as last sampled
+/// (every 20 ms) before it exited.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct HaproxyCheck {
+    /// Wall time from spawn to exit.
+    pub ms: u64,
+    /// Whether HAProxy accepted the configuration.
+    pub ok: bool,
+    /// Peak resident set, last sampled, in bytes.
+    pub peak_rss_bytes: u64,
+    /// CPU, last sampled, in milliseconds.
+    pub cpu_ms: u64,
 }

@@ -506,6 +506,35 @@ fn haproxy_section(out: &mut String, r: &RunResult, h: &super::haproxy::HaproxyF
     );
     let _ = writeln!(
         out,
+        "  haproxy -c of the same configuration: {} ({}), peak {} MiB, cpu {:.2} s (sampled every 20 ms)",
+        human_ms(s.check.ms),
+        if s.check.ok { "accepted" } else { "REFUSED" },
+        mib(s.check.peak_rss_bytes),
+        s.check.cpu_ms as f64 / 1000.0,
+    );
+    let resources = |name: &str, r: &super::protocol::HaproxyResources| {
+        format!(
+            "{name}: worker peak {} MiB, master peak {} MiB, cpu {:.2} s",
+            mib(r.worker_peak_rss_bytes),
+            mib(r.master_peak_rss_bytes),
+            r.cpu_ms as f64 / 1000.0
+        )
+    };
+    let _ = writeln!(
+        out,
+        "  {}; {}",
+        resources("HAProxy as certwatch ran it, at served", &s.served_haproxy),
+        resources("the cold load's HAProxy, serving", &s.cold_haproxy),
+    );
+    if let Some(after) = &h.after_rotations {
+        let _ = writeln!(
+            out,
+            "  {}",
+            resources("HAProxy as certwatch ran it, after the rotations", after)
+        );
+    }
+    let _ = writeln!(
+        out,
         "  HAProxy's own rate: {:.0} set ssl cert + commit ssl cert per second ({} certificates, pipelined, one connection); nbthread {}",
         h.own_rate_per_s,
         h.own_rate_sample,

@@ -40,6 +40,7 @@ use route_secrets::tls::SecurityLevel;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::runtime::{RuntimeError, one_shot};
@@ -608,44 +609,111 @@ impl HaproxyProcess {
         Ok(reloaded)
     }
 
-    /// Stops HAProxy: a soft stop (`SIGUSR1`: workers finish their connections), then
-    /// `SIGTERM` after `grace`, then `SIGKILL`; says which ended it.
-    pub async fn stop(mut self, grace: Duration) -> Stopped {
-        let stopped = self.stop_master(grace).await;
+    /// Stops HAProxy: a soft stop (`SIGUSR1`: listeners close, workers finish their
+    /// connections) for at most `drain`'s bound, then a hard stop (`SIGTERM`), then
+    /// `SIGKILL`; a cut of `drain` ends the soft stop at once. Says which ended it.
+    pub async fn stop(mut self, drain: &Drain) -> Stopped {
+        let master = if self.exited().is_some() {
+            None
+        } else {
+            rustix::process::Pid::from_raw(self.master_pid.cast_signed())
+        };
+        let stopped = stop_master(&mut self.child, master, drain).await;
         // The watchdog ends with HAProxy; closing its stdin is then a no-op.
         drop(self.lifeline.take());
         stopped
     }
+}
 
-    async fn stop_master(&mut self, grace: Duration) -> Stopped {
-        if self.exited().is_some() {
-            return Stopped::AlreadyExited;
+/// How long HAProxy's connections may take to finish when certwatch stops HAProxy (a
+/// soft stop), and a cut that ends that wait at once (a second stop signal). Cheap to
+/// clone: every clone shares the cut.
+#[derive(Clone, Debug)]
+pub struct Drain {
+    /// The longest a soft stop lasts before HAProxy is stopped hard.
+    pub bound: Duration,
+    cut: CancellationToken,
+}
+
+impl Drain {
+    /// A soft stop of at most `bound`.
+    pub fn new(bound: Duration) -> Self {
+        Self {
+            bound,
+            cut: CancellationToken::new(),
         }
-        let pid = self.master_pid;
-        let signal = |signal| {
-            if let Some(pid) = rustix::process::Pid::from_raw(pid.cast_signed()) {
-                let _ = rustix::process::kill_process(pid, signal);
-            }
-        };
-        signal(rustix::process::Signal::USR1);
-        if tokio::time::timeout(grace, self.child.wait()).await.is_ok() {
-            return Stopped::Soft;
-        }
-        warn!(
-            ?grace,
-            "HAProxy did not finish its connections in time; terminating it"
-        );
-        signal(rustix::process::Signal::TERM);
-        if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
-            .await
-            .is_ok()
-        {
-            return Stopped::Terminated;
-        }
-        signal(rustix::process::Signal::KILL);
-        let _ = self.child.kill().await;
-        Stopped::Killed
     }
+
+    /// From now on HAProxy is stopped at once: a soft stop in progress ends now, and a
+    /// stop still to come is hard from the start.
+    pub fn cut(&self) {
+        self.cut.cancel();
+    }
+
+    /// Whether [`Drain::cut`] was called.
+    pub fn is_cut(&self) -> bool {
+        self.cut.is_cancelled()
+    }
+}
+
+impl Default for Drain {
+    /// 10 s: for a HAProxy certwatch runs outside a deployment that says otherwise.
+    fn default() -> Self {
+        Self::new(Duration::from_secs(10))
+    }
+}
+
+/// How long HAProxy gets to exit on `SIGTERM` (a hard stop: it closes every
+/// connection) before `SIGKILL`.
+const HARD_STOP_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Stops the HAProxy master `master` whose exit `watched` (its watchdog, or itself)
+/// reports: soft, then hard after `drain`'s bound or on its cut, then `SIGKILL`.
+/// `master` `None` (HAProxy's pid is unknown): `watched` is killed at once, and the
+/// caller's closing of the watchdog's lifeline has the watchdog stop HAProxy.
+pub(crate) async fn stop_master(
+    watched: &mut Child,
+    master: Option<rustix::process::Pid>,
+    drain: &Drain,
+) -> Stopped {
+    if matches!(watched.try_wait(), Ok(Some(_))) {
+        return Stopped::AlreadyExited;
+    }
+    let Some(master) = master else {
+        warn!("HAProxy's pid is unknown: its watchdog stops it");
+        let _ = watched.kill().await;
+        return Stopped::Killed;
+    };
+    let signal = |signal| {
+        let _ = rustix::process::kill_process(master, signal);
+    };
+    let mut outcome = None;
+    if !drain.is_cut() {
+        signal(rustix::process::Signal::USR1);
+        info!(bound = ?drain.bound, "HAProxy stops softly: its connections finish, for at most the bound");
+        tokio::select! {
+            _ = watched.wait() => return Stopped::Soft,
+            () = tokio::time::sleep(drain.bound) => {
+                warn!(bound = ?drain.bound, "HAProxy did not finish its connections within the bound; stopping it hard");
+                outcome = Some(Stopped::Bound);
+            }
+            () = drain.cut.cancelled() => {}
+        }
+    }
+    let outcome = outcome.unwrap_or_else(|| {
+        info!("stopping HAProxy at once: its connections are closed");
+        Stopped::Cut
+    });
+    signal(rustix::process::Signal::TERM);
+    if tokio::time::timeout(HARD_STOP_PATIENCE, watched.wait())
+        .await
+        .is_ok()
+    {
+        return outcome;
+    }
+    signal(rustix::process::Signal::KILL);
+    let _ = watched.kill().await;
+    Stopped::Killed
 }
 
 /// How [`HaproxyProcess::stop`] ended HAProxy.
@@ -653,11 +721,13 @@ impl HaproxyProcess {
 pub enum Stopped {
     /// It had exited already.
     AlreadyExited,
-    /// The soft stop: every connection finished within the grace period.
+    /// The soft stop: every connection finished within the drain's bound.
     Soft,
-    /// `SIGTERM` after the grace period.
-    Terminated,
-    /// `SIGKILL`.
+    /// A hard stop (`SIGTERM`) at the drain's bound.
+    Bound,
+    /// A hard stop (`SIGTERM`) on the drain's cut.
+    Cut,
+    /// `SIGKILL`: it did not end on `SIGTERM`.
     Killed,
 }
 

@@ -16,7 +16,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
 use tracing::{info, warn};
 
-use crate::haproxy::process::{LogTail, MasterCli, ProcessError as LoadError, Processes};
+use crate::haproxy::process::{
+    Drain, LogTail, MasterCli, ProcessError as LoadError, Processes, Stopped, stop_master,
+};
 use crate::haproxy::runtime::{RuntimeError, one_shot};
 use crate::haproxy::watchdog::{self, Watched};
 
@@ -214,19 +216,15 @@ impl HaproxyProcess {
         !matches!(self.child.try_wait(), Ok(Some(_)))
     }
 
-    /// Stops HAProxy: soft stop (its connections finish), killed after `grace`.
-    pub async fn stop(mut self, grace: Duration) {
+    /// Stops HAProxy: a soft stop (its connections finish) for at most `drain`'s
+    /// bound or until its cut, then a hard stop, then `SIGKILL`. The lifeline stays
+    /// open meanwhile: closing it would have the watchdog end the drain after its
+    /// own short patience, which is for a certwatch that died.
+    pub async fn stop(mut self, drain: &Drain) -> Stopped {
         let master = self.pid().ok();
+        let stopped = stop_master(&mut self.child, master, drain).await;
         drop(self.lifeline.take());
-        if tokio::time::timeout(grace, self.child.wait())
-            .await
-            .is_err()
-        {
-            if let Some(pid) = master {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
-            let _ = self.child.kill().await;
-        }
-        info!(config = %self.config.display(), "HAProxy stopped");
+        info!(config = %self.config.display(), ?stopped, "HAProxy stopped");
+        stopped
     }
 }

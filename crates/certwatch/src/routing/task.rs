@@ -54,7 +54,7 @@ use super::supervisor::HaproxyProcess;
 use super::write_config;
 use crate::file_loads::FileLoads;
 use crate::haproxy::HaproxyHandle;
-use crate::haproxy::process::Processes;
+use crate::haproxy::process::{Drain, Processes};
 use crate::haproxy::runtime::{Instance, RuntimeError, current_instance, one_shot};
 use crate::metrics::Metrics;
 use crate::metrics::haproxy::ReloadReason;
@@ -83,6 +83,9 @@ pub struct RoutingOptions {
     /// each start or reload of the HAProxy certwatch runs is one, so that no file its
     /// crt-list names is removed while it loads.
     pub file_loads: FileLoads,
+    /// How long the HAProxy certwatch runs may take to finish its connections when
+    /// certwatch stops, and the cut that stops it at once.
+    pub drain: Drain,
 }
 
 impl RoutingOptions {
@@ -97,6 +100,7 @@ impl RoutingOptions {
             command_timeout: Duration::from_secs(10),
             load_timeout: Duration::from_secs(600),
             file_loads: FileLoads::new(),
+            drain: Drain::default(),
         }
     }
 }
@@ -356,7 +360,7 @@ impl Worker {
             }
         }
         if let Some(process) = self.process.take() {
-            process.stop(Duration::from_secs(5)).await;
+            process.stop(&self.options.drain).await;
         }
     }
 

@@ -6,7 +6,8 @@
 //! - [`render`]: `haproxy.cfg` and its maps from both (pure), checked by `haproxy -c`.
 //! - [`write_config`]: the rendered files on disk, each replaced atomically.
 //! - [`dynamic`]: endpoint changes as runtime API commands on server slots (pure).
-//! - [`supervisor`]: the HAProxy process certwatch runs (master-worker, reloads).
+//! - [`supervisor`]: how the HAProxy process certwatch runs on the routes' configuration
+//!   is started ([`crate::haproxy::process::HaproxyProcess`], the one process type).
 //! - [`task`]: the task that ties them: the EndpointSlice watch, the served routes,
 //!   loads and reloads at a bounded rate, endpoint changes without a reload.
 //! - `changes`: the served routes' changes to the task, coalesced per route.

@@ -50,11 +50,11 @@ use super::dynamic::LoadedBackend;
 use super::endpoints::{EndpointTable, ServiceKey};
 use super::model::{RoutingTable, ServedRoute};
 use super::render::{DIGEST_VARIABLE, RenderOptions, primary_service_host, render};
-use super::supervisor::HaproxyProcess;
+use super::supervisor::process_options;
 use super::write_config;
 use crate::file_loads::FileLoads;
 use crate::haproxy::HaproxyHandle;
-use crate::haproxy::process::{Drain, Processes};
+use crate::haproxy::process::{Drain, HaproxyProcess, Processes};
 use crate::haproxy::runtime::{Instance, RuntimeError, current_instance, one_shot};
 use crate::metrics::Metrics;
 use crate::metrics::haproxy::ReloadReason;
@@ -360,7 +360,8 @@ impl Worker {
             }
         }
         if let Some(process) = self.process.take() {
-            process.stop(&self.options.drain).await;
+            let stopped = process.stop(&self.options.drain).await;
+            info!(?stopped, "HAProxy stopped");
         }
     }
 
@@ -575,12 +576,17 @@ impl Worker {
                     reload = Some(before);
                     "reloaded"
                 }),
-            None => HaproxyProcess::start(&binary, &config, self.options.render.access_log)
-                .await
-                .map(|process| {
-                    self.process = Some(process);
-                    "started"
-                }),
+            None => HaproxyProcess::spawn(process_options(
+                &binary,
+                &config,
+                self.options.render.access_log,
+                self.options.command_timeout,
+            ))
+            .await
+            .map(|process| {
+                self.process = Some(process);
+                "started"
+            }),
         };
         let what = match result {
             Ok(what) => what,

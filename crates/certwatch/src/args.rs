@@ -15,7 +15,7 @@ use route_secrets::tls::SecurityLevel;
 
 use crate::daemon::DaemonOptions;
 use crate::haproxy::HaproxyOptions;
-use crate::haproxy::process::ProcessOptions;
+use crate::haproxy::process::{Drain, ProcessOptions};
 use crate::logging::LogFormat;
 use crate::progress::ProgressMode;
 use crate::reload::ReloadOptions;
@@ -843,12 +843,14 @@ pub struct RunArgs {
 
     /// The grace period certwatch runs under (the pod's
     /// terminationGracePeriodSeconds): a --shutdown-delay that does not fit in it is
-    /// refused at start.
+    /// refused at start, and the HAProxy certwatch runs gets what it leaves after the
+    /// delay (at most --haproxy-hard-stop-after) for its connections to finish.
     #[arg(long, env = "CERTWATCH_TERMINATION_GRACE_PERIOD", value_name = "D", value_parser = duration_arg, help_heading = "Shutdown")]
     pub termination_grace_period: Option<Duration>,
 
     /// How long HAProxy's old workers may finish their connections after a reload or
-    /// a soft stop before they are stopped (HAProxy's hard-stop-after).
+    /// a soft stop before they are stopped (HAProxy's hard-stop-after); also the
+    /// longest certwatch waits for the HAProxy it runs to drain when it stops.
     #[arg(long, env = "CERTWATCH_HAPROXY_HARD_STOP_AFTER", value_name = "D", value_parser = duration_arg, default_value = "1h", help_heading = "Shutdown")]
     pub haproxy_hard_stop_after: Duration,
 
@@ -1064,6 +1066,19 @@ enum CertificateTarget<'a> {
 }
 
 impl RunArgs {
+    /// How long the HAProxy certwatch runs gets, after the shutdown delay, for its
+    /// connections to finish once stopped softly: what the termination grace period
+    /// leaves after the delay, and never longer than --haproxy-hard-stop-after (the
+    /// bound HAProxy itself keeps on a soft stop of the configuration certwatch
+    /// writes). Without --termination-grace-period: --haproxy-hard-stop-after.
+    pub fn haproxy_drain_bound(&self) -> Duration {
+        self.termination_grace_period
+            .map(|grace| grace.saturating_sub(self.shutdown_delay))
+            .map_or(self.haproxy_hard_stop_after, |left| {
+                left.min(self.haproxy_hard_stop_after)
+            })
+    }
+
     /// The daemon options these arguments describe.
     pub fn daemon_options(&self) -> Result<DaemonOptions, ArgsError> {
         let deployment = self.haproxy_deployment()?;
@@ -1097,6 +1112,7 @@ impl RunArgs {
             });
         }
         let mut options = DaemonOptions::new(self.cert_dir.clone());
+        options.haproxy_drain = Drain::new(self.haproxy_drain_bound());
         options.scope = RouteScope {
             namespaces: self.namespace.clone(),
             namespace_selector: self.namespace_selector.clone(),
@@ -1592,6 +1608,43 @@ mod flag_tests {
         assert!(
             matches!(refused, Err(ArgsError::MasterSocketOfManagedRouting)),
             "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn the_drain_is_what_the_grace_period_leaves_at_most_hard_stop_after() {
+        use std::time::Duration;
+        let bound = |args: &[&str]| parse(args).unwrap().haproxy_drain_bound();
+        let minutes = |m: u64| Duration::from_secs(m * 60);
+        // No grace period: hard-stop-after, as given or its default.
+        assert_eq!(bound(&[]), minutes(60));
+        assert_eq!(
+            bound(&["--haproxy-hard-stop-after", "90s"]),
+            minutes(1) + Duration::from_secs(30)
+        );
+        // The deployment's: 3660 s − 45 s leaves more than the hour.
+        assert_eq!(
+            bound(&[
+                "--shutdown-delay",
+                "45s",
+                "--termination-grace-period",
+                "3660s"
+            ]),
+            minutes(60)
+        );
+        // A grace period that leaves less: what it leaves.
+        assert_eq!(
+            bound(&["--shutdown-delay", "1s", "--termination-grace-period", "3s"]),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            bound(&[
+                "--shutdown-delay",
+                "0s",
+                "--termination-grace-period",
+                "30s"
+            ]),
+            Duration::from_secs(30)
         );
     }
 }

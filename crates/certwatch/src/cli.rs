@@ -132,6 +132,7 @@ async fn serve(
         }
     };
     let delay = args.shutdown_delay;
+    let drain = daemon.haproxy_drain();
     if !delay.is_zero() {
         // Load balancers and endpoints take the replica out on /readyz while it still
         // serves: no connection is refused before they stop sending new ones.
@@ -143,11 +144,28 @@ async fn serve(
         );
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
-            second = stops.next() => info!(signal = second, "second signal: stopping at once"),
+            second = stops.next() => {
+                info!(signal = second, "second signal: stopping at once");
+                drain.cut();
+            }
         }
     }
-    info!("stopping: closing watches and finishing writes");
-    daemon.shutdown().await;
+    // The HAProxy certwatch runs, if any, stops softly: its connections finish for at
+    // most the drain's bound, or until a second signal.
+    info!(
+        haproxy_drain = ?drain.bound,
+        "stopping: closing watches and finishing writes"
+    );
+    let shutdown = daemon.shutdown();
+    tokio::pin!(shutdown);
+    tokio::select! {
+        () = &mut shutdown => {}
+        second = stops.next(), if !drain.is_cut() => {
+            info!(signal = second, "second signal: stopping at once");
+            drain.cut();
+            shutdown.await;
+        }
+    }
     info!("stopped");
     Ok(())
 }

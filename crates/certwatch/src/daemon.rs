@@ -40,6 +40,7 @@ use tracing::{debug, info, warn};
 use crate::cert_dir::CertDir;
 use crate::files::LINKS_DIR;
 use crate::haproxy::crt_list::CrtListOptions;
+use crate::haproxy::process::Drain;
 use crate::haproxy::{Haproxy, HaproxyHandle, HaproxyOptions};
 use crate::http;
 use crate::metrics::Metrics;
@@ -126,6 +127,10 @@ pub struct DaemonOptions {
     pub write_concurrency: usize,
     /// How start-up progress is shown.
     pub progress: ProgressMode,
+    /// When the HAProxy certwatch runs (`haproxy`'s managed mode, or `routing`'s) is
+    /// stopped: how long its connections may take to finish, and the cut that stops it
+    /// at once ([`Daemon::haproxy_drain`]). It replaces both options' own.
+    pub haproxy_drain: Drain,
 }
 
 impl DaemonOptions {
@@ -138,6 +143,7 @@ impl DaemonOptions {
             reload: None,
             haproxy: None,
             routing: None,
+            haproxy_drain: Drain::default(),
             crt_list: CrtListOptions::default(),
             listen: None,
             secure_metrics: None,
@@ -268,6 +274,8 @@ pub struct Daemon {
     throttle_log: JoinHandle<()>,
     /// The HAProxy controller's handle, when certwatch feeds a HAProxy.
     haproxy: Option<HaproxyHandle>,
+    /// How the HAProxy certwatch runs is stopped.
+    haproxy_drain: Drain,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -485,6 +493,7 @@ impl Parts {
             routing.render.crt_list = cert_dir.crt_list_path();
             // Its loads keep the files they may read in place.
             routing.file_loads = cert_dir.file_loads();
+            routing.drain = options.haproxy_drain.clone();
             // The EndpointSlices' list goes out now, beside the routes': start-up keeps
             // its round trips. Paced by the same window.
             let paced = kube_common::adaptive::sequential_client(client.clone(), limiter.clone());
@@ -532,6 +541,7 @@ impl Parts {
             progress: Some(progress),
             throttle_log,
             haproxy: haproxy_handle,
+            haproxy_drain: options.haproxy_drain.clone(),
         })
     }
 }
@@ -628,6 +638,7 @@ fn spawn_outputs(
         haproxy.file_loads = file_loads.clone();
         // What it refused before stays refused (its lines are out of the crt-list).
         haproxy.refused = refused.clone();
+        haproxy.drain = options.haproxy_drain.clone();
         // The HAProxy certwatch runs loads certificates at the level they were
         // validated at, unless told otherwise.
         if let crate::haproxy::HaproxyMode::Managed(process) = &mut haproxy.mode {
@@ -808,6 +819,13 @@ impl Daemon {
     /// and endpoints take this replica out) while everything keeps serving.
     pub fn drain(&self) {
         self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// The drain of the HAProxy certwatch runs: [`Drain::cut`] during
+    /// [`Daemon::shutdown`] stops HAProxy at once instead of letting its connections
+    /// finish.
+    pub fn haproxy_drain(&self) -> Drain {
+        self.haproxy_drain.clone()
     }
 
     /// Stops the watches, finishes the writes in progress, a pending reload and the

@@ -90,6 +90,30 @@ fn manifests_parse_and_match_the_daemon() {
             container["name"].as_str().unwrap()
         );
     }
+    // HAProxy's limit also holds every connection its maxconn lets in, each at its
+    // bound (docs/deploy.md, "HAProxy's connections"): HAProxy stops accepting at
+    // maxconn before the kernel would kill it.
+    let maxconn: f64 = pod["containers"][0]["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|variable| variable["name"] == "CERTWATCH_HAPROXY_MAX_CONNECTIONS")
+        .expect("the Deployment sets HAProxy's maxconn")["value"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let haproxy_limit: f64 = pod["containers"][1]["resources"]["limits"]["memory"]
+        .as_str()
+        .and_then(|text| text.strip_suffix("Mi"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let needed = haproxy_peak + maxconn * measured_connection_bound_kib() / 1024.0;
+    assert!(
+        haproxy_limit >= needed,
+        "haproxy: limit {haproxy_limit} Mi, needed {needed:.1} MiB for maxconn {maxconn}"
+    );
     // Probes that match the design: readiness gates the endpoints on /readyz, and the
     // only probe that can restart the container (liveness; no startup probe) asks
     // /healthz, which stays 200 through an API outage at start.
@@ -404,6 +428,21 @@ fn monitoring_and_network_policy_fit_together() {
         rules[1]["from"][0]["namespaceSelector"].is_mapping(),
         "scrapes from the monitoring namespaces only"
     );
+}
+
+/// From docs/deploy.md ("HAProxy's connections"): the most a connection HAProxy counts
+/// against maxconn costs, KiB.
+fn measured_connection_bound_kib() -> f64 {
+    let doc = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/deploy.md"),
+    )
+    .unwrap();
+    let row = doc
+        .lines()
+        .find(|line| line.starts_with("| at most:"))
+        .expect("docs/deploy.md has the bound per HAProxy connection");
+    let cell = row.split('|').map(str::trim).nth(2).unwrap();
+    cell.strip_suffix(" KiB").unwrap().parse().unwrap()
 }
 
 /// The upper ends of the measured peaks at 10,000 routes in docs/deploy.md's sizing

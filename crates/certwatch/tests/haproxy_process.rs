@@ -11,7 +11,7 @@ mod common;
 use std::time::Duration;
 
 use certwatch::haproxy::process::{
-    HaproxyProcess, ProcessError, ProcessOptions, Stopped, check_config,
+    Drain, HaproxyProcess, ProcessError, ProcessOptions, Stopped, check_config,
 };
 use certwatch::haproxy::runtime::{Command, RuntimeClient, RuntimeOptions, current_instance};
 use common::eventually_async;
@@ -106,7 +106,8 @@ async fn started_reloaded_and_stopped_through_the_master_cli() {
     // An open runtime API connection would hold the soft stop until the grace ends.
     drop(client);
     let master = haproxy.pid().unwrap();
-    assert_eq!(haproxy.stop(Duration::from_secs(60)).await, Stopped::Soft);
+    let drain = Drain::new(Duration::from_secs(60));
+    assert_eq!(haproxy.stop(&drain).await, Stopped::Soft);
     assert!(
         !std::path::Path::new(&format!("/proc/{master}")).exists(),
         "the master is gone"

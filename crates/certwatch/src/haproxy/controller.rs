@@ -62,7 +62,7 @@ use tracing::{error, info, warn};
 use super::machine::{
     Action, Count, Event, HaproxyStatus, Loaded, Machine, MachineOptions, Report,
 };
-use super::process::{HaproxyProcess, MasterCli, ProcessError, ProcessOptions, Reloaded};
+use super::process::{Drain, HaproxyProcess, MasterCli, ProcessError, ProcessOptions, Reloaded};
 use super::runtime::{RuntimeClient, RuntimeOptions, current_instance};
 use crate::cert_dir::{CrtChange, CrtEntry};
 use crate::file_loads::FileLoads;
@@ -104,8 +104,8 @@ pub struct HaproxyOptions {
     /// Least time between two reloads.
     pub min_reload_interval: Duration,
     /// How long a managed HAProxy may take to finish its connections when certwatch
-    /// stops.
-    pub stop_grace: Duration,
+    /// stops, and the cut that stops it at once.
+    pub drain: Drain,
     /// The loads of the cert directory's files ([`crate::cert_dir::CertDir::file_loads`]):
     /// each start or reload certwatch asks of HAProxy is one, so that no file a crt-list
     /// it may read names is removed while it loads.
@@ -149,7 +149,7 @@ impl HaproxyOptions {
             batch_limit: 256,
             batch_bytes: 2 * 1024 * 1024,
             min_reload_interval: Duration::from_secs(5),
-            stop_grace: Duration::from_secs(10),
+            drain: Drain::default(),
             file_loads: FileLoads::new(),
             refused: HashMap::new(),
         }
@@ -669,7 +669,7 @@ impl Controller {
         // An open runtime API connection would hold the soft stop.
         self.runtime.reconnect().await;
         if let Some(process) = self.process.take() {
-            let stopped = process.stop(self.options.stop_grace).await;
+            let stopped = process.stop(&self.options.drain).await;
             info!(?stopped, "HAProxy stopped");
         }
     }

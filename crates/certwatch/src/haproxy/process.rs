@@ -40,6 +40,7 @@ use route_secrets::tls::SecurityLevel;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::runtime::{RuntimeError, one_shot};
@@ -142,6 +143,16 @@ pub struct ProcessOptions {
     /// the daemon's `openssl_security_level` (run alone: the system's OpenSSL
     /// configuration, Debian's at 2).
     pub security_level: Option<SecurityLevel>,
+    /// Without `security_level`: an `OPENSSL_CONF` written by others for HAProxy (the
+    /// routes' configuration has one beside it).
+    pub openssl_conf_file: Option<PathBuf>,
+    /// HAProxy's standard output is certwatch's own, line for line (where a
+    /// configuration's access log goes); off: it is logged.
+    pub inherit_stdout: bool,
+    /// HAProxy's warnings are its routine (on a configuration certwatch writes:
+    /// proxies stopped by a reload, servers leaving maintenance): logged as
+    /// information, and its alerts as warnings.
+    pub routine_warnings: bool,
 }
 
 impl ProcessOptions {
@@ -159,6 +170,9 @@ impl ProcessOptions {
             load_timeout: Duration::from_secs(600),
             command_timeout: Duration::from_secs(10),
             security_level: None,
+            openssl_conf_file: None,
+            inherit_stdout: false,
+            routine_warnings: false,
         }
     }
 
@@ -427,8 +441,9 @@ impl LogTail {
     }
 }
 
-/// Forwards HAProxy's output to the log, keeping its end.
-fn forward(stream: impl AsyncRead + Unpin + Send + 'static, tail: LogTail) {
+/// Forwards HAProxy's output to the log, keeping its end; with `routine_warnings`,
+/// HAProxy's warnings are logged as information and its alerts as warnings.
+fn forward(stream: impl AsyncRead + Unpin + Send + 'static, tail: LogTail, routine_warnings: bool) {
     tail.open.send_modify(|open| *open += 1);
     tokio::spawn(async move {
         let mut lines = BufReader::new(stream).lines();
@@ -437,7 +452,13 @@ fn forward(stream: impl AsyncRead + Unpin + Send + 'static, tail: LogTail) {
             if line.is_empty() {
                 continue;
             }
-            if line.contains("[ALERT]") {
+            if routine_warnings {
+                if line.contains("[ALERT]") {
+                    warn!(target: "haproxy", "{line}");
+                } else {
+                    info!(target: "haproxy", "{line}");
+                }
+            } else if line.contains("[ALERT]") {
                 error!(target: "haproxy", "{line}");
             } else if line.contains("[WARNING]") {
                 warn!(target: "haproxy", "{line}");
@@ -472,62 +493,8 @@ impl HaproxyProcess {
     /// Starts HAProxy and waits until its first worker serves (it has loaded every
     /// file its configuration names); returns the process and that worker's pid.
     pub async fn start(options: ProcessOptions) -> Result<(Self, u32), ProcessError> {
-        super::watchdog::stop_leftovers(&options.config, LEFTOVER_PATIENCE).await;
-        // A socket left by an earlier run would make HAProxy's bind fail.
-        let _ = std::fs::remove_file(&options.master_socket);
-        let openssl_conf = options.openssl_conf();
-        let mut env = Vec::new();
-        if let Some(level) = options.security_level {
-            std::fs::write(&openssl_conf, level.openssl_conf()).map_err(|source| {
-                ProcessError::OpensslConf {
-                    path: openssl_conf.clone(),
-                    source,
-                }
-            })?;
-            env.push(("OPENSSL_CONF", openssl_conf.as_os_str()));
-        }
-        let mut master_arg = options.master_socket.clone().into_os_string();
-        master_arg.push(",mode,600");
-        let watched = super::watchdog::spawn(
-            &options.binary,
-            &[
-                OsStr::new("-W"),
-                OsStr::new("-S"),
-                &master_arg,
-                OsStr::new("-f"),
-                options.config.as_os_str(),
-            ],
-            &env,
-            false,
-        )
-        .map_err(|source| ProcessError::Spawn {
-            binary: options.binary.clone(),
-            source,
-        })?;
-        let mut child = watched.child;
-        let tail = LogTail::default();
-        if let Some(stdout) = child.stdout.take() {
-            forward(stdout, tail.clone());
-        }
-        if let Some(stderr) = child.stderr.take() {
-            forward(stderr, tail.clone());
-        }
-        let master = MasterCli {
-            socket: options.master_socket.clone(),
-            timeout: options.command_timeout,
-            log: Some(tail.clone()),
-            config: Some(options.config.clone()),
-        };
+        let mut process = Self::spawn(options).await?;
         let started = Instant::now();
-        let mut process = Self {
-            child,
-            lifeline: watched.lifeline,
-            master_pid: 0,
-            master,
-            options,
-            tail,
-            start_duration: Duration::ZERO,
-        };
         let waited = {
             let Self {
                 child,
@@ -563,6 +530,77 @@ impl HaproxyProcess {
             "HAProxy started"
         );
         Ok((process, worker))
+    }
+
+    /// Starts HAProxy and returns at once, without waiting for a worker (whoever
+    /// starts it this way watches the load itself, e.g. through the runtime API), once
+    /// any HAProxy left running on the same configuration by an earlier run has ended.
+    pub async fn spawn(options: ProcessOptions) -> Result<Self, ProcessError> {
+        super::watchdog::stop_leftovers(&options.config, LEFTOVER_PATIENCE).await;
+        // A socket left by an earlier run would make HAProxy's bind fail.
+        let _ = std::fs::remove_file(&options.master_socket);
+        let openssl_conf = match (options.security_level, &options.openssl_conf_file) {
+            (Some(level), _) => {
+                let path = options.openssl_conf();
+                std::fs::write(&path, level.openssl_conf()).map_err(|source| {
+                    ProcessError::OpensslConf {
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+                Some(path)
+            }
+            (None, file) => file.clone(),
+        };
+        let env: Vec<(&str, &OsStr)> = openssl_conf
+            .iter()
+            .map(|path| ("OPENSSL_CONF", path.as_os_str()))
+            .collect();
+        let mut master_arg = options.master_socket.clone().into_os_string();
+        master_arg.push(",mode,600");
+        // In the foreground whatever the configuration says (`-db`): the watchdog's
+        // child must be HAProxy's master.
+        let watched = super::watchdog::spawn(
+            &options.binary,
+            &[
+                OsStr::new("-W"),
+                OsStr::new("-db"),
+                OsStr::new("-S"),
+                &master_arg,
+                OsStr::new("-f"),
+                options.config.as_os_str(),
+            ],
+            &env,
+            options.inherit_stdout,
+        )
+        .map_err(|source| ProcessError::Spawn {
+            binary: options.binary.clone(),
+            source,
+        })?;
+        let mut child = watched.child;
+        let tail = LogTail::default();
+        if let Some(stdout) = child.stdout.take() {
+            forward(stdout, tail.clone(), options.routine_warnings);
+        }
+        if let Some(stderr) = child.stderr.take() {
+            forward(stderr, tail.clone(), options.routine_warnings);
+        }
+        let master = MasterCli {
+            socket: options.master_socket.clone(),
+            timeout: options.command_timeout,
+            log: Some(tail.clone()),
+            config: Some(options.config.clone()),
+        };
+        debug!(config = %options.config.display(), "HAProxy spawned");
+        Ok(Self {
+            child,
+            lifeline: watched.lifeline,
+            master_pid: 0,
+            master,
+            options,
+            tail,
+            start_duration: Duration::ZERO,
+        })
     }
 
     /// How long the start took: from spawning HAProxy to its first worker serving
@@ -608,44 +646,176 @@ impl HaproxyProcess {
         Ok(reloaded)
     }
 
-    /// Stops HAProxy: a soft stop (`SIGUSR1`: workers finish their connections), then
-    /// `SIGTERM` after `grace`, then `SIGKILL`; says which ended it.
-    pub async fn stop(mut self, grace: Duration) -> Stopped {
-        let stopped = self.stop_master(grace).await;
+    /// Asks the master to load the configuration and its files again (its master
+    /// CLI's `reload`: the old worker serves until the new one does) and returns at
+    /// once with what the master said before, for [`HaproxyProcess::load_failed`].
+    pub async fn begin_reload(
+        &mut self,
+        command_timeout: Duration,
+    ) -> Result<Processes, ProcessError> {
+        let master = MasterCli::new(self.master.socket.clone(), command_timeout);
+        // Just after a reload the master re-executes itself, and its CLI refuses
+        // connections for a moment: it is asked again until it answers, HAProxy exits,
+        // or `command_timeout` has passed (HAProxy is not given up for that moment).
+        let deadline = Instant::now() + command_timeout;
+        let before = loop {
+            match master.processes().await {
+                Ok(before) => break before,
+                Err(error) if Instant::now() >= deadline || !self.running() => {
+                    return Err(error);
+                }
+                Err(_) => tokio::time::sleep(POLL).await,
+            }
+        };
+        // The master closes the connection when it re-executes; what it says before
+        // does not matter.
+        match one_shot(master.socket(), "reload", command_timeout).await {
+            Ok(_) | Err(RuntimeError::Io { .. } | RuntimeError::Closed { .. }) => Ok(before),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// HAProxy's words when the load begun after `before` failed (its old worker keeps
+    /// serving); `None` while it loads, once it has loaded, or while the master does not
+    /// answer.
+    pub async fn load_failed(
+        &self,
+        before: &Processes,
+        command_timeout: Duration,
+    ) -> Option<String> {
+        let master = MasterCli::new(self.master.socket.clone(), command_timeout);
+        let now = master.processes().await.ok()?;
+        (now.master.reloads > before.master.reloads && now.failed_reloads > 0)
+            .then(|| self.tail.text())
+    }
+
+    /// Whether HAProxy still runs.
+    pub fn running(&mut self) -> bool {
+        self.exited().is_none()
+    }
+
+    /// Stops HAProxy: a soft stop (`SIGUSR1`: listeners close, workers finish their
+    /// connections) for at most `drain`'s bound, then a hard stop (`SIGTERM`), then
+    /// `SIGKILL`; a cut of `drain` ends the soft stop at once. Says which ended it.
+    pub async fn stop(mut self, drain: &Drain) -> Stopped {
+        let master = if self.exited().is_some() {
+            None
+        } else if self.master_pid != 0 {
+            rustix::process::Pid::from_raw(self.master_pid.cast_signed())
+        } else {
+            // Spawned without waiting for a worker: the watchdog's child is the master.
+            self.child
+                .id()
+                .and_then(|watchdog| super::watchdog::master_of(watchdog, &self.options.config))
+        };
+        let stopped = stop_master(&mut self.child, master, drain).await;
         // The watchdog ends with HAProxy; closing its stdin is then a no-op.
         drop(self.lifeline.take());
         stopped
     }
+}
 
-    async fn stop_master(&mut self, grace: Duration) -> Stopped {
-        if self.exited().is_some() {
-            return Stopped::AlreadyExited;
+/// How long HAProxy's connections may take to finish when certwatch stops HAProxy (a
+/// soft stop), and a cut that ends that wait at once (a second stop signal). Cheap to
+/// clone: every clone shares the cut.
+#[derive(Clone, Debug)]
+pub struct Drain {
+    /// The longest a soft stop lasts before HAProxy is stopped hard.
+    pub bound: Duration,
+    cut: CancellationToken,
+}
+
+impl Drain {
+    /// A soft stop of at most `bound`.
+    pub fn new(bound: Duration) -> Self {
+        Self {
+            bound,
+            cut: CancellationToken::new(),
         }
-        let pid = self.master_pid;
-        let signal = |signal| {
-            if let Some(pid) = rustix::process::Pid::from_raw(pid.cast_signed()) {
-                let _ = rustix::process::kill_process(pid, signal);
-            }
-        };
-        signal(rustix::process::Signal::USR1);
-        if tokio::time::timeout(grace, self.child.wait()).await.is_ok() {
-            return Stopped::Soft;
-        }
-        warn!(
-            ?grace,
-            "HAProxy did not finish its connections in time; terminating it"
-        );
-        signal(rustix::process::Signal::TERM);
-        if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
-            .await
-            .is_ok()
-        {
-            return Stopped::Terminated;
-        }
-        signal(rustix::process::Signal::KILL);
-        let _ = self.child.kill().await;
-        Stopped::Killed
     }
+
+    /// From now on HAProxy is stopped at once: a soft stop in progress ends now, and a
+    /// stop still to come is hard from the start.
+    pub fn cut(&self) {
+        self.cut.cancel();
+    }
+
+    /// Whether [`Drain::cut`] was called.
+    pub fn is_cut(&self) -> bool {
+        self.cut.is_cancelled()
+    }
+}
+
+impl Default for Drain {
+    /// 10 s: for a HAProxy certwatch runs outside a deployment that says otherwise.
+    fn default() -> Self {
+        Self::new(Duration::from_secs(10))
+    }
+}
+
+/// How often the soft stop's signal is sent while HAProxy drains.
+const SOFT_STOP_REPEAT: Duration = Duration::from_secs(1);
+
+/// How long HAProxy gets to exit on `SIGTERM` (a hard stop: it closes every
+/// connection) before `SIGKILL`.
+const HARD_STOP_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Stops the HAProxy master `master` whose exit `watched` (its watchdog, or itself)
+/// reports: soft, then hard after `drain`'s bound or on its cut, then `SIGKILL`.
+/// `master` `None` (HAProxy's pid is unknown): `watched` is killed at once, and the
+/// caller's closing of the watchdog's lifeline has the watchdog stop HAProxy.
+pub(crate) async fn stop_master(
+    watched: &mut Child,
+    master: Option<rustix::process::Pid>,
+    drain: &Drain,
+) -> Stopped {
+    if matches!(watched.try_wait(), Ok(Some(_))) {
+        return Stopped::AlreadyExited;
+    }
+    let Some(master) = master else {
+        warn!("HAProxy's pid is unknown: its watchdog stops it");
+        let _ = watched.kill().await;
+        return Stopped::Killed;
+    };
+    let signal = |signal| {
+        let _ = rustix::process::kill_process(master, signal);
+    };
+    let mut outcome = None;
+    if !drain.is_cut() {
+        info!(bound = ?drain.bound, "HAProxy stops softly: its connections finish, for at most the bound");
+        let bound = tokio::time::sleep(drain.bound);
+        tokio::pin!(bound);
+        // A master in the middle of a reload (re-executing itself) does not hear the
+        // signal: it is sent again until HAProxy has exited (a soft stop in progress
+        // takes it as a no-op).
+        let mut again = tokio::time::interval(SOFT_STOP_REPEAT);
+        loop {
+            tokio::select! {
+                _ = watched.wait() => return Stopped::Soft,
+                _ = again.tick() => signal(rustix::process::Signal::USR1),
+                () = &mut bound => {
+                    warn!(bound = ?drain.bound, "HAProxy did not finish its connections within the bound; stopping it hard");
+                    outcome = Some(Stopped::Bound);
+                    break;
+                }
+                () = drain.cut.cancelled() => break,
+            }
+        }
+    }
+    let outcome = outcome.unwrap_or_else(|| {
+        info!("stopping HAProxy at once: its connections are closed");
+        Stopped::Cut
+    });
+    signal(rustix::process::Signal::TERM);
+    if tokio::time::timeout(HARD_STOP_PATIENCE, watched.wait())
+        .await
+        .is_ok()
+    {
+        return outcome;
+    }
+    signal(rustix::process::Signal::KILL);
+    let _ = watched.kill().await;
+    Stopped::Killed
 }
 
 /// How [`HaproxyProcess::stop`] ended HAProxy.
@@ -653,11 +823,13 @@ impl HaproxyProcess {
 pub enum Stopped {
     /// It had exited already.
     AlreadyExited,
-    /// The soft stop: every connection finished within the grace period.
+    /// The soft stop: every connection finished within the drain's bound.
     Soft,
-    /// `SIGTERM` after the grace period.
-    Terminated,
-    /// `SIGKILL`.
+    /// A hard stop (`SIGTERM`) at the drain's bound.
+    Bound,
+    /// A hard stop (`SIGTERM`) on the drain's cut.
+    Cut,
+    /// `SIGKILL`: it did not end on `SIGTERM`.
     Killed,
 }
 

@@ -124,6 +124,21 @@ fn running_on(config: &Path) -> Vec<rustix::process::Pid> {
         .collect()
 }
 
+/// The HAProxy master the watchdog `watchdog` runs on `config`: its child running
+/// HAProxy on `config` (its other child, the guard, is a shell).
+pub fn master_of(watchdog: u32, config: &Path) -> Option<rustix::process::Pid> {
+    running_on(config).into_iter().find(|pid| {
+        std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero()))
+            .ok()
+            .and_then(|stat| {
+                // `pid (comm) state ppid ...`: the parent after the command's name.
+                let (_, rest) = stat.rsplit_once(')')?;
+                rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+            })
+            == Some(watchdog)
+    })
+}
+
 /// Ends every HAProxy running on `config` (left by an earlier certwatch, or started by
 /// others on the same configuration): `SIGTERM`, then `SIGKILL` to what is still there
 /// after `patience`. Returns how many processes were found.

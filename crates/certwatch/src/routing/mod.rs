@@ -7,7 +7,8 @@
 //! - [`write_config`]: the rendered files on disk, each replaced atomically.
 //! - [`dynamic`]: endpoint changes as runtime API commands on server slots and on
 //!   servers added and deleted at run time (pure).
-//! - [`supervisor`]: the HAProxy process certwatch runs (master-worker, reloads).
+//! - [`supervisor`]: how the HAProxy process certwatch runs on the routes' configuration
+//!   is started ([`crate::haproxy::process::HaproxyProcess`], the one process type).
 //! - [`task`]: the task that ties them: the EndpointSlice and Service watches, the
 //!   served routes, loads and reloads at a bounded rate, endpoint changes without a
 //!   reload.

@@ -52,11 +52,11 @@ use super::dynamic::LoadedBackend;
 use super::endpoints::{EndpointTable, ServiceKey};
 use super::model::RoutingTable;
 use super::render::{DIGEST_VARIABLE, RenderOptions, primary_service_host, render};
-use super::supervisor::HaproxyProcess;
+use super::supervisor::process_options;
 use super::write_config;
 use crate::file_loads::FileLoads;
 use crate::haproxy::HaproxyHandle;
-use crate::haproxy::process::Processes;
+use crate::haproxy::process::{Drain, HaproxyProcess, Processes};
 use crate::haproxy::runtime::{Instance, RuntimeError, current_instance, one_shot};
 use crate::metrics::Metrics;
 use crate::metrics::haproxy::ReloadReason;
@@ -85,6 +85,9 @@ pub struct RoutingOptions {
     /// each start or reload of the HAProxy certwatch runs is one, so that no file its
     /// crt-list names is removed while it loads.
     pub file_loads: FileLoads,
+    /// How long the HAProxy certwatch runs may take to finish its connections when
+    /// certwatch stops, and the cut that stops it at once.
+    pub drain: Drain,
 }
 
 impl RoutingOptions {
@@ -99,6 +102,7 @@ impl RoutingOptions {
             command_timeout: Duration::from_secs(10),
             load_timeout: Duration::from_secs(600),
             file_loads: FileLoads::new(),
+            drain: Drain::default(),
         }
     }
 }
@@ -333,7 +337,8 @@ impl Worker {
             }
         }
         if let Some(process) = self.process.take() {
-            process.stop(Duration::from_secs(5)).await;
+            let stopped = process.stop(&self.options.drain).await;
+            info!(?stopped, "HAProxy stopped");
         }
     }
 
@@ -602,12 +607,17 @@ impl Worker {
                     reload = Some(before);
                     "reloaded"
                 }),
-            None => HaproxyProcess::start(&binary, &config, self.options.render.access_log)
-                .await
-                .map(|process| {
-                    self.process = Some(process);
-                    "started"
-                }),
+            None => HaproxyProcess::spawn(process_options(
+                &binary,
+                &config,
+                self.options.render.access_log,
+                self.options.command_timeout,
+            ))
+            .await
+            .map(|process| {
+                self.process = Some(process);
+                "started"
+            }),
         };
         let what = match result {
             Ok(what) => what,

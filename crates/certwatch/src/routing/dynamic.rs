@@ -137,34 +137,9 @@ impl LoadedBackend {
         let mut slots = self.slots.clone();
         let mut add = self.add.clone();
         let mut added = false;
-        let mut matched = vec![false; wanted.len()];
         let mut commands = Vec::new();
         let backend = &self.name;
-        for slot in &mut slots {
-            let Some(target) = &slot.target else {
-                continue;
-            };
-            let found = wanted
-                .iter()
-                .enumerate()
-                .find(|(i, w)| !matched[*i] && w.ip == target.ip && w.port == target.port);
-            match found {
-                Some((i, w)) => {
-                    matched[i] = true;
-                    if w.weight != target.weight {
-                        commands.push(format!(
-                            "set server {backend}/{} weight {}",
-                            slot.name, w.weight
-                        ));
-                        slot.target = Some(w.clone());
-                    }
-                }
-                None => {
-                    commands.push(format!("set server {backend}/{} state maint", slot.name));
-                    slot.target = None;
-                }
-            }
-        }
+        let matched = keep_or_retire(backend, &mut slots, &wanted, &mut commands);
         for (i, server) in plan.servers.iter().enumerate() {
             if matched[i] {
                 continue;
@@ -188,45 +163,24 @@ impl LoadedBackend {
             };
             match (spare, &mut add) {
                 (Some(index), _) => {
-                    let slot = &mut slots[index];
-                    commands.push(format!(
-                        "set server {backend}/{} addr {} port {}",
-                        slot.name,
-                        target.ip.trim_start_matches('[').trim_end_matches(']'),
-                        target.port
-                    ));
-                    commands.push(format!(
-                        "set server {backend}/{} weight {}",
-                        slot.name, target.weight
-                    ));
-                    commands.push(format!("set server {backend}/{} state ready", slot.name));
-                    if self.checked {
-                        commands.push(format!("set server {backend}/{} health up", slot.name));
-                    }
-                    slot.target = Some(target.clone());
+                    fill_slot(
+                        backend,
+                        &mut slots[index],
+                        target,
+                        self.checked,
+                        &mut commands,
+                    );
                 }
                 (None, Some(add)) => {
-                    let name = format!("{SPARE_SERVER_PREFIX}{}", add.next);
-                    let id = add.next_id;
-                    add.next += 1;
-                    add.next_id += 1;
-                    let proto = if server.h2c && add.h2c {
-                        " proto h2"
-                    } else {
-                        ""
-                    };
-                    commands.push(format!(
-                        "add server {backend}/{name} {}:{} id {id} weight {}{proto}{}",
-                        target.ip, target.port, target.weight, add.options
-                    ));
-                    commands.push(format!("enable server {backend}/{name}"));
-                    if self.checked {
-                        commands.push(format!("enable health {backend}/{name}"));
-                    }
-                    slots.push(RenderedServer {
-                        name,
-                        target: Some(target.clone()),
-                    });
+                    let server = add_server(
+                        backend,
+                        add,
+                        server.h2c,
+                        target,
+                        self.checked,
+                        &mut commands,
+                    );
+                    slots.push(server);
                     added = true;
                 }
                 (None, None) if server.h2c => {
@@ -251,6 +205,97 @@ impl LoadedBackend {
         self.slots = slots;
         self.add = add;
         Ok(commands)
+    }
+}
+
+/// Keeps each slot whose target is still wanted (its weight set if it changed) and puts
+/// the others in maintenance; returns which of `wanted` a slot already serves.
+fn keep_or_retire(
+    backend: &str,
+    slots: &mut [RenderedServer],
+    wanted: &[ServerTarget],
+    commands: &mut Vec<String>,
+) -> Vec<bool> {
+    let mut matched = vec![false; wanted.len()];
+    for slot in slots {
+        let Some(target) = &slot.target else {
+            continue;
+        };
+        let found = wanted
+            .iter()
+            .enumerate()
+            .find(|(i, w)| !matched[*i] && w.ip == target.ip && w.port == target.port);
+        match found {
+            Some((i, w)) => {
+                matched[i] = true;
+                if w.weight != target.weight {
+                    commands.push(format!(
+                        "set server {backend}/{} weight {}",
+                        slot.name, w.weight
+                    ));
+                    slot.target = Some(w.clone());
+                }
+            }
+            None => {
+                commands.push(format!("set server {backend}/{} state maint", slot.name));
+                slot.target = None;
+            }
+        }
+    }
+    matched
+}
+
+/// Points the free slot at `target` and brings it up.
+fn fill_slot(
+    backend: &str,
+    slot: &mut RenderedServer,
+    target: &ServerTarget,
+    checked: bool,
+    commands: &mut Vec<String>,
+) {
+    commands.push(format!(
+        "set server {backend}/{} addr {} port {}",
+        slot.name,
+        target.ip.trim_start_matches('[').trim_end_matches(']'),
+        target.port
+    ));
+    commands.push(format!(
+        "set server {backend}/{} weight {}",
+        slot.name, target.weight
+    ));
+    commands.push(format!("set server {backend}/{} state ready", slot.name));
+    if checked {
+        commands.push(format!("set server {backend}/{} health up", slot.name));
+    }
+    slot.target = Some(target.clone());
+}
+
+/// Adds a server for `target` at run time (the next name and id of `add`) and enables
+/// it; returns it as rendered.
+fn add_server(
+    backend: &str,
+    add: &mut AddServers,
+    h2c: bool,
+    target: &ServerTarget,
+    checked: bool,
+    commands: &mut Vec<String>,
+) -> RenderedServer {
+    let name = format!("{SPARE_SERVER_PREFIX}{}", add.next);
+    let id = add.next_id;
+    add.next += 1;
+    add.next_id += 1;
+    let proto = if h2c && add.h2c { " proto h2" } else { "" };
+    commands.push(format!(
+        "add server {backend}/{name} {}:{} id {id} weight {}{proto}{}",
+        target.ip, target.port, target.weight, add.options
+    ));
+    commands.push(format!("enable server {backend}/{name}"));
+    if checked {
+        commands.push(format!("enable health {backend}/{name}"));
+    }
+    RenderedServer {
+        name,
+        target: Some(target.clone()),
     }
 }
 

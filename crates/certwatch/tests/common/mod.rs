@@ -763,17 +763,30 @@ pub fn crt_list(cert_dir: &Path) -> Vec<(String, String)> {
 }
 
 /// The crt-list as (link file name, what follows it: options and SNI filter).
+///
+/// Every listed file must exist. The daemon may replace the list and remove a file it no
+/// longer lists between this function's two reads, so a missing file counts only when
+/// the list that names it is still the one on disk.
 pub fn crt_list_lines(cert_dir: &Path) -> Vec<(String, String)> {
-    let text = std::fs::read_to_string(cert_dir.join("crt-list")).unwrap_or_default();
+    let read = || std::fs::read_to_string(cert_dir.join("crt-list")).unwrap_or_default();
+    let mut text = read();
+    loop {
+        let missing = text.lines().find(|line| {
+            let path = line.split_once(' ').map_or(*line, |(path, _)| path);
+            std::fs::metadata(path).is_err()
+        });
+        let Some(missing) = missing else {
+            break;
+        };
+        let again = read();
+        assert!(again != text, "{missing}: listed but missing");
+        text = again;
+    }
     text.lines()
         .map(|line| {
             let (path, sni) = line.split_once(' ').expect("every line has an SNI filter");
             let path = Path::new(path);
             assert_eq!(path.parent().unwrap(), cert_dir.join("links"), "{line}");
-            assert!(
-                std::fs::metadata(path).is_ok(),
-                "{line}: listed but missing"
-            );
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
             (name, sni.to_owned())
         })

@@ -253,15 +253,15 @@ impl RoutePipeline {
     /// registration, and its route events in the watch) instead of piling up outcomes.
     async fn perform(&mut self, effect: Effect) -> Option<BoxFuture<'static, NetworkResult>> {
         match effect {
-            Effect::Prefetch { namespace, secret } => {
+            Effect::Prefetch(reference) => {
                 let validations = self.validations.clone();
                 self.manager
-                    .prefetch_then(&namespace, &secret, move |object| {
+                    .prefetch_then(&reference.namespace, &reference.name, move |object| {
                         // Validating here spreads the CPU work of a start-up over the
                         // runtime's threads while the queue's head waits for the network.
                         let _shared = validations.version(&object);
                     });
-                self.access.prefetch(&namespace, &secret);
+                self.access.prefetch(&reference.namespace, &reference.name);
             }
             Effect::ReleasePrefetched => {
                 self.manager.release_prefetched();
@@ -300,9 +300,9 @@ impl RoutePipeline {
         None
     }
 
-    /// The network part of applying a route: its access check (usually answered from
-    /// the cache) and, when allowed and asked for, its registration (usually joining a
-    /// prefetched sync).
+    /// The network part of an apply: the access check on the referenced secret (usually
+    /// answered from the cache) and, when allowed and asked for, the consumer's
+    /// registration on its watch (usually joining a prefetched sync).
     fn prepare(
         &self,
         preparation: Preparation,
@@ -311,8 +311,8 @@ impl RoutePipeline {
         let manager = self.manager.clone();
         let mailbox = self.mailbox.clone();
         async move {
-            let namespace = preparation.route.namespace.clone();
-            let outcome = match access.check(&namespace, &preparation.secret).await {
+            let reference = preparation.reference.clone();
+            let outcome = match access.check(&reference.namespace, &reference.name).await {
                 Err(error) => Err(PreparedOutcome::AccessUnanswered {
                     detail: error.to_string(),
                 }),
@@ -324,9 +324,9 @@ impl RoutePipeline {
                     None => match preparation.register {
                         None => Ok(None),
                         Some(id) => {
-                            let sink = mailbox.sink((preparation.route.clone(), id));
+                            let sink = mailbox.sink((preparation.consumer.clone(), id));
                             match manager
-                                .register(&namespace, &preparation.secret, sink)
+                                .register(&reference.namespace, &reference.name, sink)
                                 .await
                             {
                                 Ok(registration) => Ok(Some(registration)),
@@ -391,13 +391,13 @@ impl RoutePipeline {
     }
 
     /// The machine's input for a registration's change.
-    fn secret_inputs(&self, (route, registration): Tag, change: Change) -> Vec<Input> {
+    fn secret_inputs(&self, (consumer, registration): Tag, change: Change) -> Vec<Input> {
         let change = match change {
             Change::Present(object) => SecretChange::Present(self.validations.version(&object)),
             Change::Deleted => SecretChange::Deleted,
         };
         vec![Input::Secret {
-            route,
+            consumer,
             registration,
             change,
         }]
@@ -533,6 +533,7 @@ mod tests {
     use super::*;
     use crate::api::access::{AccessOptions, AccessPolicy};
     use crate::api::manager::TlsSecretMonitor;
+    use crate::consumer::ConsumerKey;
     use crate::route::{Route, RouteKey};
     use crate::testing::{LeafSpec, Pki, route_with_external_certificate};
 
@@ -672,7 +673,7 @@ mod tests {
         /// (the test's one thread is busy with this).
         fn flood(&self) {
             for i in 0..FLOODED {
-                let key = RouteKey::new(NS, format!("r{i:03}"));
+                let key = ConsumerKey::Route(RouteKey::new(NS, format!("r{i:03}")));
                 self.mailbox.put(
                     (key, RegistrationId(i as u64 + 1)),
                     ObjectEvent::Updated {

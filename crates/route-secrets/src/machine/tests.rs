@@ -115,6 +115,17 @@ fn said(outcome: &RouteOutcome) -> Said {
     }
 }
 
+/// The route machine's preparations are a route's: its key and its secret's name.
+impl Preparation {
+    fn route(&self) -> &RouteKey {
+        self.consumer.route().expect("a route's preparation")
+    }
+
+    fn secret(&self) -> &str {
+        &self.reference.name
+    }
+}
+
 /// Drives a machine as the shell would, and remembers what it was asked to do.
 struct Driver {
     machine: RouteMachine,
@@ -168,7 +179,9 @@ impl Driver {
         let effects = self.machine.step(input, self.now);
         for effect in effects {
             match effect {
-                Effect::Prefetch { namespace, secret } => {
+                Effect::Prefetch(reference) => {
+                    let (namespace, secret) =
+                        (reference.namespace.to_string(), reference.name.to_string());
                     self.prefetches.push((namespace.clone(), secret.clone()));
                     self.prefetched.insert((namespace, secret));
                 }
@@ -207,8 +220,10 @@ impl Driver {
     fn answer(&mut self, outcome: PreparedOutcome) {
         let preparation = self.preparing.take().expect("a preparation is outstanding");
         if let (Some(id), PreparedOutcome::Ready(_)) = (preparation.register, &outcome) {
-            self.held
-                .insert(id, (preparation.route.clone(), preparation.secret.clone()));
+            self.held.insert(
+                id,
+                (preparation.route().clone(), preparation.secret().to_owned()),
+            );
         }
         self.step(Input::Prepared(Prepared {
             preparation,
@@ -224,7 +239,7 @@ impl Driver {
     fn secret(&mut self, route: &str, change: SecretChange) {
         let registration = self.registration_of(route).expect("registered");
         self.step(Input::Secret {
-            route: key(route),
+            consumer: key(route).into(),
             registration,
             change,
         });
@@ -448,7 +463,7 @@ fn meet(d: &mut Driver, state: State, event: Event) {
         // holds none (as a late event would be).
         let registration = registration.unwrap_or(RegistrationId(999));
         d.step(Input::Secret {
-            route: key("r"),
+            consumer: key("r").into(),
             registration,
             change,
         });
@@ -478,7 +493,7 @@ fn meet(d: &mut Driver, state: State, event: Event) {
         ),
         Event::SecretGone => to_registration(d, SecretChange::Deleted),
         Event::SecretStale => d.step(Input::Secret {
-            route: key("r"),
+            consumer: key("r").into(),
             registration: RegistrationId(999),
             change: SecretChange::Deleted,
         }),
@@ -493,7 +508,10 @@ fn stands(d: &Driver) -> &'static str {
     let Some(entry) = m.routes.get(&key) else {
         return "gone";
     };
-    if m.head.as_ref().is_some_and(|h| h.preparation.route == key) {
+    if m.head
+        .as_ref()
+        .is_some_and(|h| *h.preparation.route() == key)
+    {
         return "applying";
     }
     if entry.latest.is_none() {
@@ -510,18 +528,19 @@ fn stands(d: &Driver) -> &'static str {
             Stand::Registering => "registering",
             // Admitted: applied again when its certificate's dates change (days away;
             // a retry is seconds away).
-            Stand::Registered { .. }
+            Stand::Registered(_)
                 if entry
                     .retry_at
                     .is_some_and(|at| at >= d.now + Duration::from_secs(24 * 3600)) =>
             {
                 "admitted, dates watched"
             }
-            Stand::Registered { .. } if entry.retry_at.is_some() => "registered, retrying",
-            Stand::Registered { seen, .. } => match seen {
-                SecretSeen::Pending => "registered",
-                SecretSeen::Missing => "registered, secret missing",
-                SecretSeen::Evaluated(_) => "registered, evaluated",
+            Stand::Registered(_) if entry.retry_at.is_some() => "registered, retrying",
+            Stand::Registered(holdings) => match holdings.iter().next().map(|held| &held.seen) {
+                Some(SecretSeen::Pending) => "registered",
+                Some(SecretSeen::Missing) => "registered, secret missing",
+                Some(SecretSeen::Evaluated(_)) => "registered, evaluated",
+                None => "registered with nothing",
             },
         },
     }
@@ -874,7 +893,7 @@ fn an_apply_overtaken_by_a_newer_event_is_redone_with_the_latest_copy() {
     // Nothing is said about the stale apply; the new one releases s and registers t.
     assert_eq!(d.said_to("r"), vec![]);
     let preparation = d.preparing.clone().expect("re-applied");
-    assert_eq!(preparation.secret, "t");
+    assert_eq!(preparation.secret(), "t");
     assert_eq!(d.held_by("r"), 0, "the registration on s was released");
     d.found(version("ut", 1, valid));
     assert_eq!(d.said_to("r"), vec![Said::Admitted]);
@@ -1052,7 +1071,7 @@ fn a_served_certificate_is_evaluated_again_when_its_dates_change() {
     assert!(d.preparing.is_none(), "not before the dates change");
     d.advance(Duration::from_secs(1));
     let preparation = d.preparing.clone().expect("applied again");
-    assert_eq!(preparation.route, key("r"));
+    assert_eq!(*preparation.route(), key("r"));
     assert_eq!(preparation.register, None, "keeps its registration");
     // The shell validates the same version anew: expired now, and for good.
     d.found(version("uid-s", 1, Ok(Arc::clone(&m.expired))));
@@ -1087,9 +1106,9 @@ fn start_up_is_ready_once_every_listed_route_is_decided_oldest_first() {
     let valid = || Ok(Arc::clone(&material().valid[0]));
     let mut order = Vec::new();
     while let Some(preparation) = d.preparing.clone() {
-        order.push(preparation.route.name.to_string());
+        order.push(preparation.route().name.to_string());
         assert!(!d.readiness.is_ready());
-        d.found(version(&preparation.secret, 1, valid()));
+        d.found(version(preparation.secret(), 1, valid()));
     }
     assert_eq!(order, ["a", "b", "c"]);
     assert!(d.readiness.is_ready());
@@ -1702,7 +1721,7 @@ impl World {
             Action::Deliver => {
                 if let Some((route, registration, change)) = self.events.pop_front() {
                     self.d.step(Input::Secret {
-                        route,
+                        consumer: route.into(),
                         registration,
                         change,
                     });
@@ -1712,7 +1731,7 @@ impl World {
                 let Some(preparation) = self.d.preparing.clone() else {
                     return;
                 };
-                let secret = Self::secret_of(&preparation.secret);
+                let secret = Self::secret_of(preparation.secret());
                 let outcome = match answer {
                     Answer::Allowed => {
                         let lookup = match self.secret_version(secret) {
@@ -1754,7 +1773,7 @@ impl World {
                     };
                     if self.d.held.contains_key(&id) && matches!(change, SecretChange::Present(_)) {
                         self.events
-                            .push_back((preparation.route.clone(), id, change));
+                            .push_back((preparation.route().clone(), id, change));
                     }
                 }
             }
@@ -1775,7 +1794,7 @@ impl World {
                 .d
                 .preparing
                 .as_ref()
-                .is_some_and(|p| &p.route == *route && p.register.is_some());
+                .is_some_and(|p| p.route() == *route && p.register.is_some());
             if !head_registers {
                 prop_assert_eq!(
                     self.d.machine.registered_secret(route),
@@ -1839,7 +1858,7 @@ impl World {
             if let Some(event) = self.events.pop_front() {
                 let (route, registration, change) = event;
                 self.d.step(Input::Secret {
-                    route,
+                    consumer: route.into(),
                     registration,
                     change,
                 });
@@ -2399,3 +2418,4 @@ fn a_route_leaving_the_view_has_its_status_entry_cleared_once() {
     d.step(Input::Listed(Vec::new()));
     assert_eq!(d.cleared.len(), 2);
 }
+

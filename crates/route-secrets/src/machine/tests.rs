@@ -13,6 +13,7 @@ use kube_common::backoff::BackoffPolicy;
 use proptest::prelude::*;
 
 use super::*;
+use crate::consumer::{CertificateRef, Holding, HoldingPlan, Holdings};
 use crate::route::admission::Admission;
 use crate::testing::{LeafSpec, Pki};
 use crate::tls::{TlsRejection, TlsValidator, ValidatedTls};
@@ -2419,3 +2420,121 @@ fn a_route_leaving_the_view_has_its_status_entry_cleared_once() {
     assert_eq!(d.cleared.len(), 2);
 }
 
+/// What a consumer holds is a list of references, each in its own namespace: the
+/// bookkeeping finds a holding by registration and by reference, and plans a change of
+/// references (keep what is still referenced, register what is new, release what is
+/// no longer referenced) whoever the consumer is and however many references it has.
+#[test]
+fn holdings_are_a_list_of_references_in_any_namespace() {
+    let s = CertificateRef::new(NS, "s");
+    let t = CertificateRef::new("other", "t");
+    let u = CertificateRef::new("other", "u");
+    let held = |reference: &CertificateRef, id| Holding {
+        reference: reference.clone(),
+        registration: RegistrationId(id),
+        seen: (),
+    };
+    let mut holdings = Holdings::new(vec![held(&s, 1), held(&t, 2), held(&s, 3)]);
+    // A reference is held once: the later registration replaced the earlier one.
+    let ids: Vec<RegistrationId> = holdings.registrations().collect();
+    assert_eq!(ids, [RegistrationId(3), RegistrationId(2)]);
+    assert_eq!(
+        holdings.of_reference(&t).map(|held| held.registration),
+        Some(RegistrationId(2))
+    );
+    assert_eq!(holdings.of_reference(&u), None);
+    assert_eq!(holdings.by_registration(RegistrationId(1)), None);
+    assert_eq!(
+        holdings
+            .by_registration_mut(RegistrationId(3))
+            .map(|held| held.reference.clone()),
+        Some(s.clone())
+    );
+
+    // `s` goes, `t` stays (asked for twice), `u` comes.
+    assert_eq!(
+        holdings.plan(&[t.clone(), u.clone(), t.clone()]),
+        HoldingPlan {
+            keep: vec![(t.clone(), RegistrationId(2))],
+            register: vec![u.clone()],
+            release: vec![RegistrationId(3)],
+        }
+    );
+    // The same references: nothing moves. None: everything goes.
+    let same = holdings.plan(&[t.clone(), s.clone()]);
+    assert_eq!(
+        same.keep,
+        [
+            (t.clone(), RegistrationId(2)),
+            (s.clone(), RegistrationId(3))
+        ]
+    );
+    assert!(
+        same.register.is_empty() && same.release.is_empty(),
+        "{same:?}"
+    );
+    assert_eq!(
+        holdings.plan(&[]).release,
+        [RegistrationId(3), RegistrationId(2)]
+    );
+    // A secret of the same name in another namespace is another reference.
+    let elsewhere = CertificateRef::new("other", "s");
+    assert_eq!(
+        holdings.plan(std::slice::from_ref(&elsewhere)).register,
+        [elsewhere]
+    );
+}
+
+/// Two routes reference one secret: each holds its own registration on it (the shell
+/// shares the secret's watch among them), each is told of the secret's change, and a
+/// route that goes releases its own registration only.
+#[test]
+fn routes_on_one_secret_each_hold_a_registration_and_each_is_told() {
+    let mut d = Driver::new();
+    d.step(Input::Listed(vec![
+        route("a", Some("s"), "a.example", 1, "ua"),
+        route("b", Some("s"), "b.example", 2, "ub"),
+    ]));
+    let valid = |i: usize| Ok(Arc::clone(&material().valid[i]));
+    assert_eq!(
+        d.preparing.as_ref().map(|p| p.reference.clone()),
+        Some(CertificateRef::new(NS, "s")),
+        "the reference names the secret's namespace"
+    );
+    d.found(version("us", 1, valid(0)));
+    d.found(version("us", 1, valid(0)));
+    let (a, b) = (
+        d.registration_of("a").expect("a registered"),
+        d.registration_of("b").expect("b registered"),
+    );
+    assert_ne!(a, b);
+    assert_eq!(d.machine.registered_secret(&key("a")), Some("s"));
+    assert_eq!(d.machine.registered_secret(&key("b")), Some("s"));
+    assert_eq!(d.machine.registered_routes(), 2);
+
+    // The secret changes: its watch delivers the change to each registration.
+    for route in ["a", "b"] {
+        d.secret(route, SecretChange::Present(version("us", 2, valid(1))));
+    }
+    assert_eq!(d.said_to("a"), [Said::Admitted, Said::Admitted]);
+    assert_eq!(d.said_to("b"), [Said::Admitted, Said::Admitted]);
+
+    // `a` goes: its registration is released, `b` keeps its own and is still told.
+    d.step(Input::Deleted(route("a", Some("s"), "a.example", 1, "ua")));
+    assert_eq!(d.held_by("a"), 0);
+    assert_eq!(d.registration_of("b"), Some(b));
+    assert_eq!(d.machine.registered_routes(), 1);
+    d.secret("b", SecretChange::Deleted);
+    assert_eq!(
+        d.said_to("b"),
+        [
+            Said::Admitted,
+            Said::Admitted,
+            Said::Rejected("ExternalCertificateValidationFailed")
+        ]
+    );
+    assert_eq!(
+        d.said_to("a"),
+        [Said::Admitted, Said::Admitted, Said::Removed]
+    );
+}

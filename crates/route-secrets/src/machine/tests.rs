@@ -1956,9 +1956,13 @@ fn a_route_entry_stays_small() {
     // 344 bytes.
     let entry = std::mem::size_of::<RouteEntry>();
     let key = std::mem::size_of::<RouteKey>();
-    println!("route entry: {entry} bytes, key: {key} bytes");
+    // A registered route's holdings are on the heap (its entry keeps a pointer): one
+    // holding per reference.
+    let holding = std::mem::size_of::<Holding<SecretSeen>>();
+    println!("route entry: {entry} bytes, key: {key} bytes, a holding: {holding} bytes");
     assert!(entry <= 128, "a route entry grew to {entry} bytes");
     assert!(key <= 32, "a route key grew to {key} bytes");
+    assert!(holding <= 80, "a holding grew to {holding} bytes");
 }
 
 /// Routes without certificate material of their own (here: external certificates)

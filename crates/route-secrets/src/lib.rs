@@ -13,6 +13,9 @@
 //! - [`tls`]: validation of the certificate and key of a `kubernetes.io/tls` secret with
 //!   the OpenShift router's rules, plus what HAProxy refuses: PEM, key kinds, weak keys
 //!   and signatures, key/certificate match; warnings for validity, host coverage, order.
+//! - [`consumer`]: who holds certificate references ([`consumer::ConsumerKey`], a
+//!   route today) and the secrets they reference ([`consumer::CertificateRef`], in
+//!   their own namespace): the registration bookkeeping [`machine`] keeps per holder.
 //! - [`machine`]: the route state machine: what to do with each route event, network
 //!   result, secret change and retry, as effects for a shell to perform.
 //! - `testing` (feature `test-support`): certificate and key fixtures, and a `haproxy -c`
@@ -79,6 +82,7 @@
 //! ```
 
 pub mod api;
+pub mod consumer;
 pub mod machine;
 pub mod reason;
 pub mod route;

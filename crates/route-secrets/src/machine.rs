@@ -39,8 +39,10 @@
 //!   admits the route. Transient failures are retried along
 //!   [`kube_common::backoff`]; a denial is checked again when it stops being trusted.
 //!
-//! The machine is the one owner of "which route holds which registration": the shell
-//! keeps registrations by [`RegistrationId`] only, and the secret manager not at all.
+//! The machine is the one owner of "which consumer holds which registration on which
+//! reference" ([`crate::consumer`]: a route holds one, on its external certificate's
+//! secret): the shell keeps registrations by [`RegistrationId`] only, and the secret
+//! manager not at all.
 
 mod claims;
 pub mod dates;
@@ -69,6 +71,7 @@ use state::{
     ApplyQueue, Jitter, RouteCopy, RouteEntry, RouteState, SecretSeen, Stand, Startup, Told,
 };
 
+use crate::consumer::{ConsumerKey, Holding, Holdings};
 use crate::reason::{AdmissionProblem, Reason, ValidationProblem};
 use crate::route::{Route, RouteKey, TlsTermination, validate_secret_name};
 use crate::tls::{TlsConfigProblem, TlsRejection, TlsValidator, ValidatedTls};
@@ -202,10 +205,10 @@ impl RouteMachine {
             }
             Input::Prepared(prepared) => self.prepared(prepared, now, &mut effects),
             Input::Secret {
-                route,
+                consumer,
                 registration,
                 change,
-            } => self.secret_changed(&route, registration, change, now, &mut effects),
+            } => self.secret_changed(consumer, registration, change, now, &mut effects),
             Input::Tick => self.fire_retries(now),
             Input::RecordAll => self.record_all(&mut effects),
         }
@@ -251,13 +254,14 @@ impl RouteMachine {
     pub fn registered_routes(&self) -> usize {
         self.routes
             .values()
-            .filter(|entry| entry.registration().is_some())
+            .filter(|entry| entry.is_registered())
             .count()
     }
 
-    /// The secret `route` holds a registration on, if any.
+    /// The secret `route` holds a registration on, if any (a route references one).
     pub fn registered_secret(&self, route: &RouteKey) -> Option<&str> {
-        self.routes.get(route)?.registered_secret()
+        let holding = self.routes.get(route)?.holdings()?.iter().next()?;
+        Some(&holding.reference.name)
     }
 
     fn listed(&mut self, routes: Vec<Route>, effects: &mut Vec<Effect>) {
@@ -309,19 +313,16 @@ impl RouteMachine {
         // index never sees it.
         let claim = claim.filter(|_| self.host_admission(&key, &route).is_none());
         self.claim(&key, claim);
-        if let Some(secret) = route.secret.as_deref()
+        if let Some(reference) = route.reference(&key)
             && self.refusal(&key, &route).is_none()
         {
             let held = self
                 .routes
                 .get(&key)
-                .and_then(RouteEntry::registered_secret)
-                .is_some_and(|held| held == secret);
+                .and_then(RouteEntry::holdings)
+                .is_some_and(|held| held.of_reference(&reference).is_some());
             if !held {
-                effects.push(Effect::Prefetch {
-                    namespace: key.namespace.to_string(),
-                    secret: secret.to_owned(),
-                });
+                effects.push(Effect::Prefetch(reference));
                 self.prefetching = true;
             }
         }
@@ -462,7 +463,7 @@ impl RouteMachine {
     /// Queues the route's apply; an apply in flight for it is redone instead.
     fn enqueue(&mut self, key: RouteKey) {
         match &mut self.head {
-            Some(head) if head.preparation.route == key => head.overtaken = true,
+            Some(head) if head.preparation.consumer.route() == Some(&key) => head.overtaken = true,
             _ => self.queue.push(key, false),
         }
     }
@@ -513,7 +514,7 @@ impl RouteMachine {
     /// for it is redone instead.
     fn enqueue_forced(&mut self, key: RouteKey) {
         match &mut self.head {
-            Some(head) if head.preparation.route == key => head.overtaken = true,
+            Some(head) if head.preparation.consumer.route() == Some(&key) => head.overtaken = true,
             _ => self.queue.push(key, true),
         }
     }
@@ -549,7 +550,7 @@ impl RouteMachine {
         let unchanged = previous
             .as_ref()
             .is_some_and(|applied| applied.same_object_and_spec(&route))
-            && (entry.registration().is_some() || entry.told.is_some());
+            && (entry.is_registered() || entry.told.is_some());
         if let RouteState::Applied { route: applied, .. } = &mut entry.state {
             *applied = Arc::clone(&route);
         }
@@ -564,20 +565,24 @@ impl RouteMachine {
             self.reject(&key, reason, effects);
             return;
         }
-        let Some(secret) = route.secret.as_deref().map(str::to_owned) else {
+        let Some(reference) = route.reference(&key) else {
             self.decide_locally(&key, &route, effects);
             return;
         };
 
-        let held = self
+        // A route references one secret: it reads the registration it holds on it, or
+        // drops what it holds and registers anew.
+        let plan = self
             .routes
             .get(&key)
-            .filter(|entry| entry.registered_secret() == Some(secret.as_str()))
-            .and_then(RouteEntry::registration);
-        let preparation = match held {
-            Some(read) => Preparation {
-                route: key.clone(),
-                secret,
+            .and_then(RouteEntry::holdings)
+            .map(|held| held.plan(std::slice::from_ref(&reference)))
+            .unwrap_or_default();
+        let consumer = ConsumerKey::Route(key.clone());
+        let preparation = match plan.keep.first() {
+            Some(&(_, read)) => Preparation {
+                consumer,
+                reference,
                 register: None,
                 read,
             },
@@ -587,8 +592,8 @@ impl RouteMachine {
                 self.last_registration += 1;
                 let id = RegistrationId(self.last_registration);
                 Preparation {
-                    route: key.clone(),
-                    secret,
+                    consumer,
+                    reference,
                     register: Some(id),
                     read: id,
                 }
@@ -619,11 +624,12 @@ impl RouteMachine {
             }
         };
         let Preparation {
-            route: key,
-            secret,
+            consumer: ConsumerKey::Route(key),
+            reference,
             register,
-            ..
+            read,
         } = preparation;
+        let secret = Arc::clone(&reference.name);
         let Some(route) = self.routes.get(&key).and_then(RouteEntry::applied).cloned() else {
             if let (Some(id), PreparedOutcome::Ready(_)) = (register, &outcome) {
                 effects.push(Effect::Unregister(id));
@@ -631,21 +637,14 @@ impl RouteMachine {
             return;
         };
         if let (Some(id), PreparedOutcome::Ready(_)) = (register, &outcome) {
-            // The applied copy names this secret (the apply asked for it): its name is
-            // shared rather than copied.
-            let name = match &route.secret {
-                Some(named) if **named == *secret => Arc::clone(named),
-                _ => Arc::from(secret.as_str()),
+            // The reference shares the applied copy's secret name (the apply built it
+            // from that copy).
+            let holding = Holding {
+                reference,
+                registration: id,
+                seen: SecretSeen::Pending,
             };
-            self.set_stand(
-                &key,
-                &route,
-                Stand::Registered {
-                    secret: name,
-                    registration: id,
-                    seen: SecretSeen::Pending,
-                },
-            );
+            self.set_stand(&key, &route, Stand::Registered(Holdings::one(holding)));
         }
         if overtaken {
             // A newer event for the route arrived meanwhile: the apply is redone at
@@ -668,7 +667,7 @@ impl RouteMachine {
             PreparedOutcome::AccessUnanswered { detail } => {
                 self.refuse(&key, &route, effects);
                 let detail = format!("cannot verify the router's access: {detail}");
-                self.get_failed(&key, secret, detail, now, effects);
+                self.get_failed(&key, &secret, detail, now, effects);
             }
             PreparedOutcome::AccessDenied {
                 verb,
@@ -689,53 +688,42 @@ impl RouteMachine {
             }
             PreparedOutcome::RegistrationFailed { detail } => {
                 self.refuse(&key, &route, effects);
-                self.get_failed(&key, secret, detail, now, effects);
+                self.get_failed(&key, &secret, detail, now, effects);
             }
             PreparedOutcome::Ready(SecretLookup::Found(version)) => {
-                self.evaluate(&key, version, now, effects);
+                self.evaluate(&key, read, version, now, effects);
             }
             PreparedOutcome::Ready(SecretLookup::NotFound) => {
                 // Still watched: creating the secret admits the route.
-                self.set_seen(&key, SecretSeen::Missing);
+                self.set_seen(&key, read, SecretSeen::Missing);
                 let problem = ValidationProblem::SecretNotFound;
                 self.reject_validation(&key, &secret, problem, effects);
             }
             PreparedOutcome::Ready(SecretLookup::Failed { detail }) => {
-                self.get_failed(&key, secret, detail, now, effects);
+                self.get_failed(&key, &secret, detail, now, effects);
             }
         }
     }
 
     fn secret_changed(
         &mut self,
-        key: &RouteKey,
+        consumer: ConsumerKey,
         id: RegistrationId,
         change: SecretChange,
         now: Instant,
         effects: &mut Vec<Effect>,
     ) {
+        let ConsumerKey::Route(key) = &consumer;
         let Some(entry) = self.routes.get(key) else {
             return;
         };
-        let RouteState::Applied {
-            stand:
-                Stand::Registered {
-                    secret,
-                    registration,
-                    seen,
-                },
-            ..
-        } = &entry.state
-        else {
+        let Some(holding) = entry.holdings().and_then(|held| held.by_registration(id)) else {
             return;
         };
-        if *registration != id {
-            return;
-        }
         let redone = self
             .head
             .as_ref()
-            .is_some_and(|head| head.preparation.route == *key && head.overtaken);
+            .is_some_and(|head| head.preparation.consumer.route() == Some(key) && head.overtaken);
         if redone || self.queue.contains(key) {
             // A newer copy of the route (or its deletion) waits to be applied; that
             // apply reads the secret from the cache (so it must run, even if the copy
@@ -745,7 +733,7 @@ impl RouteMachine {
             }
             return;
         }
-        let (secret, seen) = (Arc::clone(secret), seen.clone());
+        let (secret, seen) = (Arc::clone(&holding.reference.name), holding.seen.clone());
         if let SecretChange::Present(version) = &change
             && version.id.is_some()
             && seen == SecretSeen::Evaluated(version.id.clone())
@@ -757,20 +745,22 @@ impl RouteMachine {
         // The secret decides the route now: a retry of a failed read is moot.
         self.cancel_retry(key);
         match change {
-            SecretChange::Present(version) => self.evaluate(key, version, now, effects),
+            SecretChange::Present(version) => self.evaluate(key, id, version, now, effects),
             SecretChange::Deleted => {
                 // Still watched: what the router says of a secret that does not exist.
-                self.set_seen(key, SecretSeen::Missing);
+                self.set_seen(key, id, SecretSeen::Missing);
                 let problem = ValidationProblem::SecretNotFound;
                 self.reject_validation(key, &secret, problem, effects);
             }
         }
     }
 
-    /// Reports the outcome of a registered route's secret `version`.
+    /// Reports the outcome of a registered route's secret `version`, as delivered to
+    /// its registration `id`.
     fn evaluate(
         &mut self,
         key: &RouteKey,
+        id: RegistrationId,
         version: SecretVersion,
         now: Instant,
         effects: &mut Vec<Effect>,
@@ -778,12 +768,14 @@ impl RouteMachine {
         let Some(entry) = self.routes.get(key) else {
             return;
         };
-        let (Some(route), Some(secret)) = (entry.applied().cloned(), entry.registered_secret())
-        else {
+        let Some(route) = entry.applied().cloned() else {
             return;
         };
-        let secret = secret.to_owned();
-        self.set_seen(key, SecretSeen::Evaluated(version.id));
+        let Some(holding) = entry.holdings().and_then(|held| held.by_registration(id)) else {
+            return;
+        };
+        let secret = holding.reference.name.to_string();
+        self.set_seen(key, id, SecretSeen::Evaluated(version.id));
         let tls = match version.validation {
             Ok(tls) => Some(tls),
             // A secret without a certificate: the router copies nothing to serve,
@@ -862,14 +854,14 @@ impl RouteMachine {
     fn get_failed(
         &mut self,
         key: &RouteKey,
-        secret: String,
+        secret: &str,
         detail: String,
         now: Instant,
         effects: &mut Vec<Effect>,
     ) {
         let reason = Reason::ExternalCertificateGetFailed {
             route: key.clone(),
-            secret,
+            secret: secret.to_owned(),
             detail,
         };
         self.reject(key, reason, effects);
@@ -978,16 +970,16 @@ impl RouteMachine {
         self.set_stand(key, route, Stand::Refused);
     }
 
-    /// Drops the route's registration, if it holds one.
+    /// Drops the route's registrations, if it holds any.
     fn release(&mut self, key: &RouteKey, effects: &mut Vec<Effect>) {
         let Some(entry) = self.routes.get_mut(key) else {
             return;
         };
-        if let Some(registration) = entry.registration() {
-            effects.push(Effect::Unregister(registration));
-            if let RouteState::Applied { stand, .. } = &mut entry.state {
-                *stand = Stand::Refused;
-            }
+        if let RouteState::Applied { stand, .. } = &mut entry.state
+            && matches!(stand, Stand::Registered(_))
+            && let Stand::Registered(holdings) = std::mem::replace(stand, Stand::Refused)
+        {
+            effects.extend(holdings.registrations().map(Effect::Unregister));
         }
     }
 
@@ -1000,17 +992,19 @@ impl RouteMachine {
         }
     }
 
-    fn set_seen(&mut self, key: &RouteKey, new: SecretSeen) {
+    /// Records what registration `id` of the route knows of its secret.
+    fn set_seen(&mut self, key: &RouteKey, id: RegistrationId, new: SecretSeen) {
         if let Some(RouteEntry {
             state:
                 RouteState::Applied {
-                    stand: Stand::Registered { seen, .. },
+                    stand: Stand::Registered(holdings),
                     ..
                 },
             ..
         }) = self.routes.get_mut(key)
+            && let Some(holding) = holdings.by_registration_mut(id)
         {
-            *seen = new;
+            holding.seen = new;
         }
     }
 

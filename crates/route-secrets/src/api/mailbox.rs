@@ -15,12 +15,12 @@ use std::sync::{Arc, Mutex};
 use secret_monitor::{EventSink, ObjectEvent};
 use tokio::sync::Notify;
 
+use crate::consumer::ConsumerKey;
 use crate::machine::RegistrationId;
-use crate::route::RouteKey;
 use crate::tls::TlsSecret;
 
-/// Whose change it is: the route and the registration it was delivered to.
-pub(crate) type Tag = (RouteKey, RegistrationId);
+/// Whose change it is: the consumer and the registration it was delivered to.
+pub(crate) type Tag = (ConsumerKey, RegistrationId);
 
 /// What happened to a registration's secret since it was last handed out.
 #[derive(Clone, Debug)]
@@ -130,6 +130,7 @@ impl EventSink<TlsSecret> for MailboxSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::RouteKey;
 
     fn secret(resource_version: &str) -> Arc<TlsSecret> {
         let mut secret = k8s_openapi::api::core::v1::Secret::default();
@@ -140,7 +141,10 @@ mod tests {
     }
 
     fn tag(route: &str, id: u64) -> Tag {
-        (RouteKey::new("ns", route), RegistrationId(id))
+        (
+            ConsumerKey::Route(RouteKey::new("ns", route)),
+            RegistrationId(id),
+        )
     }
 
     fn updated(resource_version: &str) -> ObjectEvent<TlsSecret> {
@@ -152,12 +156,13 @@ mod tests {
 
     fn taken(mailbox: &SecretMailbox) -> Vec<(String, String)> {
         std::iter::from_fn(|| mailbox.take())
-            .map(|((route, _), change)| {
+            .map(|((consumer, _), change)| {
                 let change = match change {
                     Change::Present(s) => format!("present {}", s.resource_version().unwrap_or("")),
                     Change::Deleted => "deleted".to_owned(),
                 };
-                (route.name.to_string(), change)
+                let route = consumer.route().map(|route| route.name.to_string());
+                (route.unwrap_or_default(), change)
             })
             .collect()
     }

@@ -6,8 +6,9 @@
 //! sync with no lock held, so distinct secrets register concurrently; dropping the
 //! future cancels the registration and leaves nothing behind.
 //!
-//! The manager does not know routes: which route holds which registration is decided
-//! and remembered by the route state machine ([`crate::machine`]) alone.
+//! The manager does not know routes or any other consumer: which consumer holds which
+//! registration is decided and remembered by the state machine ([`crate::machine`],
+//! with [`crate::consumer`]) alone.
 //!
 //! A caller that applies routes one at a time (as a router does) would still wait one
 //! sync per new secret. [`SecretManager::prefetch`] removes that wait: it starts the

@@ -253,15 +253,15 @@ impl RoutePipeline {
     /// registration, and its route events in the watch) instead of piling up outcomes.
     async fn perform(&mut self, effect: Effect) -> Option<BoxFuture<'static, NetworkResult>> {
         match effect {
-            Effect::Prefetch { namespace, secret } => {
+            Effect::Prefetch(reference) => {
                 let validations = self.validations.clone();
                 self.manager
-                    .prefetch_then(&namespace, &secret, move |object| {
+                    .prefetch_then(&reference.namespace, &reference.name, move |object| {
                         // Validating here spreads the CPU work of a start-up over the
                         // runtime's threads while the queue's head waits for the network.
                         let _shared = validations.version(&object);
                     });
-                self.access.prefetch(&namespace, &secret);
+                self.access.prefetch(&reference.namespace, &reference.name);
             }
             Effect::ReleasePrefetched => {
                 self.manager.release_prefetched();
@@ -300,9 +300,9 @@ impl RoutePipeline {
         None
     }
 
-    /// The network part of applying a route: its access check (usually answered from
-    /// the cache) and, when allowed and asked for, its registration (usually joining a
-    /// prefetched sync).
+    /// The network part of an apply: the access check on the referenced secret (usually
+    /// answered from the cache) and, when allowed and asked for, the consumer's
+    /// registration on its watch (usually joining a prefetched sync).
     fn prepare(
         &self,
         preparation: Preparation,
@@ -311,8 +311,8 @@ impl RoutePipeline {
         let manager = self.manager.clone();
         let mailbox = self.mailbox.clone();
         async move {
-            let namespace = preparation.route.namespace.clone();
-            let outcome = match access.check(&namespace, &preparation.secret).await {
+            let reference = preparation.reference.clone();
+            let outcome = match access.check(&reference.namespace, &reference.name).await {
                 Err(error) => Err(PreparedOutcome::AccessUnanswered {
                     detail: error.to_string(),
                 }),
@@ -324,9 +324,9 @@ impl RoutePipeline {
                     None => match preparation.register {
                         None => Ok(None),
                         Some(id) => {
-                            let sink = mailbox.sink((preparation.route.clone(), id));
+                            let sink = mailbox.sink((preparation.consumer.clone(), id));
                             match manager
-                                .register(&namespace, &preparation.secret, sink)
+                                .register(&reference.namespace, &reference.name, sink)
                                 .await
                             {
                                 Ok(registration) => Ok(Some(registration)),
@@ -391,13 +391,13 @@ impl RoutePipeline {
     }
 
     /// The machine's input for a registration's change.
-    fn secret_inputs(&self, (route, registration): Tag, change: Change) -> Vec<Input> {
+    fn secret_inputs(&self, (consumer, registration): Tag, change: Change) -> Vec<Input> {
         let change = match change {
             Change::Present(object) => SecretChange::Present(self.validations.version(&object)),
             Change::Deleted => SecretChange::Deleted,
         };
         vec![Input::Secret {
-            route,
+            consumer,
             registration,
             change,
         }]
@@ -522,6 +522,7 @@ async fn starts_leading(leading: &mut Option<watch::Receiver<bool>>) {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
     use std::time::Duration;
 
     use futures::channel::mpsc as stream_channel;
@@ -533,6 +534,7 @@ mod tests {
     use super::*;
     use crate::api::access::{AccessOptions, AccessPolicy};
     use crate::api::manager::TlsSecretMonitor;
+    use crate::consumer::{CertificateRef, ConsumerKey};
     use crate::route::{Route, RouteKey};
     use crate::testing::{LeafSpec, Pki, route_with_external_certificate};
 
@@ -672,7 +674,7 @@ mod tests {
         /// (the test's one thread is busy with this).
         fn flood(&self) {
             for i in 0..FLOODED {
-                let key = RouteKey::new(NS, format!("r{i:03}"));
+                let key = ConsumerKey::Route(RouteKey::new(NS, format!("r{i:03}")));
                 self.mailbox.put(
                     (key, RegistrationId(i as u64 + 1)),
                     ObjectEvent::Updated {
@@ -708,6 +710,103 @@ mod tests {
                 .expect("pipeline task")
                 .expect("pipeline ends");
         }
+    }
+
+    /// Stores `namespace/name` in the simulator, with a new certificate each time.
+    fn store_secret(sim: &Simulator, pki: &Pki, now: Timestamp, namespace: &str, name: &str) {
+        let mut stored = serde_json::to_value(
+            pki.issue(&LeafSpec::new("r.app.example", now))
+                .secret(namespace, name),
+        )
+        .expect("secret JSON");
+        stored["apiVersion"] = json!("v1");
+        stored["kind"] = json!("Secret");
+        sim.store().upsert("secrets", stored).expect("secret");
+    }
+
+    /// The changes in the mailbox, once `count` of them arrived: whose they are.
+    async fn delivered(mailbox: &SecretMailbox, count: usize) -> BTreeSet<(String, u64)> {
+        let mut told = BTreeSet::new();
+        while told.len() < count {
+            tokio::time::timeout(PATIENCE, mailbox.ready())
+                .await
+                .expect("changes in time");
+            while let Some(((consumer, id), _change)) = mailbox.take() {
+                told.insert((consumer.to_string(), id.0));
+            }
+        }
+        told
+    }
+
+    /// The registration bookkeeping of the shell speaks of consumers and references,
+    /// not of routes and secrets in their namespace: a consumer holds registrations on
+    /// two references (one in another namespace); another consumer shares one of them.
+    /// The shared secret has one watch; its change reaches each of its registrations,
+    /// tagged with its consumer, and no other; releasing one registration keeps the
+    /// watch for the other.
+    #[tokio::test]
+    async fn consumers_of_one_secret_share_its_watch_and_each_is_told() {
+        let sim = Simulator::start(SimConfig::default())
+            .await
+            .expect("simulator");
+        let now = Timestamp::now();
+        let pki = Pki::new(now);
+        store_secret(&sim, &pki, now, NS, "s");
+        store_secret(&sim, &pki, now, "other", "t");
+        sim.grant_router_secrets(NS, &["s"]).expect("grant");
+        sim.grant_router_secrets("other", &["t"]).expect("grant");
+        let client = sim.client("router").await.expect("client");
+        let manager = SecretManager::new(TlsSecretMonitor::new(client));
+        let mailbox = SecretMailbox::default();
+
+        let one = ConsumerKey::Route(RouteKey::new(NS, "one"));
+        let two = ConsumerKey::Route(RouteKey::new("other", "two"));
+        let shared = CertificateRef::new(NS, "s");
+        let own = CertificateRef::new("other", "t");
+        let mut held = HashMap::new();
+        for (consumer, reference, id) in [(&one, &shared, 1), (&two, &shared, 2), (&two, &own, 3)] {
+            let sink = mailbox.sink((consumer.clone(), RegistrationId(id)));
+            let registration = manager
+                .register(&reference.namespace, &reference.name, sink)
+                .await
+                .expect("registered");
+            held.insert(id, registration);
+        }
+        let all = |ids: &[(&ConsumerKey, u64)]| -> BTreeSet<(String, u64)> {
+            ids.iter()
+                .map(|(consumer, id)| (consumer.to_string(), *id))
+                .collect()
+        };
+        // Each registration first hears its secret's current state.
+        assert_eq!(
+            delivered(&mailbox, 3).await,
+            all(&[(&one, 1), (&two, 2), (&two, 3)])
+        );
+        let watched = manager.watched_secrets();
+        assert_eq!(watched.len(), 2, "{watched:?}");
+        assert_eq!(watched[&ObjectKey::new(NS, "s")].handlers, 2);
+        assert_eq!(watched[&ObjectKey::new("other", "t")].handlers, 1);
+
+        // The shared secret changes: told to both of its registrations, not to `t`'s.
+        store_secret(&sim, &pki, now, NS, "s");
+        assert_eq!(delivered(&mailbox, 2).await, all(&[(&one, 1), (&two, 2)]));
+        assert_eq!(mailbox.len(), 0);
+
+        // One consumer lets go: the watch stays for the other, which is still told.
+        drop(held.remove(&1));
+        let watched = manager.watched_secrets();
+        assert_eq!(watched[&ObjectKey::new(NS, "s")].handlers, 1);
+        store_secret(&sim, &pki, now, NS, "s");
+        assert_eq!(delivered(&mailbox, 1).await, all(&[(&two, 2)]));
+
+        // The last holder of `s` lets go: its watch closes; `t`'s stays.
+        drop(held.remove(&2));
+        let watched = manager.watched_secrets();
+        assert_eq!(
+            watched.keys().cloned().collect::<Vec<_>>(),
+            [ObjectKey::new("other", "t")]
+        );
+        assert_eq!(manager.route_count(), 1);
     }
 
     /// A flood of secret changes, waiting all at once when a route event arrives: the

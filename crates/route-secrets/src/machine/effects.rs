@@ -4,21 +4,17 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::outcome::{Readiness, RouteOutcome};
+use crate::consumer::{CertificateRef, ConsumerKey};
+use crate::route::Route;
 use crate::route::admission::Admission;
-use crate::route::{Route, RouteKey};
 
 /// One thing for the shell to do, in the order given.
 #[derive(Clone, Debug)]
 pub enum Effect {
-    /// Start the secret's watch and its access question ahead of the queue, so that the
-    /// route's apply finds both ready. Holds the watch until
+    /// Start the referenced secret's watch and its access question ahead of the
+    /// queue, so that the consumer's apply finds both ready. Holds the watch until
     /// [`Effect::ReleasePrefetched`]. Idempotent per secret.
-    Prefetch {
-        /// The secret's namespace (the route's).
-        namespace: String,
-        /// The secret's name.
-        secret: String,
-    },
+    Prefetch(CertificateRef),
     /// Every route that was queued has been applied: drop prefetch holds that no route
     /// took up.
     ReleasePrefetched,
@@ -46,24 +42,25 @@ pub enum Effect {
     Readiness(Readiness),
 }
 
-/// The network part of an apply: check the router's access to the secret; when
-/// allowed, register (if asked) and read the secret from the registration's cache.
+/// The network part of an apply: check the router's access to the referenced secret;
+/// when allowed, register (if asked) and read the secret from the registration's cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Preparation {
-    /// The route applied.
-    pub route: RouteKey,
-    /// The secret's name, in the route's namespace.
-    pub secret: String,
-    /// Register the route with this new id; `None` when it holds a registration on
-    /// this secret already.
+    /// Whose apply it is (the registration's events are delivered tagged with it).
+    pub consumer: ConsumerKey,
+    /// The secret referenced, in its own namespace.
+    pub reference: CertificateRef,
+    /// Register the consumer with this new id; `None` when it holds a registration on
+    /// this reference already.
     pub register: Option<RegistrationId>,
     /// The registration whose cached secret to read: the new one, or the one held.
     pub read: RegistrationId,
 }
 
-/// Identifies one registration of a route on its secret's watch. A route that
-/// registers again (another secret, or after a failure) gets a new id, so that events
-/// and results of a registration it has since dropped are recognised and ignored.
+/// Identifies one registration of a consumer on a referenced secret's watch. A
+/// consumer that registers again (another secret, or after a failure) gets a new id,
+/// so that events and results of a registration it has since dropped are recognised
+/// and ignored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RegistrationId(pub(crate) u64);
 

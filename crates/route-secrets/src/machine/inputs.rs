@@ -9,7 +9,8 @@ use kube_common::Verb;
 use secret_monitor::WatchedObject;
 
 use super::effects::{Preparation, RegistrationId};
-use crate::route::{Route, RouteKey};
+use crate::consumer::ConsumerKey;
+use crate::route::Route;
 use crate::tls::{TlsRejection, ValidatedTls};
 
 /// One input to [`RouteMachine::step`](super::RouteMachine::step).
@@ -25,10 +26,10 @@ pub enum Input {
     /// The network part of the apply the machine asked for
     /// ([`Effect::Prepare`](super::Effect::Prepare)) is done.
     Prepared(Prepared),
-    /// The secret of a route's registration changed.
+    /// The secret of a consumer's registration changed.
     Secret {
-        /// The route the registration belongs to.
-        route: RouteKey,
+        /// The consumer the registration belongs to.
+        consumer: ConsumerKey,
         /// The registration the change was delivered to.
         registration: RegistrationId,
         /// What changed.

@@ -8,9 +8,9 @@ use std::time::Instant;
 use jiff::Timestamp;
 use kube_common::backoff::Backoff;
 
-use super::effects::RegistrationId;
 use super::inputs::SecretVersionId;
 use super::outcome::Sni;
+use crate::consumer::{CertificateRef, Holdings};
 use crate::route::admission::Admission;
 use crate::route::routing::RouteRouting;
 use crate::route::{Route, RouteKey, RouteSpec, TlsConfig, TlsTermination, WildcardPolicy};
@@ -88,6 +88,15 @@ impl RouteCopy {
     /// Whether `self` and `other` are the same object with the same spec.
     pub fn same_object_and_spec(&self, other: &Self) -> bool {
         self.uid == other.uid && self.spec_digest.is_some() && self.spec_digest == other.spec_digest
+    }
+
+    /// The secret this copy of route `key` references: its external certificate, in
+    /// the route's namespace (shared strings: nothing is allocated).
+    pub fn reference(&self, key: &RouteKey) -> Option<CertificateRef> {
+        self.secret.as_ref().map(|name| CertificateRef {
+            namespace: Arc::clone(&key.namespace),
+            name: Arc::clone(name),
+        })
     }
 
     /// The server names an admission of this copy is served for.
@@ -265,26 +274,20 @@ impl RouteEntry {
         }
     }
 
-    /// The registration the route holds, if any.
-    pub fn registration(&self) -> Option<RegistrationId> {
+    /// The registrations the route holds (none, or one on its secret's watch).
+    pub fn holdings(&self) -> Option<&Holdings<SecretSeen>> {
         match &self.state {
             RouteState::Applied {
-                stand: Stand::Registered { registration, .. },
+                stand: Stand::Registered(holdings),
                 ..
-            } => Some(*registration),
+            } => Some(holdings),
             _ => None,
         }
     }
 
-    /// The secret the route holds a registration on, if any.
-    pub fn registered_secret(&self) -> Option<&str> {
-        match &self.state {
-            RouteState::Applied {
-                stand: Stand::Registered { secret, .. },
-                ..
-            } => Some(secret),
-            _ => None,
-        }
+    /// Whether the route holds any registration.
+    pub fn is_registered(&self) -> bool {
+        self.holdings().is_some()
     }
 
     /// The copy of the route last applied.
@@ -321,15 +324,9 @@ pub(super) enum Stand {
     Refused,
     /// Its apply is at the head of the queue, registering: nothing held yet.
     Registering,
-    /// Registered with the secret's watch; the outcome follows the secret.
-    Registered {
-        /// The secret's name, in the route's namespace.
-        secret: Arc<str>,
-        /// The registration.
-        registration: RegistrationId,
-        /// What is known of the secret.
-        seen: SecretSeen,
-    },
+    /// Registered with the watch of each secret it references (a route: its one
+    /// external certificate); the outcome follows the secrets.
+    Registered(Holdings<SecretSeen>),
 }
 
 /// What a registered route knows of its secret.

@@ -13,6 +13,7 @@ use kube_common::backoff::BackoffPolicy;
 use proptest::prelude::*;
 
 use super::*;
+use crate::consumer::{CertificateRef, Holding, HoldingPlan, Holdings};
 use crate::route::admission::Admission;
 use crate::testing::{LeafSpec, Pki};
 use crate::tls::{TlsRejection, TlsValidator, ValidatedTls};
@@ -115,6 +116,17 @@ fn said(outcome: &RouteOutcome) -> Said {
     }
 }
 
+/// The route machine's preparations are a route's: its key and its secret's name.
+impl Preparation {
+    fn route(&self) -> &RouteKey {
+        self.consumer.route().expect("a route's preparation")
+    }
+
+    fn secret(&self) -> &str {
+        &self.reference.name
+    }
+}
+
 /// Drives a machine as the shell would, and remembers what it was asked to do.
 struct Driver {
     machine: RouteMachine,
@@ -168,7 +180,9 @@ impl Driver {
         let effects = self.machine.step(input, self.now);
         for effect in effects {
             match effect {
-                Effect::Prefetch { namespace, secret } => {
+                Effect::Prefetch(reference) => {
+                    let (namespace, secret) =
+                        (reference.namespace.to_string(), reference.name.to_string());
                     self.prefetches.push((namespace.clone(), secret.clone()));
                     self.prefetched.insert((namespace, secret));
                 }
@@ -207,8 +221,10 @@ impl Driver {
     fn answer(&mut self, outcome: PreparedOutcome) {
         let preparation = self.preparing.take().expect("a preparation is outstanding");
         if let (Some(id), PreparedOutcome::Ready(_)) = (preparation.register, &outcome) {
-            self.held
-                .insert(id, (preparation.route.clone(), preparation.secret.clone()));
+            self.held.insert(
+                id,
+                (preparation.route().clone(), preparation.secret().to_owned()),
+            );
         }
         self.step(Input::Prepared(Prepared {
             preparation,
@@ -224,7 +240,7 @@ impl Driver {
     fn secret(&mut self, route: &str, change: SecretChange) {
         let registration = self.registration_of(route).expect("registered");
         self.step(Input::Secret {
-            route: key(route),
+            consumer: key(route).into(),
             registration,
             change,
         });
@@ -448,7 +464,7 @@ fn meet(d: &mut Driver, state: State, event: Event) {
         // holds none (as a late event would be).
         let registration = registration.unwrap_or(RegistrationId(999));
         d.step(Input::Secret {
-            route: key("r"),
+            consumer: key("r").into(),
             registration,
             change,
         });
@@ -478,7 +494,7 @@ fn meet(d: &mut Driver, state: State, event: Event) {
         ),
         Event::SecretGone => to_registration(d, SecretChange::Deleted),
         Event::SecretStale => d.step(Input::Secret {
-            route: key("r"),
+            consumer: key("r").into(),
             registration: RegistrationId(999),
             change: SecretChange::Deleted,
         }),
@@ -493,7 +509,10 @@ fn stands(d: &Driver) -> &'static str {
     let Some(entry) = m.routes.get(&key) else {
         return "gone";
     };
-    if m.head.as_ref().is_some_and(|h| h.preparation.route == key) {
+    if m.head
+        .as_ref()
+        .is_some_and(|h| *h.preparation.route() == key)
+    {
         return "applying";
     }
     if entry.latest.is_none() {
@@ -510,18 +529,19 @@ fn stands(d: &Driver) -> &'static str {
             Stand::Registering => "registering",
             // Admitted: applied again when its certificate's dates change (days away;
             // a retry is seconds away).
-            Stand::Registered { .. }
+            Stand::Registered(_)
                 if entry
                     .retry_at
                     .is_some_and(|at| at >= d.now + Duration::from_secs(24 * 3600)) =>
             {
                 "admitted, dates watched"
             }
-            Stand::Registered { .. } if entry.retry_at.is_some() => "registered, retrying",
-            Stand::Registered { seen, .. } => match seen {
-                SecretSeen::Pending => "registered",
-                SecretSeen::Missing => "registered, secret missing",
-                SecretSeen::Evaluated(_) => "registered, evaluated",
+            Stand::Registered(_) if entry.retry_at.is_some() => "registered, retrying",
+            Stand::Registered(holdings) => match holdings.iter().next().map(|held| &held.seen) {
+                Some(SecretSeen::Pending) => "registered",
+                Some(SecretSeen::Missing) => "registered, secret missing",
+                Some(SecretSeen::Evaluated(_)) => "registered, evaluated",
+                None => "registered with nothing",
             },
         },
     }
@@ -874,7 +894,7 @@ fn an_apply_overtaken_by_a_newer_event_is_redone_with_the_latest_copy() {
     // Nothing is said about the stale apply; the new one releases s and registers t.
     assert_eq!(d.said_to("r"), vec![]);
     let preparation = d.preparing.clone().expect("re-applied");
-    assert_eq!(preparation.secret, "t");
+    assert_eq!(preparation.secret(), "t");
     assert_eq!(d.held_by("r"), 0, "the registration on s was released");
     d.found(version("ut", 1, valid));
     assert_eq!(d.said_to("r"), vec![Said::Admitted]);
@@ -1052,7 +1072,7 @@ fn a_served_certificate_is_evaluated_again_when_its_dates_change() {
     assert!(d.preparing.is_none(), "not before the dates change");
     d.advance(Duration::from_secs(1));
     let preparation = d.preparing.clone().expect("applied again");
-    assert_eq!(preparation.route, key("r"));
+    assert_eq!(*preparation.route(), key("r"));
     assert_eq!(preparation.register, None, "keeps its registration");
     // The shell validates the same version anew: expired now, and for good.
     d.found(version("uid-s", 1, Ok(Arc::clone(&m.expired))));
@@ -1087,9 +1107,9 @@ fn start_up_is_ready_once_every_listed_route_is_decided_oldest_first() {
     let valid = || Ok(Arc::clone(&material().valid[0]));
     let mut order = Vec::new();
     while let Some(preparation) = d.preparing.clone() {
-        order.push(preparation.route.name.to_string());
+        order.push(preparation.route().name.to_string());
         assert!(!d.readiness.is_ready());
-        d.found(version(&preparation.secret, 1, valid()));
+        d.found(version(preparation.secret(), 1, valid()));
     }
     assert_eq!(order, ["a", "b", "c"]);
     assert!(d.readiness.is_ready());
@@ -1702,7 +1722,7 @@ impl World {
             Action::Deliver => {
                 if let Some((route, registration, change)) = self.events.pop_front() {
                     self.d.step(Input::Secret {
-                        route,
+                        consumer: route.into(),
                         registration,
                         change,
                     });
@@ -1712,7 +1732,7 @@ impl World {
                 let Some(preparation) = self.d.preparing.clone() else {
                     return;
                 };
-                let secret = Self::secret_of(&preparation.secret);
+                let secret = Self::secret_of(preparation.secret());
                 let outcome = match answer {
                     Answer::Allowed => {
                         let lookup = match self.secret_version(secret) {
@@ -1754,7 +1774,7 @@ impl World {
                     };
                     if self.d.held.contains_key(&id) && matches!(change, SecretChange::Present(_)) {
                         self.events
-                            .push_back((preparation.route.clone(), id, change));
+                            .push_back((preparation.route().clone(), id, change));
                     }
                 }
             }
@@ -1775,7 +1795,7 @@ impl World {
                 .d
                 .preparing
                 .as_ref()
-                .is_some_and(|p| &p.route == *route && p.register.is_some());
+                .is_some_and(|p| p.route() == *route && p.register.is_some());
             if !head_registers {
                 prop_assert_eq!(
                     self.d.machine.registered_secret(route),
@@ -1839,7 +1859,7 @@ impl World {
             if let Some(event) = self.events.pop_front() {
                 let (route, registration, change) = event;
                 self.d.step(Input::Secret {
-                    route,
+                    consumer: route.into(),
                     registration,
                     change,
                 });
@@ -1936,9 +1956,13 @@ fn a_route_entry_stays_small() {
     // 344 bytes.
     let entry = std::mem::size_of::<RouteEntry>();
     let key = std::mem::size_of::<RouteKey>();
-    println!("route entry: {entry} bytes, key: {key} bytes");
+    // A registered route's holdings are on the heap (its entry keeps a pointer): one
+    // holding per reference.
+    let holding = std::mem::size_of::<Holding<SecretSeen>>();
+    println!("route entry: {entry} bytes, key: {key} bytes, a holding: {holding} bytes");
     assert!(entry <= 128, "a route entry grew to {entry} bytes");
     assert!(key <= 32, "a route key grew to {key} bytes");
+    assert!(holding <= 80, "a holding grew to {holding} bytes");
 }
 
 /// Routes without certificate material of their own (here: external certificates)
@@ -2398,4 +2422,123 @@ fn a_route_leaving_the_view_has_its_status_entry_cleared_once() {
     // Nothing is left to clear.
     d.step(Input::Listed(Vec::new()));
     assert_eq!(d.cleared.len(), 2);
+}
+
+/// What a consumer holds is a list of references, each in its own namespace: the
+/// bookkeeping finds a holding by registration and by reference, and plans a change of
+/// references (keep what is still referenced, register what is new, release what is
+/// no longer referenced) whoever the consumer is and however many references it has.
+#[test]
+fn holdings_are_a_list_of_references_in_any_namespace() {
+    let s = CertificateRef::new(NS, "s");
+    let t = CertificateRef::new("other", "t");
+    let u = CertificateRef::new("other", "u");
+    let held = |reference: &CertificateRef, id| Holding {
+        reference: reference.clone(),
+        registration: RegistrationId(id),
+        seen: (),
+    };
+    let mut holdings = Holdings::new(vec![held(&s, 1), held(&t, 2), held(&s, 3)]);
+    // A reference is held once: the later registration replaced the earlier one.
+    let ids: Vec<RegistrationId> = holdings.registrations().collect();
+    assert_eq!(ids, [RegistrationId(3), RegistrationId(2)]);
+    assert_eq!(
+        holdings.of_reference(&t).map(|held| held.registration),
+        Some(RegistrationId(2))
+    );
+    assert_eq!(holdings.of_reference(&u), None);
+    assert_eq!(holdings.by_registration(RegistrationId(1)), None);
+    assert_eq!(
+        holdings
+            .by_registration_mut(RegistrationId(3))
+            .map(|held| held.reference.clone()),
+        Some(s.clone())
+    );
+
+    // `s` goes, `t` stays (asked for twice), `u` comes.
+    assert_eq!(
+        holdings.plan(&[t.clone(), u.clone(), t.clone()]),
+        HoldingPlan {
+            keep: vec![(t.clone(), RegistrationId(2))],
+            register: vec![u.clone()],
+            release: vec![RegistrationId(3)],
+        }
+    );
+    // The same references: nothing moves. None: everything goes.
+    let same = holdings.plan(&[t.clone(), s.clone()]);
+    assert_eq!(
+        same.keep,
+        [
+            (t.clone(), RegistrationId(2)),
+            (s.clone(), RegistrationId(3))
+        ]
+    );
+    assert!(
+        same.register.is_empty() && same.release.is_empty(),
+        "{same:?}"
+    );
+    assert_eq!(
+        holdings.plan(&[]).release,
+        [RegistrationId(3), RegistrationId(2)]
+    );
+    // A secret of the same name in another namespace is another reference.
+    let elsewhere = CertificateRef::new("other", "s");
+    assert_eq!(
+        holdings.plan(std::slice::from_ref(&elsewhere)).register,
+        [elsewhere]
+    );
+}
+
+/// Two routes reference one secret: each holds its own registration on it (the shell
+/// shares the secret's watch among them), each is told of the secret's change, and a
+/// route that goes releases its own registration only.
+#[test]
+fn routes_on_one_secret_each_hold_a_registration_and_each_is_told() {
+    let mut d = Driver::new();
+    d.step(Input::Listed(vec![
+        route("a", Some("s"), "a.example", 1, "ua"),
+        route("b", Some("s"), "b.example", 2, "ub"),
+    ]));
+    let valid = |i: usize| Ok(Arc::clone(&material().valid[i]));
+    assert_eq!(
+        d.preparing.as_ref().map(|p| p.reference.clone()),
+        Some(CertificateRef::new(NS, "s")),
+        "the reference names the secret's namespace"
+    );
+    d.found(version("us", 1, valid(0)));
+    d.found(version("us", 1, valid(0)));
+    let (a, b) = (
+        d.registration_of("a").expect("a registered"),
+        d.registration_of("b").expect("b registered"),
+    );
+    assert_ne!(a, b);
+    assert_eq!(d.machine.registered_secret(&key("a")), Some("s"));
+    assert_eq!(d.machine.registered_secret(&key("b")), Some("s"));
+    assert_eq!(d.machine.registered_routes(), 2);
+
+    // The secret changes: its watch delivers the change to each registration.
+    for route in ["a", "b"] {
+        d.secret(route, SecretChange::Present(version("us", 2, valid(1))));
+    }
+    assert_eq!(d.said_to("a"), [Said::Admitted, Said::Admitted]);
+    assert_eq!(d.said_to("b"), [Said::Admitted, Said::Admitted]);
+
+    // `a` goes: its registration is released, `b` keeps its own and is still told.
+    d.step(Input::Deleted(route("a", Some("s"), "a.example", 1, "ua")));
+    assert_eq!(d.held_by("a"), 0);
+    assert_eq!(d.registration_of("b"), Some(b));
+    assert_eq!(d.machine.registered_routes(), 1);
+    d.secret("b", SecretChange::Deleted);
+    assert_eq!(
+        d.said_to("b"),
+        [
+            Said::Admitted,
+            Said::Admitted,
+            Said::Rejected("ExternalCertificateValidationFailed")
+        ]
+    );
+    assert_eq!(
+        d.said_to("a"),
+        [Said::Admitted, Said::Admitted, Said::Removed]
+    );
 }

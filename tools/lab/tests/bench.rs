@@ -249,3 +249,62 @@ fn bad_arguments_are_refused_with_the_cause() {
         "names the built-in ones: {stderr}"
     );
 }
+
+#[test]
+fn invalid_secrets_reject_their_routes_alone_and_a_reissue_reaches_every_file() {
+    let lines = bench(&[
+        "--routes",
+        "40",
+        "--latency",
+        "10ms",
+        "--strategy",
+        "daemon",
+        "--bad-secrets",
+        "4",
+        "--reissue",
+        "1s",
+    ]);
+    let daemon = &lines["daemon"];
+    // A rejection beyond the four invalid secrets' routes, or one of them admitted,
+    // counts as an error.
+    assert_eq!(number(daemon, "errors"), 0, "{daemon}");
+    let bad = &daemon["bad_secrets"];
+    assert_eq!(number(bad, "secrets"), 4, "{bad}");
+    assert_eq!(number(bad, "routes"), 4, "{bad}");
+    for kind in ["not_pem", "truncated_pem", "foreign_key", "empty_key"] {
+        assert_eq!(bad["by_kind"][kind].as_u64(), Some(1), "{kind}: {bad}");
+    }
+    // The re-issue rewrites every secret, the invalid ones too: every route's file
+    // ends up with its new certificate.
+    let reissue = &daemon["reissue"];
+    assert_eq!(number(reissue, "secrets"), 40, "{reissue}");
+    assert_eq!(number(reissue, "routes"), 40, "{reissue}");
+    assert_eq!(number(reissue, "write_errors"), 0, "{reissue}");
+    assert_eq!(number(reissue, "never_on_disk"), 0, "{reissue}");
+    assert_eq!(number(&reissue["to_file"], "count"), 40, "{reissue}");
+    assert!(reissue["all_on_disk_ms"].is_u64(), "{reissue}");
+    assert_eq!(
+        daemon["targets"]["reissue_never_on_disk"]["met"].as_bool(),
+        Some(true),
+        "{daemon}"
+    );
+}
+
+#[test]
+fn bad_input_options_need_a_strategy_that_writes_files() {
+    let output = Command::new(env!("CARGO_BIN_EXE_certwatch-lab"))
+        .args([
+            "bench",
+            "--routes",
+            "4",
+            "--strategy",
+            "concurrent",
+            "--reissue",
+            "1s",
+        ])
+        .output()
+        .expect("certwatch runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--reissue"), "{stderr}");
+}

@@ -248,6 +248,7 @@ pub async fn run(
         per_route_ms: None,
         per_secret_ms: None,
         haproxy: None,
+        cert_dir: None,
     };
     Ok((
         report,

@@ -83,9 +83,7 @@ pub async fn run(
         .await
         .map_err(|_| failed("the daemon stopped before it was ready".to_owned()))?;
     let ready_ms = ms_since(started);
-    for _ in 0..ready.rejected {
-        errors.record("a route was rejected (see the daemon's log)");
-    }
+    super::protocol::record_rejections(&errors, ready.rejected, spec.expected_rejected);
     let (watched, _synced) = daemon.secret_counts();
     let mut phases = BTreeMap::new();
     phases.insert("routes_listed".to_owned(), routes_listed_ms);
@@ -102,6 +100,7 @@ pub async fn run(
             per_route_ms: None,
             per_secret_ms: None,
             haproxy: None,
+            cert_dir: Some(cert_dir.path().to_path_buf()),
         },
         DaemonRun {
             daemon,

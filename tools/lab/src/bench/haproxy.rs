@@ -363,9 +363,7 @@ pub async fn run(
         super::process_stats::mib(check.peak_rss_bytes),
     ));
 
-    for _ in 0..ready.rejected {
-        errors.record("a route was rejected (see the daemon's log)");
-    }
+    super::protocol::record_rejections(&errors, ready.rejected, spec.expected_rejected);
     let (watched, _synced) = daemon.secret_counts();
     let mut phases = BTreeMap::new();
     phases.insert("routes_listed".to_owned(), routes_listed_ms);
@@ -383,6 +381,7 @@ pub async fn run(
             phases,
             per_route_ms: None,
             per_secret_ms: None,
+            cert_dir: Some(certs.clone()),
             haproxy: Some(Box::new(HaproxyReady {
                 tls_port: port,
                 stats_socket: socket,
@@ -532,7 +531,8 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    fn of(mut samples: Vec<u64>) -> Self {
+    /// The percentiles of `samples`.
+    pub(super) fn of(mut samples: Vec<u64>) -> Self {
         samples.sort_unstable();
         let at = |q: f64| {
             if samples.is_empty() {

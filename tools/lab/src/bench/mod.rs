@@ -25,8 +25,12 @@
 //! certwatch-lab bench                                   # the five built-in scenarios
 //! certwatch-lab bench --scenarios customer-2000 --json  # one JSON object per strategy
 //! certwatch-lab bench --routes 20 --latency 10ms --serial-routes 0 --json
+//! # bad input at scale: 100 invalid secrets, then every secret re-issued in a minute
+//! certwatch-lab bench --routes 100000 --latency 100ms --strategy daemon \
+//!     --bad-secrets 100 --reissue 60s --timeout 20m
 //! ```
 
+mod bad_input;
 mod client_process;
 mod concurrent;
 mod daemon;
@@ -241,6 +245,21 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub haproxy_threads: Option<u16>,
 
+    /// Make this many of the scenario's secrets invalid before the clients start
+    /// (spread over them; four kinds in turn: not PEM, a truncated PEM block, a key of
+    /// another certificate, an empty key). The product's strategies must reject exactly
+    /// their routes and admit every other one; a difference counts as an error.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub bad_secrets: usize,
+
+    /// The daemon and haproxy strategies: once ready, rewrite every secret with a
+    /// certificate of a new CA, the writes spread evenly over this window (a CA
+    /// re-issue), and follow every route until its file holds its new certificate;
+    /// reports the latencies, the routes never updated, and certwatch's memory and CPU
+    /// over it.
+    #[arg(long, value_name = "WINDOW", value_parser = duration_arg)]
+    pub reissue: Option<Duration>,
+
     /// How long one strategy may take to become ready.
     #[arg(long, value_name = "D", value_parser = duration_arg, default_value = "10m")]
     pub timeout: Duration,
@@ -335,6 +354,15 @@ impl BenchArgs {
         if strategies.is_empty() {
             return Err(BenchError::Usage("no strategy to run".to_owned()));
         }
+        let product_with_files = |s: &Strategy| matches!(s, Strategy::Daemon | Strategy::Haproxy);
+        if (self.bad_secrets > 0 || self.reissue.is_some())
+            && !strategies.iter().all(product_with_files)
+        {
+            return Err(BenchError::Usage(
+                "--bad-secrets and --reissue need --strategy daemon or haproxy (or both)"
+                    .to_owned(),
+            ));
+        }
         Ok(strategies)
     }
 }
@@ -381,12 +409,29 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
             server.kind(),
             server.pid().unwrap_or(0),
         ));
+        let bad_secrets = match (&server, args.bad_secrets) {
+            (_, 0) => None,
+            (Server::Sim(sim), count) => {
+                let bad = bad_input::corrupt(&sim.admin_client(), &generated.routes, count).await?;
+                progress(&format!(
+                    "  made {} secrets invalid ({} routes reference them): {:?}",
+                    bad.secrets, bad.routes, bad.by_kind
+                ));
+                Some(bad)
+            }
+            (Server::Real(_), _) => {
+                return Err(BenchError::Usage(
+                    "--bad-secrets runs against the simulator only".to_owned(),
+                ));
+            }
+        };
         for &strategy in &strategies {
             let result = match run_strategy(
                 &exe,
                 &mut server,
                 scenario,
                 &generated,
+                bad_secrets.as_ref(),
                 strategy,
                 &args,
             )
@@ -525,6 +570,7 @@ async fn run_strategy(
     sim: &mut Server,
     scenario: &Scenario,
     generated: &Generated,
+    bad_secrets: Option<&bad_input::BadSecrets>,
     strategy: Strategy,
     args: &BenchArgs,
 ) -> Result<RunResult, BenchError> {
@@ -542,6 +588,7 @@ async fn run_strategy(
         status_writes: args.status_writes,
         timeout_ms: u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX),
         haproxy_threads: args.haproxy_threads,
+        expected_rejected: bad_secrets.map_or(0, |bad| bad.routes),
     };
     let wrapper: Vec<String> = args
         .client_wrapper
@@ -603,6 +650,38 @@ async fn run_strategy(
         }
         (None, _) => None,
     };
+    let reissue = match (args.reissue, &ready.cert_dir, &*sim) {
+        (Some(window), Some(cert_dir), Server::Sim(sim_process)) => {
+            progress(&format!(
+                "  {}: re-issuing every secret over {}",
+                strategy.as_str(),
+                human_ms(u64::try_from(window.as_millis()).unwrap_or(u64::MAX))
+            ));
+            match bad_input::reissue(
+                &sim_process.admin_client(),
+                &generated.routes,
+                cert_dir,
+                window,
+                client.pid(),
+            )
+            .await
+            {
+                Ok(figures) => Some(figures),
+                Err(error) => {
+                    client.finish().await;
+                    return Err(error);
+                }
+            }
+        }
+        (Some(_), _, _) => {
+            client.finish().await;
+            return Err(BenchError::Usage(format!(
+                "--reissue needs the daemon or haproxy strategy against the simulator, not {}",
+                strategy.as_str()
+            )));
+        }
+        (None, _, _) => None,
+    };
     let measurement = match measured? {
         ClientMessage::Measured(measurement) => measurement,
         other => {
@@ -624,6 +703,15 @@ async fn run_strategy(
         streaming_route_list: strategy == Strategy::Concurrent
             && args.route_listing == RouteListing::Streaming,
     });
+    result.bad_secrets = bad_secrets.cloned();
+    if let Some(figures) = reissue {
+        let lost = scenario::Check::new(figures.never_on_disk as f64, 0.0);
+        result.targets_met = Some(result.targets_met.unwrap_or(true) && lost.met);
+        if let Some(targets) = result.targets.as_mut() {
+            targets.insert("reissue_never_on_disk", lost);
+        }
+        result.reissue = Some(figures);
+    }
     if let Some(figures) = haproxy {
         let met = figures.bounds.values().all(|check| check.met);
         result.targets_met = Some(result.targets_met.unwrap_or(true) && met);

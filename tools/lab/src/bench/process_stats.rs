@@ -53,6 +53,14 @@ pub fn other_process_peak_rss_bytes(pid: u32) -> Option<u64> {
     (kib > 0).then(|| kib.saturating_mul(1024))
 }
 
+/// Resident set (`VmRSS`) of another process now, in bytes; `None` when it cannot be
+/// read (gone, or a zombie).
+pub fn other_process_rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = status_kib(&status, "VmRSS:");
+    (kib > 0).then(|| kib.saturating_mul(1024))
+}
+
 /// The parent of another process (`PPid`), if it can be read.
 pub fn parent_pid(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

@@ -76,6 +76,10 @@ pub struct ClientSpec {
     /// CPU).
     #[serde(default)]
     pub haproxy_threads: Option<u16>,
+    /// Routes the scenario's invalid secrets make the product reject (`--bad-secrets`):
+    /// a rejection is an error only beyond them, and so is admitting any of them.
+    #[serde(default)]
+    pub expected_rejected: usize,
 }
 
 /// One line from the child.
@@ -116,6 +120,21 @@ pub struct ReadyReport {
     /// The `haproxy` strategy only: where HAProxy is and how its start-up went.
     #[serde(default)]
     pub haproxy: Option<Box<HaproxyReady>>,
+    /// The daemon and haproxy strategies: certwatch's cert directory, where the
+    /// benchmark follows a re-issue to the routes' files.
+    #[serde(default)]
+    pub cert_dir: Option<PathBuf>,
+}
+
+/// Records as errors the difference between the routes a strategy rejected and those
+/// it was expected to reject (the routes of the scenario's invalid secrets).
+pub fn record_rejections(errors: &ErrorLog, rejected: usize, expected: usize) {
+    for _ in expected..rejected {
+        errors.record("a route was rejected (see the daemon's log)");
+    }
+    for _ in rejected..expected {
+        errors.record("a route of an invalid secret was admitted (see the daemon's log)");
+    }
 }
 
 /// The child's resource use and client figures at the moment the parent asked.
@@ -280,4 +299,25 @@ pub struct HaproxyCheck {
     pub peak_rss_bytes: u64,
     /// CPU, last sampled, in milliseconds.
     pub cpu_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_rejections_beyond_or_short_of_the_expected_ones_are_errors() {
+        let errors = ErrorLog::default();
+        record_rejections(&errors, 4, 4);
+        assert_eq!(errors.snapshot().0, 0);
+        record_rejections(&errors, 6, 4);
+        assert_eq!(errors.snapshot().0, 2);
+        record_rejections(&errors, 1, 4);
+        let (count, samples) = errors.snapshot();
+        assert_eq!(count, 5);
+        assert!(
+            samples.iter().any(|s| s.contains("was admitted")),
+            "{samples:?}"
+        );
+    }
 }

@@ -105,6 +105,12 @@ pub struct RunResult {
     /// The `haproxy` strategy only: start-up served, HAProxy's own rate, rotations.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub haproxy: Option<super::haproxy::HaproxyFigures>,
+    /// `--bad-secrets`: the secrets made invalid before the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bad_secrets: Option<super::bad_input::BadSecrets>,
+    /// `--reissue`: every secret rewritten by a new CA once ready, followed to the files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reissue: Option<super::bad_input::ReissueFigures>,
 }
 
 /// Everything a result is made from.
@@ -223,6 +229,8 @@ impl RunResult {
             targets: None,
             targets_met: None,
             haproxy: None,
+            bad_secrets: None,
+            reissue: None,
         };
         if product {
             let checks = result.check(&scenario.targets());
@@ -276,6 +284,8 @@ impl RunResult {
             targets: None,
             targets_met: Some(false),
             haproxy: None,
+            bad_secrets: None,
+            reissue: None,
         }
     }
 
@@ -477,8 +487,60 @@ pub fn table(results: &[RunResult]) -> String {
         if let Some(haproxy) = &r.haproxy {
             haproxy_section(&mut out, r, haproxy);
         }
+        bad_input_section(&mut out, r);
     }
     out
+}
+
+/// `--bad-secrets` and `--reissue` figures for people.
+fn bad_input_section(out: &mut String, r: &RunResult) {
+    if let Some(bad) = &r.bad_secrets {
+        let _ = writeln!(
+            out,
+            "\n{} {}: {} invalid secrets ({} routes): {} admitted, errors {}",
+            r.scenario,
+            r.strategy,
+            bad.secrets,
+            bad.routes,
+            r.measured_routes.saturating_sub(bad.routes),
+            r.errors,
+        );
+    }
+    if let Some(re) = &r.reissue {
+        let mib = super::process_stats::mib;
+        let _ = writeln!(
+            out,
+            "\n{} {}: CA re-issue of {} secrets over {} ({} routes followed):",
+            r.scenario,
+            r.strategy,
+            re.secrets,
+            human_ms(re.window_ms),
+            re.routes,
+        );
+        let _ = writeln!(
+            out,
+            "  writes sent in {}, refused {}; to file p50 / p99 / max {} / {} / {}; all on disk {}; never on disk {}",
+            human_ms(re.writing_ms),
+            re.write_errors,
+            human_ms(re.to_file.p50_ms),
+            human_ms(re.to_file.p99_ms),
+            human_ms(re.to_file.max_ms),
+            re.all_on_disk_ms
+                .map_or_else(|| "never".to_owned(), human_ms),
+            re.never_on_disk,
+        );
+        let _ = writeln!(
+            out,
+            "  certwatch: resident {} MiB before, at most {} MiB during, peak (start-up included) {} MiB; cpu {}",
+            mib(re.rss_before_bytes),
+            mib(re.rss_max_bytes),
+            mib(re.rss_peak_after_bytes),
+            re.cpu_ms.map_or_else(
+                || "?".to_owned(),
+                |ms| format!("{:.1} s", ms as f64 / 1000.0)
+            ),
+        );
+    }
 }
 
 /// The `haproxy` strategy's figures for people.

@@ -178,6 +178,7 @@ pub async fn run(
             per_route_ms: Some(per_route_ms),
             per_secret_ms,
             haproxy: None,
+            cert_dir: None,
         },
         SerialRun { _monitor: monitor },
     ))

@@ -298,7 +298,7 @@ impl Outputs {
         let waiting_for_files = (progress.decided && !progress.files_ready).then(|| WriteProblem {
             written: self.cert_dir.served_on_disk(),
             served: self.cert_dir.served(),
-            crt_list_written: self.cert_dir.crt_list_current(),
+            crt_list_written: self.cert_dir.index_current(),
             error: progress.last_error,
         });
         let bundles = self.cert_dir.bundles_on_disk();

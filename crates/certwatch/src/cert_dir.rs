@@ -1,44 +1,47 @@
 //! What the cert directory should hold, and bringing it there.
 //!
 //! [`CertDir`] keeps the desired bundle of every admitted route and what is on disk
-//! (by file name and content digest). [`CertDir::flush`] brings the directory there in
-//! an order that keeps the crt-list truthful at every instant:
+//! (by file name and content digest), and the proxy's index: one line per served
+//! bundle saying which names it is served for, in order. The index's syntax is the
+//! proxy's ([`IndexFormat`], supplied when the directory is opened); what is in it and
+//! when it is written is decided here. [`CertDir::flush`] brings the directory there in
+//! an order that keeps the index truthful at every instant:
 //!
 //! 1. new and changed bundles are written (several at once, off the async threads,
 //!    one `syncfs`, then renamed into place) and linked;
 //! 2. the lines of the routes that changed are recomputed, from the bundles really on
 //!    disk: a route whose write failed is not named (or keeps naming its older file,
-//!    which is still there), and a route without an SNI gets no line. The crt-list is
-//!    rewritten only when a line changed (a new certificate in the same file changes
-//!    none);
-//! 3. only once that crt-list is on disk, and every load of the files that began
-//!    before it was ([`FileLoads`]) has ended, are the bundles of routes no longer
-//!    served removed (link first, then bundle). A proxy that reloads at any moment
-//!    between these steps finds every file its crt-list names, and a load that read
-//!    an older crt-list finds every file that one names.
+//!    which is still there), and a route whose names the index cannot hold gets no
+//!    line. The index is rewritten only when a line changed (a new certificate in the
+//!    same file changes none);
+//! 3. only once that index is on disk, and every load of the files that began before
+//!    it was ([`FileLoads`]) has ended, are the bundles of routes no longer served
+//!    removed (link first, then bundle). A proxy that reloads at any moment between
+//!    these steps finds every file its index names, and a load that read an older
+//!    index finds every file that one names.
 //!
 //! A flush costs work in proportion to what changed: bundles written, lines
-//! recomputed and the [`CrtChange`]s handed to HAProxy are those of the routes changed
-//! since the last flush. Only a flush that changes a line renders the whole crt-list,
-//! from lines kept in order (oldest route first).
+//! recomputed and the [`CrtChange`]s handed to the proxies are those of the routes
+//! changed since the last flush. Only a flush that changes a line renders the whole
+//! index, from lines kept in order (oldest route first).
 //!
 //! Until [`CertDir::mark_complete`] (every route present at start-up decided) the
-//! crt-list is left as it was and no old bundle is removed: a proxy that reloads during
-//! start-up keeps serving what it served before, instead of a half-built list. A
-//! crt-list found at start that names missing files is repaired at once (the files
-//! may have been removed by hand, or a previous version may have left it so).
+//! index is left as it was and no old bundle is removed: a proxy that reloads during
+//! start-up keeps serving what it served before, instead of a half-built index. An
+//! index found at start that names missing files is repaired at once (the files may
+//! have been removed by hand, or a previous version may have left it so).
 //!
-//! The certificates HAProxy refused ([`CertDir::set_excluded`]) stay out of the
-//! crt-list while they hold the refused material; they are kept in
-//! [`files::REFUSED_FILE`], written before the crt-list that leaves them out, and read
-//! back at [`CertDir::open`]: a restarted certwatch's first crt-list leaves them out too,
-//! so that a HAProxy that loads the files meanwhile does not fail on them.
+//! The certificates the proxy refused ([`CertDir::set_excluded`]) stay out of the
+//! index while they hold the refused material; they are kept in
+//! [`files::REFUSED_FILE`], written before the index that leaves them out, and read
+//! back at [`CertDir::open`]: a restarted certwatch's first index leaves them out too,
+//! so that a proxy that loads the files meanwhile does not fail on them.
 //!
 //! Failed writes and removals are counted in the [`FlushReport`] and retried by the
 //! next flush; [`CertDir::is_current`] says whether everything desired is on disk.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fmt::Write as _;
+use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -50,33 +53,55 @@ use route_secrets::tls::ValidatedTls;
 use tracing::debug;
 
 use crate::file_loads::FileLoads;
-use crate::files::{self, BundleNames, CRT_LIST_FILE, LINKS_DIR, REFUSED_FILE};
-use crate::haproxy::crt_list::{self, CrtListOptions};
+use crate::files::{self, BundleNames, LINKS_DIR, REFUSED_FILE};
+
+/// The syntax of the proxy's index of served certificates, a text file of lines in the
+/// cert directory: which certificate file is served for which names, the first line
+/// winning a name two lines claim. The proxy supplies it; [`CertDir`] decides what the
+/// index holds, in which order, and when it is written.
+pub trait IndexFormat: fmt::Debug + Send + Sync {
+    /// The index file's name in the cert directory.
+    fn file_name(&self) -> &str;
+
+    /// What a certificate's line says after its name: served for `sni`, its chain
+    /// (digest `chain`, see [`chain_digest`]) used by `sharing` served routes, itself
+    /// included. `None`: the index cannot hold these names, and the certificate gets
+    /// no line (its bundle is still written).
+    fn describe(&self, sni: &Sni, chain: &[u8; 32], sharing: usize) -> Option<String>;
+
+    /// Appends the line of the certificate named `name` (its link's absolute path) and
+    /// described as [`IndexFormat::describe`] said.
+    fn write_line(&self, out: &mut String, name: &str, description: &str);
+
+    /// The file a line of the index names; `None`: the line names none.
+    fn file_named<'a>(&self, line: &'a str) -> Option<&'a str>;
+}
 
 /// A route to serve, with its certificate.
 #[derive(Clone, Debug)]
 pub struct ServedCert {
     /// The route.
     pub route: RouteKey,
-    /// The server names it is served for. [`Sni::NoHost`] (or a name a crt-list SNI
-    /// filter cannot hold): the bundle is written but gets no crt-list line (a line
-    /// without a filter would capture every other route's hosts).
+    /// The server names it is served for. Names the index cannot hold
+    /// ([`IndexFormat::describe`]; [`Sni::NoHost`] among them): the bundle is written
+    /// but gets no line in the index (a line without names would capture every other
+    /// route's hosts).
     pub sni: Sni,
-    /// When the route was created: older routes come first in the crt-list, so they
-    /// win a host conflict, as in a router.
+    /// When the route was created: older routes come first in the index, so they win
+    /// a host conflict, as in a router.
     pub created: Option<Timestamp>,
     /// The validated chain and key.
     pub tls: Arc<ValidatedTls>,
 }
 
-/// One line of the crt-list, as HAProxy sees it.
+/// A served certificate's line in the index, as the proxy sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CrtEntry {
     /// The route.
     pub route: RouteKey,
-    /// The certificate's name in HAProxy: the absolute path of the bundle's link.
+    /// The certificate's name in the proxy: the absolute path of the bundle's link.
     pub name: String,
-    /// What follows the name on the line: options (ALPN), then the SNI filter.
+    /// What follows the name on the line ([`IndexFormat::describe`]).
     pub line: String,
     /// The material in the file.
     pub tls: Arc<ValidatedTls>,
@@ -89,7 +114,7 @@ pub struct CrtEntry {
 pub struct CrtChange {
     /// The route.
     pub route: RouteKey,
-    /// The certificate's name in HAProxy.
+    /// The certificate's name in the proxy.
     pub name: String,
     /// The line now; `None`: the route has no line any more.
     pub entry: Option<CrtEntry>,
@@ -102,16 +127,16 @@ pub struct FlushReport {
     pub written: usize,
     /// Bundles removed.
     pub removed: usize,
-    /// Writes, removals or crt-list writes that failed (retried by the next flush).
+    /// Writes, removals or index writes that failed (retried by the next flush).
     pub failed: usize,
-    /// Whether the crt-list was rewritten.
-    pub crt_list_written: bool,
+    /// Whether the index was rewritten.
+    pub index_written: bool,
     /// The kind of the first failure, if any (for readiness and logs).
     pub error: Option<io::ErrorKind>,
     /// A description of the first failure, naming the file (never its content).
     pub error_text: Option<String>,
-    /// The lines that changed in this flush (once start-up is complete): what HAProxy
-    /// must learn.
+    /// The lines that changed in this flush (once start-up is complete): what the
+    /// proxies must learn.
     pub changes: Vec<CrtChange>,
     /// Whether `changes` holds every line: the first flush once start-up is complete.
     pub complete_listing: bool,
@@ -120,7 +145,7 @@ pub struct FlushReport {
 impl FlushReport {
     /// Whether anything on disk changed.
     pub fn changed(&self) -> bool {
-        self.written > 0 || self.removed > 0 || self.crt_list_written
+        self.written > 0 || self.removed > 0 || self.index_written
     }
 
     fn failure(&mut self, kind: io::ErrorKind, text: impl FnOnce() -> String) {
@@ -152,7 +177,7 @@ struct OnDisk {
     tls: Option<Arc<ValidatedTls>>,
 }
 
-/// Where a line goes in the crt-list: older routes first; routes without a creation
+/// Where a line goes in the index: older routes first; routes without a creation
 /// time (not from an API server) last.
 type ListKey = (bool, Option<Timestamp>, RouteKey);
 
@@ -172,16 +197,17 @@ pub struct CertDir {
     owned: bool,
     /// The directory's mode.
     mode: u32,
-    options: CrtListOptions,
+    /// The index's syntax.
+    format: Arc<dyn IndexFormat>,
     /// Boxed, as the lines are: a map keeps up to as many spare slots as entries, and an
     /// entry of about 200 bytes inline cost that again in every spare slot.
     desired: HashMap<RouteKey, Box<Desired>>,
     /// Bundles known to be on disk with their link, by file name.
     on_disk: HashMap<String, OnDisk>,
-    /// Bundle files on disk that no desired route names: removed once the crt-list on
+    /// Bundle files on disk that no desired route names: removed once the index on
     /// disk no longer names them.
     unwanted: BTreeSet<String>,
-    /// Unwanted bundles, with the [`FileLoads::mark`] taken once a crt-list not
+    /// Unwanted bundles, with the [`FileLoads::mark`] taken once an index not
     /// naming them was on disk: removed once every load begun before it has ended.
     held: HashMap<String, u64>,
     /// The loads of these files in progress.
@@ -199,27 +225,27 @@ pub struct CertDir {
     relist_all: bool,
     /// The lines, by route.
     lines: HashMap<RouteKey, Box<Listed>>,
-    /// The lines in crt-list order.
+    /// The lines in the index's order.
     order: BTreeMap<ListKey, RouteKey>,
     /// Desired routes per chain digest (for the ALPN rule: a shared certificate).
     by_chain: HashMap<[u8; 32], ChainRoutes>,
-    /// Certificates (by name in HAProxy: the link's path) whose material HAProxy
-    /// rejected, with that material's digest: their lines stay out of the crt-list
-    /// while they hold that material.
+    /// Certificates (by name in the proxy: the link's path) whose material the proxy
+    /// rejected, with that material's digest: their lines stay out of the index while
+    /// they hold that material.
     excluded: HashMap<String, [u8; 32]>,
     /// Whether `excluded` changed since [`REFUSED_FILE`] was last written.
     excluded_dirty: bool,
-    /// Whether a line changed since the crt-list was last written.
+    /// Whether a line changed since the index was last written.
     list_dirty: bool,
-    /// SHA-256 of the crt-list's content as last written (or found): a new rendering
-    /// is compared with it, so the text itself (about 150 bytes per route) is not kept.
-    crt_list: Option<[u8; 32]>,
-    /// Whether the last crt-list write failed (the file on disk is behind).
-    crt_list_failed: bool,
+    /// SHA-256 of the index's content as last written (or found): a new rendering is
+    /// compared with it, so the text itself (about 150 bytes per route) is not kept.
+    index: Option<[u8; 32]>,
+    /// Whether the last index write failed (the file on disk is behind).
+    index_failed: bool,
     complete: bool,
     concurrency: usize,
     /// Whether a flush reports the changed lines ([`FlushReport::changes`]): only a
-    /// HAProxy fed through its runtime API reads them, and the first complete listing
+    /// proxy fed through an API at run time reads them, and the first complete listing
     /// copies every line.
     report_changes: bool,
 }
@@ -325,12 +351,12 @@ struct Found {
     on_disk: HashMap<String, OnDisk>,
     unlinked: BTreeSet<String>,
     stray_links: BTreeSet<String>,
-    crt_list: Option<String>,
+    index: Option<String>,
     refused: HashMap<String, [u8; 32]>,
 }
 
-/// Reads the bundles and links in `dir`, repairing a crt-list that names missing files.
-fn scan(dir: &Path) -> io::Result<Found> {
+/// Reads the bundles and links in `dir`, repairing an index that names missing files.
+fn scan(dir: &Path, format: &dyn IndexFormat) -> io::Result<Found> {
     let prepared = files::prepare_dir(dir)?;
     let dir = &prepared.path;
     let links = dir.join(LINKS_DIR);
@@ -369,8 +395,8 @@ fn scan(dir: &Path) -> io::Result<Found> {
         }
     }
     let unlinked = bundles.into_keys().collect();
-    let crt_list = match std::fs::read_to_string(dir.join(CRT_LIST_FILE)) {
-        Ok(text) => Some(repair_crt_list(dir, text)?),
+    let index = match std::fs::read_to_string(dir.join(format.file_name())) {
+        Ok(text) => Some(repair_index(dir, format, text)?),
         Err(error) if error.kind() == io::ErrorKind::NotFound => None,
         Err(error) => return Err(error),
     };
@@ -384,7 +410,7 @@ fn scan(dir: &Path) -> io::Result<Found> {
         on_disk,
         unlinked,
         stray_links,
-        crt_list,
+        index,
         refused,
     })
 }
@@ -420,14 +446,15 @@ fn render_refused(refused: &HashMap<String, [u8; 32]>) -> String {
     lines.concat()
 }
 
-/// Drops the lines of a crt-list found at start that name files that are not there,
+/// Drops the lines of an index found at start that name files that are not there,
 /// and writes it back if any was dropped.
-fn repair_crt_list(dir: &Path, text: String) -> io::Result<String> {
+fn repair_index(dir: &Path, format: &dyn IndexFormat, text: String) -> io::Result<String> {
     let kept: String = text
         .lines()
         .filter(|line| {
-            let path = line.split_whitespace().next().unwrap_or("");
-            path.is_empty() || std::fs::metadata(path).is_ok()
+            format
+                .file_named(line)
+                .is_none_or(|path| std::fs::metadata(path).is_ok())
         })
         .map(|line| format!("{line}\n"))
         .collect();
@@ -436,9 +463,10 @@ fn repair_crt_list(dir: &Path, text: String) -> io::Result<String> {
     }
     tracing::warn!(
         dropped = text.lines().count() - kept.lines().count(),
-        "the crt-list found at start named missing files; rewrote it without them"
+        index = format.file_name(),
+        "the index found at start named missing files; rewrote it without them"
     );
-    files::write_atomic(dir, CRT_LIST_FILE, kept.as_bytes())?;
+    files::write_atomic(dir, format.file_name(), kept.as_bytes())?;
     files::sync_dir(dir)?;
     Ok(kept)
 }
@@ -455,10 +483,15 @@ type Staged = (RouteKey, BundleNames, io::Result<files::PendingFile>);
 impl CertDir {
     /// Prepares `dir` (see [`files::prepare_dir`]) and reads what it already holds, so
     /// that unchanged bundles are not rewritten after a restart. `concurrency` bounds
-    /// the writes in flight.
-    pub async fn open(dir: &Path, concurrency: usize) -> io::Result<Self> {
+    /// the writes in flight; `format` is the index's syntax.
+    pub async fn open(
+        dir: &Path,
+        concurrency: usize,
+        format: Arc<dyn IndexFormat>,
+    ) -> io::Result<Self> {
         let dir = dir.to_owned();
-        let found = blocking(move || scan(&dir)).await?;
+        let scanning = Arc::clone(&format);
+        let found = blocking(move || scan(&dir, scanning.as_ref())).await?;
         let mut unwanted: BTreeSet<String> = found.on_disk.keys().cloned().collect();
         unwanted.extend(found.unlinked);
         Ok(Self {
@@ -466,7 +499,7 @@ impl CertDir {
             dir: found.prepared.path,
             owned: found.prepared.owned,
             mode: found.prepared.mode,
-            options: CrtListOptions::default(),
+            format,
             desired: HashMap::new(),
             on_disk: found.on_disk,
             unwanted,
@@ -483,11 +516,8 @@ impl CertDir {
             excluded: found.refused,
             excluded_dirty: false,
             list_dirty: false,
-            crt_list: found
-                .crt_list
-                .as_deref()
-                .map(|text| digest(text.as_bytes())),
-            crt_list_failed: false,
+            index: found.index.as_deref().map(|text| digest(text.as_bytes())),
+            index_failed: false,
             complete: false,
             concurrency: concurrency.max(1),
             report_changes: true,
@@ -502,18 +532,12 @@ impl CertDir {
         self
     }
 
-    /// How lines are written (ALPN); set before the first line is listed.
-    pub fn with_crt_list_options(mut self, options: CrtListOptions) -> Self {
-        self.options = options;
-        self
-    }
-
     /// The directory (absolute).
     pub fn path(&self) -> &Path {
         &self.dir
     }
 
-    /// The directory of the bundles' links (absolute): certificate names in HAProxy
+    /// The directory of the bundles' links (absolute): certificate names in the proxy
     /// start with it.
     pub fn links_path(&self) -> &Path {
         &self.links
@@ -525,14 +549,14 @@ impl CertDir {
         (self.owned, self.mode)
     }
 
-    /// The crt-list's path.
-    pub fn crt_list_path(&self) -> PathBuf {
-        self.dir.join(CRT_LIST_FILE)
+    /// The index's path.
+    pub fn index_path(&self) -> PathBuf {
+        self.dir.join(self.format.file_name())
     }
 
-    /// The loads of these files: whoever makes HAProxy load them (start or reload)
+    /// The loads of these files: whoever makes the proxy load them (start or reload)
     /// holds a [`FileLoads::begin`] guard while it does, so that no file a load may
-    /// have read in the crt-list is removed under it.
+    /// have read in the index is removed under it.
     pub fn file_loads(&self) -> FileLoads {
         self.loads.clone()
     }
@@ -648,14 +672,14 @@ impl CertDir {
         }
     }
 
-    /// The certificates HAProxy rejected, as known (from [`REFUSED_FILE`] at start, then
-    /// from [`CertDir::set_excluded`]): name in HAProxy → the rejected material's digest.
+    /// The certificates the proxy rejected, as known (from [`REFUSED_FILE`] at start, then
+    /// from [`CertDir::set_excluded`]): name in the proxy → the rejected material's digest.
     pub fn excluded(&self) -> &HashMap<String, [u8; 32]> {
         &self.excluded
     }
 
-    /// Leaves out of the crt-list the certificates HAProxy rejected (name in HAProxy →
-    /// the rejected material's digest), as long as they hold that material; the lines
+    /// Leaves out of the index the certificates the proxy rejected (name in the proxy
+    /// → the rejected material's digest), as long as they hold that material; the lines
     /// of certificates no longer rejected come back. Applied (and kept in
     /// [`REFUSED_FILE`]) at the next flush.
     pub fn set_excluded(&mut self, excluded: HashMap<String, [u8; 32]>) {
@@ -684,7 +708,7 @@ impl CertDir {
         self.on_disk.len()
     }
 
-    /// Lines of the crt-list (once start-up is complete).
+    /// Lines of the index (once start-up is complete).
     pub fn listed(&self) -> usize {
         self.lines.len()
     }
@@ -701,31 +725,31 @@ impl CertDir {
             .count()
     }
 
-    /// Whether some write, removal or crt-list write is waiting for a retry (a
+    /// Whether some write, removal or index write is waiting for a retry (a
     /// removal that waits for a load to end is not: see [`CertDir::removals_waiting`]).
     pub fn has_pending_work(&self) -> bool {
         !self.failed.is_empty()
             || (self.complete
-                && (self.crt_list_failed
+                && (self.index_failed
                     || self.excluded_dirty
                     || self.unwanted.iter().any(|bundle| self.removable(bundle))
                     || !self.stray_links.is_empty()))
     }
 
     /// Whether the directory holds everything desired: start-up is complete, every
-    /// served route's bundle is on disk with its current material, and the crt-list
-    /// naming them is written. (Leftovers waiting for removal do not count: the
-    /// crt-list no longer names them.)
+    /// served route's bundle is on disk with its current material, and the index
+    /// naming them is written. (Leftovers waiting for removal do not count: the index
+    /// no longer names them.)
     pub fn is_current(&self) -> bool {
-        self.complete && self.failed.is_empty() && !self.crt_list_failed && self.crt_list.is_some()
+        self.complete && self.failed.is_empty() && self.index_current()
     }
 
-    /// Whether the crt-list on disk is the one the served bundles call for.
-    pub fn crt_list_current(&self) -> bool {
-        self.complete && !self.crt_list_failed && self.crt_list.is_some()
+    /// Whether the index on disk is the one the served bundles call for.
+    pub fn index_current(&self) -> bool {
+        self.complete && !self.index_failed && self.index.is_some()
     }
 
-    /// Every route present at start-up has been decided: from now on the crt-list is
+    /// Every route present at start-up has been decided: from now on the index is
     /// written, and bundles of routes not served are removed.
     pub fn mark_complete(&mut self) {
         if !self.complete {
@@ -750,10 +774,10 @@ impl CertDir {
         }
         report.complete_listing = self.relist_all;
         report.changes = self.relist_changed();
-        if self.list_dirty || self.crt_list.is_none() || self.crt_list_failed {
-            self.write_crt_list(&mut report).await;
+        if self.list_dirty || self.index.is_none() || self.index_failed {
+            self.write_index(&mut report).await;
         }
-        if !self.crt_list_failed {
+        if !self.index_failed {
             self.remove_unwanted(&mut report).await;
         }
         report
@@ -827,12 +851,13 @@ impl CertDir {
     fn listing_of(&self, route: &RouteKey) -> Option<Listed> {
         let desired = self.desired.get(route)?;
         let disk = self.on_disk.get(&desired.names.bundle)?;
-        let sni = crt_list::sni_filter(&desired.cert.sni)?;
         let sharing = self
             .by_chain
             .get(&desired.chain)
             .map_or(1, ChainRoutes::len);
-        let alpn = self.options.alpn(&desired.chain, sharing);
+        let line = self
+            .format
+            .describe(&desired.cert.sni, &desired.chain, sharing)?;
         let tls = if disk.digest == desired.digest {
             Arc::clone(&desired.cert.tls)
         } else {
@@ -858,46 +883,47 @@ impl CertDir {
             entry: CrtEntry {
                 route: route.clone(),
                 name,
-                line: crt_list::line_rest(&sni, alpn),
+                line,
                 tls,
                 digest: disk.digest,
             },
         })
     }
 
-    /// Renders the crt-list from the lines in order and writes it if it differs from
-    /// the file on disk.
-    async fn write_crt_list(&mut self, report: &mut FlushReport) {
-        let content = self.render_crt_list();
+    /// Renders the index from the lines in order and writes it if it differs from the
+    /// file on disk.
+    async fn write_index(&mut self, report: &mut FlushReport) {
+        let content = self.render_index();
         self.list_dirty = false;
         let content_digest = digest(content.as_bytes());
-        if self.crt_list == Some(content_digest) && !self.crt_list_failed {
+        if self.index == Some(content_digest) && !self.index_failed {
             return;
         }
         let dir = self.dir.clone();
+        let file_name = self.format.file_name().to_owned();
         let lines = self.lines.len();
         match blocking(move || {
-            files::write_atomic(&dir, CRT_LIST_FILE, content.as_bytes())?;
+            files::write_atomic(&dir, &file_name, content.as_bytes())?;
             files::sync_dir(&dir)
         })
         .await
         {
             Ok(()) => {
-                debug!(lines, "crt-list written");
-                self.crt_list = Some(content_digest);
-                self.crt_list_failed = false;
-                report.crt_list_written = true;
+                debug!(lines, index = self.format.file_name(), "index written");
+                self.index = Some(content_digest);
+                self.index_failed = false;
+                report.index_written = true;
             }
             Err(error) => {
-                self.crt_list_failed = true;
+                self.index_failed = true;
                 report.failure(error.kind(), || {
-                    format!("cannot write {}: {error}", self.crt_list_path().display())
+                    format!("cannot write {}: {error}", self.index_path().display())
                 });
             }
         }
     }
 
-    /// Writes [`REFUSED_FILE`] (before the crt-list that leaves the refusals out).
+    /// Writes [`REFUSED_FILE`] (before the index that leaves the refusals out).
     async fn write_refused(&mut self, report: &mut FlushReport) {
         let dir = self.dir.clone();
         let content = render_refused(&self.excluded);
@@ -912,21 +938,22 @@ impl CertDir {
         }
     }
 
-    fn render_crt_list(&self) -> String {
+    fn render_index(&self) -> String {
         let mut out = String::with_capacity(self.lines.len() * 128);
         for route in self.order.values() {
             if let Some(listed) = self.lines.get(route) {
-                let _ = writeln!(out, "{} {}", listed.entry.name, listed.entry.line);
+                self.format
+                    .write_line(&mut out, &listed.entry.name, &listed.entry.line);
             }
         }
         out
     }
 
-    /// Checks that every file the crt-list names is there (its link and the bundle it
+    /// Checks that every file the index names is there (its link and the bundle it
     /// points to); a route whose files were removed by others is written again at the
     /// next [`CertDir::flush`] (until then, or if that write fails, its line leaves the
-    /// crt-list). Returns the names of the routes found missing. A proxy that failed
-    /// to load the files asks for this: a crt-list naming a missing file stops a load.
+    /// index). Returns the names of the routes found missing. A proxy that failed to
+    /// load the files asks for this: an index naming a missing file stops a load.
     pub fn verify_files(&mut self) -> Vec<String> {
         let missing: Vec<RouteKey> = self
             .lines
@@ -944,7 +971,7 @@ impl CertDir {
         missing.iter().map(ToString::to_string).collect()
     }
 
-    /// The crt-list's lines, oldest route first.
+    /// The index's lines, oldest route first.
     pub fn entries(&self) -> Vec<CrtEntry> {
         self.order
             .values()
@@ -1118,11 +1145,11 @@ impl CertDir {
         self.failed.insert(route);
     }
 
-    /// Phase 3: removes the bundles (and links) no desired route names, once the
-    /// crt-list on disk no longer names them and no load that may have read an older
-    /// crt-list is in progress.
+    /// Phase 3: removes the bundles (and links) no desired route names, once the index
+    /// on disk no longer names them and no load that may have read an older index is
+    /// in progress.
     async fn remove_unwanted(&mut self, report: &mut FlushReport) {
-        // The crt-list on disk names no unwanted bundle now: loads that begin from now
+        // The index on disk names no unwanted bundle now: loads that begin from now
         // on do not read them.
         let mark = self.loads.mark();
         for bundle in &self.unwanted {
@@ -1247,581 +1274,4 @@ fn commit_batch(
 }
 
 #[cfg(test)]
-mod tests {
-    use std::os::unix::fs::PermissionsExt;
-
-    use route_secrets::testing::{LeafSpec, Pki};
-    use route_secrets::tls::TlsValidator;
-
-    use super::*;
-
-    fn served(pki: &Pki, namespace: &str, name: &str, created: i64) -> ServedCert {
-        let now = Timestamp::now();
-        let host = format!("{}.example.com", &name[..name.len().min(50)]);
-        let secret = pki.issue(&LeafSpec::new(&host, now)).secret(namespace, "s");
-        let tls = TlsValidator::default()
-            .validate_secret(&secret, Some(&host), now)
-            .unwrap();
-        ServedCert {
-            route: RouteKey::new(namespace, name),
-            sni: Sni::Host(host),
-            created: Some(Timestamp::from_second(created).unwrap()),
-            tls: Arc::new(tls),
-        }
-    }
-
-    /// The crt-list as (link file name, SNI) pairs; every path it names must exist.
-    fn listed(root: &Path) -> Vec<(String, String)> {
-        listed_lines(root)
-            .into_iter()
-            .map(|(name, rest)| (name, rest.rsplit(' ').next().unwrap().to_owned()))
-            .collect()
-    }
-
-    /// The crt-list as (link file name, options and SNI).
-    fn listed_lines(root: &Path) -> Vec<(String, String)> {
-        let text = std::fs::read_to_string(root.join(CRT_LIST_FILE)).unwrap();
-        text.lines()
-            .map(|line| {
-                let (path, sni) = line.split_once(' ').unwrap();
-                assert!(
-                    std::fs::metadata(path).is_ok(),
-                    "{path} is listed but missing"
-                );
-                let name = Path::new(path).file_name().unwrap().to_string_lossy();
-                (name.into_owned(), sni.to_owned())
-            })
-            .collect()
-    }
-
-    #[test]
-    fn the_bundle_digest_is_the_digest_of_the_file_written() {
-        // A restart compares the files' digests with the routes' bundle digests: were
-        // they computed differently, every bundle would be rewritten at every start.
-        let cert = served(&Pki::new(Timestamp::now()), "ns", "a", 1);
-        let file = cert.tls.pem_bundle();
-        assert_eq!(
-            bundle_digest(&cert.tls),
-            digest(file.expose_secret().as_bytes())
-        );
-    }
-
-    #[test]
-    fn links_are_created_replaced_and_kept() {
-        let temp = tempfile::tempdir().unwrap();
-        let links = temp.path();
-        files::ensure_link(links, "a.pem", "a-1.pem").unwrap();
-        assert_eq!(
-            std::fs::read_link(links.join("a.pem")).unwrap(),
-            Path::new("../a-1.pem")
-        );
-        files::ensure_link(links, "a.pem", "a-1.pem").unwrap();
-        files::ensure_link(links, "a.pem", "a-2.pem").unwrap();
-        assert_eq!(
-            std::fs::read_link(links.join("a.pem")).unwrap(),
-            Path::new("../a-2.pem")
-        );
-        // A plain file where the link goes is replaced by the link.
-        std::fs::write(links.join("b.pem"), "not a link").unwrap();
-        files::ensure_link(links, "b.pem", "b-1.pem").unwrap();
-        assert_eq!(
-            std::fs::read_link(links.join("b.pem")).unwrap(),
-            Path::new("../b-1.pem")
-        );
-        let names: Vec<_> = std::fs::read_dir(links)
-            .unwrap()
-            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
-            .collect();
-        assert_eq!(names.len(), 2, "no temporary link left: {names:?}");
-    }
-
-    fn counts(report: &FlushReport) -> (usize, usize, usize, bool) {
-        (
-            report.written,
-            report.removed,
-            report.failed,
-            report.crt_list_written,
-        )
-    }
-
-    #[tokio::test]
-    async fn start_up_restart_and_stale_files() {
-        let temp = tempfile::tempdir().unwrap();
-        let root = temp.path().join("certs");
-        std::fs::create_dir(&root).unwrap();
-        std::fs::write(root.join("old:gone.pem"), b"stale").unwrap();
-        let pki = Pki::new(Timestamp::now());
-        let (a, b) = (
-            served(&pki, "ns", "a", 2_000),
-            served(&pki, "ns", "b", 1_000),
-        );
-
-        let mut dir = CertDir::open(&root, 4).await.unwrap();
-        dir.set(a.clone()).unwrap();
-        dir.set(b.clone()).unwrap();
-        let report = dir.flush().await;
-        assert_eq!(counts(&report), (2, 0, 0, false));
-        // Until start-up is complete, nothing is removed and no crt-list is written.
-        assert!(root.join("old:gone.pem").exists());
-        assert!(!root.join(CRT_LIST_FILE).exists());
-        assert!(!dir.is_current());
-
-        dir.mark_complete();
-        let report = dir.flush().await;
-        assert_eq!(counts(&report), (0, 1, 0, true));
-        assert!(dir.is_current());
-        assert!(!root.join("old:gone.pem").exists());
-        let root = root.canonicalize().unwrap();
-        assert_eq!(
-            listed(&root),
-            [
-                ("ns_b.pem".to_owned(), "b.example.com".to_owned()),
-                ("ns_a.pem".to_owned(), "a.example.com".to_owned())
-            ],
-            "the older route first"
-        );
-        assert!(report.complete_listing);
-        assert_eq!(report.changes.len(), 2);
-        assert!(report.changes.iter().all(|change| change.entry.is_some()));
-        let bundle = root.join("ns:a.pem");
-        assert_eq!(
-            std::fs::read(&bundle).unwrap(),
-            a.tls.pem_bundle().expose_secret().as_bytes()
-        );
-        assert_eq!(
-            std::fs::metadata(&bundle).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
-        assert_eq!(counts(&dir.flush().await), (0, 0, 0, false));
-
-        // After a restart, identical bundles are not rewritten.
-        let mut dir = CertDir::open(&root, 4).await.unwrap();
-        dir.set(a).unwrap();
-        dir.set(b.clone()).unwrap();
-        dir.mark_complete();
-        assert_eq!(counts(&dir.flush().await), (0, 0, 0, false));
-        assert_eq!(dir.bundles_on_disk(), 2);
-
-        // A removed route loses its bundle, link and line.
-        dir.remove(&b.route);
-        let report = dir.flush().await;
-        assert_eq!(counts(&report), (0, 1, 0, true));
-        assert!(!root.join("ns:b.pem").exists());
-        assert!(!root.join(LINKS_DIR).join("ns_b.pem").exists());
-        assert_eq!(listed(&root).len(), 1);
-        assert_eq!(dir.bundles_on_disk(), 1);
-    }
-
-    /// A bundle that cannot be written is counted, not listed, retried, and blocks
-    /// [`CertDir::is_current`] until it is on disk.
-    #[tokio::test]
-    async fn failed_writes_are_counted_and_never_listed() {
-        let temp = tempfile::tempdir().unwrap();
-        let root = temp.path().canonicalize().unwrap();
-        let pki = Pki::new(Timestamp::now());
-        let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
-        let mut dir = CertDir::open(&root, 4).await.unwrap();
-        // A directory where b's bundle goes: the rename onto it fails.
-        std::fs::create_dir(root.join("ns:b.pem")).unwrap();
-        std::fs::write(root.join("ns:b.pem").join("x"), b"").unwrap();
-        dir.set(a).unwrap();
-        dir.set(b).unwrap();
-        dir.mark_complete();
-        let report = dir.flush().await;
-        assert_eq!(counts(&report), (1, 0, 1, true));
-        assert!(report.error.is_some());
-        assert!(report.error_text.as_deref().unwrap().contains("ns:b.pem"));
-        assert_eq!(
-            listed(&root),
-            [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
-        );
-        assert!(!dir.is_current());
-        assert!(dir.has_pending_work());
-        assert_eq!(dir.bundles_on_disk(), 1);
-
-        std::fs::remove_dir_all(root.join("ns:b.pem")).unwrap();
-        let report = dir.flush().await;
-        assert_eq!(counts(&report), (1, 0, 0, true));
-        assert!(dir.is_current());
-        assert_eq!(listed(&root).len(), 2);
-    }
-
-    /// The crt-list stops naming a bundle before the bundle goes: while the new list
-    /// cannot be written, the old one's files stay.
-    #[tokio::test]
-    async fn bundles_outlive_the_list_that_names_them() {
-        let temp = tempfile::tempdir().unwrap();
-        let root = temp.path().canonicalize().unwrap();
-        let pki = Pki::new(Timestamp::now());
-        let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
-        let mut dir = CertDir::open(&root, 4).await.unwrap();
-        dir.set(a).unwrap();
-        dir.set(b.clone()).unwrap();
-        dir.mark_complete();
-        dir.flush().await;
-        assert_eq!(listed(&root).len(), 2);
-
-        // The next crt-list write fails: a directory stands where it goes.
-        let list = root.join(CRT_LIST_FILE);
-        std::fs::remove_file(&list).unwrap();
-        std::fs::create_dir(&list).unwrap();
-        std::fs::write(list.join("x"), b"").unwrap();
-        dir.remove(&b.route);
-        let report = dir.flush().await;
-        assert_eq!(counts(&report), (0, 0, 1, false));
-        assert!(!dir.is_current());
-        // b stays until a list without it is on disk.
-        assert!(root.join("ns:b.pem").exists());
-        assert!(root.join(LINKS_DIR).join("ns_b.pem").exists());
-
-        std::fs::remove_dir_all(&list).unwrap();
-        let report = dir.flush().await;
-        assert_eq!(counts(&report), (0, 1, 0, true));
-        assert!(dir.is_current());
-        assert_eq!(
-            listed(&root),
-            [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
-        );
-        assert!(!root.join("ns:b.pem").exists());
-    }
-
-    /// Routes without an SNI are written but never listed; names too long for a file
-    /// are shortened, listed, and found again after a restart.
-    #[tokio::test]
-    async fn a_load_in_progress_keeps_the_files_it_may_read() {
-        let temp = tempfile::tempdir().unwrap();
-        let root = temp.path().canonicalize().unwrap();
-        let pki = Pki::new(Timestamp::now());
-        let (a, b, c) = (
-            served(&pki, "ns", "a", 1),
-            served(&pki, "ns", "b", 2),
-            served(&pki, "ns", "c", 3),
-        );
-        let mut dir = CertDir::open(&root, 4).await.unwrap();
-        let loads = dir.file_loads();
-        dir.set(a.clone()).unwrap();
-        dir.set(b.clone()).unwrap();
-        dir.set(c.clone()).unwrap();
-        dir.mark_complete();
-        dir.flush().await;
-        assert_eq!(listed(&root).len(), 3);
-
-        // A load reads the list naming a, b and c; then b and c are no longer served.
-        let load = loads.begin();
-        dir.remove(&b.route);
-        dir.remove(&c.route);
-        let report = dir.flush().await;
-        assert_eq!(counts(&report), (0, 0, 0, true));
-        assert_eq!(listed(&root).len(), 1);
-        // Their files stay while that load runs; nothing to retry meanwhile.
-        for name in ["ns:b.pem", "ns:c.pem"] {
-            assert!(root.join(name).exists(), "{name}");
-        }
-        assert!(root.join(LINKS_DIR).join("ns_b.pem").exists());
-        assert!(dir.removals_waiting());
-        assert!(!dir.has_pending_work());
-        // A load begun after the list was written does not hold them.
-        let later = loads.begin();
-        // b comes back while held: it is served again, its files kept.
-        dir.set(b.clone()).unwrap();
-        let report = dir.flush().await;
-        assert_eq!(counts(&report).1, 0);
-        assert_eq!(listed(&root).len(), 2);
-
-        drop(load);
-        assert!(!dir.removals_waiting());
-        assert!(dir.has_pending_work());
-        let report = dir.flush().await;
-        assert_eq!(counts(&report), (0, 1, 0, false));
-        assert!(!root.join("ns:c.pem").exists());
-        assert!(!root.join(LINKS_DIR).join("ns_c.pem").exists());
-        assert!(root.join(LINKS_DIR).join("ns_b.pem").exists());
-        assert!(!dir.has_pending_work());
-
-        // b goes again while `later` runs: `later` began before this list.
-        dir.remove(&b.route);
-        dir.flush().await;
-        assert!(root.join(LINKS_DIR).join("ns_b.pem").exists());
-        drop(later);
-        let report = dir.flush().await;
-        assert_eq!(counts(&report), (0, 1, 0, false));
-        assert!(!root.join("ns:b.pem").exists());
-        assert_eq!(
-            listed(&root),
-            [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
-        );
-    }
-
-    #[tokio::test]
-    async fn hostless_and_long_named_routes() {
-        let temp = tempfile::tempdir().unwrap();
-        let root = temp.path().canonicalize().unwrap();
-        let pki = Pki::new(Timestamp::now());
-        let mut hostless = served(&pki, "ns", "hostless", 1);
-        hostless.sni = Sni::NoHost;
-        let long = served(&pki, &"n".repeat(63), &"r".repeat(253), 2);
-        let long_names = files::bundle_names(&long.route).unwrap();
-        let mut dir = CertDir::open(&root, 4).await.unwrap();
-        dir.set(hostless).unwrap();
-        dir.set(long.clone()).unwrap();
-        dir.mark_complete();
-        let report = dir.flush().await;
-        assert_eq!(counts(&report), (2, 0, 0, true));
-        assert!(root.join("ns:hostless.pem").exists());
-        assert!(root.join(&long_names.bundle).exists());
-        assert_eq!(
-            listed(&root),
-            [(
-                long_names.link.clone(),
-                crt_list::sni_filter(&long.sni).unwrap().into_owned()
-            )]
-        );
-        assert!(dir.is_current());
-
-        let mut dir = CertDir::open(&root, 4).await.unwrap();
-        dir.set(long.clone()).unwrap();
-        dir.mark_complete();
-        // The long bundle is recognised; the host-less one is gone with its route.
-        assert_eq!(counts(&dir.flush().await), (0, 1, 0, false));
-        assert!(root.join(&long_names.bundle).exists());
-    }
-
-    /// Lines offer HTTP/2 as the router's do: not for a certificate two routes share
-    /// (until one moves away), not at all with HTTP/2 disabled; a rotation in place
-    /// changes no line, so the crt-list is not rewritten for it.
-    #[tokio::test]
-    async fn alpn_follows_shared_certificates() {
-        let temp = tempfile::tempdir().unwrap();
-        let root = temp.path().canonicalize().unwrap();
-        let pki = Pki::new(Timestamp::now());
-        let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
-        let mut dir = CertDir::open(&root, 4).await.unwrap();
-        dir.set(a.clone()).unwrap();
-        dir.set(b.clone()).unwrap();
-        dir.mark_complete();
-        dir.flush().await;
-        let h2 = |host: &str| format!("[alpn h2,http/1.1] {host}");
-        assert_eq!(
-            listed_lines(&root),
-            [
-                ("ns_a.pem".to_owned(), h2("a.example.com")),
-                ("ns_b.pem".to_owned(), h2("b.example.com"))
-            ]
-        );
-        // b serves a's certificate: both lines lose their ALPN.
-        let shared = ServedCert {
-            tls: Arc::clone(&a.tls),
-            ..b.clone()
-        };
-        dir.set(shared).unwrap();
-        let report = dir.flush().await;
-        assert_eq!(report.changes.len(), 2, "{:?}", report.changes);
-        assert_eq!(
-            listed_lines(&root),
-            [
-                ("ns_a.pem".to_owned(), "a.example.com".to_owned()),
-                ("ns_b.pem".to_owned(), "b.example.com".to_owned())
-            ]
-        );
-        // b rotates to a certificate of its own: both get it back.
-        let rotated = served(&pki, "ns", "b", 2);
-        dir.set(rotated.clone()).unwrap();
-        let report = dir.flush().await;
-        assert_eq!(report.changes.len(), 2);
-        assert!(report.crt_list_written);
-        assert_eq!(listed_lines(&root)[1].1, h2("b.example.com"));
-        // Another rotation of b: one change (its material), no crt-list write.
-        dir.set(served(&pki, "ns", "b", 2)).unwrap();
-        let report = dir.flush().await;
-        assert_eq!(report.written, 1);
-        assert_eq!(report.changes.len(), 1);
-        assert!(!report.crt_list_written, "the list's text is unchanged");
-
-        // HTTP/2 disabled: no line offers it.
-        let temp = tempfile::tempdir().unwrap();
-        let root = temp.path().canonicalize().unwrap();
-        let mut dir = CertDir::open(&root, 4)
-            .await
-            .unwrap()
-            .with_crt_list_options(CrtListOptions {
-                http2: false,
-                ..CrtListOptions::default()
-            });
-        dir.set(a).unwrap();
-        dir.mark_complete();
-        dir.flush().await;
-        assert_eq!(
-            listed_lines(&root),
-            [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
-        );
-    }
-
-    /// Without a change report the directory lists alike: the same crt-list after every
-    /// flush, through a certificate shared by three routes and given up one route at a
-    /// time (the ALPN rule follows), and a removal; only the reported changes differ.
-    #[tokio::test]
-    async fn lines_are_alike_without_a_change_report() {
-        let pki = Pki::new(Timestamp::now());
-        let (a, b, c) = (
-            served(&pki, "ns", "a", 1),
-            served(&pki, "ns", "b", 2),
-            served(&pki, "ns", "c", 3),
-        );
-        let sharing = |route: &ServedCert| ServedCert {
-            tls: Arc::clone(&a.tls),
-            ..route.clone()
-        };
-        let steps: Vec<Vec<Option<ServedCert>>> = vec![
-            vec![Some(a.clone()), Some(b.clone()), Some(c.clone())],
-            vec![Some(sharing(&b)), Some(sharing(&c))],
-            vec![Some(served(&pki, "ns", "c", 3))],
-            vec![Some(served(&pki, "ns", "b", 2))],
-            vec![None],
-        ];
-        let (with, without) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let roots = [with.path(), without.path()].map(|path| path.canonicalize().unwrap());
-        let mut reporting = CertDir::open(&roots[0], 4).await.unwrap();
-        let mut silent = CertDir::open(&roots[1], 4)
-            .await
-            .unwrap()
-            .with_change_report(false);
-        let mut alpn = Vec::new();
-        for (index, step) in steps.into_iter().enumerate() {
-            for dir in [&mut reporting, &mut silent] {
-                for cert in &step {
-                    match cert {
-                        Some(cert) => dir.set(cert.clone()).unwrap(),
-                        None => dir.remove(&a.route),
-                    }
-                }
-                if index == 0 {
-                    dir.mark_complete();
-                }
-            }
-            let (told, quiet) = (reporting.flush().await, silent.flush().await);
-            assert!(!told.changes.is_empty(), "step {index}");
-            assert!(
-                quiet.changes.is_empty(),
-                "step {index}: {:?}",
-                quiet.changes
-            );
-            let lines = listed_lines(&roots[0]);
-            assert_eq!(lines, listed_lines(&roots[1]), "step {index}");
-            alpn.push(
-                lines
-                    .iter()
-                    .filter(|(_, rest)| rest.starts_with("[alpn "))
-                    .count(),
-            );
-        }
-        // Own certificates: ALPN on all three; a's shared by three, then by a and b:
-        // none; b back on its own: all three; a gone: the other two.
-        assert_eq!(alpn, [3, 0, 1, 3, 2]);
-    }
-
-    /// A certificate HAProxy rejected leaves the crt-list while it holds that material
-    /// (so that HAProxy's next load of the file does not fail on it), and comes back
-    /// with new material.
-    #[tokio::test]
-    async fn rejected_material_stays_out_of_the_list() {
-        let temp = tempfile::tempdir().unwrap();
-        let root = temp.path().canonicalize().unwrap();
-        let pki = Pki::new(Timestamp::now());
-        let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
-        let mut dir = CertDir::open(&root, 4).await.unwrap();
-        dir.set(a.clone()).unwrap();
-        dir.set(b.clone()).unwrap();
-        dir.mark_complete();
-        dir.flush().await;
-        let name = root.join(LINKS_DIR).join("ns_b.pem").display().to_string();
-        dir.set_excluded(HashMap::from([(name.clone(), bundle_digest(&b.tls))]));
-        let report = dir.flush().await;
-        assert_eq!(report.changes.len(), 1);
-        assert_eq!(report.changes[0].entry, None);
-        assert_eq!(
-            listed(&root),
-            [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
-        );
-        assert!(root.join("ns:b.pem").exists(), "the bundle stays");
-        // New material: listed again, the exclusion is for the old one.
-        dir.set(served(&pki, "ns", "b", 2)).unwrap();
-        dir.flush().await;
-        assert_eq!(listed(&root).len(), 2);
-    }
-
-    /// The refusals outlive the process: a cert directory opened again leaves the
-    /// refused material out of its first crt-list.
-    #[tokio::test]
-    async fn refusals_are_kept_across_a_restart() {
-        let temp = tempfile::tempdir().unwrap();
-        let root = temp.path().canonicalize().unwrap();
-        let pki = Pki::new(Timestamp::now());
-        let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
-        let mut dir = CertDir::open(&root, 4).await.unwrap();
-        dir.set(a.clone()).unwrap();
-        dir.set(b.clone()).unwrap();
-        dir.mark_complete();
-        dir.flush().await;
-        let name = root.join(LINKS_DIR).join("ns_b.pem").display().to_string();
-        let refused = HashMap::from([(name, bundle_digest(&b.tls))]);
-        dir.set_excluded(refused.clone());
-        dir.flush().await;
-        assert_eq!(listed(&root).len(), 1);
-        drop(dir);
-
-        let mut dir = CertDir::open(&root, 4).await.unwrap();
-        assert_eq!(dir.excluded(), &refused);
-        dir.set(a).unwrap();
-        dir.set(b).unwrap();
-        dir.mark_complete();
-        let report = dir.flush().await;
-        assert!(
-            report
-                .changes
-                .iter()
-                .all(|change| change.route.name.as_ref() != "b")
-        );
-        assert_eq!(
-            listed(&root),
-            [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
-        );
-        // No longer refused: listed again, and forgotten on disk.
-        dir.set_excluded(HashMap::new());
-        dir.flush().await;
-        assert_eq!(listed(&root).len(), 2);
-        assert_eq!(
-            std::fs::read_to_string(root.join(REFUSED_FILE)).unwrap(),
-            ""
-        );
-    }
-
-    /// A crt-list left naming a missing file is repaired when the directory is opened.
-    #[tokio::test]
-    async fn a_list_naming_missing_files_is_repaired_at_start() {
-        let temp = tempfile::tempdir().unwrap();
-        let root = temp.path().canonicalize().unwrap();
-        let pki = Pki::new(Timestamp::now());
-        let mut dir = CertDir::open(&root, 4).await.unwrap();
-        dir.set(served(&pki, "ns", "a", 1)).unwrap();
-        dir.set(served(&pki, "ns", "b", 2)).unwrap();
-        dir.mark_complete();
-        dir.flush().await;
-        std::fs::remove_file(root.join("ns:b.pem")).unwrap();
-        CertDir::open(&root, 4).await.unwrap();
-        assert_eq!(
-            listed(&root),
-            [("ns_a.pem".to_owned(), "a.example.com".to_owned())]
-        );
-        // The dangling link goes with the next removals.
-        let mut dir = CertDir::open(&root, 4).await.unwrap();
-        dir.mark_complete();
-        dir.flush().await;
-        assert!(
-            std::fs::read_dir(root.join(LINKS_DIR))
-                .unwrap()
-                .next()
-                .is_none()
-        );
-        assert!(listed(&root).is_empty());
-    }
-}
+mod tests;

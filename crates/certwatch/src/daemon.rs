@@ -39,7 +39,7 @@ use tracing::{debug, info, warn};
 
 use crate::cert_dir::CertDir;
 use crate::files::LINKS_DIR;
-use crate::haproxy::crt_list::CrtListOptions;
+use crate::haproxy::crt_list::{CrtList, CrtListOptions};
 use crate::haproxy::process::Drain;
 use crate::haproxy::{Haproxy, HaproxyHandle, HaproxyOptions};
 use crate::http;
@@ -316,13 +316,13 @@ impl Parts {
         if options.haproxy.is_some() {
             metrics.register_haproxy();
         }
-        let cert_dir = CertDir::open(&options.cert_dir, options.write_concurrency)
+        let index = Arc::new(CrtList::new(options.crt_list.clone()));
+        let cert_dir = CertDir::open(&options.cert_dir, options.write_concurrency, index)
             .await
             .map_err(|source| DaemonError::CertDir {
                 path: options.cert_dir.clone(),
                 source,
             })?
-            .with_crt_list_options(options.crt_list.clone())
             // The changed lines are for the HAProxy fed through its runtime API.
             .with_change_report(options.haproxy.is_some());
         if let Some(routing) = &options.routing {
@@ -490,7 +490,7 @@ impl Parts {
         let cert_dir_path = cert_dir.path().to_owned();
         let routing = options.routing.clone().map(|mut routing| {
             // The crt-list by the path the certificates' synchronisation names it.
-            routing.render.crt_list = cert_dir.crt_list_path();
+            routing.render.crt_list = cert_dir.index_path();
             // Its loads keep the files they may read in place.
             routing.file_loads = cert_dir.file_loads();
             routing.drain = options.haproxy_drain.clone();
@@ -622,7 +622,7 @@ fn spawn_outputs(
     pipeline: PipelineOutputs,
 ) -> (JoinHandle<()>, watch::Sender<u64>, Option<HaproxyHandle>) {
     let cert_dir_path = cert_dir.path().to_owned();
-    let crt_list_path = cert_dir.crt_list_path();
+    let crt_list_path = cert_dir.index_path();
     let reloader = options.reload.clone().map(|reload| {
         Reloader::spawn(
             reload,

@@ -26,8 +26,9 @@ use std::time::Duration;
 
 use kube_common::backoff::{Backoff, BackoffPolicy};
 use kube_common::time::sleep_until;
-use route_secrets::api::pipeline::{Readiness, RouteOutcome};
+use route_secrets::api::pipeline::{AdmittedRoute, Readiness, RejectedRoute, RouteOutcome};
 use route_secrets::machine::Sni;
+use route_secrets::route::RouteKey;
 use route_secrets::tls::TlsWarning;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -126,6 +127,42 @@ struct Progress {
 
 /// What the log compares of a certificate warning: its kind, and for a host not
 /// covered the host (a route moved to another host is told again).
+/// Logs an admitted route's warnings when they first apply to it, in one line: what is
+/// compared is which warnings apply (and the host a certificate fails to cover), not
+/// each certificate version's dates, so a secret rotated to certificates with the same
+/// faults is logged once (it is counted in the metrics at every admission).
+fn log_warnings(progress: &mut Progress, admitted: &AdmittedRoute, now: std::time::Instant) {
+    let faults: Vec<String> = admitted.warnings.iter().map(fault).collect();
+    let log = |repeats: Option<u64>| {
+        let codes: Vec<&str> = admitted.warnings.iter().map(TlsWarning::code).collect();
+        let text: Vec<String> = admitted.warnings.iter().map(ToString::to_string).collect();
+        let text = text.join("; ");
+        match repeats {
+            None => warn!(
+                route = %admitted.route,
+                secret = admitted.secret().unwrap_or_default(),
+                warnings = %codes.join(","),
+                "{text}"
+            ),
+            Some(count) => warn!(
+                route = %admitted.route,
+                secret = admitted.secret().unwrap_or_default(),
+                warnings = %codes.join(","),
+                repeats = count,
+                "{text} (and {count} unchanged decisions, of all routes, not logged since the last such line)"
+            ),
+        }
+    };
+    match progress
+        .route_log
+        .observe(admitted.route.clone(), &("admitted", &faults), now)
+    {
+        Seen::Changed if !faults.is_empty() => log(None),
+        Seen::RepeatDue(count) if !faults.is_empty() => log(Some(count)),
+        Seen::Changed | Seen::RepeatDue(_) | Seen::Repeat => {}
+    }
+}
+
 fn fault(warning: &TlsWarning) -> String {
     match warning {
         TlsWarning::HostNotCovered { host, .. } => format!("{} {host}", warning.code()),
@@ -298,7 +335,7 @@ impl Outputs {
         let waiting_for_files = (progress.decided && !progress.files_ready).then(|| WriteProblem {
             written: self.cert_dir.served_on_disk(),
             served: self.cert_dir.served(),
-            crt_list_written: self.cert_dir.crt_list_current(),
+            crt_list_written: self.cert_dir.index_current(),
             error: progress.last_error,
         });
         let bundles = self.cert_dir.bundles_on_disk();
@@ -324,137 +361,124 @@ impl Outputs {
         });
     }
 
+    /// Takes in one decision of the route pipeline: metrics, logs, the route's state,
+    /// its bundle, and the decision for the proxies that route.
     fn absorb(&mut self, progress: &mut Progress, outcome: RouteOutcome) {
         let now = std::time::Instant::now();
         match outcome {
-            RouteOutcome::Admitted(admitted) => {
-                self.metrics.routes.outcome("admitted", "");
-                // A route's warnings are logged when they first apply to it, in one
-                // line: what is compared is which warnings apply (and the host a
-                // certificate fails to cover), not each certificate version's dates,
-                // so a secret rotated to certificates with the same faults is logged
-                // once, and counted in the metrics at every admission.
-                let faults: Vec<String> = admitted.warnings.iter().map(fault).collect();
-                let log = |repeats: Option<u64>| {
-                    let codes: Vec<&str> = admitted.warnings.iter().map(TlsWarning::code).collect();
-                    let text: Vec<String> =
-                        admitted.warnings.iter().map(ToString::to_string).collect();
-                    let text = text.join("; ");
-                    match repeats {
-                        None => warn!(
-                            route = %admitted.route,
-                            secret = admitted.secret().unwrap_or_default(),
-                            warnings = %codes.join(","),
-                            "{text}"
-                        ),
-                        Some(count) => warn!(
-                            route = %admitted.route,
-                            secret = admitted.secret().unwrap_or_default(),
-                            warnings = %codes.join(","),
-                            repeats = count,
-                            "{text} (and {count} unchanged decisions, of all routes, not logged since the last such line)"
-                        ),
-                    }
-                };
-                match progress.route_log.observe(
-                    admitted.route.clone(),
-                    &("admitted", &faults),
-                    now,
-                ) {
-                    Seen::Changed if !faults.is_empty() => log(None),
-                    Seen::RepeatDue(count) if !faults.is_empty() => log(Some(count)),
-                    Seen::Changed | Seen::RepeatDue(_) | Seen::Repeat => {}
-                }
-                self.metrics
-                    .routes
-                    .served_with_warnings(&admitted.route, &admitted.warnings);
-                progress.states.set(
-                    &self.metrics.routes,
+            RouteOutcome::Admitted(admitted) => self.admitted(progress, admitted, now),
+            RouteOutcome::Rejected(rejected) => self.rejected(progress, &rejected, now),
+            RouteOutcome::Removed(route) => self.removed(progress, &route),
+        }
+    }
+
+    /// A route to serve: its warnings, its state, its routing and its certificate.
+    fn admitted(
+        &mut self,
+        progress: &mut Progress,
+        admitted: AdmittedRoute,
+        now: std::time::Instant,
+    ) {
+        self.metrics.routes.outcome("admitted", "");
+        log_warnings(progress, &admitted, now);
+        self.metrics
+            .routes
+            .served_with_warnings(&admitted.route, &admitted.warnings);
+        progress.states.set(
+            &self.metrics.routes,
+            &admitted.route,
+            Some(RouteState::Admitted),
+        );
+        if self.routes_wanted() {
+            self.routes_pending.push(RouteDecision::Served(RouteServed {
+                key: admitted.route.clone(),
+                routing: Arc::clone(&admitted.routing),
+                wildcard: matches!(admitted.sni, Sni::Subdomain { .. }),
+                has_certificate: admitted.certificate.is_some(),
+            }));
+        }
+        match admitted.certificate {
+            Some(certificate) => {
+                self.metrics.routes.certificate_served(
                     &admitted.route,
-                    Some(RouteState::Admitted),
+                    certificate.source.secret().unwrap_or_default(),
+                    certificate.tls.not_after(),
                 );
-                if self.routes_wanted() {
-                    self.routes_pending.push(RouteDecision::Served(RouteServed {
-                        key: admitted.route.clone(),
-                        routing: Arc::clone(&admitted.routing),
-                        wildcard: matches!(admitted.sni, Sni::Subdomain { .. }),
-                        has_certificate: admitted.certificate.is_some(),
-                    }));
-                }
-                match admitted.certificate {
-                    Some(certificate) => {
-                        self.metrics.routes.certificate_served(
-                            &admitted.route,
-                            certificate.source.secret().unwrap_or_default(),
-                            certificate.tls.not_after(),
-                        );
-                        let served = ServedCert {
-                            route: admitted.route,
-                            sni: admitted.sni,
-                            created: admitted.created,
-                            tls: certificate.tls,
-                        };
-                        if let Err(error) = self.cert_dir.set(served) {
-                            warn!(%error, "bundle not written");
-                        }
-                    }
-                    // Served without a certificate of its own (no TLS, passthrough, the
-                    // default certificate): no bundle, no expiry series.
-                    None => {
-                        self.metrics.routes.removed(&admitted.route);
-                        self.cert_dir.remove(&admitted.route);
-                    }
+                let served = ServedCert {
+                    route: admitted.route,
+                    sni: admitted.sni,
+                    created: admitted.created,
+                    tls: certificate.tls,
+                };
+                if let Err(error) = self.cert_dir.set(served) {
+                    warn!(%error, "bundle not written");
                 }
             }
-            RouteOutcome::Rejected(rejected) => {
-                let reason = rejected.reason.name();
-                self.metrics.routes.outcome("rejected", reason);
-                let message = rejected.reason.to_string();
-                match progress.route_log.observe(
-                    rejected.route.clone(),
-                    &("rejected", &message),
-                    now,
-                ) {
-                    Seen::Changed => {
-                        warn!(route = %rejected.route, reason, "route rejected: {message}");
-                    }
-                    Seen::RepeatDue(count) => {
-                        warn!(
-                            route = %rejected.route,
-                            reason,
-                            repeats = count,
-                            "route still rejected: {message} (and {count} unchanged decisions, of all routes, not logged since the last such line)"
-                        );
-                    }
-                    Seen::Repeat => {}
-                }
-                self.metrics.routes.not_served(&rejected.route);
-                // The expiry series stays: the route still exists, and an alert on its
-                // certificate must not clear because the route went dark.
-                let cause = rejected.cause().as_str();
-                progress.states.set(
-                    &self.metrics.routes,
-                    &rejected.route,
-                    Some(RouteState::Rejected { reason, cause }),
-                );
-                if self.routes_wanted() {
-                    self.routes_pending
-                        .push(RouteDecision::Gone(rejected.route.clone()));
-                }
-                self.cert_dir.remove(&rejected.route);
-            }
-            RouteOutcome::Removed(route) => {
-                self.metrics.routes.outcome("removed", "");
-                info!(route = %route, "route no longer served");
-                progress.route_log.forget(&route);
-                self.metrics.routes.removed(&route);
-                progress.states.set(&self.metrics.routes, &route, None);
-                if self.routes_wanted() {
-                    self.routes_pending.push(RouteDecision::Gone(route.clone()));
-                }
-                self.cert_dir.remove(&route);
+            // Served without a certificate of its own (no TLS, passthrough, the
+            // default certificate): no bundle, no expiry series.
+            None => {
+                self.metrics.routes.removed(&admitted.route);
+                self.cert_dir.remove(&admitted.route);
             }
         }
+    }
+
+    /// A route not to serve: logged (once per reason), its state, and out of the
+    /// proxies and the cert directory.
+    fn rejected(
+        &mut self,
+        progress: &mut Progress,
+        rejected: &RejectedRoute,
+        now: std::time::Instant,
+    ) {
+        let reason = rejected.reason.name();
+        self.metrics.routes.outcome("rejected", reason);
+        let message = rejected.reason.to_string();
+        match progress
+            .route_log
+            .observe(rejected.route.clone(), &("rejected", &message), now)
+        {
+            Seen::Changed => {
+                warn!(route = %rejected.route, reason, "route rejected: {message}");
+            }
+            Seen::RepeatDue(count) => {
+                warn!(
+                    route = %rejected.route,
+                    reason,
+                    repeats = count,
+                    "route still rejected: {message} (and {count} unchanged decisions, of all routes, not logged since the last such line)"
+                );
+            }
+            Seen::Repeat => {}
+        }
+        self.metrics.routes.not_served(&rejected.route);
+        // The expiry series stays: the route still exists, and an alert on its
+        // certificate must not clear because the route went dark.
+        let cause = rejected.cause().as_str();
+        progress.states.set(
+            &self.metrics.routes,
+            &rejected.route,
+            Some(RouteState::Rejected { reason, cause }),
+        );
+        if self.routes_wanted() {
+            self.routes_pending
+                .push(RouteDecision::Gone(rejected.route.clone()));
+        }
+        self.cert_dir.remove(&rejected.route);
+    }
+
+    /// A route gone: forgotten by the logs, the metrics, the proxies and the cert
+    /// directory.
+    fn removed(&mut self, progress: &mut Progress, route: &RouteKey) {
+        self.metrics.routes.outcome("removed", "");
+        info!(route = %route, "route no longer served");
+        progress.route_log.forget(route);
+        self.metrics.routes.removed(route);
+        progress.states.set(&self.metrics.routes, route, None);
+        if self.routes_wanted() {
+            self.routes_pending.push(RouteDecision::Gone(route.clone()));
+        }
+        self.cert_dir.remove(route);
     }
 
     async fn flush(&mut self, progress: &mut Progress) {

@@ -18,8 +18,12 @@
 //! differently count as one here.
 
 use std::borrow::Cow;
+use std::fmt::Write as _;
 
 use route_secrets::machine::Sni;
+
+use crate::cert_dir::IndexFormat;
+use crate::files::CRT_LIST_FILE;
 
 /// The ALPN list of a line that offers HTTP/2, as the router writes it.
 pub const ALPN_HTTP2: &str = "h2,http/1.1";
@@ -50,6 +54,40 @@ impl CrtListOptions {
     pub fn alpn(&self, chain: &[u8; 32], sharing: usize) -> Option<&'static str> {
         let default = self.default_chain.as_ref() == Some(chain);
         (self.http2 && sharing <= 1 && !default).then_some(ALPN_HTTP2)
+    }
+}
+
+/// The crt-list as the cert directory's index ([`IndexFormat`]): `<name> <rest>` per
+/// line, the rest as [`line_rest`] writes it, in the file [`CRT_LIST_FILE`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CrtList {
+    /// How its lines are written.
+    pub options: CrtListOptions,
+}
+
+impl CrtList {
+    /// The crt-list written with `options`.
+    pub fn new(options: CrtListOptions) -> Self {
+        Self { options }
+    }
+}
+
+impl IndexFormat for CrtList {
+    fn file_name(&self) -> &str {
+        CRT_LIST_FILE
+    }
+
+    fn describe(&self, sni: &Sni, chain: &[u8; 32], sharing: usize) -> Option<String> {
+        let filter = sni_filter(sni)?;
+        Some(line_rest(&filter, self.options.alpn(chain, sharing)))
+    }
+
+    fn write_line(&self, out: &mut String, name: &str, description: &str) {
+        let _ = writeln!(out, "{name} {description}");
+    }
+
+    fn file_named<'a>(&self, line: &'a str) -> Option<&'a str> {
+        line.split_whitespace().next()
     }
 }
 
@@ -141,5 +179,28 @@ mod tests {
             normalize_shown("[alpn h2,http/1.1\0]  a.example"),
             line_rest("a.example", Some(ALPN_HTTP2))
         );
+    }
+
+    #[test]
+    fn the_crt_list_as_the_cert_directorys_index() {
+        let list = CrtList::default();
+        assert_eq!(list.file_name(), CRT_LIST_FILE);
+        let host = Sni::Host("a.example".to_owned());
+        let line = list.describe(&host, &[1; 32], 1).unwrap();
+        assert_eq!(line, "[alpn h2,http/1.1] a.example");
+        assert_eq!(
+            list.describe(&host, &[1; 32], 2).as_deref(),
+            Some("a.example"),
+            "shared by two routes"
+        );
+        assert_eq!(list.describe(&Sni::NoHost, &[1; 32], 1), None);
+        let mut out = String::new();
+        list.write_line(&mut out, "/certs/links/ns_a.pem", &line);
+        assert_eq!(out, "/certs/links/ns_a.pem [alpn h2,http/1.1] a.example\n");
+        assert_eq!(
+            list.file_named(out.trim_end()),
+            Some("/certs/links/ns_a.pem")
+        );
+        assert_eq!(list.file_named(""), None);
     }
 }

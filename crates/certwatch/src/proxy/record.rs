@@ -130,6 +130,7 @@ mod tests {
     use super::*;
     use crate::cert_dir::CertDir;
     use crate::files::CRT_LIST_FILE;
+    use crate::haproxy::crt_list::CrtList;
     use crate::metrics::Metrics;
     use crate::outputs::{DaemonStatus, Outputs};
     use crate::proxy::RouteServed;
@@ -188,7 +189,9 @@ mod tests {
     #[tokio::test]
     async fn outputs_drive_a_proxy_through_the_seam() {
         let dir = tempfile::tempdir().unwrap();
-        let cert_dir = CertDir::open(dir.path(), 2).await.unwrap();
+        let cert_dir = CertDir::open(dir.path(), 2, Arc::new(CrtList::default()))
+            .await
+            .unwrap();
         let pki = Pki::new(Timestamp::now());
         let (recorder, mut handle) = Recorder::new();
         let (status_tx, mut status) = watch::channel(DaemonStatus::default());

@@ -718,12 +718,23 @@ fn map_entries(route: &ServedRoute, maps: &mut [Vec<String>; 5]) {
     }
 }
 
+/// Everything but the routes' backends: the global settings, the defaults, and the
+/// frontends every configuration has.
 fn global_and_frontends(out: &mut String, options: &RenderOptions) {
-    let dir = &options.config_dir;
-    let run = dir.join("run");
-    let sni_socket = run.join("haproxy-sni.sock");
-    let no_sni_socket = run.join("haproxy-no-sni.sock");
-    let map = |name: &str| options.map(name).display().to_string();
+    global(out, options);
+    out.push_str("defaults\n");
+    defaults_body(out, options);
+    out.push('\n');
+    header_case_adjustments(out, options);
+    service_frontends(out, options);
+    public_frontend(out, options);
+    public_ssl_frontend(out, options);
+    tls_frontends(out, options);
+    default_backend(out, options);
+}
+
+/// The `global` section: limits, threads, logging, the admin socket, TLS defaults.
+fn global(out: &mut String, options: &RenderOptions) {
     let _ = writeln!(
         out,
         "# Written by certwatch for the routes it serves; rewritten whole on every change.\n\
@@ -748,10 +759,10 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
         socket = options.admin_socket.display(),
         tls = options.tls.haproxy_global(),
     );
-    out.push_str("defaults\n");
-    defaults_body(out, options);
-    out.push('\n');
-    header_case_adjustments(out, options);
+}
+
+/// HAProxy's own services, when asked for: its Prometheus exporter and a health check.
+fn service_frontends(out: &mut String, options: &RenderOptions) {
     if let Some(socket) = &options.metrics_socket {
         let _ = writeln!(
             out,
@@ -766,23 +777,37 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
             "frontend healthz\n  bind {health}\n  mode http\n  monitor-uri /healthz\n"
         );
     }
-    // Requests are logged where HTTP is: the plain frontend and the TLS-terminating
-    // ones (the TCP frontend in front of them would log each request a second time).
-    let log = if options.access_log {
+}
+
+/// The logging lines of a frontend where requests are logged: the plain frontend and
+/// the TLS-terminating ones (the TCP frontend in front of them would log each request
+/// a second time).
+fn request_log(options: &RenderOptions) -> &'static str {
+    if options.access_log {
         "  log global\n  option httplog\n"
     } else {
         ""
-    };
-    let accept_proxy = if options.proxy_protocol {
+    }
+}
+
+/// What a public bind line adds when the clients' addresses come in the PROXY protocol.
+fn accept_proxy(options: &RenderOptions) -> &'static str {
+    if options.proxy_protocol {
         " accept-proxy"
     } else {
         ""
-    };
+    }
+}
+
+/// The plain HTTP frontend: redirects to HTTPS, then the HTTP routes' backends.
+fn public_frontend(out: &mut String, options: &RenderOptions) {
     let _ = writeln!(
         out,
         "frontend public\n  bind {http}{accept_proxy}\n  mode http\n{log}  \
          tcp-request inspect-delay 5s\n  tcp-request content accept if HTTP\n",
         http = options.http_bind,
+        accept_proxy = accept_proxy(options),
+        log = request_log(options),
     );
     request_hygiene(out);
     let _ = writeln!(
@@ -790,9 +815,14 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
         "  acl secure_redirect base,map_reg_int({redirect}) -m bool\n  \
          http-request redirect location https://%[req.hdr(host),regsub(:[0-9]+$,,)]%[url] code 302 if secure_redirect\n  \
          use_backend %[base,map_reg({http_be})]\n  default_backend openshift_default\n",
-        redirect = map("os_route_http_redirect.map"),
-        http_be = map("os_http_be.map"),
+        redirect = options.map("os_route_http_redirect.map").display(),
+        http_be = options.map("os_http_be.map").display(),
     );
+}
+
+/// The TLS frontend, in TCP mode: passthrough routes by SNI, the rest to the
+/// terminating frontends (with an SNI or without).
+fn public_ssl_frontend(out: &mut String, options: &RenderOptions) {
     let _ = writeln!(
         out,
         "frontend public_ssl\n  bind {https}{accept_proxy}\n  \
@@ -802,9 +832,20 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
          use_backend %[req.ssl_sni,lower,map_reg({tcp_be})] if sni sni_passthrough\n  \
          use_backend be_sni if sni\n  default_backend be_no_sni\n",
         https = options.https_bind,
-        passthrough = map("os_sni_passthrough.map"),
-        tcp_be = map("os_tcp_be.map"),
+        accept_proxy = accept_proxy(options),
+        passthrough = options.map("os_sni_passthrough.map").display(),
+        tcp_be = options.map("os_tcp_be.map").display(),
     );
+}
+
+/// The TLS-terminating frontends behind `public_ssl`, over unix sockets: one with the
+/// routes' certificates (the crt-list) for clients that send an SNI, one with the
+/// default certificate alone for those that do not.
+fn tls_frontends(out: &mut String, options: &RenderOptions) {
+    let run = options.config_dir.join("run");
+    let sni_socket = run.join("haproxy-sni.sock");
+    let no_sni_socket = run.join("haproxy-no-sni.sock");
+    let log = request_log(options);
     for (name, socket, crt_list) in [
         ("sni", &sni_socket, Some(&options.crt_list)),
         ("no_sni", &no_sni_socket, None),
@@ -826,9 +867,13 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
         let _ = writeln!(
             out,
             "  use_backend %[base,map_reg({edge})]\n  default_backend openshift_default\n",
-            edge = map("os_edge_reencrypt_be.map"),
+            edge = options.map("os_edge_reencrypt_be.map").display(),
         );
     }
+}
+
+/// The backend of requests no route claims (a 404 page when one is configured).
+fn default_backend(out: &mut String, options: &RenderOptions) {
     let _ = writeln!(
         out,
         "backend openshift_default\n  mode http\n  option forwardfor\n  option http-pretend-keepalive{deny}\n",

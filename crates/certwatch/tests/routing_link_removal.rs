@@ -157,9 +157,11 @@ async fn a_secret_flipping_between_opaque_and_tls_never_fails_a_load() {
         .await;
     }
     let loads = metric(&certwatch, "certwatch_routing_loads_total") - loads_before;
-    // Loads happened while the secret flipped (changes that come during a load are
-    // taken by the next one).
-    assert!(loads >= 2.0, "{loads} loads during the flips");
+    // Loads happened while the secret flipped: the added routes' backends reach HAProxy
+    // only by a load. How many loads the changes fall into depends on the machine's
+    // pace (changes that come during a load are taken by the next one), so only their
+    // presence is asserted.
+    assert!(loads >= 1.0, "{loads} loads during the flips");
     let failures = metric(&certwatch, "certwatch_routing_load_failures_total");
     let log = certwatch.log_text();
     assert_eq!(failures, 0.0, "{log}");

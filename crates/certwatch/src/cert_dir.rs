@@ -1271,17 +1271,16 @@ mod tests {
     }
 
     /// A cert directory in a temporary directory of its own with routes `ns/a` and
-    /// `ns/b` set, complete and flushed once.
-    struct Flushed {
-        dir: CertDir,
-        root: PathBuf,
-        pki: Pki,
-        a: ServedCert,
-        b: ServedCert,
-        _temp: tempfile::TempDir,
-    }
-
-    async fn a_and_b_flushed() -> Flushed {
+    /// `ns/b` set, complete and flushed once: the temporary directory, its canonical
+    /// path, the cert directory, a, b and the PKI that issued them.
+    async fn a_and_b_flushed() -> (
+        tempfile::TempDir,
+        PathBuf,
+        CertDir,
+        ServedCert,
+        ServedCert,
+        Pki,
+    ) {
         let temp = tempfile::tempdir().unwrap();
         let root = temp.path().canonicalize().unwrap();
         let pki = Pki::new(Timestamp::now());
@@ -1291,14 +1290,7 @@ mod tests {
         dir.set(b.clone()).unwrap();
         dir.mark_complete();
         dir.flush().await;
-        Flushed {
-            dir,
-            root,
-            pki,
-            a,
-            b,
-            _temp: temp,
-        }
+        (temp, root, dir, a, b, pki)
     }
 
     /// The crt-list as (link file name, SNI) pairs; every path it names must exist.
@@ -1481,13 +1473,7 @@ mod tests {
     /// cannot be written, the old one's files stay.
     #[tokio::test]
     async fn bundles_outlive_the_list_that_names_them() {
-        let Flushed {
-            mut dir,
-            root,
-            b,
-            _temp,
-            ..
-        } = a_and_b_flushed().await;
+        let (_temp, root, mut dir, _, b, _) = a_and_b_flushed().await;
         assert_eq!(listed(&root).len(), 2);
 
         // The next crt-list write fails: a directory stands where it goes.
@@ -1620,14 +1606,7 @@ mod tests {
     /// changes no line, so the crt-list is not rewritten for it.
     #[tokio::test]
     async fn alpn_follows_shared_certificates() {
-        let Flushed {
-            mut dir,
-            root,
-            pki,
-            a,
-            b,
-            _temp,
-        } = a_and_b_flushed().await;
+        let (_temp, root, mut dir, a, b, pki) = a_and_b_flushed().await;
         let h2 = |host: &str| format!("[alpn h2,http/1.1] {host}");
         assert_eq!(
             listed_lines(&root),
@@ -1752,14 +1731,7 @@ mod tests {
     /// with new material.
     #[tokio::test]
     async fn rejected_material_stays_out_of_the_list() {
-        let Flushed {
-            mut dir,
-            root,
-            pki,
-            b,
-            _temp,
-            ..
-        } = a_and_b_flushed().await;
+        let (_temp, root, mut dir, _, b, pki) = a_and_b_flushed().await;
         let name = root.join(LINKS_DIR).join("ns_b.pem").display().to_string();
         dir.set_excluded(HashMap::from([(name.clone(), bundle_digest(&b.tls))]));
         let report = dir.flush().await;
@@ -1780,14 +1752,7 @@ mod tests {
     /// refused material out of its first crt-list.
     #[tokio::test]
     async fn refusals_are_kept_across_a_restart() {
-        let Flushed {
-            mut dir,
-            root,
-            a,
-            b,
-            _temp,
-            ..
-        } = a_and_b_flushed().await;
+        let (_temp, root, mut dir, a, b, _) = a_and_b_flushed().await;
         let name = root.join(LINKS_DIR).join("ns_b.pem").display().to_string();
         let refused = HashMap::from([(name, bundle_digest(&b.tls))]);
         dir.set_excluded(refused.clone());

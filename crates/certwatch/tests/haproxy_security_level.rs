@@ -165,9 +165,8 @@ async fn a_haproxy_run_by_others_refusing_a_key_is_a_refusal_of_that_route_alone
     let (cluster, _weak_leaf) = weak_beside_ordinary().await;
     let (admin, cert_dir) = (&cluster.admin, &cluster.cert_dir);
     let (_haproxy, port, default_leaf) = cluster.haproxy_of_others().await;
-    let args = ["--haproxy-socket", cluster.socket_arg()];
 
-    let mut certwatch = cluster.certwatch("1.log", &args);
+    let mut certwatch = cluster.certwatch_beside_haproxy("1.log");
     certwatch.wait_ready().await;
     ordinary_routes_served(admin, port).await;
     assert_eq!(
@@ -224,7 +223,7 @@ async fn a_haproxy_run_by_others_refusing_a_key_is_a_refusal_of_that_route_alone
     assert!(certwatch.terminate().success());
 
     // Restarted: ready again, the refused route refused again, the others served.
-    let certwatch = cluster.certwatch("2.log", &args);
+    let certwatch = cluster.certwatch_beside_haproxy("2.log");
     certwatch.wait_ready().await;
     ordinary_routes_served(admin, port).await;
     assert_eq!(
@@ -241,9 +240,8 @@ async fn a_refusal_outlives_a_certwatch_restart_so_a_restarted_haproxy_loads_its
     let (cluster, weak_leaf) = weak_beside_ordinary().await;
     let (admin, cert_dir) = (&cluster.admin, &cluster.cert_dir);
     let (haproxy, _, _) = cluster.haproxy_of_others().await;
-    let args = ["--haproxy-socket", cluster.socket_arg()];
 
-    let mut certwatch = cluster.certwatch("1.log", &args);
+    let mut certwatch = cluster.certwatch_beside_haproxy("1.log");
     certwatch.wait_ready().await;
     eventually("the refused line out of the crt-list", || {
         crt_list(cert_dir)
@@ -258,7 +256,7 @@ async fn a_refusal_outlives_a_certwatch_restart_so_a_restarted_haproxy_loads_its
     // certwatch and HAProxy restart together: HAProxy is down while certwatch writes
     // its first crt-list, so nothing can refuse the line in the meantime.
     drop(haproxy);
-    let mut certwatch = cluster.certwatch("2.log", &args);
+    let mut certwatch = cluster.certwatch_beside_haproxy("2.log");
     certwatch.wait_files_ready().await;
     assert!(
         crt_list(cert_dir).iter().all(|(_, sni)| sni != WEAK_HOST),

@@ -208,7 +208,7 @@ async fn a_huge_bundle_is_refused_alone_by_a_haproxy_certwatch_cannot_reload() {
 
     // HAProxy first, on an empty crt-list in certwatch's cert dir.
     let (_haproxy, port, default_leaf) = case.haproxy_of_others().await;
-    let certwatch = case.certwatch("certwatch.log", &["--haproxy-socket", case.socket_arg()]);
+    let certwatch = case.certwatch_beside_haproxy("certwatch.log");
     // Ready: every other route is served; the big one is refused, not waited for.
     certwatch.wait_ready().await;
     for i in 0..5 {

@@ -614,6 +614,7 @@ async fn a_rolling_restart_behind_a_load_balancer_checking_readyz_fails_no_reque
     let dir = tempfile::tempdir().unwrap();
     // The route's backend, inside a network namespace.
     let web = web_behind_edge_route(dir.path(), "web", "rollout", "rollout.example").await;
+    let sim = &web.sim;
 
     // Two replicas, each on fixed ports that its replacement takes over (a node's
     // host ports, say), and a balancer in TCP mode that checks their /readyz and, as a
@@ -624,7 +625,7 @@ async fn a_rolling_restart_behind_a_load_balancer_checking_readyz_fails_no_reque
     for (n, (https, probes)) in slots.iter().enumerate() {
         let name = format!("replica-{n}-0");
         replicas.push(Some(
-            router_on(dir.path(), &web.sim, &name, *https, *probes, &[], |launch| {
+            router_on(dir.path(), sim, &name, *https, *probes, &[], |launch| {
                 launch.args(&delay)
             })
             .await,
@@ -708,7 +709,7 @@ async fn a_rolling_restart_behind_a_load_balancer_checking_readyz_fails_no_reque
         drop(old);
         let name = format!("replica-{n}-1");
         replicas[n] = Some(
-            router_on(dir.path(), &web.sim, &name, *https, *probes, &[], |launch| {
+            router_on(dir.path(), sim, &name, *https, *probes, &[], |launch| {
                 launch.args(&delay)
             })
             .await,

@@ -72,6 +72,12 @@ impl HaproxyCase {
         (haproxy, port, default_leaf)
     }
 
+    /// Starts certwatch beside an HAProxy run by others (`--haproxy-socket` alone),
+    /// logging to `root/log`.
+    pub fn certwatch_beside_haproxy(&self, log: &str) -> Certwatch {
+        self.certwatch(log, &["--haproxy-socket", self.socket_arg()])
+    }
+
     /// HAProxy's configuration for certwatch to run ([`haproxy_config`]).
     pub fn managed(&self) -> Managed {
         let (config, port, default_leaf) = haproxy_config(&self.root, &self.socket, &self.cert_dir);

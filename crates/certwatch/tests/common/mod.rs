@@ -476,6 +476,37 @@ fn address_from_json_log(child: &mut Child, log: &Path) -> (String, Option<Strin
     }
 }
 
+/// Leader election timed for tests: a lease of 6 s, renewed within 4 s, retried every
+/// second.
+pub const FAST_ELECTION: [&str; 6] = [
+    "--lease-duration",
+    "6s",
+    "--lease-renew-deadline",
+    "4s",
+    "--lease-retry-period",
+    "1s",
+];
+
+/// The real control plane (tools/testenv; its options from the environment) with the
+/// cluster `spec` installed as the simulator's generator makes it; with an admin client.
+pub async fn real_cluster(
+    spec: &kube_sim::GenerateSpec,
+) -> (
+    testenv::ControlPlane,
+    kube::Client,
+    kube_sim::GeneratedCluster,
+) {
+    let control_plane = testenv::ControlPlane::start_with(testenv::ControlPlaneOptions::from_env())
+        .await
+        .unwrap();
+    let admin = control_plane.admin_client().await.unwrap();
+    let cluster = testenv::Installer::new(admin.clone())
+        .generate(spec)
+        .await
+        .unwrap();
+    (control_plane, admin, cluster)
+}
+
 /// Sends `signal` (e.g. `TERM`, `KILL`, `STOP`) to process `pid` with `kill`; panics
 /// unless it succeeds.
 pub fn send_signal(pid: impl std::fmt::Display, signal: &str) {

@@ -13,9 +13,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Certwatch, eventually, expected_bundle, read_or_empty, rotate_secret};
+use common::{Certwatch, eventually, expected_bundle, read_or_empty, real_cluster, rotate_secret};
 use kube_sim::GenerateSpec;
-use testenv::{ControlPlane, ControlPlaneOptions, Installer};
 
 /// How long the API server stays down.
 const OUTAGE: Duration = Duration::from_secs(20);
@@ -26,14 +25,7 @@ fn bundle(cert_dir: &Path, namespace: &str, route: &str) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_after_an_apiserver_restart_reach_the_outputs() {
-    let mut control_plane = ControlPlane::start_with(ControlPlaneOptions::from_env())
-        .await
-        .unwrap();
-    let admin = control_plane.admin_client().await.unwrap();
-    let cluster = Installer::new(admin.clone())
-        .generate(&GenerateSpec::new(20, 2))
-        .await
-        .unwrap();
+    let (mut control_plane, _, cluster) = real_cluster(&GenerateSpec::new(20, 2)).await;
     let temp = tempfile::tempdir().unwrap();
     let cert_dir = temp.path().join("certs");
     let certwatch = Certwatch::start(

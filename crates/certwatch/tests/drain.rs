@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::routing::RoutingLaunch;
 use common::traffic::{Backend, Release, create_service, set_endpoints};
 use common::{Certwatch, Launch, SimProcess, create_route_spec, eventually, free_port};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -92,32 +93,11 @@ async fn routed(dir: &Path, args: &[&str]) -> Routed {
         serde_json::json!({"host": "held.example", "to": {"kind": "Service", "name": "held"}}),
     )
     .await;
-    let config_dir = dir.join("haproxy");
-    let http = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let (http_bind, https_bind) = (http.to_string(), format!("127.0.0.1:{}", free_port()));
-    let launch = Launch::new(
-        &sim.kubeconfig,
-        &dir.join("certs"),
-        &dir.join("certwatch.log"),
-    )
-    .args(&[
-        "--haproxy-config-dir",
-        config_dir.to_str().unwrap(),
-        "--http-bind",
-        &http_bind,
-        "--https-bind",
-        &https_bind,
-        // Within the test machine's descriptor limit.
-        "--haproxy-max-connections",
-        "2000",
-    ])
-    .args(args);
-    let certwatch = Certwatch::launch(launch);
-    certwatch.wait_ready().await;
+    let routing = RoutingLaunch::on(&sim, dir).args(args).ready().await;
     Routed {
-        certwatch,
-        http,
-        config: config_dir.join("haproxy.cfg"),
+        http: routing.http,
+        config: routing.config(),
+        certwatch: routing.certwatch,
         backend,
         release,
         _sim: sim,

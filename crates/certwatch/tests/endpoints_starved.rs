@@ -24,7 +24,6 @@ use std::time::Duration;
 
 use common::delegation::*;
 use common::*;
-use testenv::ControlPlane;
 use tokio::io::AsyncWriteExt;
 
 /// A hang guard, not a timing assertion.
@@ -62,53 +61,9 @@ async fn h2_idle(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_slow_clients_do_not_starve_probes_or_scrapes() {
-    let plane = ControlPlane::start().await.unwrap();
-    let admin = plane.admin_client().await.unwrap();
-    for file in ["namespace.yaml", "serviceaccount.yaml", "clusterrole.yaml"] {
-        let path = deploy_dir().join("base").join(file);
-        kubectl(
-            &plane,
-            &["apply", "--server-side", "-f", path.to_str().unwrap()],
-            None,
-        );
-    }
-    kubectl(
-        &plane,
-        &["apply", "--server-side", "-f", "-"],
-        Some(
-            "apiVersion: v1\nkind: Namespace\nmetadata: {name: monitoring}\n---\n\
-             apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: prometheus, namespace: monitoring}\n---\n\
-             apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: metrics-reader}\n\
-             rules: [{nonResourceURLs: [/metrics], verbs: [get]}]\n---\n\
-             apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: prometheus-metrics-reader}\n\
-             roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: metrics-reader}\n\
-             subjects: [{kind: ServiceAccount, name: prometheus, namespace: monitoring}]\n",
-        ),
-    );
-    let certwatch_token = token_for(&admin, "certwatch", "certwatch").await;
-    let prometheus = token_for(&admin, "monitoring", "prometheus").await;
-
-    let temp = tempfile::tempdir().unwrap();
-    let kubeconfig = temp.path().join("certwatch.kubeconfig");
-    kubeconfig_for(&plane, &certwatch_token, &kubeconfig);
-    let ca = serving_certificate(temp.path(), &["localhost", "127.0.0.1"]);
-    let cert = temp.path().join("tls.crt");
-    let key = temp.path().join("tls.key");
-    let certwatch = Certwatch::launch(
-        Launch::new(
-            &kubeconfig,
-            &temp.path().join("certs"),
-            &temp.path().join("certwatch.log"),
-        )
-        .args(&[
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--metrics-tls-cert",
-            cert.to_str().unwrap(),
-            "--metrics-tls-key",
-            key.to_str().unwrap(),
-        ]),
-    );
+    let delegated = Delegated::start(&[]).await;
+    let (ca, prometheus) = (delegated.ca.clone(), delegated.prometheus.clone());
+    let certwatch = Certwatch::launch(delegated.launch());
     certwatch.wait_ready().await;
     let metrics_addr = certwatch.metrics_addr.expect("the HTTPS metrics address");
     let plain = certwatch.addr;

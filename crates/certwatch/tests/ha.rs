@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Certwatch, SimProcess, eventually, eventually_async};
+use common::{Certwatch, FAST_ELECTION, SimProcess, eventually, eventually_async};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams};
 use route_secrets::route::Route;
@@ -46,14 +46,7 @@ fn election() -> Vec<&'static str> {
     if std::env::var_os("CERTWATCH_HA_DEFAULTS").is_some() {
         return Vec::new();
     }
-    vec![
-        "--lease-duration",
-        "6s",
-        "--lease-renew-deadline",
-        "4s",
-        "--lease-retry-period",
-        "1s",
-    ]
+    FAST_ELECTION.to_vec()
 }
 
 struct Replica {

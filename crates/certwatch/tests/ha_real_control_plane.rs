@@ -12,12 +12,12 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use common::{Certwatch, eventually, eventually_async};
+use common::{Certwatch, FAST_ELECTION, eventually, eventually_async, real_cluster};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams};
 use kube_sim::GenerateSpec;
-use testenv::{AuditLog, ControlPlane, ControlPlaneOptions, Installer, ROUTER_USER};
+use testenv::{AuditLog, ControlPlane, ROUTER_USER};
 
 const ROUTES: usize = 100;
 const ROUTER_NAME: &str = "ha-real";
@@ -34,13 +34,10 @@ fn start_replica(control_plane: &ControlPlane, dir: &Path, name: &str) -> (Certw
             ROUTER_NAME,
             "--lease-identity",
             name,
-            "--lease-duration",
-            "6s",
-            "--lease-renew-deadline",
-            "4s",
-            "--lease-retry-period",
-            "1s",
-        ],
+        ]
+        .into_iter()
+        .chain(FAST_ELECTION)
+        .collect::<Vec<_>>(),
     );
     (certwatch, cert_dir)
 }
@@ -73,14 +70,7 @@ fn leads(certwatch: &Certwatch) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_a_real_lease_write_each_change_once() {
-    let control_plane = ControlPlane::start_with(ControlPlaneOptions::from_env())
-        .await
-        .unwrap();
-    let admin = control_plane.admin_client().await.unwrap();
-    let cluster = Installer::new(admin.clone())
-        .generate(&GenerateSpec::new(ROUTES, 2))
-        .await
-        .unwrap();
+    let (control_plane, admin, cluster) = real_cluster(&GenerateSpec::new(ROUTES, 2)).await;
     let temp = tempfile::tempdir().unwrap();
     let mut replicas = vec![
         start_replica(&control_plane, temp.path(), "a"),

@@ -14,17 +14,15 @@ use route_secrets::route::Route;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn haproxy_follows_through_the_runtime_api() {
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().canonicalize().unwrap();
-    let sim = SimProcess::start(&root, &["--generate", "routes=3,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    let socket = root.join("haproxy.sock");
-    let cert_dir = root.join("certs");
+    let case = HaproxyCase::start(3).await;
+    let (admin, socket, cert_dir) = (
+        case.admin.clone(),
+        case.socket.clone(),
+        case.cert_dir.clone(),
+    );
     let socket_arg = socket.display().to_string();
-    let mut certwatch = Certwatch::start(
-        &sim.kubeconfig,
-        &cert_dir,
-        &root.join("certwatch.log"),
+    let mut certwatch = case.certwatch(
+        "certwatch.log",
         // A route added after a grant is admitted at its first retry.
         &[
             "--haproxy-socket",
@@ -39,7 +37,7 @@ async fn haproxy_follows_through_the_runtime_api() {
 
     // HAProxy loads what certwatch wrote: its crt-list, plus a default certificate for
     // names no route claims.
-    let (haproxy, port, default_leaf) = start_haproxy(&root, &socket, &cert_dir);
+    let (haproxy, port, default_leaf) = start_haproxy(&case.root, &socket, &cert_dir);
     let host = |i: usize| format!("route-{i}.app-0.apps.sim.example");
     eventually_async("HAProxy to serve TLS", || {
         presented(port, "default.invalid")
@@ -157,12 +155,7 @@ async fn haproxy_follows_through_the_runtime_api() {
         .delete("fresh", &DeleteParams::default())
         .await
         .unwrap();
-    let mut certwatch = Certwatch::start(
-        &sim.kubeconfig,
-        &cert_dir,
-        &root.join("certwatch-2.log"),
-        &["--haproxy-socket", &socket_arg],
-    );
+    let mut certwatch = case.certwatch("certwatch-2.log", &["--haproxy-socket", &socket_arg]);
     certwatch.wait_ready().await;
     eventually_async("HAProxy to catch up after the restart", || async {
         (presented(port, &host(0)).await == Some(rotated_again_leaf.clone())
@@ -197,16 +190,14 @@ enum Step {
 /// runtime API) serves exactly the listed routes with their certificates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn haproxy_accepts_the_files_after_every_step() {
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().canonicalize().unwrap();
-    let sim = SimProcess::start(&root, &["--generate", "routes=2,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    let socket = root.join("haproxy.sock");
-    let cert_dir = root.join("certs");
-    let certwatch = Certwatch::start(
-        &sim.kubeconfig,
-        &cert_dir,
-        &root.join("certwatch.log"),
+    let case = HaproxyCase::start(2).await;
+    let (admin, socket, cert_dir) = (
+        case.admin.clone(),
+        case.socket.clone(),
+        case.cert_dir.clone(),
+    );
+    let certwatch = case.certwatch(
+        "certwatch.log",
         &[
             "--haproxy-socket",
             socket.to_str().unwrap(),
@@ -215,8 +206,8 @@ async fn haproxy_accepts_the_files_after_every_step() {
         ],
     );
     certwatch.wait_files_ready().await;
-    let (config, _, _) = haproxy_config(&root, &socket, &cert_dir);
-    let (_haproxy, port, default_leaf) = start_haproxy(&root, &socket, &cert_dir);
+    let (config, _, _) = haproxy_config(&case.root, &socket, &cert_dir);
+    let (_haproxy, port, default_leaf) = start_haproxy(&case.root, &socket, &cert_dir);
     eventually_async("HAProxy to serve TLS", || {
         presented(port, "default.invalid")
     })

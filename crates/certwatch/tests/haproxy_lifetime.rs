@@ -19,6 +19,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::haproxy::*;
+use common::routing::{free_loopback, routing_args};
 use common::*;
 
 fn host(i: usize) -> String {
@@ -96,11 +97,7 @@ fn listeners(port: u16) -> usize {
 }
 
 fn kill9(pid: u32) {
-    let status = std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    send_signal(pid, "9");
 }
 
 /// One of the two modes in which certwatch runs HAProxy.
@@ -129,21 +126,11 @@ fn config_mode(root: &Path) -> Mode {
 
 fn config_dir_mode(root: &Path) -> Mode {
     let config_dir = root.join("haproxy");
-    let port = free_port();
+    let https = free_loopback();
     Mode {
-        args: vec![
-            "--haproxy-config-dir".to_owned(),
-            config_dir.display().to_string(),
-            "--http-bind".to_owned(),
-            format!("127.0.0.1:{}", free_port()),
-            "--https-bind".to_owned(),
-            format!("127.0.0.1:{port}"),
-            // Within the test machine's descriptor limit.
-            "--haproxy-max-connections".to_owned(),
-            "2000".to_owned(),
-        ],
+        args: routing_args(&config_dir, free_loopback(), https),
         config: config_dir.join("haproxy.cfg"),
-        port,
+        port: https.port(),
     }
 }
 

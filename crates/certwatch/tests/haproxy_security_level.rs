@@ -92,34 +92,37 @@ async fn ordinary_routes_served(admin: &kube::Client, port: u16) {
     }
 }
 
+/// The simulator with five ordinary routes and the RSA-1024 one; returns its leaf.
+async fn weak_beside_ordinary() -> (HaproxyCase, Vec<u8>) {
+    let case = HaproxyCase::start(5).await;
+    let weak_leaf = weak_route(&case.admin, &case.root).await;
+    (case, weak_leaf)
+}
+
+/// `add ssl crt-list` commands HAProxy refused.
+fn refused_pushes(certwatch: &Certwatch) -> f64 {
+    certwatch
+        .metric("certwatch_haproxy_commands_total{command=\"add ssl crt-list\",result=\"error\"}")
+        .unwrap_or(0.0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_haproxy_certwatch_runs_takes_what_certwatch_admits() {
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().canonicalize().unwrap();
-    let sim = SimProcess::start(&root, &["--generate", "routes=5,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    let weak_leaf = weak_route(&admin, &root).await;
-    let socket = root.join("haproxy.sock");
-    let cert_dir = root.join("certs");
-    let (config, port, _default) = haproxy_config(&root, &socket, &cert_dir);
+    let (cluster, weak_leaf) = weak_beside_ordinary().await;
+    let admin = &cluster.admin;
+    let managed = cluster.managed();
+    let (config, port) = (managed.config.clone(), managed.port);
     // This machine's OpenSSL alone refuses the key: HAProxy on its own would not load
     // these files.
-    let socket_arg = socket.display().to_string();
-    let config_arg = config.display().to_string();
-    let args = [
-        "--haproxy-socket",
-        &socket_arg,
-        "--haproxy-config",
-        &config_arg,
-    ];
+    let args = managed.args();
 
-    let mut certwatch = Certwatch::start(&sim.kubeconfig, &cert_dir, &root.join("1.log"), &args);
+    let mut certwatch = cluster.certwatch("1.log", &args);
     certwatch.wait_ready().await;
     assert!(
         haproxy_check(&config).is_err(),
         "Debian's OpenSSL level refuses RSA-1024"
     );
-    ordinary_routes_served(&admin, port).await;
+    ordinary_routes_served(admin, port).await;
     // (rustls, like webpki, takes no RSA key under 2048 bits: OpenSSL's client tells.)
     assert_eq!(
         presented_to_openssl(port, WEAK_HOST),
@@ -140,7 +143,7 @@ async fn the_haproxy_certwatch_runs_takes_what_certwatch_admits() {
             .contains("HAProxy runs at certwatch's OpenSSL security level"),
     );
     // A rotation of an ordinary route goes through without a reload either.
-    let rotated = rotate_secret(&admin, "app-0", "tls-2", &host(2)).await;
+    let rotated = rotate_secret(admin, "app-0", "tls-2", &host(2)).await;
     let rotated_leaf = leaf_der(&tls_of(&rotated).0);
     eventually_async("the rotation to be served", || async {
         (presented(port, &host(2)).await == Some(rotated_leaf.clone())).then_some(())
@@ -150,36 +153,22 @@ async fn the_haproxy_certwatch_runs_takes_what_certwatch_admits() {
     assert!(certwatch.terminate().success());
 
     // Restarted: HAProxy loads every file again, the RSA-1024 one included.
-    let certwatch = Certwatch::start(&sim.kubeconfig, &cert_dir, &root.join("2.log"), &args);
+    let certwatch = cluster.certwatch("2.log", &args);
     certwatch.wait_ready().await;
-    ordinary_routes_served(&admin, port).await;
+    ordinary_routes_served(admin, port).await;
     assert_eq!(presented_to_openssl(port, WEAK_HOST), Some(weak_leaf));
     assert_eq!(reloads(&certwatch), 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_haproxy_run_by_others_refusing_a_key_is_a_refusal_of_that_route_alone() {
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().canonicalize().unwrap();
-    let sim = SimProcess::start(&root, &["--generate", "routes=5,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    let _weak_leaf = weak_route(&admin, &root).await;
-    let socket = root.join("haproxy.sock");
-    let cert_dir = root.join("certs");
-    std::fs::create_dir_all(&cert_dir).unwrap();
-    std::fs::write(cert_dir.join("crt-list"), "").unwrap();
-    // Debian's HAProxy at its OpenSSL's own level (2).
-    let (_haproxy, port, default_leaf) = start_haproxy(&root, &socket, &cert_dir);
-    eventually_async("HAProxy to serve TLS", || {
-        presented(port, "default.invalid")
-    })
-    .await;
-    let socket_arg = socket.display().to_string();
-    let args = ["--haproxy-socket", socket_arg.as_str()];
+    let (cluster, _weak_leaf) = weak_beside_ordinary().await;
+    let (admin, cert_dir) = (&cluster.admin, &cluster.cert_dir);
+    let (_haproxy, port, default_leaf) = cluster.haproxy_of_others().await;
 
-    let mut certwatch = Certwatch::start(&sim.kubeconfig, &cert_dir, &root.join("1.log"), &args);
+    let mut certwatch = cluster.certwatch_beside_haproxy("1.log");
     certwatch.wait_ready().await;
-    ordinary_routes_served(&admin, port).await;
+    ordinary_routes_served(admin, port).await;
     assert_eq!(
         presented_to_openssl(port, WEAK_HOST),
         Some(default_leaf.clone()),
@@ -202,31 +191,24 @@ async fn a_haproxy_run_by_others_refusing_a_key_is_a_refusal_of_that_route_alone
     );
     // Its line leaves the crt-list file: HAProxy can load the files on its own.
     eventually("the refused line out of the crt-list", || {
-        crt_list(&cert_dir)
+        crt_list(cert_dir)
             .iter()
             .all(|(_, sni)| sni != WEAK_HOST)
             .then_some(())
     })
     .await;
-    let config = root.join("haproxy.cfg");
+    let config = cluster.root.join("haproxy.cfg");
     assert_eq!(haproxy_check(&config), Ok(()));
     // Nothing retries it: a later change of another route goes through alone.
-    let pushes = |certwatch: &Certwatch| {
-        certwatch
-            .metric(
-                "certwatch_haproxy_commands_total{command=\"add ssl crt-list\",result=\"error\"}",
-            )
-            .unwrap_or(0.0)
-    };
-    assert_eq!(pushes(&certwatch), 1.0);
-    let rotated = rotate_secret(&admin, "app-0", "tls-2", &host(2)).await;
+    assert_eq!(refused_pushes(&certwatch), 1.0);
+    let rotated = rotate_secret(admin, "app-0", "tls-2", &host(2)).await;
     let rotated_leaf = leaf_der(&tls_of(&rotated).0);
     eventually_async("the rotation to be served", || async {
         (presented(port, &host(2)).await == Some(rotated_leaf.clone())).then_some(())
     })
     .await;
     assert_eq!(
-        pushes(&certwatch),
+        refused_pushes(&certwatch),
         1.0,
         "the refused certificate is not retried"
     );
@@ -241,9 +223,9 @@ async fn a_haproxy_run_by_others_refusing_a_key_is_a_refusal_of_that_route_alone
     assert!(certwatch.terminate().success());
 
     // Restarted: ready again, the refused route refused again, the others served.
-    let certwatch = Certwatch::start(&sim.kubeconfig, &cert_dir, &root.join("2.log"), &args);
+    let certwatch = cluster.certwatch_beside_haproxy("2.log");
     certwatch.wait_ready().await;
-    ordinary_routes_served(&admin, port).await;
+    ordinary_routes_served(admin, port).await;
     assert_eq!(
         certwatch.metric("certwatch_haproxy_refused_routes"),
         Some(1.0)
@@ -255,35 +237,14 @@ async fn a_haproxy_run_by_others_refusing_a_key_is_a_refusal_of_that_route_alone
 /// while certwatch restarts loads its files; nothing is pushed to HAProxy again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_outlives_a_certwatch_restart_so_a_restarted_haproxy_loads_its_files() {
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().canonicalize().unwrap();
-    let sim = SimProcess::start(&root, &["--generate", "routes=5,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    let weak_leaf = weak_route(&admin, &root).await;
-    let socket = root.join("haproxy.sock");
-    let cert_dir = root.join("certs");
-    std::fs::create_dir_all(&cert_dir).unwrap();
-    std::fs::write(cert_dir.join("crt-list"), "").unwrap();
-    // Debian's HAProxy at its OpenSSL's own level (2).
-    let (haproxy, port, _) = start_haproxy(&root, &socket, &cert_dir);
-    eventually_async("HAProxy to serve TLS", || {
-        presented(port, "default.invalid")
-    })
-    .await;
-    let socket_arg = socket.display().to_string();
-    let args = ["--haproxy-socket", socket_arg.as_str()];
-    let refused_pushes = |certwatch: &Certwatch| {
-        certwatch
-            .metric(
-                "certwatch_haproxy_commands_total{command=\"add ssl crt-list\",result=\"error\"}",
-            )
-            .unwrap_or(0.0)
-    };
+    let (cluster, weak_leaf) = weak_beside_ordinary().await;
+    let (admin, cert_dir) = (&cluster.admin, &cluster.cert_dir);
+    let (haproxy, _, _) = cluster.haproxy_of_others().await;
 
-    let mut certwatch = Certwatch::start(&sim.kubeconfig, &cert_dir, &root.join("1.log"), &args);
+    let mut certwatch = cluster.certwatch_beside_haproxy("1.log");
     certwatch.wait_ready().await;
     eventually("the refused line out of the crt-list", || {
-        crt_list(&cert_dir)
+        crt_list(cert_dir)
             .iter()
             .all(|(_, sni)| sni != WEAK_HOST)
             .then_some(())
@@ -295,18 +256,18 @@ async fn a_refusal_outlives_a_certwatch_restart_so_a_restarted_haproxy_loads_its
     // certwatch and HAProxy restart together: HAProxy is down while certwatch writes
     // its first crt-list, so nothing can refuse the line in the meantime.
     drop(haproxy);
-    let mut certwatch = Certwatch::start(&sim.kubeconfig, &cert_dir, &root.join("2.log"), &args);
+    let mut certwatch = cluster.certwatch_beside_haproxy("2.log");
     certwatch.wait_files_ready().await;
     assert!(
-        crt_list(&cert_dir).iter().all(|(_, sni)| sni != WEAK_HOST),
+        crt_list(cert_dir).iter().all(|(_, sni)| sni != WEAK_HOST),
         "the refused line stays out of the first crt-list"
     );
-    assert_eq!(crt_list(&cert_dir).len(), 5);
-    let config = root.join("haproxy.cfg");
+    assert_eq!(crt_list(cert_dir).len(), 5);
+    let config = cluster.root.join("haproxy.cfg");
     assert_eq!(haproxy_check(&config), Ok(()));
-    let (_haproxy, port, default_leaf) = start_haproxy(&root, &socket, &cert_dir);
+    let (_haproxy, port, default_leaf) = start_haproxy(&cluster.root, &cluster.socket, cert_dir);
     certwatch.wait_ready().await;
-    ordinary_routes_served(&admin, port).await;
+    ordinary_routes_served(admin, port).await;
     assert_eq!(
         presented_to_openssl(port, WEAK_HOST),
         Some(default_leaf),

@@ -122,26 +122,13 @@ fn line_index(log: &str, needle: &str) -> usize {
         .unwrap_or_else(|| panic!("no log line with {needle:?}"))
 }
 
-fn managed_args<'a>(socket: &'a str, config: &'a str) -> Vec<&'a str> {
-    vec!["--haproxy-socket", socket, "--haproxy-config", config]
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_waits_for_the_haproxy_certwatch_runs_and_follows_it() {
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().canonicalize().unwrap();
-    let sim = SimProcess::start(&root, &["--generate", "routes=20,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    let socket = root.join("haproxy.sock");
-    let cert_dir = root.join("certs");
-    let (config, port, default_leaf) = haproxy_config(&root, &socket, &cert_dir);
-    let (socket_arg, config_arg) = (socket.display().to_string(), config.display().to_string());
-    let certwatch = Certwatch::start(
-        &sim.kubeconfig,
-        &cert_dir,
-        &root.join("certwatch.log"),
-        &managed_args(&socket_arg, &config_arg),
-    );
+    let case = HaproxyCase::start(20).await;
+    let (admin, socket) = (case.admin.clone(), case.socket.clone());
+    let managed = case.managed();
+    let (port, default_leaf) = (managed.port, managed.default_leaf.clone());
+    let certwatch = case.certwatch("certwatch.log", &managed.args());
     certwatch.wait_ready().await;
 
     // The files were ready first, then HAProxy was started on them, then certwatch was
@@ -182,11 +169,7 @@ async fn readiness_waits_for_the_haproxy_certwatch_runs_and_follows_it() {
     // The worker dies (HAProxy's master exits with it): not ready until certwatch has
     // started HAProxy again, which then serves the rotated certificate from its file.
     let worker = info_field(&socket, "Pid");
-    let status = std::process::Command::new("kill")
-        .args(["-9", &worker.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    send_signal(worker, "9");
     eventually("/readyz to say 503", || {
         (!certwatch.is_ready()).then_some(())
     })
@@ -209,10 +192,8 @@ async fn readiness_waits_for_the_haproxy_certwatch_runs_and_follows_it() {
 /// (every route reaches it through the runtime API): the 1 MiB route is refused alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_bundle_is_refused_alone_by_a_haproxy_certwatch_cannot_reload() {
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().canonicalize().unwrap();
-    let sim = SimProcess::start(&root, &["--generate", "routes=5,namespaces=1"]);
-    let admin = sim.client("admin").await;
+    let case = HaproxyCase::start(5).await;
+    let (admin, cert_dir) = (case.admin.clone(), case.cert_dir.clone());
     let (big_data, big_leaf) = padded_tls_data("big.app-0.apps.sim.example", ONE_MIB_OF_DATA);
     grant_secret(&admin, "app-0", "tls-big").await;
     create_secret_with(&admin, "tls-big", big_data).await;
@@ -225,23 +206,9 @@ async fn a_huge_bundle_is_refused_alone_by_a_haproxy_certwatch_cannot_reload() {
     )
     .await;
 
-    let socket = root.join("haproxy.sock");
-    let cert_dir = root.join("certs");
     // HAProxy first, on an empty crt-list in certwatch's cert dir.
-    std::fs::create_dir_all(&cert_dir).unwrap();
-    std::fs::write(cert_dir.join("crt-list"), "").unwrap();
-    let (_haproxy, port, default_leaf) = start_haproxy(&root, &socket, &cert_dir);
-    eventually_async("HAProxy to serve TLS", || {
-        presented(port, "default.invalid")
-    })
-    .await;
-    let socket_arg = socket.display().to_string();
-    let certwatch = Certwatch::start(
-        &sim.kubeconfig,
-        &cert_dir,
-        &root.join("certwatch.log"),
-        &["--haproxy-socket", &socket_arg],
-    );
+    let (_haproxy, port, default_leaf) = case.haproxy_of_others().await;
+    let certwatch = case.certwatch_beside_haproxy("certwatch.log");
     // Ready: every other route is served; the big one is refused, not waited for.
     certwatch.wait_ready().await;
     for i in 0..5 {
@@ -299,27 +266,22 @@ async fn a_huge_bundle_is_refused_alone_by_a_haproxy_certwatch_cannot_reload() {
 /// by a reload, while another route's rotation goes through the runtime API.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_bundle_is_loaded_by_a_reload_beside_runtime_updates() {
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().canonicalize().unwrap();
-    let sim = SimProcess::start(&root, &["--generate", "routes=5,namespaces=1"]);
-    let admin = sim.client("admin").await;
+    let case = HaproxyCase::start(5).await;
+    let (admin, socket, cert_dir) = (
+        case.admin.clone(),
+        case.socket.clone(),
+        case.cert_dir.clone(),
+    );
     let big_host = "big.app-0.apps.sim.example";
     let (big_data, big_leaf) = padded_tls_data(big_host, ONE_MIB_OF_DATA);
     grant_secret(&admin, "app-0", "tls-big").await;
     create_secret_with(&admin, "tls-big", big_data).await;
     create_route(&admin, "app-0", "big", Some(big_host), "tls-big").await;
-    let socket = root.join("haproxy.sock");
-    let cert_dir = root.join("certs");
-    let (config, port, _default) = haproxy_config(&root, &socket, &cert_dir);
-    let (socket_arg, config_arg) = (socket.display().to_string(), config.display().to_string());
-    let mut args = managed_args(&socket_arg, &config_arg);
+    let managed = case.managed();
+    let port = managed.port;
+    let mut args = managed.args();
     args.extend(["--haproxy-min-reload-interval", "0s"]);
-    let certwatch = Certwatch::start(
-        &sim.kubeconfig,
-        &cert_dir,
-        &root.join("certwatch.log"),
-        &args,
-    );
+    let certwatch = case.certwatch("certwatch.log", &args);
     certwatch.wait_ready().await;
     // Loaded from its file at the start. (A 1 MiB chain is beyond what TLS clients take
     // by default, rustls's and OpenSSL's alike: what HAProxy holds is read from it.)
@@ -373,35 +335,22 @@ async fn a_huge_bundle_is_loaded_by_a_reload_beside_runtime_updates() {
 /// at most two uploads were made, the last with the tenth certificate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotations_coalesce_while_haproxy_is_busy() {
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().canonicalize().unwrap();
-    let sim = SimProcess::start(&root, &["--generate", "routes=3,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    let socket = root.join("haproxy.sock");
-    let cert_dir = root.join("certs");
-    let (config, port, _default) = haproxy_config(&root, &socket, &cert_dir);
-    let (socket_arg, config_arg) = (socket.display().to_string(), config.display().to_string());
-    let mut args = managed_args(&socket_arg, &config_arg);
+    let case = HaproxyCase::start(3).await;
+    let (admin, socket, cert_dir) = (
+        case.admin.clone(),
+        case.socket.clone(),
+        case.cert_dir.clone(),
+    );
+    let managed = case.managed();
+    let port = managed.port;
+    let mut args = managed.args();
     // HAProxy is stopped on purpose for a while: no timeout during the test.
     args.extend(["--haproxy-command-timeout", "1h"]);
-    let certwatch = Certwatch::start(
-        &sim.kubeconfig,
-        &cert_dir,
-        &root.join("certwatch.log"),
-        &args,
-    );
+    let certwatch = case.certwatch("certwatch.log", &args);
     certwatch.wait_ready().await;
     let before = commands(&certwatch, "set ssl cert");
     let worker = info_field(&socket, "Pid").to_string();
-    let signal = |name: &str| {
-        assert!(
-            std::process::Command::new("kill")
-                .args([name, &worker])
-                .status()
-                .unwrap()
-                .success()
-        );
-    };
+    let signal = |name: &str| send_signal(&worker, name.trim_start_matches('-'));
     signal("-STOP");
     let bundle = cert_dir.join("app-0:route-0.pem");
     let mut last = Vec::new();

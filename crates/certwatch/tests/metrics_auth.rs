@@ -14,62 +14,20 @@
 mod common;
 
 use common::delegation::*;
+use common::routing::RoutingLaunch;
 use common::*;
-use testenv::ControlPlane;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unauthenticated_and_unauthorized_scrapers_are_refused_an_authorized_one_served() {
-    let plane = ControlPlane::start().await.unwrap();
-    let admin = plane.admin_client().await.unwrap();
-    // certwatch's identity and RBAC, as deploy/base declares them.
-    for file in ["namespace.yaml", "serviceaccount.yaml", "clusterrole.yaml"] {
-        let path = deploy_dir().join("base").join(file);
-        kubectl(
-            &plane,
-            &["apply", "--server-side", "-f", path.to_str().unwrap()],
-            None,
-        );
-    }
     // Two scrapers: one granted get on /metrics (as prometheus-k8s is), one not.
-    kubectl(
-        &plane,
-        &["apply", "--server-side", "-f", "-"],
-        Some(
-            "apiVersion: v1\nkind: Namespace\nmetadata: {name: monitoring}\n---\n\
-             apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: prometheus, namespace: monitoring}\n---\n\
-             apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: intruder, namespace: monitoring}\n---\n\
-             apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: metrics-reader}\n\
-             rules: [{nonResourceURLs: [/metrics], verbs: [get]}]\n---\n\
-             apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: prometheus-metrics-reader}\n\
-             roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: metrics-reader}\n\
-             subjects: [{kind: ServiceAccount, name: prometheus, namespace: monitoring}]\n",
-        ),
+    let delegated = Delegated::start(&["intruder"]).await;
+    let (plane, temp, metrics_args) = (&delegated.plane, &delegated.temp, &delegated.metrics_args);
+    let (ca, prometheus, intruder) = (
+        delegated.ca.clone(),
+        delegated.prometheus.clone(),
+        delegated.ungranted[0].clone(),
     );
-    let certwatch_token = token_for(&admin, "certwatch", "certwatch").await;
-    let prometheus = token_for(&admin, "monitoring", "prometheus").await;
-    let intruder = token_for(&admin, "monitoring", "intruder").await;
-
-    let temp = tempfile::tempdir().unwrap();
-    let kubeconfig = temp.path().join("certwatch.kubeconfig");
-    kubeconfig_for(&plane, &certwatch_token, &kubeconfig);
-    let ca = serving_certificate(temp.path(), &["localhost", "127.0.0.1"]);
-    let cert = temp.path().join("tls.crt");
-    let key = temp.path().join("tls.key");
-    let mut certwatch = Certwatch::launch(
-        Launch::new(
-            &kubeconfig,
-            &temp.path().join("certs"),
-            &temp.path().join("certwatch.log"),
-        )
-        .args(&[
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--metrics-tls-cert",
-            cert.to_str().unwrap(),
-            "--metrics-tls-key",
-            key.to_str().unwrap(),
-        ]),
-    );
+    let mut certwatch = Certwatch::launch(delegated.launch());
     certwatch.wait_ready().await;
     let metrics_addr = certwatch.metrics_addr.expect("the HTTPS metrics address");
 
@@ -134,14 +92,7 @@ async fn unauthenticated_and_unauthorized_scrapers_are_refused_an_authorized_one
             &temp.path().join("certs-denied"),
             &temp.path().join("denied.log"),
         )
-        .args(&[
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--metrics-tls-cert",
-            cert.to_str().unwrap(),
-            "--metrics-tls-key",
-            key.to_str().unwrap(),
-        ]),
+        .args(metrics_args),
     );
     let addr = denied.metrics_addr.unwrap();
     let (status, _, body) = https_get(addr, &ca, "/metrics", Some(&prometheus)).await;
@@ -159,66 +110,15 @@ async fn unauthenticated_and_unauthorized_scrapers_are_refused_an_authorized_one
 /// endpoint, to the same authorized scrapers only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn haproxys_own_metrics_are_served_to_authorized_scrapers_only() {
-    let plane = ControlPlane::start().await.unwrap();
-    let admin = plane.admin_client().await.unwrap();
-    for file in ["namespace.yaml", "serviceaccount.yaml", "clusterrole.yaml"] {
-        let path = deploy_dir().join("base").join(file);
-        kubectl(
-            &plane,
-            &["apply", "--server-side", "-f", path.to_str().unwrap()],
-            None,
-        );
-    }
-    kubectl(
-        &plane,
-        &["apply", "--server-side", "-f", "-"],
-        Some(
-            "apiVersion: v1\nkind: Namespace\nmetadata: {name: monitoring}\n---\n\
-             apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: prometheus, namespace: monitoring}\n---\n\
-             apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: intruder, namespace: monitoring}\n---\n\
-             apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: metrics-reader}\n\
-             rules: [{nonResourceURLs: [/metrics], verbs: [get]}]\n---\n\
-             apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: prometheus-metrics-reader}\n\
-             roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: metrics-reader}\n\
-             subjects: [{kind: ServiceAccount, name: prometheus, namespace: monitoring}]\n",
-        ),
+    let delegated = Delegated::start(&["intruder"]).await;
+    let (ca, prometheus, intruder) = (
+        delegated.ca.clone(),
+        delegated.prometheus.clone(),
+        delegated.ungranted[0].clone(),
     );
-    let certwatch_token = token_for(&admin, "certwatch", "certwatch").await;
-    let prometheus = token_for(&admin, "monitoring", "prometheus").await;
-    let intruder = token_for(&admin, "monitoring", "intruder").await;
-    let temp = tempfile::tempdir().unwrap();
-    let kubeconfig = temp.path().join("certwatch.kubeconfig");
-    kubeconfig_for(&plane, &certwatch_token, &kubeconfig);
-    let ca = serving_certificate(temp.path(), &["localhost", "127.0.0.1"]);
-    let (cert, key) = (temp.path().join("tls.crt"), temp.path().join("tls.key"));
-    let config_dir = temp.path().join("haproxy");
-    let (http_bind, https_bind) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let mut certwatch = Certwatch::launch(
-        Launch::new(
-            &kubeconfig,
-            &temp.path().join("certs"),
-            &temp.path().join("certwatch.log"),
-        )
-        .args(&[
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--metrics-tls-cert",
-            cert.to_str().unwrap(),
-            "--metrics-tls-key",
-            key.to_str().unwrap(),
-            "--haproxy-config-dir",
-            config_dir.to_str().unwrap(),
-            "--http-bind",
-            &http_bind,
-            "--https-bind",
-            &https_bind,
-            "--haproxy-max-connections",
-            "2000",
-        ]),
-    );
+    let mut certwatch = RoutingLaunch::new(&delegated.kubeconfig, delegated.temp.path())
+        .args(&delegated.metrics_args)
+        .start();
     certwatch.wait_ready().await;
     let addr = certwatch.metrics_addr.expect("the HTTPS metrics address");
 

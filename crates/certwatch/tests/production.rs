@@ -23,7 +23,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use common::haproxy::{info_field, leaf_of, runtime_api};
+use common::haproxy::{first_certificate, info_field, leaf_of, runtime_api, s_client};
+use common::routing::RoutingLaunch;
 use common::traffic::https_get;
 use common::{
     Certwatch, Launch, PATIENCE, SimProcess, create_route_spec, create_tls_secret, eventually,
@@ -53,6 +54,14 @@ async fn edge_route(admin: &kube::Client, name: &str, host: &str) {
     .await;
 }
 
+/// The simulator with the edge route `policy` for `policy.example`.
+async fn policy_route(dir: &Path) -> (SimProcess, kube::Client) {
+    let sim = SimProcess::start(dir, &["--generate", "routes=1,namespaces=1"]);
+    let admin = sim.client("admin").await;
+    edge_route(&admin, "policy", "policy.example").await;
+    (sim, admin)
+}
+
 /// A TLS handshake by `openssl s_client` with `args` to `127.0.0.1:port`: the leaf
 /// certificate presented, `None` when the handshake is refused.
 fn handshake(port: u16, sni: &str, args: &[&str]) -> Option<Vec<u8>> {
@@ -61,23 +70,11 @@ fn handshake(port: u16, sni: &str, args: &[&str]) -> Option<Vec<u8>> {
 
 /// [`handshake`] to `host` (`127.0.0.1`, `[::1]`).
 fn handshake_at(host: &str, port: u16, sni: &str, args: &[&str]) -> Option<Vec<u8>> {
-    let output = Command::new("openssl")
-        .args(["s_client", "-connect"])
-        .arg(format!("{host}:{port}"))
-        .args(["-servername", sni])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("openssl must be installed (scripts/test installs it)");
+    let output = s_client(host, port, sni, args);
     if !output.status.success() {
         return None;
     }
-    let text = String::from_utf8_lossy(&output.stdout);
-    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
-    const END: &str = "-----END CERTIFICATE-----";
-    let start = text.find(BEGIN)?;
-    let end = text[start..].find(END)? + start + END.len();
-    Some(pem::parse(&text[start..end]).ok()?.contents().to_vec())
+    first_certificate(&output.stdout)
 }
 
 const TLS13: &[&str] = &["-tls1_3"];
@@ -116,40 +113,25 @@ async fn router_on(
 ) -> Router {
     let root = dir.join(name);
     std::fs::create_dir_all(&root).unwrap();
-    let config_dir = root.join("haproxy");
-    let http_bind = format!("127.0.0.1:{}", free_port());
-    let https_bind = format!("127.0.0.1:{https}");
-    let launch = Launch::new(&sim.kubeconfig, &root.join("certs"), &root.join("log"))
-        .listen(&format!("127.0.0.1:{probes}"))
-        .args(&[
-            "--haproxy-config-dir",
-            config_dir.to_str().unwrap(),
-            "--http-bind",
-            &http_bind,
-            "--https-bind",
-            &https_bind,
-            "--haproxy-min-reload-interval",
-            "1s",
-            // Within the test machine's descriptor limit.
-            "--haproxy-max-connections",
-            "2000",
-        ])
-        .args(args);
-    let certwatch = Certwatch::launch(adjust(launch));
-    certwatch.wait_ready().await;
+    let routing = RoutingLaunch::on(sim, &root)
+        .log(&root.join("log"))
+        .https_port(https)
+        .min_reload_interval("1s")
+        .args(args)
+        .adjust(|launch| adjust(launch.listen(&format!("127.0.0.1:{probes}"))))
+        .ready()
+        .await;
     Router {
-        certwatch,
+        certwatch: routing.certwatch,
         https,
-        config_dir,
+        config_dir: routing.config_dir,
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_policy_refuses_cbc_and_takes_tls13_and_aead_tls12_on_every_listener() {
     let dir = tempfile::tempdir().unwrap();
-    let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    edge_route(&admin, "policy", "policy.example").await;
+    let (sim, admin) = policy_route(dir.path()).await;
     let default = router(
         dir.path(),
         &sim,
@@ -208,9 +190,7 @@ async fn the_default_policy_refuses_cbc_and_takes_tls13_and_aead_tls12_on_every_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_modern_profile_and_a_custom_policy_refuse_what_they_leave_out() {
     let dir = tempfile::tempdir().unwrap();
-    let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    edge_route(&admin, "policy", "policy.example").await;
+    let (sim, admin) = policy_route(dir.path()).await;
     let leaf = leaf_of(&admin, NS, "policy-tls").await;
     let sni = "policy.example";
 
@@ -319,9 +299,7 @@ fn bad_tls_and_shutdown_settings_are_refused_at_start_naming_the_flag_and_the_fi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn by_default_no_metrics_are_served_unauthenticated_and_haproxy_runs_four_threads() {
     let dir = tempfile::tempdir().unwrap();
-    let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    edge_route(&admin, "policy", "policy.example").await;
+    let (sim, _) = policy_route(dir.path()).await;
 
     let default = router_on(
         dir.path(),
@@ -385,9 +363,7 @@ async fn exit_of(certwatch: &mut Certwatch) -> std::process::ExitStatus {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_fails_readiness_at_once_serves_on_and_a_second_signal_stops_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    edge_route(&admin, "policy", "policy.example").await;
+    let (sim, admin) = policy_route(dir.path()).await;
     let leaf = leaf_of(&admin, NS, "policy-tls").await;
     // A delay no test waits out: what happens during it, and the second signal.
     let mut router = router(dir.path(), &sim, "r", &["--shutdown-delay", "1h"]).await;
@@ -573,6 +549,43 @@ async fn web_service(admin: &kube::Client, addr: SocketAddr) {
         .unwrap();
 }
 
+/// A backend in a network namespace of its own (its answers' `x-backend` is `answer`,
+/// a log-format expression), Service `web` on it, and the simulator with the edge route
+/// `name` for `host` to it.
+struct Web {
+    sim: SimProcess,
+    admin: kube::Client,
+    _backend: Haproxy,
+    _netns: NetNs,
+}
+
+async fn web_behind_edge_route(dir: &Path, answer: &str, name: &str, host: &str) -> Web {
+    let netns = NetNs::new();
+    let backend_addr = SocketAddr::from((netns.inside, 8080));
+    let backend = backend_in(&netns, dir, backend_addr, answer);
+    let sim = SimProcess::start(dir, &["--generate", "routes=1,namespaces=1"]);
+    let admin = sim.client("admin").await;
+    web_service(&admin, backend_addr).await;
+    edge_route(&admin, name, host).await;
+    Web {
+        sim,
+        admin,
+        _backend: backend,
+        _netns: netns,
+    }
+}
+
+/// The plain route `plain` for `plain.example` to Service `web`.
+async fn plain_route(admin: &kube::Client) {
+    create_route_spec(
+        admin,
+        NS,
+        "plain",
+        serde_json::json!({"host": "plain.example", "to": {"kind": "Service", "name": "web"}}),
+    )
+    .await;
+}
+
 /// Requests sent and failed, by phase of the rollout.
 #[derive(Default)]
 struct Tally {
@@ -599,15 +612,9 @@ fn balancer_up(socket: &Path) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_behind_a_load_balancer_checking_readyz_fails_no_request() {
     let dir = tempfile::tempdir().unwrap();
-    let netns = NetNs::new();
-    // The route's backend, inside the namespace.
-    let backend_addr = SocketAddr::from((netns.inside, 8080));
-    let _backend = backend_in(&netns, dir.path(), backend_addr, "web");
-
-    let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    web_service(&admin, backend_addr).await;
-    edge_route(&admin, "rollout", "rollout.example").await;
+    // The route's backend, inside a network namespace.
+    let web = web_behind_edge_route(dir.path(), "web", "rollout", "rollout.example").await;
+    let sim = &web.sim;
 
     // Two replicas, each on fixed ports that its replacement takes over (a node's
     // host ports, say), and a balancer in TCP mode that checks their /readyz and, as a
@@ -618,7 +625,7 @@ async fn a_rolling_restart_behind_a_load_balancer_checking_readyz_fails_no_reque
     for (n, (https, probes)) in slots.iter().enumerate() {
         let name = format!("replica-{n}-0");
         replicas.push(Some(
-            router_on(dir.path(), &sim, &name, *https, *probes, &[], |launch| {
+            router_on(dir.path(), sim, &name, *https, *probes, &[], |launch| {
                 launch.args(&delay)
             })
             .await,
@@ -702,7 +709,7 @@ async fn a_rolling_restart_behind_a_load_balancer_checking_readyz_fails_no_reque
         drop(old);
         let name = format!("replica-{n}-1");
         replicas[n] = Some(
-            router_on(dir.path(), &sim, &name, *https, *probes, &[], |launch| {
+            router_on(dir.path(), sim, &name, *https, *probes, &[], |launch| {
                 launch.args(&delay)
             })
             .await,
@@ -761,12 +768,7 @@ impl Sidecar {
     }
 
     fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
+        common::send_signal(self.child.id(), signal);
     }
 
     fn stderr(&self) -> String {
@@ -790,9 +792,7 @@ impl Drop for Sidecar {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sidecar_serves_through_the_shutdown_delay_and_then_stops_softly() {
     let dir = tempfile::tempdir().unwrap();
-    let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    edge_route(&admin, "policy", "policy.example").await;
+    let (sim, admin) = policy_route(dir.path()).await;
     let leaf = leaf_of(&admin, NS, "policy-tls").await;
     let config_dir = dir.path().join("run-haproxy");
     let cert_dir = dir.path().join("certs");
@@ -880,9 +880,7 @@ async fn a_port_alone_listens_on_both_families_and_an_address_on_that_one_only()
         "the test needs IPv6 on loopback"
     );
     let dir = tempfile::tempdir().unwrap();
-    let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    edge_route(&admin, "policy", "policy.example").await;
+    let (sim, admin) = policy_route(dir.path()).await;
     let leaf = leaf_of(&admin, NS, "policy-tls").await;
     let sni = "policy.example";
     let start = |name: &str, listen: String, https: String, health: String| {
@@ -970,26 +968,15 @@ async fn a_port_alone_listens_on_both_families_and_an_address_on_that_one_only()
 async fn the_proxy_protocol_brings_the_clients_address_and_nothing_passes_without_it() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().unwrap();
-    let netns = NetNs::new();
-    let backend_addr = SocketAddr::from((netns.inside, 8080));
-    let _backend = backend_in(
-        &netns,
+    let web = web_behind_edge_route(
         dir.path(),
-        backend_addr,
         "%[req.hdr(x-forwarded-for)]|%[req.hdr(forwarded)]",
-    );
-    let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    web_service(&admin, backend_addr).await;
-    edge_route(&admin, "secure", "secure.example").await;
-    create_route_spec(
-        &admin,
-        NS,
-        "plain",
-        serde_json::json!({"host": "plain.example", "to": {"kind": "Service", "name": "web"}}),
+        "secure",
+        "secure.example",
     )
     .await;
-    let router = router(dir.path(), &sim, "proxied", &["--proxy-protocol"]).await;
+    plain_route(&web.admin).await;
+    let router = router(dir.path(), &web.sim, "proxied", &["--proxy-protocol"]).await;
     let config = std::fs::read_to_string(router.config_dir.join("haproxy.cfg")).unwrap();
     let http_port: u16 = config
         .split_once("frontend public\n  bind 127.0.0.1:")
@@ -1071,21 +1058,9 @@ async fn the_proxy_protocol_brings_the_clients_address_and_nothing_passes_withou
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_has_one_line_per_request_on_stdout_only_when_asked() {
     let dir = tempfile::tempdir().unwrap();
-    let netns = NetNs::new();
-    let backend_addr = SocketAddr::from((netns.inside, 8080));
-    let _backend = backend_in(&netns, dir.path(), backend_addr, "web");
-    let sim = SimProcess::start(dir.path(), &["--generate", "routes=1,namespaces=1"]);
-    let admin = sim.client("admin").await;
-    web_service(&admin, backend_addr).await;
-    edge_route(&admin, "secure", "secure.example").await;
-    create_route_spec(
-        &admin,
-        NS,
-        "plain",
-        serde_json::json!({"host": "plain.example", "to": {"kind": "Service", "name": "web"}}),
-    )
-    .await;
-    let sim = &sim;
+    let web = web_behind_edge_route(dir.path(), "web", "secure", "secure.example").await;
+    plain_route(&web.admin).await;
+    let sim = &web.sim;
     let start = |name: &str, log: bool| {
         let name = name.to_owned();
         let root = dir.path().join(&name);

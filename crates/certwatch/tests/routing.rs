@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use common::haproxy::{info_field, leaf_of};
+use common::routing::{Routing, RoutingLaunch};
 use common::traffic::{
     Backend, create_service, http_get, https_get, set_endpoints, set_endpoints_each,
 };
@@ -159,32 +160,16 @@ async fn requests_reach_each_routes_backends_through_the_haproxy_certwatch_runs(
     // Granted before certwatch asks about the namespace (its access answers are cached).
     route_secret(&admin, "late", "late.example").await;
 
-    let (http_port, https_port) = (free_port(), free_port());
-    let config_dir = dir.path().join("haproxy");
-    let cert_dir = dir.path().join("certs");
-    let http_bind = format!("127.0.0.1:{http_port}");
-    let https_bind = format!("127.0.0.1:{https_port}");
-    let certwatch = Certwatch::start(
-        &sim.kubeconfig,
-        &cert_dir,
-        &dir.path().join("certwatch.log"),
-        &[
-            "--haproxy-config-dir",
-            config_dir.to_str().unwrap(),
-            "--http-bind",
-            &http_bind,
-            "--https-bind",
-            &https_bind,
-            "--haproxy-min-reload-interval",
-            "1s",
-            // Within the test machine's descriptor limit.
-            "--haproxy-max-connections",
-            "2000",
-        ],
-    );
-    certwatch.wait_ready().await;
-    let http: SocketAddr = http_bind.parse().unwrap();
-    let https: SocketAddr = https_bind.parse().unwrap();
+    let Routing {
+        certwatch,
+        http,
+        https,
+        config_dir,
+        ..
+    } = RoutingLaunch::on(&sim, dir.path())
+        .min_reload_interval("1s")
+        .ready()
+        .await;
 
     // HTTPS with SNI: the route's certificate, its backend.
     let edge = eventually_async("edge.example served over HTTPS", || async {

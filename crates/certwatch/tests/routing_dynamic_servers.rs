@@ -16,11 +16,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use common::haproxy::{info_field, runtime_api};
+use common::routing::RoutingLaunch;
 use common::traffic::{Backend, create_service, https_get, set_endpoints_each};
-use common::{
-    Certwatch, SimProcess, create_route_spec, create_tls_secret, eventually_async, free_port,
-    grant_secret,
-};
+use common::{SimProcess, create_route_spec, create_tls_secret, eventually_async, grant_secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 
@@ -96,32 +94,14 @@ async fn endpoints_beyond_the_spare_slots_are_added_and_removed_without_a_reload
     )
     .await;
 
-    let https_bind = format!("127.0.0.1:{}", free_port());
-    let config_dir = dir.path().join("haproxy");
     let spares = SPARES.to_string();
-    let certwatch = Certwatch::start(
-        &sim.kubeconfig,
-        &dir.path().join("certs"),
-        &dir.path().join("certwatch.log"),
-        &[
-            "--haproxy-config-dir",
-            config_dir.to_str().unwrap(),
-            "--http-bind",
-            &format!("127.0.0.1:{}", free_port()),
-            "--https-bind",
-            &https_bind,
-            "--haproxy-spare-servers",
-            &spares,
-            "--haproxy-min-reload-interval",
-            "1s",
-            // Within the test machine's descriptor limit.
-            "--haproxy-max-connections",
-            "2000",
-        ],
-    );
-    certwatch.wait_ready().await;
-    let https: SocketAddr = https_bind.parse().unwrap();
-    let socket = config_dir.join("run/haproxy.sock");
+    let certwatch = RoutingLaunch::on(&sim, dir.path())
+        .args(&["--haproxy-spare-servers", &spares])
+        .min_reload_interval("1s")
+        .ready()
+        .await;
+    let https = certwatch.https;
+    let socket = certwatch.socket();
 
     eventually_async("the route served by its one endpoint", || async {
         let names = answering(https, 1).await;

@@ -14,6 +14,7 @@
 mod common;
 
 use common::haproxy::*;
+use common::routing::{Routing, RoutingLaunch};
 use common::*;
 
 /// Whether the HAProxy answering on `config_dir`'s admin socket loaded the
@@ -60,31 +61,17 @@ async fn a_failed_load_is_counted_repaired_and_loaded_again() {
         )
         .await;
     }
-    let cert_dir = root.join("certs");
-    let config_dir = root.join("haproxy");
-    let https_port = free_port();
-    let https_bind = format!("127.0.0.1:{https_port}");
-    let http_bind = format!("127.0.0.1:{}", free_port());
-    let config_arg = config_dir.display().to_string();
-    let mut certwatch = Certwatch::start(
-        &sim.kubeconfig,
-        &cert_dir,
-        &root.join("certwatch.log"),
-        &[
-            "--haproxy-config-dir",
-            &config_arg,
-            "--http-bind",
-            &http_bind,
-            "--https-bind",
-            &https_bind,
-            "--haproxy-min-reload-interval",
-            "0s",
-            // Within the test machine's descriptor limit.
-            "--haproxy-max-connections",
-            "2000",
-        ],
-    );
-    certwatch.wait_ready().await;
+    let Routing {
+        mut certwatch,
+        https,
+        cert_dir,
+        config_dir,
+        ..
+    } = RoutingLaunch::on(&sim, &root)
+        .min_reload_interval("0s")
+        .ready()
+        .await;
+    let https_port = https.port();
     let failures = |certwatch: &Certwatch| {
         certwatch
             .metric("certwatch_routing_load_failures_total")

@@ -30,10 +30,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::routing::{Routing, RoutingLaunch};
 use common::traffic::{
     Backend, Response, create_service, http_get, https_get, set_endpoints, set_endpoints_each,
 };
-use common::{Certwatch, create_route_spec, create_tls_secret, eventually_async, free_port};
+use common::{create_route_spec, create_tls_secret, eventually_async};
 use kube::api::Api;
 use route_secrets::route::Route;
 use testenv::{ControlPlane, ControlPlaneOptions, Installer};
@@ -806,24 +807,17 @@ async fn traffic_through_certwatch_matches_the_real_router() {
         "real",
         (&page_503, &page_404),
     );
-    let (http_port, https_port) = (free_port(), free_port());
-    let config_dir = dir.path().join("haproxy");
-    let certwatch = Certwatch::start(
-        &kubeconfig,
-        &dir.path().join("certs"),
-        &dir.path().join("certwatch.log"),
-        &[
+    let Routing {
+        certwatch,
+        http,
+        https,
+        config_dir,
+        ..
+    } = RoutingLaunch::new(&kubeconfig, dir.path())
+        .args(&[
             "--router-name",
             "certwatch",
             "--write-status",
-            "--haproxy-config-dir",
-            config_dir.to_str().unwrap(),
-            "--http-bind",
-            &format!("127.0.0.1:{http_port}"),
-            "--https-bind",
-            &format!("127.0.0.1:{https_port}"),
-            "--haproxy-max-connections",
-            "2000",
             "--router-domain",
             DOMAIN,
             "--http-header-name-case-adjustments",
@@ -832,17 +826,14 @@ async fn traffic_through_certwatch_matches_the_real_router() {
             page_503.to_str().unwrap(),
             "--error-page-404",
             page_404.to_str().unwrap(),
-        ],
-    );
-    certwatch.wait_ready().await;
+        ])
+        .ready()
+        .await;
     eventually_async("the real router ready", || async {
         router.ready().then_some(())
     })
     .await;
-    let ours = (
-        SocketAddr::from(([127, 0, 0, 1], http_port)),
-        SocketAddr::from(([127, 0, 0, 1], https_port)),
-    );
+    let ours = (http, https);
     let theirs = (
         SocketAddr::from(([127, 0, 0, 1], router.port("ROUTER_HTTP_PORT"))),
         SocketAddr::from(([127, 0, 0, 1], router.port("ROUTER_HTTPS_PORT"))),

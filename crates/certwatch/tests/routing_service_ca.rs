@@ -10,12 +10,10 @@
 
 mod common;
 
-use std::net::SocketAddr;
-
+use common::routing::{Routing, RoutingLaunch};
 use common::traffic::{Backend, TestCa, create_service, https_get, set_endpoints};
 use common::{
-    Certwatch, SimProcess, create_route_spec, create_tls_secret, eventually_async, free_port,
-    grant_secret, run_to_exit,
+    SimProcess, create_route_spec, create_tls_secret, eventually_async, grant_secret, run_to_exit,
 };
 
 const NS: &str = "app-0";
@@ -57,29 +55,14 @@ async fn reencrypt_backends_are_verified_against_the_default_destination_ca() {
         reencrypt_route(&admin, service, &format!("{service}.example"), service).await;
     }
 
-    let https_port = free_port();
-    let https_bind = format!("127.0.0.1:{https_port}");
-    let http_bind = format!("127.0.0.1:{}", free_port());
-    let config_dir = dir.path().join("haproxy");
-    let mut certwatch = Certwatch::start(
-        &sim.kubeconfig,
-        &dir.path().join("certs"),
-        &dir.path().join("certwatch.log"),
-        &[
-            "--haproxy-config-dir",
-            config_dir.to_str().unwrap(),
-            "--http-bind",
-            &http_bind,
-            "--https-bind",
-            &https_bind,
-            "--haproxy-max-connections",
-            "2000",
-            "--default-destination-ca",
-            ca_file.to_str().unwrap(),
-        ],
-    );
-    certwatch.wait_ready().await;
-    let https: SocketAddr = https_bind.parse().unwrap();
+    let Routing {
+        mut certwatch,
+        https,
+        ..
+    } = RoutingLaunch::on(&sim, dir.path())
+        .args(&["--default-destination-ca", ca_file.to_str().unwrap()])
+        .ready()
+        .await;
 
     let answer = eventually_async("the signed backend answers", || async {
         https_get(https, "signed.example", "/v", false)

@@ -13,8 +13,9 @@ mod common;
 use std::net::SocketAddr;
 use std::path::Path;
 
+use common::routing::{Routing, RoutingLaunch};
 use common::traffic::{Backend, create_service, http_get, set_endpoints};
-use common::{Certwatch, Launch, SimProcess, create_route_spec, eventually_async, free_port};
+use common::{SimProcess, create_route_spec, eventually_async};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
@@ -132,34 +133,17 @@ async fn idled_services_are_served_at_their_cluster_ip_and_error_pages_are_the_o
     std::fs::write(&page_503, PAGE_503).unwrap();
     let page_404 = dir.path().join("404.http");
     std::fs::write(&page_404, PAGE_404).unwrap();
-    let (http_port, https_port) = (free_port(), free_port());
-    let config_dir = dir.path().join("haproxy");
-    let http_bind = format!("127.0.0.1:{http_port}");
-    let https_bind = format!("127.0.0.1:{https_port}");
-    let mut certwatch = Certwatch::launch(
-        Launch::new(
-            &sim.kubeconfig,
-            &dir.path().join("certs"),
-            &dir.path().join("certwatch.log"),
-        )
-        .args(&[
-            "--haproxy-config-dir",
-            config_dir.to_str().unwrap(),
-            "--http-bind",
-            &http_bind,
-            "--https-bind",
-            &https_bind,
-            "--haproxy-min-reload-interval",
-            "1s",
-            "--haproxy-max-connections",
-            "2000",
-            "--error-page-503",
-            page_503.to_str().unwrap(),
-        ])
-        .env("CERTWATCH_ERROR_PAGE_404", page_404.to_str().unwrap()),
-    );
-    certwatch.wait_ready().await;
-    let http: SocketAddr = http_bind.parse().unwrap();
+    let Routing {
+        mut certwatch,
+        http,
+        config_dir,
+        ..
+    } = RoutingLaunch::on(&sim, dir.path())
+        .min_reload_interval("1s")
+        .args(&["--error-page-503", page_503.to_str().unwrap()])
+        .adjust(|launch| launch.env("CERTWATCH_ERROR_PAGE_404", page_404.to_str().unwrap()))
+        .ready()
+        .await;
 
     // The idled service: its cluster IP answers, no health check on it.
     let ip = proxy.addr.ip();

@@ -9,14 +9,13 @@
 
 mod common;
 
-use common::{Certwatch, eventually_async};
+use common::{Certwatch, eventually_async, real_cluster};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams};
 use kube_sim::GenerateSpec;
 use route_secrets::route::Route;
 use route_secrets::route::admission::router_ingress;
 use serde_json::json;
-use testenv::{ControlPlane, ControlPlaneOptions, Installer};
 
 const ROUTES: usize = 6;
 const ROUTER_NAME: &str = "hygiene";
@@ -71,14 +70,7 @@ async fn label(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_leaving_the_selection_and_clear_status_drop_only_this_routers_entries() {
-    let control_plane = ControlPlane::start_with(ControlPlaneOptions::from_env())
-        .await
-        .unwrap();
-    let admin = control_plane.admin_client().await.unwrap();
-    let cluster = Installer::new(admin.clone())
-        .generate(&GenerateSpec::new(ROUTES, 2))
-        .await
-        .unwrap();
+    let (control_plane, admin, cluster) = real_cluster(&GenerateSpec::new(ROUTES, 2)).await;
     let mut namespaces: Vec<String> = cluster.routes.iter().map(|r| r.namespace.clone()).collect();
     namespaces.sort();
     namespaces.dedup();

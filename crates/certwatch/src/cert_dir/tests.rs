@@ -29,6 +29,29 @@ fn served(pki: &Pki, namespace: &str, name: &str, created: i64) -> ServedCert {
     }
 }
 
+/// A cert directory in a temporary directory of its own with routes `ns/a` and `ns/b`
+/// set, complete and flushed once: the temporary directory, its canonical path, the
+/// cert directory, a, b and the PKI that issued them.
+async fn a_and_b_flushed() -> (
+    tempfile::TempDir,
+    PathBuf,
+    CertDir,
+    ServedCert,
+    ServedCert,
+    Pki,
+) {
+    let temp = tempfile::tempdir().unwrap();
+    let root = temp.path().canonicalize().unwrap();
+    let pki = Pki::new(Timestamp::now());
+    let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
+    let mut dir = open(&root).await.unwrap();
+    dir.set(a.clone()).unwrap();
+    dir.set(b.clone()).unwrap();
+    dir.mark_complete();
+    dir.flush().await;
+    (temp, root, dir, a, b, pki)
+}
+
 /// The crt-list as (link file name, SNI) pairs; every path it names must exist.
 fn listed(root: &Path) -> Vec<(String, String)> {
     listed_lines(root)
@@ -209,15 +232,7 @@ async fn failed_writes_are_counted_and_never_listed() {
 /// cannot be written, the old one's files stay.
 #[tokio::test]
 async fn bundles_outlive_the_list_that_names_them() {
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().canonicalize().unwrap();
-    let pki = Pki::new(Timestamp::now());
-    let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
-    let mut dir = open(&root).await.unwrap();
-    dir.set(a).unwrap();
-    dir.set(b.clone()).unwrap();
-    dir.mark_complete();
-    dir.flush().await;
+    let (_temp, root, mut dir, _, b, _) = a_and_b_flushed().await;
     assert_eq!(listed(&root).len(), 2);
 
     // The next crt-list write fails: a directory stands where it goes.
@@ -350,15 +365,7 @@ async fn hostless_and_long_named_routes() {
 /// changes no line, so the crt-list is not rewritten for it.
 #[tokio::test]
 async fn alpn_follows_shared_certificates() {
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().canonicalize().unwrap();
-    let pki = Pki::new(Timestamp::now());
-    let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
-    let mut dir = open(&root).await.unwrap();
-    dir.set(a.clone()).unwrap();
-    dir.set(b.clone()).unwrap();
-    dir.mark_complete();
-    dir.flush().await;
+    let (_temp, root, mut dir, a, b, pki) = a_and_b_flushed().await;
     let h2 = |host: &str| format!("[alpn h2,http/1.1] {host}");
     assert_eq!(
         listed_lines(&root),
@@ -478,15 +485,7 @@ async fn lines_are_alike_without_a_change_report() {
 /// with new material.
 #[tokio::test]
 async fn rejected_material_stays_out_of_the_list() {
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().canonicalize().unwrap();
-    let pki = Pki::new(Timestamp::now());
-    let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
-    let mut dir = open(&root).await.unwrap();
-    dir.set(a.clone()).unwrap();
-    dir.set(b.clone()).unwrap();
-    dir.mark_complete();
-    dir.flush().await;
+    let (_temp, root, mut dir, _, b, pki) = a_and_b_flushed().await;
     let name = root.join(LINKS_DIR).join("ns_b.pem").display().to_string();
     dir.set_excluded(HashMap::from([(name.clone(), bundle_digest(&b.tls))]));
     let report = dir.flush().await;
@@ -507,15 +506,7 @@ async fn rejected_material_stays_out_of_the_list() {
 /// refused material out of its first crt-list.
 #[tokio::test]
 async fn refusals_are_kept_across_a_restart() {
-    let temp = tempfile::tempdir().unwrap();
-    let root = temp.path().canonicalize().unwrap();
-    let pki = Pki::new(Timestamp::now());
-    let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
-    let mut dir = open(&root).await.unwrap();
-    dir.set(a.clone()).unwrap();
-    dir.set(b.clone()).unwrap();
-    dir.mark_complete();
-    dir.flush().await;
+    let (_temp, root, mut dir, a, b, _) = a_and_b_flushed().await;
     let name = root.join(LINKS_DIR).join("ns_b.pem").display().to_string();
     let refused = HashMap::from([(name, bundle_digest(&b.tls))]);
     dir.set_excluded(refused.clone());

@@ -152,3 +152,117 @@ pub async fn https_get(
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     (status, head.to_ascii_lowercase(), body.to_owned())
 }
+
+/// Applies certwatch's namespace, service account and cluster role as deploy/base
+/// declares them (server-side, as admin).
+pub fn apply_base_identity(plane: &ControlPlane) {
+    for file in ["namespace.yaml", "serviceaccount.yaml", "clusterrole.yaml"] {
+        let path = deploy_dir().join("base").join(file);
+        kubectl(
+            plane,
+            &["apply", "--server-side", "-f", path.to_str().unwrap()],
+            None,
+        );
+    }
+}
+
+/// Applies scrapers in namespace `monitoring`: service account `prometheus`, granted
+/// `get` on the non-resource URL `/metrics` (as OpenShift's `prometheus-k8s` is), and a
+/// service account for each of `ungranted`, without the grant.
+pub fn apply_scrapers(plane: &ControlPlane, ungranted: &[&str]) {
+    let mut manifest = "apiVersion: v1\nkind: Namespace\nmetadata: {name: monitoring}\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: prometheus, namespace: monitoring}\n---\n"
+        .to_owned();
+    for name in ungranted {
+        manifest.push_str(&format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {name}, namespace: monitoring}}\n---\n"
+        ));
+    }
+    manifest.push_str(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: metrics-reader}\n\
+         rules: [{nonResourceURLs: [/metrics], verbs: [get]}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: prometheus-metrics-reader}\n\
+         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: metrics-reader}\n\
+         subjects: [{kind: ServiceAccount, name: prometheus, namespace: monitoring}]\n",
+    );
+    kubectl(
+        plane,
+        &["apply", "--server-side", "-f", "-"],
+        Some(&manifest),
+    );
+}
+
+/// certwatch's HTTPS metrics endpoint: a serving certificate of a test CA in `dir`
+/// (for `localhost` and `127.0.0.1`) and the arguments that serve `/metrics` with it on
+/// any loopback port; returns the CA (PEM) and the arguments.
+pub fn secure_metrics(dir: &Path) -> (String, Vec<String>) {
+    let ca = serving_certificate(dir, &["localhost", "127.0.0.1"]);
+    let args = [
+        "--metrics-listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--metrics-tls-cert".to_owned(),
+        dir.join("tls.crt").display().to_string(),
+        "--metrics-tls-key".to_owned(),
+        dir.join("tls.key").display().to_string(),
+    ];
+    (ca, args.into())
+}
+
+/// The real control plane with certwatch's identity as deploy/base declares it and the
+/// scrapers of [`apply_scrapers`]; certwatch's kubeconfig (its service account's token)
+/// and the serving certificate of its HTTPS metrics endpoint in a temporary directory.
+pub struct Delegated {
+    pub plane: ControlPlane,
+    /// The token of `monitoring/prometheus`, granted `get` on `/metrics`.
+    pub prometheus: String,
+    /// The tokens of the scrapers without the grant, in the order named.
+    pub ungranted: Vec<String>,
+    /// The CA of the metrics endpoint's certificate (PEM).
+    pub ca: String,
+    /// The arguments that serve `/metrics` over HTTPS ([`secure_metrics`]).
+    pub metrics_args: Vec<String>,
+    pub kubeconfig: PathBuf,
+    pub temp: tempfile::TempDir,
+}
+
+impl Delegated {
+    /// Starts the control plane and applies the identities; `ungranted` names the
+    /// scrapers without the grant.
+    pub async fn start(ungranted: &[&str]) -> Self {
+        let plane = ControlPlane::start().await.unwrap();
+        let admin = plane.admin_client().await.unwrap();
+        // certwatch's identity and RBAC, as deploy/base declares them.
+        apply_base_identity(&plane);
+        apply_scrapers(&plane, ungranted);
+        let certwatch_token = token_for(&admin, "certwatch", "certwatch").await;
+        let prometheus = token_for(&admin, "monitoring", "prometheus").await;
+        let mut tokens = Vec::new();
+        for name in ungranted {
+            tokens.push(token_for(&admin, "monitoring", name).await);
+        }
+        let temp = tempfile::tempdir().unwrap();
+        let kubeconfig = temp.path().join("certwatch.kubeconfig");
+        kubeconfig_for(&plane, &certwatch_token, &kubeconfig);
+        let (ca, metrics_args) = secure_metrics(temp.path());
+        Self {
+            plane,
+            prometheus,
+            ungranted: tokens,
+            ca,
+            metrics_args,
+            kubeconfig,
+            temp,
+        }
+    }
+
+    /// certwatch as its service account, serving `/metrics` over HTTPS; its files in
+    /// the temporary directory (`certs`, `certwatch.log`).
+    pub fn launch(&self) -> super::Launch {
+        super::Launch::new(
+            &self.kubeconfig,
+            &self.temp.path().join("certs"),
+            &self.temp.path().join("certwatch.log"),
+        )
+        .args(&self.metrics_args)
+    }
+}

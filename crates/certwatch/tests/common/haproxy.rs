@@ -10,7 +10,110 @@ use std::process::{Child, Command, Stdio};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
-use super::{free_port, tls_of};
+use super::{Certwatch, SimProcess, free_port, tls_of};
+
+/// A test of certwatch with a real HAProxy: a directory of its own (canonical, as the
+/// paths HAProxy's configuration names) with the simulator generating `routes` routes
+/// in namespace `app-0`; certwatch's files go to `certs`, HAProxy's runtime API socket
+/// is `haproxy.sock`.
+pub struct HaproxyCase {
+    pub root: PathBuf,
+    pub sim: SimProcess,
+    pub admin: kube::Client,
+    pub socket: PathBuf,
+    pub cert_dir: PathBuf,
+    _temp: tempfile::TempDir,
+}
+
+impl HaproxyCase {
+    /// Starts the simulator with `routes` routes in one namespace.
+    pub async fn start(routes: usize) -> Self {
+        let temp = tempfile::tempdir().unwrap();
+        let root = temp.path().canonicalize().unwrap();
+        let generate = format!("routes={routes},namespaces=1");
+        let sim = SimProcess::start(&root, &["--generate", &generate]);
+        let admin = sim.client("admin").await;
+        Self {
+            socket: root.join("haproxy.sock"),
+            cert_dir: root.join("certs"),
+            root,
+            sim,
+            admin,
+            _temp: temp,
+        }
+    }
+
+    /// The runtime API socket's path, as an argument (`--haproxy-socket`).
+    pub fn socket_arg(&self) -> &str {
+        self.socket.to_str().unwrap()
+    }
+
+    /// Starts certwatch on the simulator with `args`, logging to `root/log`.
+    pub fn certwatch(&self, log: &str, args: &[&str]) -> Certwatch {
+        Certwatch::start(
+            &self.sim.kubeconfig,
+            &self.cert_dir,
+            &self.root.join(log),
+            args,
+        )
+    }
+
+    /// Debian's HAProxy at its OpenSSL's own level, run by others (not by certwatch)
+    /// on an empty crt-list in the cert dir, serving TLS; with its TLS port and the leaf
+    /// of its default certificate.
+    pub async fn haproxy_of_others(&self) -> (Haproxy, u16, Vec<u8>) {
+        std::fs::create_dir_all(&self.cert_dir).unwrap();
+        std::fs::write(self.cert_dir.join("crt-list"), "").unwrap();
+        let (haproxy, port, default_leaf) = start_haproxy(&self.root, &self.socket, &self.cert_dir);
+        super::eventually_async("HAProxy to serve TLS", || {
+            presented(port, "default.invalid")
+        })
+        .await;
+        (haproxy, port, default_leaf)
+    }
+
+    /// Starts certwatch beside an HAProxy run by others (`--haproxy-socket` alone),
+    /// logging to `root/log`.
+    pub fn certwatch_beside_haproxy(&self, log: &str) -> Certwatch {
+        self.certwatch(log, &["--haproxy-socket", self.socket_arg()])
+    }
+
+    /// HAProxy's configuration for certwatch to run ([`haproxy_config`]).
+    pub fn managed(&self) -> Managed {
+        let (config, port, default_leaf) = haproxy_config(&self.root, &self.socket, &self.cert_dir);
+        Managed {
+            socket_arg: self.socket_arg().to_owned(),
+            config_arg: config.display().to_string(),
+            config,
+            port,
+            default_leaf,
+        }
+    }
+}
+
+/// An HAProxy configuration certwatch runs HAProxy on (`--haproxy-config`).
+pub struct Managed {
+    socket_arg: String,
+    config_arg: String,
+    pub config: PathBuf,
+    /// HAProxy's TLS port.
+    pub port: u16,
+    /// The leaf of HAProxy's default certificate.
+    pub default_leaf: Vec<u8>,
+}
+
+impl Managed {
+    /// The arguments that make certwatch run HAProxy on it (`--haproxy-socket`,
+    /// `--haproxy-config`).
+    pub fn args(&self) -> Vec<&str> {
+        vec![
+            "--haproxy-socket",
+            &self.socket_arg,
+            "--haproxy-config",
+            &self.config_arg,
+        ]
+    }
+}
 
 /// The end-entity certificate HAProxy presents for `sni`, if a handshake succeeds.
 pub async fn presented(port: u16, sni: &str) -> Option<Vec<u8>> {
@@ -167,15 +270,25 @@ pub fn presented_to_openssl(port: u16, sni: &str) -> Option<Vec<u8>> {
 }
 
 fn openssl_handshake(port: u16, sni: &str, args: &[&str]) -> Option<Vec<u8>> {
-    let output = Command::new("openssl")
+    first_certificate(&s_client("127.0.0.1", port, sni, args).stdout)
+}
+
+/// `openssl s_client` (installed by scripts/test) to `host:port` (`127.0.0.1`, `[::1]`)
+/// for `sni`, with `args`, its standard input closed: its output.
+pub fn s_client(host: &str, port: u16, sni: &str, args: &[&str]) -> std::process::Output {
+    Command::new("openssl")
         .args(["s_client", "-connect"])
-        .arg(format!("127.0.0.1:{port}"))
+        .arg(format!("{host}:{port}"))
         .args(["-servername", sni])
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .expect("openssl must be installed (scripts/test installs it)");
-    let text = String::from_utf8_lossy(&output.stdout);
+        .expect("openssl must be installed (scripts/test installs it)")
+}
+
+/// The first certificate (DER) `openssl s_client` printed on `stdout`.
+pub fn first_certificate(stdout: &[u8]) -> Option<Vec<u8>> {
+    let text = String::from_utf8_lossy(stdout);
     const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
     const END: &str = "-----END CERTIFICATE-----";
     let start = text.find(BEGIN)?;

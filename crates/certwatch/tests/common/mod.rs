@@ -7,6 +7,7 @@
 
 pub mod delegation;
 pub mod haproxy;
+pub mod routing;
 pub mod traffic;
 
 use std::collections::BTreeMap;
@@ -258,8 +259,9 @@ impl Launch {
     }
 
     /// More arguments.
-    pub fn args(mut self, args: &[&str]) -> Self {
-        self.args.extend(args.iter().map(|arg| (*arg).to_owned()));
+    pub fn args<S: AsRef<str>>(mut self, args: &[S]) -> Self {
+        self.args
+            .extend(args.iter().map(|arg| arg.as_ref().to_owned()));
         self
     }
 
@@ -362,12 +364,7 @@ impl Certwatch {
 
     /// Sends `signal` (e.g. `HUP`) to the process.
     pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
+        send_signal(self.child.id(), signal);
     }
 
     /// Whether the process has exited, with its status.
@@ -477,6 +474,48 @@ fn address_from_json_log(child: &mut Child, log: &Path) -> (String, Option<Strin
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Leader election timed for tests: a lease of 6 s, renewed within 4 s, retried every
+/// second.
+pub const FAST_ELECTION: [&str; 6] = [
+    "--lease-duration",
+    "6s",
+    "--lease-renew-deadline",
+    "4s",
+    "--lease-retry-period",
+    "1s",
+];
+
+/// The real control plane (tools/testenv; its options from the environment) with the
+/// cluster `spec` installed as the simulator's generator makes it; with an admin client.
+pub async fn real_cluster(
+    spec: &kube_sim::GenerateSpec,
+) -> (
+    testenv::ControlPlane,
+    kube::Client,
+    kube_sim::GeneratedCluster,
+) {
+    let control_plane = testenv::ControlPlane::start_with(testenv::ControlPlaneOptions::from_env())
+        .await
+        .unwrap();
+    let admin = control_plane.admin_client().await.unwrap();
+    let cluster = testenv::Installer::new(admin.clone())
+        .generate(spec)
+        .await
+        .unwrap();
+    (control_plane, admin, cluster)
+}
+
+/// Sends `signal` (e.g. `TERM`, `KILL`, `STOP`) to process `pid` with `kill`; panics
+/// unless it succeeds.
+pub fn send_signal(pid: impl std::fmt::Display, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
 }
 
 /// Runs `certwatch` with `args` and `env` to its exit; returns the output.

@@ -298,6 +298,41 @@ pub(crate) fn encode(label: &str, der: &[u8]) -> String {
     out
 }
 
+/// Whether `text` is exactly the concatenation of `blocks` (label, DER) as [`encode`]
+/// writes them, decided without writing the text: checking that a secret's entry is
+/// already the served rendering costs no allocation.
+pub(crate) fn is_encoding_of<'a>(
+    text: &[u8],
+    blocks: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+) -> bool {
+    let mut rest = text;
+    for (label, der) in blocks {
+        match strip_encoded(rest, label, der) {
+            Some(after) => rest = after,
+            None => return false,
+        }
+    }
+    rest.is_empty()
+}
+
+/// `text` after the block [`encode`] writes for `label` and `der`, if `text` begins
+/// with it. Each 48 bytes of DER are one full 64-character line of base64, so encoding
+/// line by line gives the lines `encode` cuts from the whole encoding.
+fn strip_encoded<'t>(text: &'t [u8], label: &str, der: &[u8]) -> Option<&'t [u8]> {
+    let boundary = |text: &'t [u8], start: &str| {
+        text.strip_prefix(start.as_bytes())?
+            .strip_prefix(label.as_bytes())?
+            .strip_prefix(b"-----\n".as_slice())
+    };
+    let mut rest = boundary(text, BEGIN)?;
+    let mut line = [0; 64];
+    for chunk in der.chunks(48) {
+        let written = STANDARD.encode_slice(chunk, &mut line).ok()?;
+        rest = rest.strip_prefix(&line[..written])?.strip_prefix(b"\n")?;
+    }
+    boundary(rest, END)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,6 +341,53 @@ mod tests {
         let scan = scan(text);
         assert_eq!(scan.skipped, [], "{text:?}");
         scan.blocks.into_iter().map(|block| block.label).collect()
+    }
+
+    #[test]
+    fn an_encoding_is_recognized_without_writing_it() {
+        let key = b"key".as_slice();
+        // Around the 48-byte lines: empty, partial, exactly full, one byte over.
+        for len in [0usize, 1, 2, 3, 47, 48, 49, 95, 96, 97, 300] {
+            let der: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            let certificate = ("CERTIFICATE", der.as_slice());
+            let one = encode("CERTIFICATE", &der);
+            let two = format!("{one}{}", encode("PRIVATE KEY", key));
+            assert!(is_encoding_of(one.as_bytes(), [certificate]), "{len}");
+            assert!(
+                is_encoding_of(two.as_bytes(), [certificate, ("PRIVATE KEY", key)]),
+                "{len}"
+            );
+            // Any other text is not: a block more or less, another order or label,
+            // a trailing newline, CRLF line ends, other bytes.
+            assert!(!is_encoding_of(two.as_bytes(), [certificate]), "{len}");
+            assert!(!is_encoding_of(
+                one.as_bytes(),
+                [certificate, ("PRIVATE KEY", key)]
+            ));
+            assert!(!is_encoding_of(
+                two.as_bytes(),
+                [("PRIVATE KEY", key), certificate]
+            ));
+            assert!(!is_encoding_of(
+                one.as_bytes(),
+                [("PRIVATE KEY", der.as_slice())]
+            ));
+            assert!(!is_encoding_of(
+                format!("{one}\n").as_bytes(),
+                [certificate]
+            ));
+            assert!(!is_encoding_of(
+                one.replace('\n', "\r\n").as_bytes(),
+                [certificate]
+            ));
+            assert!(!is_encoding_of(one.trim_end().as_bytes(), [certificate]));
+            let mut other = der.clone();
+            other.push(1);
+            assert!(!is_encoding_of(
+                one.as_bytes(),
+                [("CERTIFICATE", other.as_slice())]
+            ));
+        }
     }
 
     #[test]

@@ -276,7 +276,7 @@ fn decode_block(label: &str, line: usize, body: &[&str]) -> Result<PemBlock, Pem
 /// last line either way. Any other body is joined first.
 fn decode_body(lines: &[&str]) -> Option<Vec<u8>> {
     let whole_groups = |line: &&str| {
-        line.len() % 4 == 0
+        line.len().is_multiple_of(4)
             && line
                 .bytes()
                 .all(|byte| byte.is_ascii_alphanumeric() || byte == b'+' || byte == b'/')

@@ -455,7 +455,7 @@ mod tests {
             edited(&|lines| lines.last_mut().unwrap().push('\r')),
             edited(&|lines| lines[0].replace_range(60.., "QQ==")),
             edited(&|lines| lines[0].replace_range(10..11, "*")),
-            edited(&|lines| lines.last_mut().unwrap().push_str("=")),
+            edited(&|lines| lines.last_mut().unwrap().push('=')),
             edited(&|lines| lines.last_mut().unwrap().truncate(2)),
             edited(&|lines| lines.last_mut().unwrap().push_str("QQ")),
             vec!["QR==".to_owned()],

@@ -116,7 +116,8 @@ const SECONDS_PER_DAY: i64 = 24 * 60 * 60;
 /// Validation re-encodes the material from DER, and for most secrets the result is the
 /// secret's own entry byte for byte (a canonical chain, leaf first). Such text is read
 /// from the secret instead of being copied: the monitor caches that secret anyway, so
-/// the material is held once instead of twice (at 10,000 routes, ~20 MB of heap).
+/// the material is held once instead of twice (at 10,000 routes, ~20 MB of heap), and
+/// the encoding is compared with the entry as it is produced, never written out.
 #[derive(Clone)]
 enum PemText {
     /// Re-encoded text that differs from the secret's entry.
@@ -141,19 +142,26 @@ impl PemText {
         }
     }
 
-    /// The same text, read from `secret`'s `entry` when that entry holds exactly it.
-    fn shared_with(self, secret: &Arc<TlsSecret>, entry: &'static str) -> Self {
-        let same = secret
-            .entry(entry)
-            .is_some_and(|value| value == self.as_str().as_bytes());
-        if same {
-            PemText::InSecret {
+    /// The PEM text of `blocks` (label, DER) as served: read from `secret`'s `entry`
+    /// when that entry holds exactly their encoding (checked without writing it),
+    /// otherwise encoded.
+    fn of_blocks<'a>(
+        blocks: impl Iterator<Item = (&'a str, &'a [u8])> + Clone,
+        secret: Option<&Arc<TlsSecret>>,
+        entry: &'static str,
+    ) -> Self {
+        if let Some(secret) = secret
+            && secret
+                .entry(entry)
+                .is_some_and(|text| pem::is_encoding_of(text, blocks.clone()))
+        {
+            return PemText::InSecret {
                 secret: Arc::clone(secret),
                 entry,
-            }
-        } else {
-            self
+            };
         }
+        let text: String = blocks.map(|(label, der)| pem::encode(label, der)).collect();
+        text.into()
     }
 }
 
@@ -535,12 +543,7 @@ impl TlsValidator {
         route_host: Option<&str>,
         now: Timestamp,
     ) -> Result<ValidatedTls, TlsRejection> {
-        let validated = self.validate(secret.material(), route_host, now)?;
-        Ok(ValidatedTls {
-            chain_pem: validated.chain_pem.shared_with(secret, TLS_CERT_ENTRY),
-            key: SecretPem(validated.key.0.shared_with(secret, TLS_KEY_ENTRY)),
-            ..validated
-        })
+        self.validate_at(secret.material(), route_host, Some(now), Some(secret))
     }
 
     /// Validates `material`; see [`TlsValidator::validate_secret`].
@@ -550,7 +553,7 @@ impl TlsValidator {
         route_host: Option<&str>,
         now: Timestamp,
     ) -> Result<ValidatedTls, TlsRejection> {
-        self.validate_at(material, route_host, Some(now))
+        self.validate_at(material, route_host, Some(now), None)
     }
 
     /// Validates a route's inline certificate and key (`spec.tls.certificate`,
@@ -568,7 +571,7 @@ impl TlsValidator {
             certificate: Some(certificate.as_bytes()),
             key: key.map(str::as_bytes),
         };
-        self.validate_at(material, route_host, None)
+        self.validate_at(material, route_host, None, None)
     }
 
     /// The router's checks of a route's TLS configuration around its certificate: what
@@ -627,11 +630,14 @@ impl TlsValidator {
         Ok(())
     }
 
+    /// Validates `material`; when it is `shared`'s, the served text is read from the
+    /// secret where its entry is already that text.
     fn validate_at(
         &self,
         material: TlsMaterial<'_>,
         route_host: Option<&str>,
         now: Option<Timestamp>,
+        shared: Option<&Arc<TlsSecret>>,
     ) -> Result<ValidatedTls, TlsRejection> {
         if material.secret_type != Some(SECRET_TYPE_TLS) {
             return Err(TlsRejection::WrongSecretType {
@@ -709,13 +715,21 @@ impl TlsValidator {
             warnings.push(warning);
         }
 
-        let chain_pem: String = order
-            .iter()
-            .map(|&index| pem::encode(PEM_LABEL_CERTIFICATE, ders[index]))
-            .collect();
+        let chain_pem = PemText::of_blocks(
+            order
+                .iter()
+                .map(|&index| (PEM_LABEL_CERTIFICATE, ders[index])),
+            shared,
+            TLS_CERT_ENTRY,
+        );
+        let key = PemText::of_blocks(
+            std::iter::once((private_key.encoding.pem_label(), private_key.der())),
+            shared,
+            TLS_KEY_ENTRY,
+        );
         Ok(ValidatedTls {
-            chain_pem: chain_pem.into(),
-            key: SecretPem(private_key.to_pem().into()),
+            chain_pem,
+            key: SecretPem(key),
             key_algorithm: private_key.algorithm,
             key_encoding: private_key.encoding,
             chain_len: certificates.len(),

@@ -227,9 +227,9 @@ pub(crate) struct PrivateKey {
 }
 
 impl PrivateKey {
-    /// The key as PEM, labelled for the encoding it has, without surrounding text.
-    pub(crate) fn to_pem(&self) -> String {
-        pem::encode(self.encoding.pem_label(), &self.der)
+    /// The key's DER, in the encoding it has ([`KeyEncoding::pem_label`] labels it).
+    pub(crate) fn der(&self) -> &[u8] {
+        &self.der
     }
 }
 
@@ -721,7 +721,10 @@ mod tests {
             Err(err) => panic!("{err}"),
         };
         assert_eq!(key.encoding, KeyEncoding::Sec1);
-        assert!(key.to_pem().starts_with("-----BEGIN EC PRIVATE KEY-----\n"));
+        assert!(
+            pem::encode(key.encoding.pem_label(), key.der())
+                .starts_with("-----BEGIN EC PRIVATE KEY-----\n")
+        );
 
         // Nothing fits: the error is the label's own.
         let block = PemBlock {

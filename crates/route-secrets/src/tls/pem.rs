@@ -256,8 +256,56 @@ fn decode_block(label: &str, line: usize, body: &[&str]) -> Result<PemBlock, Pem
         }
         lines = &lines[consumed..];
     }
-    // Byte by byte, not char by char: whitespace is ASCII, and any other byte goes to
-    // the base64 decoder as it is (which refuses what is not base64).
+    let der = decode_body(lines).ok_or_else(|| PemProblem::InvalidBase64 {
+        label: display_label(label),
+        line,
+    })?;
+    Ok(PemBlock {
+        label: label.to_owned(),
+        headers,
+        der,
+    })
+}
+
+/// Decodes a block's base64 body lines as Go does: as one text, whitespace removed.
+///
+/// Where every line but the last holds whole four-character groups of the alphabet
+/// (no padding, no whitespace) and the last no whitespace, as encoders write them,
+/// each line decodes on its own straight into the result: base64 decodes group by
+/// group, so that is the decoding of the joined text, padding and its checks in the
+/// last line either way. Any other body is joined first.
+fn decode_body(lines: &[&str]) -> Option<Vec<u8>> {
+    let whole_groups = |line: &&str| {
+        line.len().is_multiple_of(4)
+            && line
+                .bytes()
+                .all(|byte| byte.is_ascii_alphanumeric() || byte == b'+' || byte == b'/')
+    };
+    let by_line = match lines.split_last() {
+        None => true,
+        Some((last, before)) => {
+            before.iter().all(whole_groups) && !last.bytes().any(|byte| byte.is_ascii_whitespace())
+        }
+    };
+    if !by_line {
+        return decode_joined(lines);
+    }
+    let length: usize = lines.iter().map(|line| line.len()).sum();
+    let mut der = vec![0; length.div_ceil(4) * 3];
+    let mut written = 0;
+    for line in lines {
+        written += STANDARD
+            .decode_slice(line.as_bytes(), &mut der[written..])
+            .ok()?;
+    }
+    der.truncate(written);
+    Some(der)
+}
+
+/// [`decode_body`] through one copy of the text: byte by byte, not char by char
+/// (whitespace is ASCII, and any other byte goes to the base64 decoder as it is, which
+/// refuses what is not base64).
+fn decode_joined(lines: &[&str]) -> Option<Vec<u8>> {
     let mut encoded = Vec::with_capacity(lines.iter().map(|l| l.len()).sum());
     for chunk in lines {
         encoded.extend(
@@ -267,17 +315,7 @@ fn decode_block(label: &str, line: usize, body: &[&str]) -> Result<PemBlock, Pem
                 .filter(|byte| !byte.is_ascii_whitespace()),
         );
     }
-    let der = STANDARD
-        .decode(&encoded)
-        .map_err(|_| PemProblem::InvalidBase64 {
-            label: display_label(label),
-            line,
-        })?;
-    Ok(PemBlock {
-        label: label.to_owned(),
-        headers,
-        der,
-    })
+    STANDARD.decode(&encoded).ok()
 }
 
 /// Encodes `der` as a PEM block with 64-character lines.
@@ -298,6 +336,41 @@ pub(crate) fn encode(label: &str, der: &[u8]) -> String {
     out
 }
 
+/// Whether `text` is exactly the concatenation of `blocks` (label, DER) as [`encode`]
+/// writes them, decided without writing the text: checking that a secret's entry is
+/// already the served rendering costs no allocation.
+pub(crate) fn is_encoding_of<'a>(
+    text: &[u8],
+    blocks: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+) -> bool {
+    let mut rest = text;
+    for (label, der) in blocks {
+        match strip_encoded(rest, label, der) {
+            Some(after) => rest = after,
+            None => return false,
+        }
+    }
+    rest.is_empty()
+}
+
+/// `text` after the block [`encode`] writes for `label` and `der`, if `text` begins
+/// with it. Each 48 bytes of DER are one full 64-character line of base64, so encoding
+/// line by line gives the lines `encode` cuts from the whole encoding.
+fn strip_encoded<'t>(text: &'t [u8], label: &str, der: &[u8]) -> Option<&'t [u8]> {
+    let boundary = |text: &'t [u8], start: &str| {
+        text.strip_prefix(start.as_bytes())?
+            .strip_prefix(label.as_bytes())?
+            .strip_prefix(b"-----\n".as_slice())
+    };
+    let mut rest = boundary(text, BEGIN)?;
+    let mut line = [0; 64];
+    for chunk in der.chunks(48) {
+        let written = STANDARD.encode_slice(chunk, &mut line).ok()?;
+        rest = rest.strip_prefix(&line[..written])?.strip_prefix(b"\n")?;
+    }
+    boundary(rest, END)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,6 +379,96 @@ mod tests {
         let scan = scan(text);
         assert_eq!(scan.skipped, [], "{text:?}");
         scan.blocks.into_iter().map(|block| block.label).collect()
+    }
+
+    #[test]
+    fn an_encoding_is_recognized_without_writing_it() {
+        let key = b"key".as_slice();
+        // Around the 48-byte lines: empty, partial, exactly full, one byte over.
+        for len in [0usize, 1, 2, 3, 47, 48, 49, 95, 96, 97, 300] {
+            let der: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            let certificate = ("CERTIFICATE", der.as_slice());
+            let one = encode("CERTIFICATE", &der);
+            let two = format!("{one}{}", encode("PRIVATE KEY", key));
+            assert!(is_encoding_of(one.as_bytes(), [certificate]), "{len}");
+            assert!(
+                is_encoding_of(two.as_bytes(), [certificate, ("PRIVATE KEY", key)]),
+                "{len}"
+            );
+            // Any other text is not: a block more or less, another order or label,
+            // a trailing newline, CRLF line ends, other bytes.
+            assert!(!is_encoding_of(two.as_bytes(), [certificate]), "{len}");
+            assert!(!is_encoding_of(
+                one.as_bytes(),
+                [certificate, ("PRIVATE KEY", key)]
+            ));
+            assert!(!is_encoding_of(
+                two.as_bytes(),
+                [("PRIVATE KEY", key), certificate]
+            ));
+            assert!(!is_encoding_of(
+                one.as_bytes(),
+                [("PRIVATE KEY", der.as_slice())]
+            ));
+            assert!(!is_encoding_of(
+                format!("{one}\n").as_bytes(),
+                [certificate]
+            ));
+            assert!(!is_encoding_of(
+                one.replace('\n', "\r\n").as_bytes(),
+                [certificate]
+            ));
+            assert!(!is_encoding_of(one.trim_end().as_bytes(), [certificate]));
+            let mut other = der.clone();
+            other.push(1);
+            assert!(!is_encoding_of(
+                one.as_bytes(),
+                [("CERTIFICATE", other.as_slice())]
+            ));
+        }
+    }
+
+    #[test]
+    fn a_body_decodes_line_by_line_as_it_decodes_joined() {
+        let der: Vec<u8> = (0..200u32).map(|i| (i * 13 % 256) as u8).collect();
+        let text = STANDARD.encode(&der);
+        let cut = |width: usize| -> Vec<String> {
+            text.as_bytes()
+                .chunks(width)
+                .map(|chunk| String::from_utf8_lossy(chunk).into_owned())
+                .collect()
+        };
+        let mut bodies: Vec<Vec<String>> =
+            [64, 76, 4, 63, 65, 1, 1000].into_iter().map(cut).collect();
+        let lines = cut(64);
+        let edited = |edit: &dyn Fn(&mut Vec<String>)| {
+            let mut lines = lines.clone();
+            edit(&mut lines);
+            lines
+        };
+        bodies.extend([
+            Vec::new(),
+            vec![String::new()],
+            edited(&|lines| lines.push(String::new())),
+            edited(&|lines| lines[0].push(' ')),
+            edited(&|lines| lines[1].insert(0, '\t')),
+            edited(&|lines| lines.last_mut().unwrap().push('\r')),
+            edited(&|lines| lines[0].replace_range(60.., "QQ==")),
+            edited(&|lines| lines[0].replace_range(10..11, "*")),
+            edited(&|lines| lines.last_mut().unwrap().push('=')),
+            edited(&|lines| lines.last_mut().unwrap().truncate(2)),
+            edited(&|lines| lines.last_mut().unwrap().push_str("QQ")),
+            vec!["QR==".to_owned()],
+            vec!["QQ==".to_owned(), "QQ==".to_owned()],
+        ]);
+        for body in &bodies {
+            let body: Vec<&str> = body.iter().map(String::as_str).collect();
+            assert_eq!(decode_body(&body), decode_joined(&body), "{body:?}");
+        }
+        assert_eq!(
+            decode_body(&cut(64).iter().map(String::as_str).collect::<Vec<_>>()),
+            Some(der)
+        );
     }
 
     #[test]

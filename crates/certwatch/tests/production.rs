@@ -754,8 +754,10 @@ struct Sidecar {
 impl Sidecar {
     fn start(dir: &Path, name: &str, script: &str, env: &[(String, String)], delay: &str) -> Self {
         let stderr = dir.join(format!("{name}.stderr"));
-        let child = Command::new("sh")
-            .arg("-c")
+        // SIGINT at its default: a shell cannot trap a signal ignored when it starts,
+        // as it is for the tests when they run in a background job.
+        let child = Command::new("env")
+            .args(["--default-signal=INT", "sh", "-c"])
             .arg(script)
             .envs(env.iter().map(|(name, value)| (name, value)))
             .env("SHUTDOWN_DELAY", delay)

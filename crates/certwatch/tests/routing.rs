@@ -422,8 +422,10 @@ async fn a_sidecar_haproxy_routes_what_certwatch_renders_and_reloads_through_its
     let path = format!("/usr/sbin:{}", std::env::var("PATH").unwrap_or_default());
     let start_sidecar = |log: &str| {
         Sidecar(
-            std::process::Command::new("sh")
-                .arg("-c")
+            // SIGINT at its default: a shell cannot trap a signal ignored when it
+            // starts, as it is for the tests when they run in a background job.
+            std::process::Command::new("env")
+                .args(["--default-signal=INT", "sh", "-c"])
                 .arg(&script)
                 .envs(env.iter().map(|(name, value)| (name, value)))
                 .env("PATH", &path)

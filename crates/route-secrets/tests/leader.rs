@@ -271,7 +271,10 @@ impl Drop for Stallable {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_not_scheduled_stops_writing_before_another_starts() {
     let sim = sim().await;
+    // Each replica with a client of its own, as replicas are processes of their own:
+    // the stalled runtime must not hold up the other replica's requests.
     let client = sim.client("router").await.unwrap();
+    let other_client = sim.client("router").await.unwrap();
     let duration = Duration::from_secs(2);
     let stalled = Stallable::spawn(client.clone(), options("stalled", duration));
     support::within_patience("the first replica leads", async {
@@ -280,7 +283,7 @@ async fn a_leader_not_scheduled_stops_writing_before_another_starts() {
         }
     })
     .await;
-    let other = LeaderElector::spawn(client.clone(), options("other", duration));
+    let other = LeaderElector::spawn(other_client, options("other", duration));
     renewals(&sim, 2).await;
     assert!(!other.leadership().is_leader());
 

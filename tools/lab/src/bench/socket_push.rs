@@ -9,19 +9,21 @@
 //!   HAProxy by its stats socket only (no master CLI: no reload may stand in for the
 //!   push). It reads what HAProxy holds (nothing of its own) and pushes every
 //!   certificate through the runtime API once its files are ready;
-//! - a sample of routes (200, spread over the crt-list) is asked by handshakes, in
-//!   rounds, from the files being ready until each presents its bundle's certificate:
-//!   when the first, half and every sampled route were served. A round follows the one
-//!   before it after a tenth of the time elapsed so far (at least 100 ms), so each
-//!   moment is known within about 10 % and the handshakes take little of HAProxy's CPU;
-//!   how many there were is reported;
-//! - HAProxy's worker's and certwatch's CPU from certwatch's start to every sampled
-//!   route served, and the runtime API commands certwatch sent (its metrics);
+//! - a sample of routes (200, picked at random over the crt-list: certwatch pushes in
+//!   an order of its own) is asked by handshakes, in rounds, from the files being ready
+//!   until each presents its bundle's certificate: when the first, half and every
+//!   sampled route were served. A round follows the one before it after a tenth of the
+//!   time elapsed so far (at least 100 ms), so each moment is known within about 10 %
+//!   and the handshakes take little of HAProxy's CPU; how many there were is reported;
+//! - **every route served**: the later of every sampled route served and certwatch's
+//!   ready (HAProxy answered `Success!` to the commands of every start-up route);
+//! - HAProxy's worker's and certwatch's CPU from certwatch's start to every route
+//!   served, and the runtime API commands certwatch sent (its metrics);
 //! - **HAProxy's cold load** of the same crt-list by a second HAProxy, and
 //!   `haproxy -c` of it, as the managed mode measures them.
 //!
 //! The bounds: the first sampled route served within 5 s of certwatch's start, every
-//! one within 1.25 × HAProxy's cold load. No rotation phases follow.
+//! route within 1.25 × HAProxy's cold load. No rotation phases follow.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -64,26 +66,29 @@ pub struct PushStartup {
     /// Half of the sampled routes served.
     pub half_served_ms: u64,
     /// Every sampled route served.
+    pub sampled_served_ms: u64,
+    /// Every route served: the later of every sampled route served and certwatch's
+    /// ready (HAProxy answered `Success!` to every start-up route's commands).
     pub all_served_ms: u64,
     /// Routes sampled.
     pub sampled: usize,
     /// Handshakes the sampler made.
     pub handshakes: u64,
-    /// Every sampled route served over HAProxy's cold load of the same crt-list.
+    /// Every route served over HAProxy's cold load of the same crt-list.
     pub all_over_cold_load: f64,
     /// Certificates certwatch committed (`commit ssl cert` that succeeded) until every
-    /// sampled route was served.
+    /// route was served.
     pub pushed: u64,
-    /// Certificates per second from the files ready to every sampled route served.
+    /// Certificates per second from the files ready to every route served.
     pub push_rate_per_s: f64,
-    /// HAProxy's worker's CPU from certwatch's start to every sampled route served.
+    /// HAProxy's worker's CPU from certwatch's start to every route served.
     pub haproxy_cpu_ms: u64,
     /// This client's CPU (certwatch, and the sampler's handshakes) over the same time.
     pub certwatch_cpu_ms: u64,
     /// HAProxy's worker's CPU per certificate pushed, in milliseconds.
     pub haproxy_cpu_per_cert_ms: f64,
     /// Runtime API commands certwatch sent, by command and result
-    /// (`certwatch_haproxy_commands_total`), at every sampled route served.
+    /// (`certwatch_haproxy_commands_total`), at every route served.
     pub commands: BTreeMap<String, u64>,
 }
 
@@ -189,12 +194,12 @@ pub async fn run(
         "  haproxy (running): files ready at {files_ready_ms} ms"
     ));
     let lines = crt_list_lines(&certs);
-    let step = (lines.len() / STARTUP_SAMPLE).max(1);
-    let samples: Vec<(String, Vec<u8>)> = lines
-        .iter()
-        .step_by(step)
-        .take(STARTUP_SAMPLE)
-        .filter_map(|(link, sni)| Some((sni.clone(), leaf_of_file(link)?)))
+    let samples: Vec<(String, Vec<u8>)> = scattered(lines.len(), STARTUP_SAMPLE)
+        .into_iter()
+        .filter_map(|index| {
+            let (link, sni) = &lines[index];
+            Some((sni.clone(), leaf_of_file(link)?))
+        })
         .collect();
     let sampled = samples.len();
     let daemon_ready = {
@@ -205,26 +210,29 @@ pub async fn run(
         })
     };
     let (mut served, handshakes) = served_times(port, samples, started).await;
-    let all_served_ms = ms(started.elapsed());
+    let sampled_served_ms = ms(started.elapsed());
+    // Every route, not only the sample: certwatch is ready once HAProxy answered
+    // `Success!` to every start-up route's commands.
+    let daemon_ready_ms = daemon_ready
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(|| failed("the daemon stopped before it was ready"))?;
+    let all_served_ms = sampled_served_ms.max(daemon_ready_ms);
     let haproxy_cpu_ms = other_process_cpu_ms(running.worker)
         .zip(haproxy_cpu_before)
         .map_or(0, |(after, before)| after.saturating_sub(before));
     let certwatch_cpu_ms = ms(process_cpu_time().saturating_sub(cpu_before));
     let commands = commands_sent(&daemon.metrics_text());
     served.sort_unstable();
-    let first_served_ms = served.first().copied().unwrap_or(all_served_ms);
+    let first_served_ms = served.first().copied().unwrap_or(sampled_served_ms);
     let half_served_ms = served
         .get(served.len().saturating_sub(1) / 2)
         .copied()
-        .unwrap_or(all_served_ms);
+        .unwrap_or(sampled_served_ms);
     super::progress(&format!(
-        "  haproxy (running): first sampled route served at {first_served_ms} ms, half at {half_served_ms} ms, all {sampled} at {all_served_ms} ms ({handshakes} handshakes); HAProxy's worker CPU {haproxy_cpu_ms} ms, this client's {certwatch_cpu_ms} ms"
+        "  haproxy (running): first sampled route served at {first_served_ms} ms, half at {half_served_ms} ms, all {sampled} at {sampled_served_ms} ms ({handshakes} handshakes), certwatch ready (every route) at {daemon_ready_ms} ms; HAProxy's worker CPU {haproxy_cpu_ms} ms, this client's {certwatch_cpu_ms} ms"
     ));
-    let daemon_ready_ms = daemon_ready
-        .await
-        .ok()
-        .flatten()
-        .ok_or_else(|| failed("the daemon stopped before it was ready"))?;
     let ready = *daemon.status().borrow();
     let served_haproxy = HaproxyResources::of_worker(running.worker);
 
@@ -252,6 +260,7 @@ pub async fn run(
         files_ready_ms,
         first_served_ms,
         half_served_ms,
+        sampled_served_ms,
         all_served_ms,
         sampled,
         handshakes,
@@ -330,6 +339,23 @@ pub async fn run(
             _run_dir: run_dir,
         },
     ))
+}
+
+/// `count` indices of `0..len` scattered over it without a pattern (ordered by a hash
+/// of the index): certwatch pushes in an order of its own, and a regular stride over
+/// the crt-list could fall on routes it pushes together (one namespace's).
+fn scattered(len: usize, count: usize) -> Vec<usize> {
+    let mix = |index: usize| {
+        // splitmix64's finalizer.
+        let mut z = (index as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut indices: Vec<usize> = (0..len).collect();
+    indices.sort_unstable_by_key(|index| mix(*index));
+    indices.truncate(count);
+    indices
 }
 
 fn ratio(value_ms: u64, base_ms: u64) -> f64 {
@@ -437,14 +463,15 @@ pub fn report(out: &mut String, scenario: &str, h: &HaproxyFigures, push: &PushS
     );
     let _ = writeln!(
         out,
-        "  from certwatch's start: files ready {}, first sampled route served {}, half {}, all {} ({} sampled, {} handshakes); certwatch's /readyz {}",
+        "  from certwatch's start: files ready {}, first sampled route served {}, half {}, all {} ({} sampled at random, {} handshakes); certwatch's /readyz (HAProxy took every route) {}; every route served {}",
         human(push.files_ready_ms),
         human(push.first_served_ms),
         human(push.half_served_ms),
-        human(push.all_served_ms),
+        human(push.sampled_served_ms),
         push.sampled,
         push.handshakes,
         human(s.daemon_ready_ms),
+        human(push.all_served_ms),
     );
     let _ = writeln!(
         out,
@@ -490,6 +517,21 @@ pub fn report(out: &mut String, scenario: &str, h: &HaproxyFigures, push: &PushS
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn samples_are_distinct_and_scattered() {
+        let picked = scattered(10_000, 200);
+        assert_eq!(picked.len(), 200);
+        let distinct: std::collections::BTreeSet<usize> = picked.iter().copied().collect();
+        assert_eq!(distinct.len(), 200);
+        // No residue of a stride dominates (twenty namespaces, routes dealt in turn).
+        let mut by_residue = [0_usize; 20];
+        for index in &picked {
+            by_residue[index % 20] += 1;
+        }
+        assert!(by_residue.iter().all(|count| *count < 30), "{by_residue:?}");
+        assert_eq!(scattered(5, 200).len(), 5);
+    }
 
     #[test]
     fn commands_are_read_from_the_metrics() {

@@ -491,6 +491,29 @@ pub fn report(out: &mut String, scenario: &str, h: &HaproxyFigures, push: &PushS
         s.check.cpu_ms as f64 / 1000.0,
         push.certwatch_cpu_ms as f64 / 1000.0,
     );
+    // How much of a core HAProxy had: the push from the files ready (nothing reaches
+    // HAProxy before) to every route served, the cold load from spawn to serving. On a
+    // loaded machine the wall times say how much CPU each got, the CPU what each cost.
+    let busy = |cpu_ms: u64, wall_ms: u64| {
+        if wall_ms == 0 {
+            0.0
+        } else {
+            cpu_ms as f64 / wall_ms as f64
+        }
+    };
+    let _ = writeln!(
+        out,
+        "  HAProxy's CPU: the push {:.2} s over {} ({:.2} cores); the cold load {:.2} s over {} ({:.2} cores)",
+        push.haproxy_cpu_ms as f64 / 1000.0,
+        human(push.all_served_ms.saturating_sub(push.files_ready_ms)),
+        busy(
+            push.haproxy_cpu_ms,
+            push.all_served_ms.saturating_sub(push.files_ready_ms)
+        ),
+        s.cold_haproxy.cpu_ms as f64 / 1000.0,
+        human(s.cold_load_ms),
+        busy(s.cold_haproxy.cpu_ms, s.cold_load_ms),
+    );
     let _ = writeln!(
         out,
         "  HAProxy's worker peak {} MiB after the push, the cold load's {} MiB",

@@ -209,7 +209,7 @@ pub async fn run(
             Some(ms(started.elapsed()))
         })
     };
-    let (mut served, handshakes) = served_times(port, samples, started).await;
+    let (mut served, handshakes) = served_times(port, samples, started, daemon.status()).await;
     let sampled_served_ms = ms(started.elapsed());
     // Every route, not only the sample: certwatch is ready once HAProxy answered
     // `Success!` to every start-up route's commands.
@@ -366,12 +366,16 @@ fn ratio(value_ms: u64, base_ms: u64) -> f64 {
 }
 
 /// Asks every sample in rounds until each presents its certificate; returns when each
-/// was first seen served (milliseconds since `started`) and the handshakes made.
+/// was first seen served (milliseconds since `started`) and the handshakes made. A
+/// round also starts as soon as certwatch says HAProxy took every route, so that the
+/// last samples are not seen late by a round's pause.
 async fn served_times(
     port: u16,
     samples: Vec<(String, Vec<u8>)>,
     started: Instant,
+    mut status: tokio::sync::watch::Receiver<certwatch::DaemonStatus>,
 ) -> (Vec<u64>, u64) {
+    let mut ready_seen = false;
     let mut waiting = samples;
     let mut served = Vec::with_capacity(waiting.len());
     let mut handshakes = 0_u64;
@@ -392,7 +396,15 @@ async fn served_times(
         }
         waiting = still;
         if !waiting.is_empty() {
-            tokio::time::sleep(ROUND_PAUSE.max(started.elapsed() / 10)).await;
+            let pause = tokio::time::sleep(ROUND_PAUSE.max(started.elapsed() / 10));
+            tokio::select! {
+                () = pause => {}
+                ready = status.wait_for(|status| status.ready), if !ready_seen => {
+                    ready_seen = true;
+                    // A daemon gone ends nothing here: the rounds go on at their pace.
+                    drop(ready);
+                }
+            }
         }
     }
     (served, handshakes)

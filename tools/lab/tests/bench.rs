@@ -308,3 +308,63 @@ fn bad_input_options_need_a_strategy_that_writes_files() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--reissue"), "{stderr}");
 }
+
+#[test]
+fn a_running_haproxy_gets_every_certificate_pushed() {
+    let lines = bench(&[
+        "--routes",
+        "30",
+        "--namespaces",
+        "2",
+        "--latency",
+        "1ms",
+        "--strategy",
+        "haproxy",
+        "--haproxy-start",
+        "running",
+        "--timeout",
+        "2m",
+        "--name",
+        "push",
+    ]);
+    let line = &lines["haproxy"];
+    assert_eq!(number(line, "routes"), 30);
+    assert_eq!(number(line, "errors"), 0, "{line}");
+    let startup = &line["haproxy"]["startup"];
+    assert_eq!(startup["listed"], 30, "{startup}");
+    let push = &startup["push"];
+    // Fewer routes than the sample: every route is sampled, and each was served.
+    assert_eq!(push["sampled"], 30, "{push}");
+    let at = |key: &str| {
+        push[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{key} in {push}"))
+    };
+    assert!(at("first_served_ms") <= at("half_served_ms"), "{push}");
+    assert!(at("half_served_ms") <= at("all_served_ms"), "{push}");
+    assert!(at("files_ready_ms") <= at("first_served_ms"), "{push}");
+    assert!(at("handshakes") >= 30, "{push}");
+    // HAProxy held no route certificate: each one went through the runtime API, once,
+    // and no command failed.
+    let commands = push["commands"].as_object().expect("commands");
+    for command in [
+        "new ssl cert",
+        "set ssl cert",
+        "commit ssl cert",
+        "add ssl crt-list",
+    ] {
+        assert_eq!(commands[&format!("{command}/ok")], 30, "{command}: {push}");
+    }
+    assert!(
+        commands.keys().all(|key| key.ends_with("/ok")),
+        "{commands:?}"
+    );
+    assert_eq!(at("pushed"), 30);
+    // The bounds are reported (their values are this machine's, not asserted here).
+    let bounds = line["haproxy"]["bounds"].as_object().expect("bounds");
+    assert!(bounds.contains_key("push_first_served_ms"), "{bounds:?}");
+    assert!(
+        bounds.contains_key("push_all_served_vs_cold_load"),
+        "{bounds:?}"
+    );
+}

@@ -49,12 +49,12 @@ use serde::Serialize;
 
 use super::BenchError;
 use super::protocol::{
-    ClientSpec, ErrorLog, HaproxyCheck, HaproxyReady, HaproxyResources, ReadyReport,
+    ClientSpec, ErrorLog, HaproxyCheck, HaproxyReady, HaproxyResources, HaproxyStart, ReadyReport,
 };
 use super::scenario::Check;
 
 /// Routes sampled by handshakes at start-up.
-const STARTUP_SAMPLE: usize = 200;
+pub(super) const STARTUP_SAMPLE: usize = 200;
 /// Certificates of HAProxy's own rate measurement at most.
 const OWN_RATE_SAMPLE: usize = 1_000;
 /// Rotations followed per second at most.
@@ -78,29 +78,31 @@ fn poll_pause(waited: Duration, least: Duration) -> Duration {
     least.max(waited / 10)
 }
 
-fn failed(message: impl Into<String>) -> BenchError {
+pub(super) fn failed(message: impl Into<String>) -> BenchError {
     BenchError::Strategy {
         strategy: "haproxy",
         message: message.into(),
     }
 }
 
-fn io(what: &str) -> impl FnOnce(std::io::Error) -> BenchError + '_ {
+pub(super) fn io(what: &str) -> impl FnOnce(std::io::Error) -> BenchError + '_ {
     move |source| BenchError::Io {
         what: what.to_owned(),
         source,
     }
 }
 
-fn ms(duration: Duration) -> u64 {
+pub(super) fn ms(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A running daemon with its HAProxy; dropping it stops both.
 pub struct HaproxyRun {
-    daemon: Daemon,
-    _cert_dir: tempfile::TempDir,
-    _run_dir: tempfile::TempDir,
+    pub(super) daemon: Daemon,
+    /// The HAProxy the benchmark started itself (`--haproxy-start running`).
+    pub(super) _haproxy: Option<HaproxyProcess>,
+    pub(super) _cert_dir: tempfile::TempDir,
+    pub(super) _run_dir: tempfile::TempDir,
 }
 
 impl HaproxyRun {
@@ -112,7 +114,7 @@ impl HaproxyRun {
 
 /// The end-entity certificate HAProxy at 127.0.0.1:`port` presents for `sni`, if a
 /// handshake succeeds within 10 s.
-async fn presented(port: u16, sni: &str) -> Option<Vec<u8>> {
+pub(super) async fn presented(port: u16, sni: &str) -> Option<Vec<u8>> {
     tokio::time::timeout(
         Duration::from_secs(10),
         testenv::tls_probe::presented(("127.0.0.1", port), sni),
@@ -122,12 +124,12 @@ async fn presented(port: u16, sni: &str) -> Option<Vec<u8>> {
 }
 
 /// The server certificate (DER) at the start of a bundle file.
-fn leaf_of_file(path: &Path) -> Option<Vec<u8>> {
+pub(super) fn leaf_of_file(path: &Path) -> Option<Vec<u8>> {
     let text = std::fs::read_to_string(path).ok()?;
     certwatch::files::first_certificate_der(&text)
 }
 
-fn free_port() -> Result<u16, BenchError> {
+pub(super) fn free_port() -> Result<u16, BenchError> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
     Ok(listener
         .local_addr()
@@ -136,16 +138,16 @@ fn free_port() -> Result<u16, BenchError> {
 }
 
 /// Where and how a benchmark HAProxy runs.
-struct HaproxySetup<'a> {
-    dir: &'a Path,
-    default_pem: &'a Path,
-    crt_list: &'a Path,
-    threads: Option<u16>,
+pub(super) struct HaproxySetup<'a> {
+    pub(super) dir: &'a Path,
+    pub(super) default_pem: &'a Path,
+    pub(super) crt_list: &'a Path,
+    pub(super) threads: Option<u16>,
 }
 
 /// HAProxy's configuration: one TLS frontend on `port` with a default certificate and
 /// certwatch's crt-list, the stats socket at level admin.
-fn write_config(
+pub(super) fn write_config(
     setup: &HaproxySetup<'_>,
     name: &str,
     socket: &Path,
@@ -169,7 +171,7 @@ fn write_config(
     Ok(config)
 }
 
-fn self_signed(host: &str) -> Result<String, BenchError> {
+pub(super) fn self_signed(host: &str) -> Result<String, BenchError> {
     let key = rcgen::KeyPair::generate().map_err(|e| failed(e.to_string()))?;
     let params =
         rcgen::CertificateParams::new(vec![host.to_owned()]).map_err(|e| failed(e.to_string()))?;
@@ -180,7 +182,7 @@ fn self_signed(host: &str) -> Result<String, BenchError> {
 }
 
 /// The crt-list's lines as (link path, SNI).
-fn crt_list_lines(cert_dir: &Path) -> Vec<(PathBuf, String)> {
+pub(super) fn crt_list_lines(cert_dir: &Path) -> Vec<(PathBuf, String)> {
     std::fs::read_to_string(cert_dir.join("crt-list"))
         .unwrap_or_default()
         .lines()
@@ -232,6 +234,9 @@ pub async fn run(
     started: Instant,
     errors: ErrorLog,
 ) -> Result<(ReadyReport, HaproxyRun), BenchError> {
+    if spec.haproxy_start == HaproxyStart::Running {
+        return super::socket_push::run(config, spec, errors).await;
+    }
     let cert_dir = certwatch::files::memory_backed_tempdir("certwatch-bench-certs-")
         .map_err(io("creating the cert directory"))?;
     let run_dir = certwatch::files::memory_backed_tempdir("certwatch-bench-haproxy-")
@@ -399,10 +404,12 @@ pub async fn run(
                 served_haproxy,
                 cold_haproxy,
                 check,
+                push: None,
             })),
         },
         HaproxyRun {
             daemon,
+            _haproxy: None,
             _cert_dir: cert_dir,
             _run_dir: run_dir,
         },
@@ -411,7 +418,7 @@ pub async fn run(
 
 /// `haproxy -c -q -f config`, timed; its memory and CPU sampled every 20 ms while it
 /// runs (the last sample before it exits stands for its peak: `VmHWM` only grows).
-async fn check_load(config: &Path) -> Result<HaproxyCheck, BenchError> {
+pub(super) async fn check_load(config: &Path) -> Result<HaproxyCheck, BenchError> {
     use super::process_stats::{other_process_cpu_ms, other_process_peak_rss_bytes};
     let started = Instant::now();
     let mut child = tokio::process::Command::new("haproxy")
@@ -445,7 +452,7 @@ async fn check_load(config: &Path) -> Result<HaproxyCheck, BenchError> {
     Ok(check)
 }
 
-fn metric_seconds(text: &str, name: &str) -> Option<f64> {
+pub(super) fn metric_seconds(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|line| {
         line.strip_prefix(name)?
             .strip_prefix(' ')?
@@ -871,6 +878,9 @@ pub async fn measure(
     client_pid: Option<u32>,
     seconds: f64,
 ) -> Result<HaproxyFigures, BenchError> {
+    if let Some(push) = &ready.push {
+        return Ok(super::socket_push::figures(ready, push));
+    }
     if routes.is_empty() {
         return Err(failed("no routes to rotate"));
     }

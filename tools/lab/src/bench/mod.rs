@@ -42,6 +42,7 @@ mod report;
 mod scenario;
 mod serial;
 mod sim_process;
+mod socket_push;
 
 use std::time::{Duration, Instant};
 
@@ -244,6 +245,16 @@ pub struct BenchArgs {
     /// fewer certificates per second.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub haproxy_threads: Option<u16>,
+
+    /// The haproxy strategy: how HAProxy starts. managed: certwatch starts it on its
+    /// complete files (it loads every certificate itself); running: the benchmark
+    /// starts HAProxy first with no route certificate, then certwatch with
+    /// `--haproxy-socket` pushes every certificate through the runtime API, and the
+    /// report says when the first, half and every sampled route were served
+    /// (handshakes) against HAProxy's own cold load of the same crt-list (no rotation
+    /// phases then).
+    #[arg(long, value_enum, default_value_t = protocol::HaproxyStart::Managed)]
+    pub haproxy_start: protocol::HaproxyStart,
 
     /// Make this many of the scenario's secrets invalid before the clients start
     /// (spread over them; four kinds in turn: not PEM, a truncated PEM block, a key of
@@ -588,6 +599,7 @@ async fn run_strategy(
         status_writes: args.status_writes,
         timeout_ms: u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX),
         haproxy_threads: args.haproxy_threads,
+        haproxy_start: args.haproxy_start,
         expected_rejected: bad_secrets.map_or(0, |bad| bad.routes),
     };
     let wrapper: Vec<String> = args

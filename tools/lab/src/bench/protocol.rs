@@ -30,6 +30,19 @@ pub enum RouteListing {
     Streaming,
 }
 
+/// How the haproxy strategy's HAProxy starts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum HaproxyStart {
+    /// certwatch starts HAProxy on its complete files (`--haproxy-config`): HAProxy
+    /// loads every certificate itself.
+    #[default]
+    Managed,
+    /// HAProxy runs before certwatch starts, with no route certificate; certwatch
+    /// pushes every certificate through its runtime API (`--haproxy-socket`).
+    Running,
+}
+
 /// HTTP versions the client may use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -76,6 +89,9 @@ pub struct ClientSpec {
     /// CPU).
     #[serde(default)]
     pub haproxy_threads: Option<u16>,
+    /// The haproxy strategy: how its HAProxy starts.
+    #[serde(default)]
+    pub haproxy_start: HaproxyStart,
     /// Routes the scenario's invalid secrets make the product reject (`--bad-secrets`):
     /// a rejection is an error only beyond them, and so is admitting any of them.
     #[serde(default)]
@@ -247,6 +263,9 @@ pub struct HaproxyReady {
     /// without a worker.
     #[serde(default)]
     pub check: HaproxyCheck,
+    /// `--haproxy-start running` only: the push to the running HAProxy.
+    #[serde(default)]
+    pub push: Option<super::socket_push::PushStartup>,
 }
 
 /// Memory and CPU of a HAProxy (master and worker), from `/proc`.

@@ -546,6 +546,10 @@ fn bad_input_section(out: &mut String, r: &RunResult) {
 /// The `haproxy` strategy's figures for people.
 fn haproxy_section(out: &mut String, r: &RunResult, h: &super::haproxy::HaproxyFigures) {
     let s = &h.startup;
+    if let Some(push) = &s.push {
+        super::socket_push::report(out, &r.scenario, h, push);
+        return;
+    }
     let _ = writeln!(
         out,
         "\n{} haproxy ({} routes in the crt-list):",

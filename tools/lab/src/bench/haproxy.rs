@@ -78,21 +78,21 @@ fn poll_pause(waited: Duration, least: Duration) -> Duration {
     least.max(waited / 10)
 }
 
-fn failed(message: impl Into<String>) -> BenchError {
+pub(super) fn failed(message: impl Into<String>) -> BenchError {
     BenchError::Strategy {
         strategy: "haproxy",
         message: message.into(),
     }
 }
 
-fn io(what: &str) -> impl FnOnce(std::io::Error) -> BenchError + '_ {
+pub(super) fn io(what: &str) -> impl FnOnce(std::io::Error) -> BenchError + '_ {
     move |source| BenchError::Io {
         what: what.to_owned(),
         source,
     }
 }
 
-fn ms(duration: Duration) -> u64 {
+pub(super) fn ms(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -112,7 +112,7 @@ impl HaproxyRun {
 
 /// The end-entity certificate HAProxy at 127.0.0.1:`port` presents for `sni`, if a
 /// handshake succeeds within 10 s.
-async fn presented(port: u16, sni: &str) -> Option<Vec<u8>> {
+pub(super) async fn presented(port: u16, sni: &str) -> Option<Vec<u8>> {
     tokio::time::timeout(
         Duration::from_secs(10),
         testenv::tls_probe::presented(("127.0.0.1", port), sni),
@@ -122,12 +122,12 @@ async fn presented(port: u16, sni: &str) -> Option<Vec<u8>> {
 }
 
 /// The server certificate (DER) at the start of a bundle file.
-fn leaf_of_file(path: &Path) -> Option<Vec<u8>> {
+pub(super) fn leaf_of_file(path: &Path) -> Option<Vec<u8>> {
     let text = std::fs::read_to_string(path).ok()?;
     certwatch::files::first_certificate_der(&text)
 }
 
-fn free_port() -> Result<u16, BenchError> {
+pub(super) fn free_port() -> Result<u16, BenchError> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("finding a free port"))?;
     Ok(listener
         .local_addr()
@@ -169,7 +169,7 @@ fn write_config(
     Ok(config)
 }
 
-fn self_signed(host: &str) -> Result<String, BenchError> {
+pub(super) fn self_signed(host: &str) -> Result<String, BenchError> {
     let key = rcgen::KeyPair::generate().map_err(|e| failed(e.to_string()))?;
     let params =
         rcgen::CertificateParams::new(vec![host.to_owned()]).map_err(|e| failed(e.to_string()))?;
@@ -180,7 +180,7 @@ fn self_signed(host: &str) -> Result<String, BenchError> {
 }
 
 /// The crt-list's lines as (link path, SNI).
-fn crt_list_lines(cert_dir: &Path) -> Vec<(PathBuf, String)> {
+pub(super) fn crt_list_lines(cert_dir: &Path) -> Vec<(PathBuf, String)> {
     std::fs::read_to_string(cert_dir.join("crt-list"))
         .unwrap_or_default()
         .lines()
@@ -197,7 +197,7 @@ fn crt_list_lines(cert_dir: &Path) -> Vec<(PathBuf, String)> {
 /// A round asks the first waiting route alone, and the others only once it is served:
 /// HAProxy serves nothing before it has loaded every file, and hundreds of refused
 /// connections per round would take CPU from its load.
-async fn sample_until_served(port: u16, samples: Vec<(String, Vec<u8>)>) {
+pub(super) async fn sample_until_served(port: u16, samples: Vec<(String, Vec<u8>)>) {
     let mut waiting = samples;
     while let Some((sni, leaf)) = waiting.first() {
         if presented(port, sni).await.as_ref() != Some(leaf) {
@@ -354,7 +354,7 @@ pub async fn run(
         ))
         .await;
     // And `haproxy -c` of it: the load alone, no worker.
-    let check = check_load(&cold_config).await?;
+    let check = check_load(&cold_config, None).await?;
     super::progress(&format!(
         "  haproxy: cold load {cold_load_ms} ms (worker peak {} MiB, master {} MiB); haproxy -c {} ms, peak {} MiB",
         super::process_stats::mib(cold_haproxy.worker_peak_rss_bytes),
@@ -399,6 +399,8 @@ pub async fn run(
                 served_haproxy,
                 cold_haproxy,
                 check,
+                config: super::deployment::HaproxyConfig::Certificates,
+                servers: 0,
             })),
         },
         HaproxyRun {
@@ -411,10 +413,16 @@ pub async fn run(
 
 /// `haproxy -c -q -f config`, timed; its memory and CPU sampled every 20 ms while it
 /// runs (the last sample before it exits stands for its peak: `VmHWM` only grows).
-async fn check_load(config: &Path) -> Result<HaproxyCheck, BenchError> {
+/// `openssl_conf`: the `OPENSSL_CONF` HAProxy loads the certificates under, if not
+/// the system's.
+pub(super) async fn check_load(
+    config: &Path,
+    openssl_conf: Option<&Path>,
+) -> Result<HaproxyCheck, BenchError> {
     use super::process_stats::{other_process_cpu_ms, other_process_peak_rss_bytes};
     let started = Instant::now();
-    let mut child = tokio::process::Command::new("haproxy")
+    let mut command = tokio::process::Command::new("haproxy");
+    command
         .arg("-c")
         .arg("-q")
         .arg("-f")
@@ -422,9 +430,11 @@ async fn check_load(config: &Path) -> Result<HaproxyCheck, BenchError> {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(io("starting haproxy -c"))?;
+        .kill_on_drop(true);
+    if let Some(conf) = openssl_conf {
+        command.env("OPENSSL_CONF", conf);
+    }
+    let mut child = command.spawn().map_err(io("starting haproxy -c"))?;
     let mut check = HaproxyCheck::default();
     let status = loop {
         if let Some(pid) = child.id() {
@@ -445,7 +455,7 @@ async fn check_load(config: &Path) -> Result<HaproxyCheck, BenchError> {
     Ok(check)
 }
 
-fn metric_seconds(text: &str, name: &str) -> Option<f64> {
+pub(super) fn metric_seconds(text: &str, name: &str) -> Option<f64> {
     text.lines().find_map(|line| {
         line.strip_prefix(name)?
             .strip_prefix(' ')?
@@ -592,6 +602,9 @@ pub struct HaproxyFigures {
     pub startup: HaproxyReady,
     /// Ready served minus ready on disk.
     pub served_after_files_ms: u64,
+    /// `served_after_files_ms` divided by HAProxy's own cold load of the same
+    /// configuration (the start-up bound is 1.1).
+    pub served_vs_cold_load: f64,
     /// HAProxy's own `set ssl cert` + `commit ssl cert` per second (pipelined, one
     /// connection).
     pub own_rate_per_s: f64,
@@ -954,6 +967,10 @@ pub async fn measure(
     Ok(HaproxyFigures {
         startup: ready.clone(),
         served_after_files_ms,
+        served_vs_cold_load: (served_after_files_ms as f64 / ready.cold_load_ms.max(1) as f64
+            * 1000.0)
+            .round()
+            / 1000.0,
         own_rate_per_s: (own_rate_per_s * 10.0).round() / 10.0,
         own_rate_sample,
         rotations: phases,

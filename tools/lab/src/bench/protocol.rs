@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use super::deployment::HaproxyConfig;
 use super::process_stats::ProcessStats;
 use super::scenario::Strategy;
 
@@ -76,6 +77,10 @@ pub struct ClientSpec {
     /// CPU).
     #[serde(default)]
     pub haproxy_threads: Option<u16>,
+    /// The haproxy strategy: the configuration and the HAProxy it runs
+    /// (`--haproxy-config`).
+    #[serde(default)]
+    pub haproxy_config: HaproxyConfig,
     /// Routes the scenario's invalid secrets make the product reject (`--bad-secrets`):
     /// a rejection is an error only beyond them, and so is admitting any of them.
     #[serde(default)]
@@ -247,6 +252,13 @@ pub struct HaproxyReady {
     /// without a worker.
     #[serde(default)]
     pub check: HaproxyCheck,
+    /// The configuration HAProxy ran on, and who ran it (`--haproxy-config`).
+    #[serde(default)]
+    pub config: HaproxyConfig,
+    /// The deployment's configuration: servers HAProxy held in the routes' backends
+    /// at served (one per route's endpoint).
+    #[serde(default)]
+    pub servers: usize,
 }
 
 /// Memory and CPU of a HAProxy (master and worker), from `/proc`.

@@ -219,6 +219,7 @@ async fn routes_get_a_service_and_an_endpoint_on_request() {
             .get("services", r.namespace.as_str(), service_name)
             .unwrap();
         assert_eq!(service["spec"]["ports"][0]["targetPort"], target);
+        assert_eq!(service["spec"]["clusterIP"], "None", "headless: {service}");
         let slice = store
             .get(
                 "endpointslices",

@@ -329,6 +329,9 @@ fn service_name(index: usize) -> String {
 
 /// The Service of route `index` and its EndpointSlice: one ready endpoint on the port
 /// the route targets (`https`), at an address of 10.0.0.0/8 derived from the index.
+/// The Service is headless: the simulator's service network (a /16) has fewer
+/// addresses than a large cluster's routes, and a router reads a Service's cluster IP
+/// only for an idled one.
 fn put_backend(store: &Store, namespace: &str, index: usize) -> Result<(), SimError> {
     let service = service_name(index);
     put(
@@ -343,6 +346,7 @@ fn put_backend(store: &Store, namespace: &str, index: usize) -> Result<(), SimEr
                 "labels": { GENERATED_LABEL: "true" },
             },
             "spec": {
+                "clusterIP": "None",
                 "ports": [{ "name": "https", "port": 443, "targetPort": "https", "protocol": "TCP" }],
             },
         }),

@@ -156,7 +156,8 @@ pub struct SimArgs {
     /// Generate routes with external certificates, their secrets, namespaces and the
     /// router's RBAC: routes=N,namespaces=K, optionally followed by secrets=S (shared
     /// round-robin when fewer than routes), host=PATTERN (may use {route},
-    /// {namespace}, {index}), validity=90d, shards=2, rbac=true.
+    /// {namespace}, {index}), validity=90d, shards=2, rbac=true, endpoints=true (each
+    /// route's Service and an EndpointSlice with one ready endpoint; default false).
     #[arg(long, value_name = "SPEC", value_parser = generate_arg)]
     pub generate: Option<GenerateSpec>,
 

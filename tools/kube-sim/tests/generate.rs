@@ -200,3 +200,59 @@ async fn fewer_secrets_than_namespaces_and_spec_parsing() {
     );
     sim.shutdown().await;
 }
+
+/// `endpoints=true`: every route's service exists with one ready endpoint on the port
+/// the route targets; without it there are none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_get_a_service_and_an_endpoint_on_request() {
+    let sim = start().await;
+    let spec: GenerateSpec = "routes=6,namespaces=2,endpoints=true".parse().unwrap();
+    assert!(spec.endpoints);
+    let cluster = sim.generate(&spec).unwrap();
+    let store = sim.store();
+    let mut addresses = BTreeSet::new();
+    for r in &cluster.routes {
+        let route = store.get("routes", r.namespace.as_str(), &r.route).unwrap();
+        let service_name = route["spec"]["to"]["name"].as_str().unwrap();
+        let target = route["spec"]["port"]["targetPort"].as_str().unwrap();
+        let service = store
+            .get("services", r.namespace.as_str(), service_name)
+            .unwrap();
+        assert_eq!(service["spec"]["ports"][0]["targetPort"], target);
+        assert_eq!(service["spec"]["clusterIP"], "None", "headless: {service}");
+        let slice = store
+            .get(
+                "endpointslices",
+                r.namespace.as_str(),
+                &format!("{service_name}-1"),
+            )
+            .unwrap();
+        assert_eq!(
+            slice["metadata"]["labels"]["kubernetes.io/service-name"],
+            service_name
+        );
+        assert_eq!(slice["ports"][0]["name"], target);
+        let endpoints = slice["endpoints"].as_array().unwrap();
+        assert_eq!(endpoints.len(), 1, "{slice}");
+        assert_eq!(endpoints[0]["conditions"]["ready"], true);
+        addresses.insert(endpoints[0]["addresses"][0].as_str().unwrap().to_owned());
+    }
+    assert_eq!(addresses.len(), 6, "one address per route: {addresses:?}");
+
+    sim.shutdown().await;
+
+    let sim = start().await;
+    let cluster = sim.generate(&GenerateSpec::new(2, 1)).unwrap();
+    let r = &cluster.routes[0];
+    let route = sim
+        .store()
+        .get("routes", r.namespace.as_str(), &r.route)
+        .unwrap();
+    let service_name = route["spec"]["to"]["name"].as_str().unwrap();
+    assert!(
+        sim.store()
+            .get("services", r.namespace.as_str(), service_name)
+            .is_none()
+    );
+    sim.shutdown().await;
+}

@@ -45,7 +45,8 @@ pub struct EmbeddedArgs {
     pub embedded: bool,
 
     /// With --embedded: what to generate: routes=N,namespaces=K[,secrets=S]
-    /// [,host=PATTERN][,validity=90d][,shards=2].
+    /// [,host=PATTERN][,validity=90d][,shards=2][,endpoints=true] (endpoints: each
+    /// route's Service with one ready endpoint).
     #[arg(
         long,
         env = "CERTWATCH_EMBEDDED_GENERATE",

@@ -368,3 +368,114 @@ fn a_running_haproxy_gets_every_certificate_pushed() {
         "{bounds:?}"
     );
 }
+
+/// `--strategy haproxy --haproxy-config deployment`: certwatch with the Deployment's
+/// arguments (the routing configuration), HAProxy started by the sidecar's script of
+/// deploy/base at the Deployment's threads, every route with a service and one
+/// endpoint. Every sampled route is served, HAProxy holds a server per route, the cold
+/// load of the same configuration serves too, and every followed rotation is served.
+/// The phases of 0.1 s rotate fewer certificates than there are routes (at most 5, 80
+/// and 50 at HAProxy's own rate of up to 1,000/s), so that no secret is written twice
+/// at once (two PATCHes in flight to one secret may land in either order).
+#[test]
+fn the_deployments_haproxy_serves_every_route_and_every_rotation() {
+    let lines = bench(&[
+        "--routes",
+        "150",
+        "--latency",
+        "10ms",
+        "--strategy",
+        "haproxy",
+        "--haproxy-config",
+        "deployment",
+        "--rotation-seconds",
+        "0.1",
+    ]);
+    let run = &lines["haproxy"];
+    assert_eq!(number(run, "errors"), 0, "{run}");
+    let haproxy = &run["haproxy"];
+    let startup = &haproxy["startup"];
+    assert_eq!(startup["config"], "deployment", "{startup}");
+    assert_eq!(number(startup, "listed"), 150, "{startup}");
+    assert_eq!(
+        number(startup, "sampled"),
+        150,
+        "every route sampled: {startup}"
+    );
+    assert_eq!(
+        number(startup, "servers"),
+        150,
+        "a server per route's endpoint: {startup}"
+    );
+    assert_eq!(number(startup, "threads"), 4, "the Deployment's: {startup}");
+    assert_eq!(
+        startup["check"]["ok"], true,
+        "haproxy -c accepts the copy: {startup}"
+    );
+    for haproxy_of in ["served_haproxy", "cold_haproxy"] {
+        assert!(
+            number(&startup[haproxy_of], "worker_peak_rss_bytes") > 0,
+            "{haproxy_of}: {startup}"
+        );
+    }
+    assert!(number(startup, "cold_load_ms") > 0, "{startup}");
+    assert!(haproxy["served_vs_cold_load"].is_f64(), "{haproxy}");
+    let phases = haproxy["rotations"].as_array().unwrap();
+    assert!(phases.len() >= 2, "{haproxy}");
+    for phase in phases {
+        assert!(number(phase, "probes") > 0, "{phase}");
+        assert_eq!(number(phase, "write_errors"), 0, "{phase}");
+        assert_eq!(number(phase, "never_on_disk"), 0, "{phase}");
+        assert_eq!(number(phase, "never_served"), 0, "{phase}");
+        assert_eq!(
+            number(&phase["to_served"], "count"),
+            number(phase, "probes"),
+            "{phase}"
+        );
+        assert_eq!(phase["drained"], true, "{phase}");
+    }
+}
+
+#[test]
+fn the_deployments_configuration_is_the_haproxy_strategys() {
+    let output = Command::new(env!("CARGO_BIN_EXE_certwatch-lab"))
+        .args([
+            "bench",
+            "--routes",
+            "4",
+            "--strategy",
+            "daemon",
+            "--haproxy-config",
+            "deployment",
+        ])
+        .output()
+        .expect("certwatch runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--strategy haproxy"), "{stderr}");
+}
+
+/// The running-HAProxy start measures the certificates-only configuration; in the
+/// deployment's configuration the sidecar starts HAProxy, so the two are refused
+/// together, before anything starts.
+#[test]
+fn a_running_haproxy_is_not_the_deployments() {
+    let output = Command::new(env!("CARGO_BIN_EXE_certwatch-lab"))
+        .args([
+            "bench",
+            "--routes",
+            "4",
+            "--strategy",
+            "haproxy",
+            "--haproxy-config",
+            "deployment",
+            "--haproxy-start",
+            "running",
+        ])
+        .output()
+        .expect("certwatch-lab runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--haproxy-start running"), "{stderr}");
+    assert!(stderr.contains("--haproxy-config deployment"), "{stderr}");
+}

@@ -62,6 +62,10 @@ pub struct GenerateSpec {
     /// Also create the router's RBAC (ClusterRole/Binding and per-namespace
     /// Role/RoleBinding with exactly the secrets its routes use).
     pub router_rbac: bool,
+    /// Also give every route the Service it names (`svc-<index>`, port `https`) and an
+    /// EndpointSlice with one ready endpoint (a 10.0.0.0/8 address, never contacted),
+    /// so that a router writing the routes' configuration has a server per route.
+    pub endpoints: bool,
 }
 
 impl Default for GenerateSpec {
@@ -77,6 +81,7 @@ impl Default for GenerateSpec {
             secret_prefix: "tls-".to_string(),
             shards: 2,
             router_rbac: true,
+            endpoints: false,
         }
     }
 }
@@ -101,7 +106,7 @@ impl FromStr for GenerateSpec {
     type Err = SimError;
 
     /// Parses `routes=N,namespaces=K,secrets=S,host=PATTERN,validity=90d,shards=2,
-    /// namespace-prefix=P,route-prefix=P,secret-prefix=P,rbac=true`.
+    /// namespace-prefix=P,route-prefix=P,secret-prefix=P,rbac=true,endpoints=false`.
     fn from_str(s: &str) -> Result<Self, SimError> {
         let mut spec = GenerateSpec::default();
         let bad = |m: String| SimError::Generate(m);
@@ -129,6 +134,11 @@ impl FromStr for GenerateSpec {
                     spec.router_rbac = v
                         .parse()
                         .map_err(|_| bad(format!("rbac: {v:?} is not true/false")))?;
+                }
+                "endpoints" => {
+                    spec.endpoints = v
+                        .parse()
+                        .map_err(|_| bad(format!("endpoints: {v:?} is not true/false")))?;
                 }
                 other => return Err(bad(format!("unknown key {other:?}"))),
             }
@@ -312,6 +322,62 @@ fn host_for(pattern: &str, route: &str, namespace: &str, index: usize) -> String
 /// this are not all listed).
 const MAX_SANS: usize = 100;
 
+/// The service a generated route names.
+fn service_name(index: usize) -> String {
+    format!("svc-{index}")
+}
+
+/// The Service of route `index` and its EndpointSlice: one ready endpoint on the port
+/// the route targets (`https`), at an address of 10.0.0.0/8 derived from the index.
+/// The Service is headless: the simulator's service network (a /16) has fewer
+/// addresses than a large cluster's routes, and a router reads a Service's cluster IP
+/// only for an idled one.
+fn put_backend(store: &Store, namespace: &str, index: usize) -> Result<(), SimError> {
+    let service = service_name(index);
+    put(
+        store,
+        resources::SERVICES,
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": service,
+                "namespace": namespace,
+                "labels": { GENERATED_LABEL: "true" },
+            },
+            "spec": {
+                "clusterIP": "None",
+                "ports": [{ "name": "https", "port": 443, "targetPort": "https", "protocol": "TCP" }],
+            },
+        }),
+    )?;
+    let address = format!(
+        "10.{}.{}.{}",
+        index >> 16 & 255,
+        index >> 8 & 255,
+        index & 255
+    );
+    put(
+        store,
+        resources::ENDPOINT_SLICES,
+        json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": format!("{service}-1"),
+                "namespace": namespace,
+                "labels": {
+                    "kubernetes.io/service-name": service,
+                    GENERATED_LABEL: "true",
+                },
+            },
+            "addressType": "IPv4",
+            "ports": [{ "name": "https", "port": 8443, "protocol": "TCP" }],
+            "endpoints": [{ "addresses": [address], "conditions": { "ready": true } }],
+        }),
+    )
+}
+
 /// Generates the cluster described by `spec` into `store`.
 pub(crate) fn generate(store: &Store, spec: &GenerateSpec) -> Result<GeneratedCluster, SimError> {
     if spec.namespaces == 0 {
@@ -449,7 +515,7 @@ pub(crate) fn generate(store: &Store, spec: &GenerateSpec) -> Result<GeneratedCl
                 },
                 "spec": {
                     "host": r.host,
-                    "to": { "kind": "Service", "name": format!("svc-{i}"), "weight": 100 },
+                    "to": { "kind": "Service", "name": service_name(i), "weight": 100 },
                     "port": { "targetPort": "https" },
                     "tls": {
                         "termination": "edge",
@@ -461,6 +527,11 @@ pub(crate) fn generate(store: &Store, spec: &GenerateSpec) -> Result<GeneratedCl
                 "status": {},
             }),
         )?;
+    }
+    if spec.endpoints {
+        for (i, r) in routes.iter().enumerate() {
+            put_backend(store, &r.namespace, i)?;
+        }
     }
     tracing::info!(
         routes = routes.len(),

@@ -79,29 +79,10 @@ pub fn default_service(map: &mut Map<String, Value>) {
 
 /// Allocates a new Service's cluster IP (unless it is headless or an `ExternalName`)
 /// and node ports, avoiding those `existing` services hold. A cluster IP the client
-/// chose is kept; the IP family fields follow the address.
+/// chose is kept; the IP family fields follow the address. `existing` is read only
+/// when something is allocated: a service with its address chosen and no node ports
+/// costs nothing per existing service (a generated cluster creates one per route).
 pub fn allocate_service<'a>(obj: &mut Value, existing: impl Iterator<Item = &'a Value>) {
-    let mut ips = BTreeSet::new();
-    let mut node_ports = BTreeSet::new();
-    for service in existing {
-        if let Some(ip) = service
-            .pointer("/spec/clusterIP")
-            .and_then(Value::as_str)
-            .and_then(|ip| ip.parse::<Ipv4Addr>().ok())
-        {
-            ips.insert(ip);
-        }
-        for port in service
-            .pointer("/spec/ports")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            if let Some(n) = port.get("nodePort").and_then(Value::as_i64) {
-                node_ports.insert(n);
-            }
-        }
-    }
     let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
         return;
     };
@@ -118,6 +99,35 @@ pub fn allocate_service<'a>(obj: &mut Value, existing: impl Iterator<Item = &'a 
         .and_then(Value::as_str)
         .filter(|ip| !ip.is_empty())
         .map(str::to_owned);
+    let wants_node_ports = kind == "NodePort"
+        || (kind == "LoadBalancer"
+            && spec
+                .get("allocateLoadBalancerNodePorts")
+                .and_then(Value::as_bool)
+                != Some(false));
+    let mut ips = BTreeSet::new();
+    let mut node_ports = BTreeSet::new();
+    if chosen.is_none() || wants_node_ports {
+        for service in existing {
+            if let Some(ip) = service
+                .pointer("/spec/clusterIP")
+                .and_then(Value::as_str)
+                .and_then(|ip| ip.parse::<Ipv4Addr>().ok())
+            {
+                ips.insert(ip);
+            }
+            for port in service
+                .pointer("/spec/ports")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(n) = port.get("nodePort").and_then(Value::as_i64) {
+                    node_ports.insert(n);
+                }
+            }
+        }
+    }
     let ip = match chosen {
         Some(ip) => ip,
         None => {
@@ -150,12 +160,6 @@ pub fn allocate_service<'a>(obj: &mut Value, existing: impl Iterator<Item = &'a 
     }
     spec.insert("clusterIPs".into(), json!([ip]));
     spec.insert("clusterIP".into(), json!(ip));
-    let wants_node_ports = kind == "NodePort"
-        || (kind == "LoadBalancer"
-            && spec
-                .get("allocateLoadBalancerNodePorts")
-                .and_then(Value::as_bool)
-                != Some(false));
     if !wants_node_ports {
         return;
     }

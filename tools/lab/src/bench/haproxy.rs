@@ -199,7 +199,7 @@ pub(super) fn crt_list_lines(cert_dir: &Path) -> Vec<(PathBuf, String)> {
 /// A round asks the first waiting route alone, and the others only once it is served:
 /// HAProxy serves nothing before it has loaded every file, and hundreds of refused
 /// connections per round would take CPU from its load.
-async fn sample_until_served(port: u16, samples: Vec<(String, Vec<u8>)>) {
+pub(super) async fn sample_until_served(port: u16, samples: Vec<(String, Vec<u8>)>) {
     let mut waiting = samples;
     while let Some((sni, leaf)) = waiting.first() {
         if presented(port, sni).await.as_ref() != Some(leaf) {
@@ -359,7 +359,7 @@ pub async fn run(
         ))
         .await;
     // And `haproxy -c` of it: the load alone, no worker.
-    let check = check_load(&cold_config).await?;
+    let check = check_load(&cold_config, None).await?;
     super::progress(&format!(
         "  haproxy: cold load {cold_load_ms} ms (worker peak {} MiB, master {} MiB); haproxy -c {} ms, peak {} MiB",
         super::process_stats::mib(cold_haproxy.worker_peak_rss_bytes),
@@ -405,6 +405,8 @@ pub async fn run(
                 cold_haproxy,
                 check,
                 push: None,
+                config: super::deployment::HaproxyConfig::Certificates,
+                servers: 0,
             })),
         },
         HaproxyRun {
@@ -418,10 +420,16 @@ pub async fn run(
 
 /// `haproxy -c -q -f config`, timed; its memory and CPU sampled every 20 ms while it
 /// runs (the last sample before it exits stands for its peak: `VmHWM` only grows).
-pub(super) async fn check_load(config: &Path) -> Result<HaproxyCheck, BenchError> {
+/// `openssl_conf`: the `OPENSSL_CONF` HAProxy loads the certificates under, if not
+/// the system's.
+pub(super) async fn check_load(
+    config: &Path,
+    openssl_conf: Option<&Path>,
+) -> Result<HaproxyCheck, BenchError> {
     use super::process_stats::{other_process_cpu_ms, other_process_peak_rss_bytes};
     let started = Instant::now();
-    let mut child = tokio::process::Command::new("haproxy")
+    let mut command = tokio::process::Command::new("haproxy");
+    command
         .arg("-c")
         .arg("-q")
         .arg("-f")
@@ -429,9 +437,11 @@ pub(super) async fn check_load(config: &Path) -> Result<HaproxyCheck, BenchError
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(io("starting haproxy -c"))?;
+        .kill_on_drop(true);
+    if let Some(conf) = openssl_conf {
+        command.env("OPENSSL_CONF", conf);
+    }
+    let mut child = command.spawn().map_err(io("starting haproxy -c"))?;
     let mut check = HaproxyCheck::default();
     let status = loop {
         if let Some(pid) = child.id() {
@@ -599,6 +609,9 @@ pub struct HaproxyFigures {
     pub startup: HaproxyReady,
     /// Ready served minus ready on disk.
     pub served_after_files_ms: u64,
+    /// `served_after_files_ms` divided by HAProxy's own cold load of the same
+    /// configuration (the start-up bound is 1.1).
+    pub served_vs_cold_load: f64,
     /// HAProxy's own `set ssl cert` + `commit ssl cert` per second (pipelined, one
     /// connection).
     pub own_rate_per_s: f64,
@@ -964,6 +977,10 @@ pub async fn measure(
     Ok(HaproxyFigures {
         startup: ready.clone(),
         served_after_files_ms,
+        served_vs_cold_load: (served_after_files_ms as f64 / ready.cold_load_ms.max(1) as f64
+            * 1000.0)
+            .round()
+            / 1000.0,
         own_rate_per_s: (own_rate_per_s * 10.0).round() / 10.0,
         own_rate_sample,
         rotations: phases,

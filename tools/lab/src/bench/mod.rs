@@ -34,6 +34,7 @@ mod bad_input;
 mod client_process;
 mod concurrent;
 mod daemon;
+mod deployment;
 mod haproxy;
 mod process_stats;
 mod protocol;
@@ -198,7 +199,7 @@ pub struct BenchArgs {
     /// daemon (the whole `certwatch run`, ready when every route is decided and written),
     /// haproxy (the daemon with a real HAProxy it runs, `haproxy` on PATH: ready on disk,
     /// ready served by handshakes, HAProxy's cold load and own rate, rotations; not in
-    /// the default list).
+    /// the default list; its configuration: --haproxy-config).
     #[arg(
         long = "strategy",
         value_delimiter = ',',
@@ -255,6 +256,10 @@ pub struct BenchArgs {
     /// phases then).
     #[arg(long, value_enum, default_value_t = protocol::HaproxyStart::Managed)]
     pub haproxy_start: protocol::HaproxyStart,
+    /// The haproxy strategy: which configuration HAProxy runs on, and who starts it.
+    /// `deployment` also gives every route a service with one endpoint.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = deployment::HaproxyConfig::Certificates)]
+    pub haproxy_config: deployment::HaproxyConfig,
 
     /// Make this many of the scenario's secrets invalid before the clients start
     /// (spread over them; four kinds in turn: not PEM, a truncated PEM block, a key of
@@ -343,6 +348,9 @@ impl BenchArgs {
             if self.max_concurrent_syncs.is_some() {
                 scenario.max_concurrent_syncs = self.max_concurrent_syncs;
             }
+            // The deployment's routing configuration has a backend per route: each
+            // gets a server, as in a cluster.
+            scenario.endpoints = self.haproxy_config == deployment::HaproxyConfig::Deployment;
             if self.control_plane {
                 // A real server's latency is its own.
                 scenario.latency = Duration::ZERO;
@@ -364,6 +372,23 @@ impl BenchArgs {
         }
         if strategies.is_empty() {
             return Err(BenchError::Usage("no strategy to run".to_owned()));
+        }
+        if self.haproxy_config != deployment::HaproxyConfig::Certificates
+            && !strategies.contains(&Strategy::Haproxy)
+        {
+            return Err(BenchError::Usage(
+                "--haproxy-config is the haproxy strategy's: add --strategy haproxy".to_owned(),
+            ));
+        }
+        if self.haproxy_config == deployment::HaproxyConfig::Deployment
+            && self.haproxy_start == protocol::HaproxyStart::Running
+        {
+            return Err(BenchError::Usage(
+                "--haproxy-start running measures the certificates-only configuration: \
+                 it cannot be combined with --haproxy-config deployment (the sidecar starts \
+                 HAProxy there)"
+                    .to_owned(),
+            ));
         }
         let product_with_files = |s: &Strategy| matches!(s, Strategy::Daemon | Strategy::Haproxy);
         if (self.bad_secrets > 0 || self.reissue.is_some())
@@ -600,6 +625,7 @@ async fn run_strategy(
         timeout_ms: u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX),
         haproxy_threads: args.haproxy_threads,
         haproxy_start: args.haproxy_start,
+        haproxy_config: args.haproxy_config,
         expected_rejected: bad_secrets.map_or(0, |bad| bad.routes),
     };
     let wrapper: Vec<String> = args
@@ -783,6 +809,7 @@ enum RunState {
     },
     Daemon(Box<daemon::DaemonRun>),
     Haproxy(Box<haproxy::HaproxyRun>),
+    Deployment(Box<deployment::DeploymentRun>),
 }
 
 impl RunState {
@@ -791,6 +818,7 @@ impl RunState {
             Self::Serial { pool, .. } | Self::Concurrent { pool, .. } => pool.stats(),
             Self::Daemon(run) => run.pool_stats(),
             Self::Haproxy(run) => run.pool_stats(),
+            Self::Deployment(run) => run.pool_stats(),
         }
     }
 }
@@ -809,6 +837,14 @@ async fn start_strategy(
             return daemon::run(config, spec, started, errors)
                 .await
                 .map(|(report, run)| (report, RunState::Daemon(Box::new(run))));
+        }
+        if strategy == Strategy::Haproxy
+            && spec.haproxy_config == deployment::HaproxyConfig::Deployment
+        {
+            let started = Instant::now();
+            return deployment::run(config, spec, started, errors)
+                .await
+                .map(|(report, run)| (report, RunState::Deployment(Box::new(run))));
         }
         if strategy == Strategy::Haproxy {
             let started = Instant::now();

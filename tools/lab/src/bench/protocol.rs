@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use super::deployment::HaproxyConfig;
 use super::process_stats::ProcessStats;
 use super::scenario::Strategy;
 
@@ -92,6 +93,10 @@ pub struct ClientSpec {
     /// The haproxy strategy: how its HAProxy starts.
     #[serde(default)]
     pub haproxy_start: HaproxyStart,
+    /// The haproxy strategy: the configuration and the HAProxy it runs
+    /// (`--haproxy-config`).
+    #[serde(default)]
+    pub haproxy_config: HaproxyConfig,
     /// Routes the scenario's invalid secrets make the product reject (`--bad-secrets`):
     /// a rejection is an error only beyond them, and so is admitting any of them.
     #[serde(default)]
@@ -266,6 +271,13 @@ pub struct HaproxyReady {
     /// `--haproxy-start running` only: the push to the running HAProxy.
     #[serde(default)]
     pub push: Option<super::socket_push::PushStartup>,
+    /// The configuration HAProxy ran on, and who ran it (`--haproxy-config`).
+    #[serde(default)]
+    pub config: HaproxyConfig,
+    /// The deployment's configuration: servers HAProxy held in the routes' backends
+    /// at served (one per route's endpoint).
+    #[serde(default)]
+    pub servers: usize,
 }
 
 /// Memory and CPU of a HAProxy (master and worker), from `/proc`.

@@ -563,10 +563,30 @@ fn haproxy_section(out: &mut String, r: &RunResult, h: &super::haproxy::HaproxyF
         human_ms(s.served_ms),
         human_ms(s.daemon_ready_ms),
     );
+    let (configuration, start) = match s.config {
+        super::deployment::HaproxyConfig::Certificates => (
+            "the benchmark's, certificates only; HAProxy run by certwatch",
+            "HAProxy's start as certwatch ran it",
+        ),
+        super::deployment::HaproxyConfig::Deployment => (
+            "the deployment's routing configuration; HAProxy run by the sidecar's script",
+            "HAProxy's start as the sidecar ran it, from the files",
+        ),
+    };
     let _ = writeln!(
         out,
-        "  served {} after the files were ready; HAProxy's start as certwatch ran it {}; HAProxy's own cold load of the same crt-list {}",
+        "  configuration: {configuration}{}",
+        if s.servers > 0 {
+            format!(" ({} servers in the routes' backends)", s.servers)
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(
+        out,
+        "  served {} after the files were ready ({:.2} x the cold load); {start} {}; HAProxy's own cold load of the same configuration {}",
         human_ms(h.served_after_files_ms),
+        h.served_vs_cold_load,
         human_ms(s.haproxy_start_ms),
         human_ms(s.cold_load_ms),
     );
@@ -589,14 +609,14 @@ fn haproxy_section(out: &mut String, r: &RunResult, h: &super::haproxy::HaproxyF
     let _ = writeln!(
         out,
         "  {}; {}",
-        resources("HAProxy as certwatch ran it, at served", &s.served_haproxy),
+        resources("the HAProxy served from, at served", &s.served_haproxy),
         resources("the cold load's HAProxy, serving", &s.cold_haproxy),
     );
     if let Some(after) = &h.after_rotations {
         let _ = writeln!(
             out,
             "  {}",
-            resources("HAProxy as certwatch ran it, after the rotations", after)
+            resources("the HAProxy served from, after the rotations", after)
         );
     }
     let _ = writeln!(

@@ -33,6 +33,9 @@ pub struct Scenario {
     pub queue: usize,
     /// The product's bound on concurrent first syncs (`MonitorOptions::max_concurrent_syncs`).
     pub max_concurrent_syncs: Option<usize>,
+    /// Every route also gets its Service and an EndpointSlice with one endpoint.
+    #[serde(default)]
+    pub endpoints: bool,
 }
 
 /// The queue length of the APF scenario: kube-apiserver shuffle-shards one flow over
@@ -94,6 +97,7 @@ impl Scenario {
             max_inflight: None,
             queue: 50,
             max_concurrent_syncs: None,
+            endpoints: false,
         }
     }
 

@@ -202,6 +202,7 @@ impl SimProcess {
             "routes": scenario.routes,
             "secrets": scenario.secrets,
             "namespaces": scenario.namespaces,
+            "endpoints": scenario.endpoints,
         });
         let text = self
             .admin_request(

@@ -249,7 +249,7 @@ pub async fn run(
     cold_process
         .stop(&Drain::new(Duration::from_secs(10)))
         .await;
-    let check = check_load(&cold_config).await?;
+    let check = check_load(&cold_config, None).await?;
     let pushed = commands
         .get("commit ssl cert/ok")
         .copied()
@@ -330,6 +330,8 @@ pub async fn run(
                 cold_haproxy,
                 check,
                 push: Some(push),
+                config: super::deployment::HaproxyConfig::Certificates,
+                servers: 0,
             })),
         },
         HaproxyRun {

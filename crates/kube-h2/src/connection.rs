@@ -4,6 +4,7 @@
 use std::{
     fmt,
     future::poll_fn,
+    io,
     pin::Pin,
     task::{Context, Poll},
     time::Duration,
@@ -15,6 +16,8 @@ use h2::{
     client::{Connection, SendRequest},
 };
 
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
 use crate::transport::Io;
 
 /// Receive window of one stream. A watch rarely has more than one event in flight;
@@ -22,6 +25,10 @@ use crate::transport::Io;
 const STREAM_WINDOW: u32 = 512 * 1024;
 /// Upper bound of the connection-level receive window (HTTP/2 maximum is 2^31 - 1).
 const MAX_CONNECTION_WINDOW: u32 = 1 << 30;
+
+/// How much a connection reads in one go before it lets the tasks it woke run (see
+/// [`PacedIo`]): a few watch events of a TLS Secret, one TLS record.
+const READ_BURST: usize = 16 * 1024;
 
 /// The connection window is the sum of all stream windows, so that one watch whose
 /// consumer stopped reading cannot use up the window every other watch on the same
@@ -38,7 +45,7 @@ pub(crate) struct Handshaken {
     /// Handle to open streams.
     pub(crate) send: SendRequest<Bytes>,
     /// The connection state machine; must be polled (by [`drive`]) for anything to move.
-    pub(crate) conn: Connection<Io, Bytes>,
+    pub(crate) conn: Connection<PacedIo, Bytes>,
     /// PING handle for keep-alive.
     pub(crate) pings: PingPong,
     /// The server's SETTINGS_MAX_CONCURRENT_STREAMS (`usize::MAX` if it sent none).
@@ -74,7 +81,7 @@ pub(crate) async fn handshake(io: Io, stream_cap: usize) -> Result<Handshaken, H
         .initial_max_send_streams(stream_cap)
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(connection_window(stream_cap))
-        .handshake::<_, Bytes>(io)
+        .handshake::<_, Bytes>(PacedIo::new(io))
         .await
         .map_err(failed)?;
     let Some(mut pings) = conn.ping_pong() else {
@@ -201,8 +208,98 @@ pub(crate) fn accepts_new_streams(send: &mut SendRequest<Bytes>, cx: &mut Contex
     !matches!(send.poll_ready(cx), Poll::Ready(Err(_)))
 }
 
+/// The connection's byte stream, read at most [`READ_BURST`] bytes at a time before
+/// the connection's task yields.
+///
+/// h2 reads every frame the socket has before its task returns, and keeps each
+/// stream's frames (the response's headers, every DATA frame) in a slab, one slot per
+/// frame not yet read by the stream's reader, that grows to its largest fill and never
+/// shrinks. When a hundred watches on one connection are answered at once (a start-up,
+/// every watch renewed together), the whole burst would wait there before any reader
+/// ran: a slab of several hundred slots, a couple of hundred bytes each, kept for the
+/// connection's life. Yielding after a burst's worth of bytes lets the readers the
+/// frames woke take them first, so that the slab stays at the size of one burst. The
+/// yield is a wake-up of the task itself: it runs again after the tasks already
+/// queued, without waiting for the socket.
+pub(crate) struct PacedIo<T = Io> {
+    io: T,
+    /// Bytes read since the task last yielded or found the socket empty.
+    read_since_yield: usize,
+}
+
+impl<T> PacedIo<T> {
+    fn new(io: T) -> Self {
+        Self {
+            io,
+            read_since_yield: 0,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for PacedIo<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.read_since_yield >= READ_BURST {
+            this.read_since_yield = 0;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.io).poll_read(cx, buf);
+        match &polled {
+            Poll::Ready(Ok(())) => {
+                this.read_since_yield = this
+                    .read_since_yield
+                    .saturating_add(buf.filled().len().saturating_sub(before));
+            }
+            // The socket is empty: the task waits for it anyway.
+            Poll::Pending => this.read_since_yield = 0,
+            Poll::Ready(Err(_)) => {}
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for PacedIo<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Wake, Waker};
+
     use super::*;
 
     #[test]
@@ -210,5 +307,114 @@ mod tests {
         assert_eq!(connection_window(1), STREAM_WINDOW);
         assert_eq!(connection_window(100), 100 * STREAM_WINDOW);
         assert_eq!(connection_window(100_000), MAX_CONNECTION_WINDOW);
+    }
+
+    /// Counts its wake-ups.
+    struct CountingWaker(AtomicUsize);
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A byte source that has `data` and, after every `gap` bytes, nothing for one
+    /// poll (as a socket whose peer has not sent the rest yet).
+    struct Trickle {
+        data: Vec<u8>,
+        at: usize,
+        gap: usize,
+        since_gap: usize,
+    }
+
+    impl AsyncRead for Trickle {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let this = self.get_mut();
+            if this.since_gap >= this.gap {
+                this.since_gap = 0;
+                return Poll::Pending;
+            }
+            let n = buf
+                .remaining()
+                .min(this.data.len() - this.at)
+                .min(this.gap - this.since_gap);
+            buf.put_slice(&this.data[this.at..this.at + n]);
+            this.at += n;
+            this.since_gap += n;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Reads `source` to its end in 16 KiB reads; returns the bytes and, for every
+    /// yield (a `Pending` that woke the task within the call), the bytes read since
+    /// the last yield or empty source.
+    fn read_all(source: Trickle) -> (Vec<u8>, Vec<usize>) {
+        let mut paced = PacedIo::new(source);
+        let wakes = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&wakes));
+        let mut cx = Context::from_waker(&waker);
+        let (mut received, mut bursts, mut in_burst) = (Vec::new(), Vec::new(), 0);
+        let mut chunk = vec![0_u8; 16 * 1024];
+        loop {
+            let mut buf = ReadBuf::new(&mut chunk);
+            let wakes_before = wakes.0.load(Ordering::SeqCst);
+            match Pin::new(&mut paced).poll_read(&mut cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => break,
+                Poll::Ready(Ok(())) => {
+                    in_burst += buf.filled().len();
+                    received.extend_from_slice(buf.filled());
+                }
+                Poll::Ready(Err(error)) => panic!("read failed: {error}"),
+                Poll::Pending => {
+                    if wakes.0.load(Ordering::SeqCst) > wakes_before {
+                        bursts.push(in_burst);
+                    }
+                    in_burst = 0;
+                }
+            }
+        }
+        (received, bursts)
+    }
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8).collect()
+    }
+
+    /// With far more than a burst ready, reads stop after each burst with the task
+    /// woken (a yield, not a wait for the socket) and go on at the next poll; every
+    /// byte arrives, in order.
+    #[test]
+    fn reads_yield_after_each_burst_and_lose_nothing() {
+        let data = pattern(READ_BURST * 5);
+        let source = Trickle {
+            data: data.clone(),
+            at: 0,
+            gap: usize::MAX,
+            since_gap: 0,
+        };
+        let (received, bursts) = read_all(source);
+        assert!(received == data, "bytes lost or reordered");
+        assert_eq!(bursts, vec![READ_BURST; 5]);
+    }
+
+    /// A source found empty starts the count over: the task waited for the socket
+    /// then, and the readers it woke ran meanwhile.
+    #[test]
+    fn an_empty_socket_starts_the_burst_over() {
+        let gap = READ_BURST * 3 / 4;
+        let data = pattern(gap * 4);
+        let source = Trickle {
+            data: data.clone(),
+            at: 0,
+            gap,
+            since_gap: 0,
+        };
+        let (received, bursts) = read_all(source);
+        assert!(received == data, "bytes lost or reordered");
+        assert!(bursts.is_empty(), "yielded between gaps: {bursts:?}");
     }
 }

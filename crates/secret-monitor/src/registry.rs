@@ -31,11 +31,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use tokio::sync::watch;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio::sync::Notify;
 
 use crate::event::{EventSink, ObjectEvent};
 use crate::lock::{Lock, LockFamily};
@@ -142,15 +141,75 @@ struct Entry<K: Send + Sync + 'static, L: LockFamily> {
     /// held, which orders them per handler and makes "current object, then later
     /// events" atomic for a handler that attaches.
     state: L::Lock<EntryState<K>>,
-    /// The first-sync outcome, for waiters to observe without any lock.
-    sync: watch::Sender<SyncState>,
-    /// Cancelled when the entry leaves the map; its driver then stops the watch.
-    stop: CancellationToken,
+    /// The first-sync outcome, set once from `Pending`. A lock of its own, taken only
+    /// to read or set it (never while another is taken): waiters read it without the
+    /// entry's lock.
+    sync: std::sync::Mutex<SyncState>,
+    /// Set when the entry leaves the map; its driver then stops the watch.
+    stopped: AtomicBool,
+    /// Wakes whoever waits on the entry: the callers waiting for the first sync's
+    /// outcome, and the driver waiting to be stopped. One `Notify` rather than a
+    /// `watch` channel and a cancellation token: their shared states take about ten
+    /// times its size, per watched key, for two values that change once.
+    changed: Notify,
 }
 
 struct EntryState<K> {
     object: Option<Arc<K>>,
-    sinks: BTreeMap<HandlerId, Box<dyn EventSink<K>>>,
+    /// The registered handlers, by ascending id. Nearly always one: a vector holds it
+    /// in its 24 bytes where a `BTreeMap` allocates a node of eleven.
+    sinks: Vec<(HandlerId, Box<dyn EventSink<K>>)>,
+}
+
+impl<K> EntryState<K> {
+    fn sink_index(&self, handler: HandlerId) -> Result<usize, usize> {
+        self.sinks.binary_search_by_key(&handler, |(id, _)| *id)
+    }
+}
+
+impl<K, L> Entry<K, L>
+where
+    K: Send + Sync + 'static,
+    L: LockFamily,
+{
+    /// The first sync's outcome so far.
+    fn sync_state(&self) -> SyncState {
+        kube_common::sync::lock(&self.sync).clone()
+    }
+
+    fn is_synced(&self) -> bool {
+        matches!(*kube_common::sync::lock(&self.sync), SyncState::Synced)
+    }
+
+    fn is_pending(&self) -> bool {
+        matches!(*kube_common::sync::lock(&self.sync), SyncState::Pending)
+    }
+
+    /// Sets the first sync's outcome to `outcome()` and wakes its waiters, unless it
+    /// already has one.
+    fn settle(&self, outcome: impl FnOnce() -> SyncState) {
+        let settled = {
+            let mut sync = kube_common::sync::lock(&self.sync);
+            let pending = matches!(*sync, SyncState::Pending);
+            if pending {
+                *sync = outcome();
+            }
+            pending
+        };
+        if settled {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Marks the entry stopped and wakes its driver.
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
 }
 
 impl<K, L> Registry<K, L>
@@ -186,16 +245,16 @@ where
                 (Arc::clone(&slot.entry), false)
             }
             None => {
-                let (sync, _) = watch::channel(SyncState::Pending);
                 let entry = Arc::new(Entry {
                     id: fresh_id,
                     key: key.clone(),
                     state: L::Lock::new(EntryState {
                         object: None,
-                        sinks: BTreeMap::new(),
+                        sinks: Vec::new(),
                     }),
-                    sync,
-                    stop: CancellationToken::new(),
+                    sync: std::sync::Mutex::new(SyncState::Pending),
+                    stopped: AtomicBool::new(false),
+                    changed: Notify::new(),
                 });
                 slots.insert(
                     key.clone(),
@@ -232,7 +291,7 @@ where
             }
         });
         if let Some(entry) = removed {
-            entry.stop.cancel();
+            entry.stop();
         }
     }
 
@@ -243,10 +302,14 @@ where
             let slot = slots
                 .get_mut(&handle.key)
                 .filter(|slot| slot.entry.id == handle.entry)?;
-            let sink = slot
-                .entry
-                .state
-                .with(|state| state.sinks.remove(&handle.handler))?;
+            let sink = slot.entry.state.with(|state| {
+                let index = state.sink_index(handle.handler).ok()?;
+                let (_, sink) = state.sinks.remove(index);
+                if state.sinks.is_empty() {
+                    state.sinks = Vec::new();
+                }
+                Some(sink)
+            })?;
             slot.holders -= 1;
             let removed = if slot.holders == 0 {
                 slots.remove(&handle.key).map(|slot| slot.entry)
@@ -260,7 +323,7 @@ where
                 // Dropped outside the lock: a sink's drop may wake its consumer.
                 drop(sink);
                 if let Some(entry) = removed {
-                    entry.stop.cancel();
+                    entry.stop();
                 }
                 Ok(())
             }
@@ -279,8 +342,8 @@ where
                     .filter(|slot| slot.entry.id == handle.entry)?;
                 slot.entry.state.with(|state| {
                     state
-                        .sinks
-                        .contains_key(&handle.handler)
+                        .sink_index(handle.handler)
+                        .is_ok()
                         .then(|| state.object.clone())
                 })
             })
@@ -297,7 +360,7 @@ where
                         .entry
                         .state
                         .with(|state| (state.sinks.len(), state.object.is_some()));
-                    let synced = matches!(*slot.entry.sync.borrow(), SyncState::Synced);
+                    let synced = slot.entry.is_synced();
                     let status = KeyStatus {
                         handlers,
                         waiting: slot.holders - handlers,
@@ -315,10 +378,7 @@ where
     pub(crate) fn counts(&self) -> KeyCounts {
         self.inner.slots.with(|slots| KeyCounts {
             watched: slots.len(),
-            synced: slots
-                .values()
-                .filter(|slot| matches!(*slot.entry.sync.borrow(), SyncState::Synced))
-                .count(),
+            synced: slots.values().filter(|slot| slot.entry.is_synced()).count(),
         })
     }
 
@@ -330,19 +390,14 @@ where
             .slots
             .with(|slots| slots.drain().map(|(_, slot)| slot.entry).collect());
         for entry in entries {
-            entry.sync.send_if_modified(|state| {
-                if matches!(state, SyncState::Pending) {
-                    *state = SyncState::Failed(MonitorError::new(
-                        self.inner.resource.as_str(),
-                        entry.key.clone(),
-                        MonitorErrorKind::Cancelled,
-                    ));
-                    true
-                } else {
-                    false
-                }
+            entry.settle(|| {
+                SyncState::Failed(MonitorError::new(
+                    self.inner.resource.as_str(),
+                    entry.key.clone(),
+                    MonitorErrorKind::Cancelled,
+                ))
             });
-            entry.stop.cancel();
+            entry.stop();
         }
     }
 
@@ -380,16 +435,16 @@ where
         let Some(entry) = &self.entry else {
             return Ok(());
         };
-        let mut sync = entry.sync.subscribe();
-        let outcome = sync
-            .wait_for(|state| !matches!(state, SyncState::Pending))
-            .await
-            .map(|state| state.clone());
-        match outcome {
-            Ok(SyncState::Failed(err)) => Err(err),
-            Ok(_) => Ok(()),
-            // The sender lives in the entry, which this ticket keeps alive.
-            Err(_) => Err(self.cancelled(entry)),
+        loop {
+            // Created before the state is read: `notify_waiters` reaches every
+            // `Notified` that exists when it is called, polled or not, so an outcome
+            // set between the read and the wait still wakes this one.
+            let changed = entry.changed.notified();
+            match entry.sync_state() {
+                SyncState::Pending => changed.await,
+                SyncState::Synced => return Ok(()),
+                SyncState::Failed(err) => return Err(err),
+            }
         }
     }
 
@@ -402,7 +457,7 @@ where
         let Some(entry) = self.entry.take() else {
             unreachable_attached()
         };
-        if entry.stop.is_cancelled() {
+        if entry.is_stopped() {
             // The monitor shut down between the sync and this call.
             let err = self.cancelled(&entry);
             self.entry = Some(entry);
@@ -414,7 +469,11 @@ where
             if let Some(object) = &state.object {
                 sink.deliver(ObjectEvent::Added(Arc::clone(object)));
             }
-            state.sinks.insert(handler, sink);
+            // Ids are taken before the lock: a concurrent attach may have put a
+            // later one in first.
+            let index = state.sink_index(handler).unwrap_or_else(|index| index);
+            state.sinks.reserve_exact(1);
+            state.sinks.insert(index, (handler, sink));
         });
         Ok(HandlerHandle {
             key: entry.key.clone(),
@@ -428,7 +487,7 @@ where
     pub(crate) fn state(&self) -> SyncState {
         self.entry
             .as_ref()
-            .map_or(SyncState::Synced, |entry| entry.sync.borrow().clone())
+            .map_or(SyncState::Synced, |entry| entry.sync_state())
     }
 
     fn cancelled(&self, entry: &Entry<K, L>) -> MonitorError {
@@ -477,21 +536,29 @@ where
     }
 
     /// Completes when the entry has left the registry and the watch must stop.
-    pub(crate) fn stopped(&self) -> WaitForCancellationFutureOwned {
-        self.entry.stop.clone().cancelled_owned()
+    pub(crate) async fn stopped(&self) {
+        loop {
+            // Created before the flag is read, so that a stop in between wakes it.
+            let changed = self.entry.changed.notified();
+            if self.entry.is_stopped() {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// Whether the entry has left the registry.
     #[cfg(test)]
     pub(crate) fn is_stopped(&self) -> bool {
-        self.entry.stop.is_cancelled()
+        self.entry.is_stopped()
     }
 
     /// Reports a successful first sync: `object` is the object's state, `None` when it
     /// does not exist. Wakes every waiter.
     pub(crate) fn synced(&self, object: Option<Arc<K>>) {
         self.entry.state.with(|state| state.object = object);
-        self.entry.sync.send_replace(SyncState::Synced);
+        *kube_common::sync::lock(&self.entry.sync) = SyncState::Synced;
+        self.entry.changed.notify_waiters();
     }
 
     /// Reports a failed first sync: removes the entry, so the next caller starts a
@@ -501,7 +568,7 @@ where
     }
 
     fn fail_pending(&self, make_error: impl FnOnce(&str) -> MonitorError) {
-        if !matches!(*self.entry.sync.borrow(), SyncState::Pending) {
+        if !self.entry.is_pending() {
             return;
         }
         let registry = self.registry.upgrade();
@@ -515,15 +582,9 @@ where
                 }
             });
         }
-        self.entry.stop.cancel();
+        self.entry.stop();
         let error = make_error(registry.as_ref().map_or("", |r| r.resource.as_str()));
-        self.entry.sync.send_if_modified(|state| {
-            let pending = matches!(state, SyncState::Pending);
-            if pending {
-                *state = SyncState::Failed(error);
-            }
-            pending
-        });
+        self.entry.settle(|| SyncState::Failed(error));
     }
 
     /// Publishes the object's new state and delivers `events` to every handler, in
@@ -531,7 +592,7 @@ where
     pub(crate) fn publish(&self, object: Option<Arc<K>>, events: &[ObjectEvent<K>]) {
         self.entry.state.with(|state| {
             state.object = object;
-            for sink in state.sinks.values_mut() {
+            for (_, sink) in &mut state.sinks {
                 for event in events {
                     sink.deliver(event.clone());
                 }
@@ -551,5 +612,50 @@ where
         // first sync. After a reported outcome this is a no-op.
         let key = self.entry.key.clone();
         self.fail_pending(|resource| MonitorError::new(resource, key, MonitorErrorKind::Cancelled));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::StdLocks;
+
+    struct Ignore;
+
+    impl EventSink<u32> for Ignore {
+        fn deliver(&mut self, _event: ObjectEvent<u32>) {}
+    }
+
+    /// An entry lives as long as its key is watched, ten thousand of them at a time:
+    /// its size is memory per watched object. Guards against per-key state growing
+    /// back (a `watch` channel and a cancellation token took 460 bytes more, a
+    /// `BTreeMap` of handlers a node of 280 bytes).
+    #[test]
+    fn a_watched_key_with_two_handlers_stays_small() {
+        let registry: Registry<u32, StdLocks> = Registry::new("things");
+        let key = ObjectKey::new("ns", "a");
+        let (first, driver) = registry.join(&key);
+        let (second, _) = registry.join(&key);
+        let driver = driver.expect("a new entry has a driver");
+        driver.synced(Some(Arc::new(7)));
+        let handles = [
+            first.attach(Box::new(Ignore)).expect("attached"),
+            second.attach(Box::new(Ignore)).expect("attached"),
+        ];
+        let entry_size = std::mem::size_of::<Entry<u32, StdLocks>>();
+        let sinks = driver
+            .entry
+            .state
+            .with(|state| (state.sinks.len(), state.sinks.capacity()));
+        println!("entry: {entry_size} bytes, sinks (len, capacity): {sinks:?}");
+        assert!(entry_size <= 200, "an entry grew to {entry_size} bytes");
+        assert_eq!(sinks, (2, 2), "handlers kept with room to spare");
+        for handle in &handles {
+            assert_eq!(registry.get(handle).expect("registered"), Some(Arc::new(7)));
+        }
+        registry.remove(&handles[0]).expect("removed");
+        assert!(!driver.is_stopped(), "one handler is left");
+        registry.remove(&handles[1]).expect("removed");
+        assert!(driver.is_stopped(), "the last removal stops the watch");
     }
 }

@@ -149,10 +149,11 @@ async fn an_idle_watch_costs_a_few_kilobytes() {
     ] {
         let bytes = bytes_per_watch(initial_list, 2_000).await;
         println!("{name}: {bytes} bytes per watch");
-        // Measured (debug build): 4.2-4.4 KB per watch with this secret, 1.7 KB of it
-        // the cached Secret (7.1 KB before reallocations were counted once);
-        // kube-client's line buffer alone was 8 KiB per watch, and the watcher stream
-        // 2.4 KiB more.
+        // Measured (debug build): 3.6-3.7 KB per watch with this secret, 1.7 KB of it
+        // the cached Secret (4.2-4.4 KB while each key's entry held a watch channel, a
+        // cancellation token and a BTreeMap of handlers; 7.1 KB before reallocations
+        // were counted once); kube-client's line buffer alone was 8 KiB per watch, and
+        // the watcher stream 2.4 KiB more.
         assert!(
             (1_000..8_192).contains(&bytes),
             "{name}: {bytes} bytes per watch"

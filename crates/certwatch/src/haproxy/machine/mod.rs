@@ -1155,7 +1155,7 @@ impl Machine {
         // missing socket is said at info, and warned about only once it lasts.
         let starting = !self.answered_once && failure.socket_missing();
         out.push(Action::Count(Count::Up(false)));
-        if !(starting && !self.listing_complete) {
+        if !starting || self.listing_complete {
             out.push(Action::Count(Count::SyncFailed));
         }
         let delay = self.next_delay(now);

@@ -27,7 +27,9 @@
 //!
 //! Until [`CertDir::mark_complete`] (every route present at start-up decided) the
 //! index is left as it was and no old bundle is removed: a proxy that reloads during
-//! start-up keeps serving what it served before, instead of a half-built index. An
+//! start-up keeps serving what it served before, instead of a half-built index. A
+//! proxy already running may still learn the lines of the routes decided meanwhile
+//! ([`FlushReport::decided`]), to add them before the rest is decided. An
 //! index found at start that names missing files is repaired at once (the files may
 //! have been removed by hand, or a previous version may have left it so).
 //!
@@ -140,6 +142,10 @@ pub struct FlushReport {
     pub changes: Vec<CrtChange>,
     /// Whether `changes` holds every line: the first flush once start-up is complete.
     pub complete_listing: bool,
+    /// Before start-up is complete (with [`CertDir::with_decided_report`]): the lines
+    /// the routes set since the last flush would have, their bundles on disk. Nothing
+    /// is removed or replaced by them; the complete listing names every line again.
+    pub decided: Vec<CrtChange>,
 }
 
 impl FlushReport {
@@ -248,6 +254,9 @@ pub struct CertDir {
     /// proxy fed through an API at run time reads them, and the first complete listing
     /// copies every line.
     report_changes: bool,
+    /// Whether a flush before start-up is complete reports the decided routes' lines
+    /// ([`FlushReport::decided`]).
+    report_decided: bool,
 }
 
 /// The desired routes serving one chain. Nearly every chain has one route: that one is
@@ -521,6 +530,7 @@ impl CertDir {
             complete: false,
             concurrency: concurrency.max(1),
             report_changes: true,
+            report_decided: false,
         })
     }
 
@@ -529,6 +539,14 @@ impl CertDir {
     /// at the end of start-up.
     pub fn with_change_report(mut self, report: bool) -> Self {
         self.report_changes = report;
+        self
+    }
+
+    /// Whether flushes before start-up is complete report the lines of the routes
+    /// decided meanwhile (default: no): for a proxy already running, which may serve
+    /// them before the rest is decided.
+    pub fn with_decided_report(mut self, report: bool) -> Self {
+        self.report_decided = report;
         self
     }
 
@@ -765,8 +783,14 @@ impl CertDir {
     /// next flush.
     pub async fn flush(&mut self) -> FlushReport {
         let mut report = FlushReport::default();
+        let decided: Vec<RouteKey> = if !self.complete && self.report_decided {
+            self.dirty.iter().chain(&self.failed).cloned().collect()
+        } else {
+            Vec::new()
+        };
         self.write_bundles(&mut report).await;
         if !self.complete {
+            report.decided = self.decided_lines(decided);
             return report;
         }
         if self.excluded_dirty {
@@ -781,6 +805,22 @@ impl CertDir {
             self.remove_unwanted(&mut report).await;
         }
         report
+    }
+
+    /// The lines `routes` would have now (those with one), kept nowhere: before
+    /// start-up is complete the lines are computed once, at its end.
+    fn decided_lines(&self, routes: Vec<RouteKey>) -> Vec<CrtChange> {
+        routes
+            .into_iter()
+            .filter_map(|route| {
+                let listed = self.listing_of(&route)?;
+                Some(CrtChange {
+                    route,
+                    name: listed.entry.name.clone(),
+                    entry: Some(listed.entry),
+                })
+            })
+            .collect()
     }
 
     /// Recomputes the lines of the routes changed since the last flush (of every route

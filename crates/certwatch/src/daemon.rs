@@ -323,8 +323,13 @@ impl Parts {
                 path: options.cert_dir.clone(),
                 source,
             })?
-            // The changed lines are for the HAProxy fed through its runtime API.
-            .with_change_report(options.haproxy.is_some());
+            // The changed lines are for the HAProxy fed through its runtime API; one
+            // run by others also gets the routes decided before start-up is complete.
+            .with_change_report(options.haproxy.is_some())
+            .with_decided_report(matches!(
+                options.haproxy.as_ref().map(|haproxy| &haproxy.mode),
+                Some(crate::haproxy::HaproxyMode::External { .. })
+            ));
         if let Some(routing) = &options.routing {
             ensure_default_certificate(&routing.render.default_certificate).map_err(|source| {
                 DaemonError::DefaultCertificate {

@@ -13,8 +13,9 @@
 //! every route present at start-up and answers now, and, with routing, holds the
 //! routes' configuration). Only once start-up is
 //! decided is the crt-list written for the first time, are bundles of routes that no
-//! longer exist removed, does a proxy get any certificate and does the reload command
-//! run: until then the proxy keeps what it had. While writes fail (a full or read-only cert
+//! longer exist removed, does a proxy get any change and does the reload command
+//! run: until then the proxy keeps what it had, and a running one may only add the
+//! routes decided so far ([`Flushed::decided`]). While writes fail (a full or read-only cert
 //! dir) the daemon stays not ready, says why in `/readyz`, and retries with
 //! [`kube_common::backoff`]. Once the files are ready they stay so (they keep being
 //! served if the API server goes away later; later write failures are counted and
@@ -506,13 +507,14 @@ impl Outputs {
                 .get_or_insert_with(|| Instant::now() + delay);
         }
         // Certificates change only once start-up is decided: a half-built set must not
-        // remove anything from a running proxy.
+        // remove anything from a running proxy. Before, it may add the routes decided.
         let routes = std::mem::take(&mut self.routes_pending);
         for proxy in &mut self.proxies {
             proxy.flushed(Flushed {
                 routes: if proxy.routes() { &routes } else { &[] },
                 certificates: &report.changes,
                 complete: report.complete_listing,
+                decided: &report.decided,
             });
         }
     }

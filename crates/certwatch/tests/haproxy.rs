@@ -168,6 +168,135 @@ async fn haproxy_follows_through_the_runtime_api() {
     assert_eq!(certwatch.terminate().code(), Some(0));
 }
 
+/// The files an earlier run of certwatch left for `route` (its bundle and link), with
+/// a self-signed certificate for `host`; its crt-list line.
+fn left_by_an_earlier_run(
+    cert_dir: &std::path::Path,
+    route: &str,
+    host: &str,
+) -> (String, Vec<u8>) {
+    let names =
+        certwatch::files::bundle_names(&route_secrets::route::RouteKey::new("app-0", route))
+            .unwrap();
+    let pem = self_signed(host);
+    std::fs::write(cert_dir.join(&names.bundle), &pem).unwrap();
+    let link = cert_dir.join("links").join(&names.link);
+    std::os::unix::fs::symlink(std::path::Path::new("..").join(&names.bundle), &link).unwrap();
+    (
+        format!("{} {host}\n", link.display()),
+        leaf_der(pem.as_bytes()),
+    )
+}
+
+/// A HAProxy run by others (`--haproxy-socket` alone) serves the routes certwatch has
+/// decided while another route is still undecided (its secret cannot be read): they
+/// are added at once. What it held before (an older certificate of a route, a route of
+/// an earlier run that is gone) is neither replaced nor removed until every route is
+/// decided; then it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_haproxy_gets_decided_routes_before_start_up_is_decided() {
+    let case = HaproxyCase::start(3).await;
+    let (admin, socket, cert_dir) = (
+        case.admin.clone(),
+        case.socket.clone(),
+        case.cert_dir.clone(),
+    );
+    let host = |i: usize| format!("route-{i}.app-0.apps.sim.example");
+    let gone_host = "gone.app-0.apps.sim.example";
+    // route-2 stays undecided while its secret's watch fails.
+    let (status, body) = case.sim.admin(
+        "POST",
+        "/sim/faults/fail",
+        r#"{"verb":"watch","resource":"secrets","code":500,"count":1000000,"name":"tls-2"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    // An earlier run left route-0 with another certificate, and a route now gone.
+    std::fs::create_dir_all(cert_dir.join("links")).unwrap();
+    let (line_0, old_leaf_0) = left_by_an_earlier_run(&cert_dir, "route-0", &host(0));
+    let (line_gone, gone_leaf) = left_by_an_earlier_run(&cert_dir, "gone", gone_host);
+    let crt_list = format!("{line_0}{line_gone}");
+    std::fs::write(cert_dir.join("crt-list"), &crt_list).unwrap();
+    let (haproxy, port, default_leaf) = start_haproxy(&case.root, &socket, &cert_dir);
+    eventually_async("HAProxy to serve TLS", || {
+        presented(port, "default.invalid")
+    })
+    .await;
+    assert_eq!(presented(port, &host(0)).await, Some(old_leaf_0.clone()));
+    assert_eq!(presented(port, gone_host).await, Some(gone_leaf.clone()));
+    let pid = info_field(&socket, "Pid");
+
+    let socket_arg = socket.display().to_string();
+    let mut certwatch = case.certwatch(
+        "certwatch.log",
+        &["--haproxy-socket", &socket_arg, "--sync-timeout", "10m"],
+    );
+    // route-1, decided, is added while start-up is not decided.
+    let leaf_1 = leaf_of(&admin, "app-0", "tls-1").await;
+    eventually_async("HAProxy to serve route-1", || async {
+        (presented(port, &host(1)).await == Some(leaf_1.clone())).then_some(())
+    })
+    .await;
+    let (status, body) = certwatch.get("/readyz");
+    assert_eq!(
+        (status, body.as_str()),
+        (
+            503,
+            "not ready: 2 of 3 routes present at start-up decided\n"
+        )
+    );
+    // Nothing HAProxy held was replaced or removed, and the crt-list is the old one.
+    assert_eq!(presented(port, &host(0)).await, Some(old_leaf_0));
+    assert_eq!(presented(port, gone_host).await, Some(gone_leaf));
+    assert_eq!(presented(port, &host(2)).await, Some(default_leaf.clone()));
+    assert_eq!(
+        std::fs::read_to_string(cert_dir.join("crt-list")).unwrap(),
+        crt_list
+    );
+    let metrics = certwatch.metrics();
+    let commands = |command: &str| {
+        metric_value(
+            &metrics,
+            &format!("certwatch_haproxy_commands_total{{command=\"{command}\",result=\"ok\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(
+        (
+            commands("new ssl cert"),
+            commands("set ssl cert"),
+            commands("add ssl crt-list"),
+            commands("del ssl crt-list"),
+            commands("del ssl cert"),
+        ),
+        (1.0, 1.0, 1.0, 0.0, 0.0),
+        "{metrics}"
+    );
+
+    // route-2's secret can be read again: start-up is decided, and HAProxy gets the
+    // rest (route-0's certificate replaced, route-2 added, the gone route removed).
+    let (status, body) = case.sim.admin("DELETE", "/sim/faults", "");
+    assert_eq!(status, 200, "{body}");
+    certwatch.wait_ready().await;
+    for i in [0, 2] {
+        let expected = leaf_of(&admin, "app-0", &format!("tls-{i}")).await;
+        assert_eq!(presented(port, &host(i)).await, Some(expected), "route-{i}");
+    }
+    assert_eq!(presented(port, gone_host).await, Some(default_leaf));
+    let metrics = certwatch.metrics();
+    assert!(
+        metric_value(
+            &metrics,
+            "certwatch_haproxy_commands_total{command=\"del ssl cert\",result=\"ok\"}"
+        )
+        .is_some_and(|count| count >= 1.0),
+        "{metrics}"
+    );
+    assert_eq!(errors_besides_show_info(&metrics), 0, "{metrics}");
+    assert_eq!(info_field(&socket, "Pid"), pid, "no reload, no restart");
+    drop(haproxy);
+    assert_eq!(certwatch.terminate().code(), Some(0));
+}
+
 /// A change made through the API in the step test.
 #[derive(Debug, Clone, Copy)]
 enum Step {

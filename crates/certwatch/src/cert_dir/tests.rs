@@ -653,3 +653,58 @@ async fn the_index_is_written_in_the_syntax_it_is_given() {
         )
     );
 }
+
+/// Before start-up is complete, a directory opened with the decided report tells each
+/// flush's newly set routes' lines (their bundles on disk), writes no crt-list and
+/// keeps no line; the complete listing still names every line. Without the report,
+/// nothing is told before it.
+#[tokio::test]
+async fn routes_decided_before_start_up_is_complete_are_told_as_decided() {
+    let temp = tempfile::tempdir().unwrap();
+    let root = temp.path().canonicalize().unwrap();
+    let pki = Pki::new(Timestamp::now());
+    let (a, b) = (served(&pki, "ns", "a", 1), served(&pki, "ns", "b", 2));
+    let mut dir = open(&root).await.unwrap().with_decided_report(true);
+    dir.set(a.clone()).unwrap();
+    let report = dir.flush().await;
+    let told: Vec<(String, bool)> = report
+        .decided
+        .iter()
+        .map(|change| (change.route.to_string(), change.entry.is_some()))
+        .collect();
+    assert_eq!(told, [(a.route.to_string(), true)]);
+    let entry = report.decided[0].entry.as_ref().unwrap();
+    assert!(
+        std::fs::metadata(&entry.name).is_ok(),
+        "its link is on disk"
+    );
+    assert_eq!(entry.digest, bundle_digest(&a.tls));
+    assert!(report.changes.is_empty());
+    assert!(!root.join(CRT_LIST_FILE).exists());
+    // The next flush tells only what was set since.
+    dir.set(b.clone()).unwrap();
+    let report = dir.flush().await;
+    let told: Vec<String> = report
+        .decided
+        .iter()
+        .map(|change| change.route.to_string())
+        .collect();
+    assert_eq!(told, [b.route.to_string()]);
+    assert!(dir.flush().await.decided.is_empty());
+    // a is removed before start-up is complete: the complete listing names b only.
+    dir.remove(&a.route);
+    dir.mark_complete();
+    let report = dir.flush().await;
+    assert!(report.complete_listing && report.decided.is_empty());
+    let listed: Vec<(String, bool)> = report
+        .changes
+        .iter()
+        .map(|change| (change.route.to_string(), change.entry.is_some()))
+        .collect();
+    assert_eq!(listed, [(b.route.to_string(), true)]);
+
+    let other = tempfile::tempdir().unwrap();
+    let mut silent = open(other.path()).await.unwrap();
+    silent.set(a).unwrap();
+    assert!(silent.flush().await.decided.is_empty());
+}

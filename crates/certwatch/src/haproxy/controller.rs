@@ -5,16 +5,21 @@
 //! API, and the ends of starts and reloads, and performs what the machine asks (runtime
 //! API batches, starts, reloads through the master CLI, refusal reports, metrics).
 //!
-//! **Start-up.** Nothing reaches HAProxy before the cert directory is complete (every
-//! route present at start-up decided, its bundle and the crt-list on disk). Then:
+//! **Start-up.**
 //!
-//! - when certwatch runs HAProxy ([`HaproxyMode::Managed`]), it starts it on those
-//!   files: HAProxy loads every certificate itself, which is its fastest way to hold
+//! - when certwatch runs HAProxy ([`HaproxyMode::Managed`]), nothing reaches HAProxy
+//!   before the cert directory is complete (every route present at start-up decided,
+//!   its bundle and the crt-list on disk); then certwatch starts it on those files:
+//!   HAProxy loads every certificate itself, which is its fastest way to hold
 //!   thousands of them. The runtime API is used for changes only;
 //! - when HAProxy runs on its own ([`HaproxyMode::External`]), certwatch reads what it
-//!   holds (`show ssl cert`, each certificate's SHA-1, `show ssl crt-list -n`) and
-//!   pushes the difference; with its master socket, a difference larger than a reload
-//!   costs is loaded by a reload instead.
+//!   holds (`show ssl cert`, each certificate's SHA-1, `show ssl crt-list -n`) as soon
+//!   as the first route is decided, and pushes each decided route's certificate that
+//!   HAProxy holds nothing of while the others are still being decided
+//!   ([`Haproxy::publish_decided`]); what it would remove or replace waits for the
+//!   complete listing, since a half-built set must not take anything away from a
+//!   running HAProxy. Then the whole difference goes; with its master socket, a
+//!   difference larger than a reload costs is loaded by a reload instead.
 //!
 //! **Changes** ([`Haproxy::publish`]) are coalesced per certificate (only the newest
 //! version is pushed), oldest change first, in batches pipelined over one runtime API
@@ -162,6 +167,9 @@ struct InboxState {
     /// Certificate name → its newest line (`None`: gone) and when its oldest
     /// unhandled change came.
     changes: HashMap<String, (Option<CrtEntry>, std::time::Instant)>,
+    /// Certificates decided before the first complete listing: name → line and
+    /// when it was published (see [`Haproxy::publish_decided`]).
+    decided: HashMap<String, (CrtEntry, std::time::Instant)>,
     /// A complete listing was published.
     complete: bool,
     resync: bool,
@@ -281,6 +289,26 @@ impl Haproxy {
                     None => {
                         state.changes.insert(change.name, (change.entry, now));
                     }
+                }
+            }
+        });
+    }
+
+    /// Routes' certificates decided before start-up is (their bundles on disk), for a
+    /// HAProxy run by others: each goes to it at once if it holds nothing under that
+    /// name; anything else waits for the complete listing ([`Haproxy::publish`]), which
+    /// names them again. Only entries with a line count.
+    pub fn publish_decided(&self, decided: &[CrtChange]) {
+        if decided.is_empty() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        self.inbox.update(|state| {
+            for change in decided {
+                if let Some(entry) = &change.entry {
+                    state
+                        .decided
+                        .insert(change.name.clone(), (entry.clone(), now));
                 }
             }
         });
@@ -514,6 +542,14 @@ impl Controller {
         }
         if let Some(reason) = taken.reload {
             self.feed(Event::ReloadRequested(reason)).await;
+        }
+        for (name, (entry, arrived)) in taken.decided {
+            self.feed(Event::Decided {
+                name,
+                entry,
+                arrived,
+            })
+            .await;
         }
         for (name, (entry, arrived)) in taken.changes {
             self.feed(Event::Changed {

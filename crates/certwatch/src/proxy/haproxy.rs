@@ -65,7 +65,9 @@ impl Proxy for HaproxyProxy {
         }
         if let Some(haproxy) = &self.certificates {
             // Changes come only once start-up is decided: a half-built set must not
-            // remove anything from a running HAProxy.
+            // remove anything from a running HAProxy. Routes decided before may be
+            // added to it.
+            haproxy.publish_decided(flushed.decided);
             haproxy.publish(flushed.certificates.to_vec(), flushed.complete);
         }
     }

@@ -8,7 +8,9 @@
 //!   routing, or gone), for a proxy that routes ([`Proxy::routes`]); told only once the
 //!   files a route's certificate lives in are on disk;
 //! - the certificates whose served bundle changed ([`CrtChange`]: the bundle's path,
-//!   its material and digest), and whether this is the first complete listing.
+//!   its material and digest), and whether this is the first complete listing;
+//!   before it, the lines of the routes decided so far ([`Flushed::decided`]), which a
+//!   running proxy may add but must not remove or replace anything for.
 //!
 //! then, once, that start-up is decided ([`Proxy::decided`]). A proxy reports back
 //! ([`ProxyReport`]): its state changed (ready or not, [`ProxyState`]), certificates it
@@ -71,6 +73,11 @@ pub struct Flushed<'a> {
     /// Whether `certificates` lists every served certificate: the first flush once
     /// start-up is decided.
     pub complete: bool,
+    /// Before start-up is decided: the lines of routes decided since the last flush,
+    /// their files on disk (empty unless the cert directory reports them, and once
+    /// start-up is decided). A running proxy may add them at once; the complete
+    /// listing names every line again.
+    pub decided: &'a [CrtChange],
 }
 
 /// What a proxy says of itself, for readiness and the daemon's status.

@@ -31,21 +31,17 @@ use std::time::{Duration, Instant};
 
 use certwatch::Daemon;
 use clap::{CommandFactory as _, Parser};
-use route_secrets::api::pipeline::Readiness;
 use serde::{Deserialize, Serialize};
 
 use super::BenchError;
 use super::haproxy::{
-    check_load, crt_list_lines, failed, free_port, io, leaf_of_file, ms, sample_until_served,
-    self_signed,
+    check_load, crt_list_lines, failed, free_port, io, ms, sample_until_served, self_signed,
+    startup,
 };
 use super::protocol::{ClientSpec, ErrorLog, HaproxyReady, HaproxyResources, ReadyReport};
 
 /// The Deployment the mode runs as, as this binary was built.
 const DEPLOYMENT_YAML: &str = include_str!("../../../../deploy/base/deployment.yaml");
-
-/// Routes sampled by handshakes at start-up.
-const STARTUP_SAMPLE: usize = 200;
 
 /// What HAProxy the haproxy strategy runs, and on which configuration.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -515,23 +511,8 @@ pub async fn run(
         .await
         .map_err(|e| failed(e.to_string()))?;
 
-    let mut pipeline = daemon.pipeline_readiness();
-    let mut status = daemon.status();
-    pipeline
-        .wait_for(|readiness| readiness.listed)
-        .await
-        .map_err(|_| failed("the pipeline stopped before it was ready"))?;
-    let routes_listed_ms = ms(started.elapsed());
-    let pipeline_ready = *pipeline
-        .wait_for(Readiness::is_ready)
-        .await
-        .map_err(|_| failed("the pipeline stopped before it was ready"))?;
-    let pipeline_ready_ms = ms(started.elapsed());
-    status
-        .wait_for(|status| status.files_ready)
-        .await
-        .map_err(|_| failed("the daemon stopped before its files were ready"))?;
-    let files_ready_ms = ms(started.elapsed());
+    let milestones = startup::Milestones::until_files_ready(&daemon, started).await?;
+    let files_ready_ms = milestones.files_ready_ms;
     let files_ready = Instant::now();
     let peak_mib =
         || super::process_stats::mib(super::process_stats::ProcessStats::now().rss_peak_bytes);
@@ -549,21 +530,9 @@ pub async fn run(
         })
     };
     let lines = crt_list_lines(&mounts.certs);
-    let step = (lines.len() / STARTUP_SAMPLE).max(1);
-    let samples: Vec<(String, Vec<u8>)> = lines
-        .iter()
-        .step_by(step)
-        .take(STARTUP_SAMPLE)
-        .filter_map(|(link, sni)| Some((sni.clone(), leaf_of_file(link)?)))
-        .collect();
+    let samples = startup::spread_samples(&lines);
     let sampled = samples.len();
-    let daemon_ready = {
-        let mut status = daemon.status();
-        tokio::spawn(async move {
-            status.wait_for(|status| status.ready).await.ok()?;
-            Some(ms(started.elapsed()))
-        })
-    };
+    let daemon_ready = startup::daemon_ready(&daemon, started);
     tokio::select! {
         () = sample_until_served(tls_port, samples) => {}
         exit = sidecar.exited() => {
@@ -575,11 +544,7 @@ pub async fn run(
         "  haproxy (deployment): served at {served_ms} ms, peak memory so far {} MiB (with the handshake sampler's)",
         peak_mib()
     ));
-    let daemon_ready_ms = daemon_ready
-        .await
-        .ok()
-        .flatten()
-        .ok_or_else(|| failed("the daemon stopped before it was ready"))?;
+    let daemon_ready_ms = startup::daemon_ready_ms(daemon_ready).await?;
     let (worker, haproxy_start) = tokio::time::timeout(timeout, start)
         .await
         .map_err(|_| failed("HAProxy's runtime API did not answer"))?
@@ -651,55 +616,40 @@ pub async fn run(
             .map(|(_, value)| Path::new(value)),
     )
     .await?;
+    let cold = startup::ColdLoad {
+        ms: cold_load_ms,
+        haproxy: cold_haproxy,
+        check,
+    };
     super::progress(&format!(
-        "  haproxy (deployment): start {haproxy_start_ms} ms after the files; cold load {cold_load_ms} ms (worker peak {} MiB, master {} MiB); haproxy -c {} ms, peak {} MiB",
-        super::process_stats::mib(cold_haproxy.worker_peak_rss_bytes),
-        super::process_stats::mib(cold_haproxy.master_peak_rss_bytes),
-        check.ms,
-        super::process_stats::mib(check.peak_rss_bytes),
+        "  haproxy (deployment): start {haproxy_start_ms} ms after the files; {}",
+        cold.summary()
     ));
 
-    super::protocol::record_rejections(&errors, ready.rejected, spec.expected_rejected);
-    let (watched, _synced) = daemon.secret_counts();
-    let mut phases = BTreeMap::new();
-    phases.insert("routes_listed".to_owned(), routes_listed_ms);
-    phases.insert("pipeline_ready".to_owned(), pipeline_ready_ms);
-    phases.insert("files_ready".to_owned(), files_ready_ms);
-    phases.insert("ready".to_owned(), daemon_ready_ms);
-    phases.insert("served".to_owned(), served_ms);
+    let haproxy = HaproxyReady {
+        tls_port,
+        stats_socket: socket,
+        cert_dir: mounts.certs.clone(),
+        worker: Some(worker),
+        listed: lines.len(),
+        files_ready_ms,
+        daemon_ready_ms,
+        served_ms,
+        sampled,
+        haproxy_start_ms,
+        cold_load_ms: cold.ms,
+        metrics_addr: daemon.http_addr(),
+        threads,
+        served_haproxy,
+        cold_haproxy: cold.haproxy,
+        check: cold.check,
+        config: HaproxyConfig::Deployment,
+        servers,
+        push: None,
+    };
+    let later = [("served", served_ms)];
     Ok((
-        ReadyReport {
-            ready_ms: daemon_ready_ms,
-            measured_routes: pipeline_ready.initial_routes,
-            measured_secrets: watched,
-            admitted: ready.admitted,
-            rejected: ready.rejected,
-            phases,
-            per_route_ms: None,
-            per_secret_ms: None,
-            cert_dir: Some(mounts.certs.clone()),
-            haproxy: Some(Box::new(HaproxyReady {
-                tls_port,
-                stats_socket: socket,
-                cert_dir: mounts.certs.clone(),
-                worker: Some(worker),
-                listed: lines.len(),
-                files_ready_ms,
-                daemon_ready_ms,
-                served_ms,
-                sampled,
-                haproxy_start_ms,
-                cold_load_ms,
-                metrics_addr: daemon.http_addr(),
-                threads,
-                served_haproxy,
-                cold_haproxy,
-                check,
-                config: HaproxyConfig::Deployment,
-                servers,
-                push: None,
-            })),
-        },
+        startup::ready_report(&daemon, &milestones, &ready, &later, haproxy, spec, &errors),
         DeploymentRun {
             _sidecar: sidecar,
             daemon,

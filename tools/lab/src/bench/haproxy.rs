@@ -44,7 +44,6 @@ use certwatch::{Daemon, DaemonOptions};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use kube_common::sync;
-use route_secrets::api::pipeline::Readiness;
 use serde::Serialize;
 
 use super::BenchError;
@@ -52,6 +51,8 @@ use super::protocol::{
     ClientSpec, ErrorLog, HaproxyCheck, HaproxyReady, HaproxyResources, HaproxyStart, ReadyReport,
 };
 use super::scenario::Check;
+
+pub(super) mod startup;
 
 /// Routes sampled by handshakes at start-up.
 pub(super) const STARTUP_SAMPLE: usize = 200;
@@ -275,25 +276,8 @@ pub async fn run(
         .await
         .map_err(|e| failed(e.to_string()))?;
 
-    // Awaited in the order they happen, in this one task, so each milestone is observed
-    // as soon as the one before it and the phases never come out of order.
-    let mut pipeline = daemon.pipeline_readiness();
-    let mut status = daemon.status();
-    pipeline
-        .wait_for(|readiness| readiness.listed)
-        .await
-        .map_err(|_| failed("the pipeline stopped before it was ready"))?;
-    let routes_listed_ms = ms(started.elapsed());
-    let pipeline_ready = *pipeline
-        .wait_for(Readiness::is_ready)
-        .await
-        .map_err(|_| failed("the pipeline stopped before it was ready"))?;
-    let pipeline_ready_ms = ms(started.elapsed());
-    status
-        .wait_for(|status| status.files_ready)
-        .await
-        .map_err(|_| failed("the daemon stopped before its files were ready"))?;
-    let files_ready_ms = ms(started.elapsed());
+    let milestones = startup::Milestones::until_files_ready(&daemon, started).await?;
+    let files_ready_ms = milestones.files_ready_ms;
     let peak_mib =
         || super::process_stats::mib(super::process_stats::ProcessStats::now().rss_peak_bytes);
     super::progress(&format!(
@@ -302,32 +286,16 @@ pub async fn run(
     ));
     // Ready served, by handshakes: a sample spread over the crt-list.
     let lines = crt_list_lines(&certs);
-    let step = (lines.len() / STARTUP_SAMPLE).max(1);
-    let samples: Vec<(String, Vec<u8>)> = lines
-        .iter()
-        .step_by(step)
-        .take(STARTUP_SAMPLE)
-        .filter_map(|(link, sni)| Some((sni.clone(), leaf_of_file(link)?)))
-        .collect();
+    let samples = startup::spread_samples(&lines);
     let sampled = samples.len();
-    let daemon_ready = {
-        let mut status = daemon.status();
-        tokio::spawn(async move {
-            status.wait_for(|status| status.ready).await.ok()?;
-            Some(ms(started.elapsed()))
-        })
-    };
+    let daemon_ready = startup::daemon_ready(&daemon, started);
     sample_until_served(port, samples).await;
     let served_ms = ms(started.elapsed());
     super::progress(&format!(
         "  haproxy: served at {served_ms} ms, peak memory so far {} MiB (with the handshake sampler's)",
         peak_mib()
     ));
-    let daemon_ready_ms = daemon_ready
-        .await
-        .ok()
-        .flatten()
-        .ok_or_else(|| failed("the daemon stopped before it was ready"))?;
+    let daemon_ready_ms = startup::daemon_ready_ms(daemon_ready).await?;
     let ready = *daemon.status().borrow();
     let haproxy_start_ms = metric_seconds(
         &daemon.metrics_text(),
@@ -344,71 +312,33 @@ pub async fn run(
     }
 
     // HAProxy's own cold load of the same files, by a second HAProxy.
-    let cold_socket = root.join("cold.sock");
-    let cold_config = write_config(&setup, "cold.cfg", &cold_socket, free_port()?)?;
-    let mut cold = ProcessOptions::new("haproxy", &cold_config, root.join("cold-master.sock"));
-    cold.load_timeout = Duration::from_millis(spec.timeout_ms);
-    let (cold_process, cold_worker) = HaproxyProcess::start(cold)
-        .await
-        .map_err(|e| failed(format!("HAProxy's cold load: {e}")))?;
-    let cold_load_ms = ms(cold_process.start_duration());
-    let cold_haproxy = HaproxyResources::of_worker(cold_worker);
-    cold_process
-        .stop(&certwatch::haproxy::process::Drain::new(
-            Duration::from_secs(10),
-        ))
-        .await;
-    // And `haproxy -c` of it: the load alone, no worker.
-    let check = check_load(&cold_config, None).await?;
-    super::progress(&format!(
-        "  haproxy: cold load {cold_load_ms} ms (worker peak {} MiB, master {} MiB); haproxy -c {} ms, peak {} MiB",
-        super::process_stats::mib(cold_haproxy.worker_peak_rss_bytes),
-        super::process_stats::mib(cold_haproxy.master_peak_rss_bytes),
-        check.ms,
-        super::process_stats::mib(check.peak_rss_bytes),
-    ));
+    let cold = startup::ColdLoad::measure(&setup, spec.timeout_ms).await?;
+    super::progress(&format!("  haproxy: {}", cold.summary()));
 
-    super::protocol::record_rejections(&errors, ready.rejected, spec.expected_rejected);
-    let (watched, _synced) = daemon.secret_counts();
-    let mut phases = BTreeMap::new();
-    phases.insert("routes_listed".to_owned(), routes_listed_ms);
-    phases.insert("pipeline_ready".to_owned(), pipeline_ready_ms);
-    phases.insert("files_ready".to_owned(), files_ready_ms);
-    phases.insert("ready".to_owned(), daemon_ready_ms);
-    phases.insert("served".to_owned(), served_ms);
+    let haproxy = HaproxyReady {
+        tls_port: port,
+        stats_socket: socket,
+        cert_dir: certs,
+        worker,
+        listed: lines.len(),
+        files_ready_ms,
+        daemon_ready_ms,
+        served_ms,
+        sampled,
+        haproxy_start_ms,
+        cold_load_ms: cold.ms,
+        metrics_addr: daemon.http_addr(),
+        threads: spec.haproxy_threads,
+        served_haproxy,
+        cold_haproxy: cold.haproxy,
+        check: cold.check,
+        push: None,
+        config: super::deployment::HaproxyConfig::Certificates,
+        servers: 0,
+    };
+    let later = [("served", served_ms)];
     Ok((
-        ReadyReport {
-            ready_ms: daemon_ready_ms,
-            measured_routes: pipeline_ready.initial_routes,
-            measured_secrets: watched,
-            admitted: ready.admitted,
-            rejected: ready.rejected,
-            phases,
-            per_route_ms: None,
-            per_secret_ms: None,
-            cert_dir: Some(certs.clone()),
-            haproxy: Some(Box::new(HaproxyReady {
-                tls_port: port,
-                stats_socket: socket,
-                cert_dir: certs,
-                worker,
-                listed: lines.len(),
-                files_ready_ms,
-                daemon_ready_ms,
-                served_ms,
-                sampled,
-                haproxy_start_ms,
-                cold_load_ms,
-                metrics_addr: daemon.http_addr(),
-                threads: spec.haproxy_threads,
-                served_haproxy,
-                cold_haproxy,
-                check,
-                push: None,
-                config: super::deployment::HaproxyConfig::Certificates,
-                servers: 0,
-            })),
-        },
+        startup::ready_report(&daemon, &milestones, &ready, &later, haproxy, spec, &errors),
         HaproxyRun {
             daemon,
             _haproxy: None,

@@ -29,15 +29,14 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use certwatch::haproxy::HaproxyOptions;
-use certwatch::haproxy::process::{Drain, HaproxyProcess, ProcessOptions};
+use certwatch::haproxy::process::{HaproxyProcess, ProcessOptions};
 use certwatch::{Daemon, DaemonOptions};
-use route_secrets::api::pipeline::Readiness;
 use serde::{Deserialize, Serialize};
 
 use super::BenchError;
 use super::haproxy::{
-    HaproxyFigures, HaproxyRun, HaproxySetup, STARTUP_SAMPLE, check_load, crt_list_lines, failed,
-    free_port, io, leaf_of_file, ms, presented, self_signed, write_config,
+    HaproxyFigures, HaproxyRun, HaproxySetup, STARTUP_SAMPLE, crt_list_lines, failed, free_port,
+    io, leaf_of_file, ms, presented, self_signed, startup, write_config,
 };
 use super::process_stats::{mib, other_process_cpu_ms, process_cpu_time};
 use super::protocol::{ClientSpec, ErrorLog, HaproxyReady, HaproxyResources, ReadyReport};
@@ -173,23 +172,8 @@ pub async fn run(
         .await
         .map_err(|e| failed(e.to_string()))?;
 
-    let mut pipeline = daemon.pipeline_readiness();
-    let mut status = daemon.status();
-    pipeline
-        .wait_for(|readiness| readiness.listed)
-        .await
-        .map_err(|_| failed("the pipeline stopped before it was ready"))?;
-    let routes_listed_ms = ms(started.elapsed());
-    let pipeline_ready = *pipeline
-        .wait_for(Readiness::is_ready)
-        .await
-        .map_err(|_| failed("the pipeline stopped before it was ready"))?;
-    let pipeline_ready_ms = ms(started.elapsed());
-    status
-        .wait_for(|status| status.files_ready)
-        .await
-        .map_err(|_| failed("the daemon stopped before its files were ready"))?;
-    let files_ready_ms = ms(started.elapsed());
+    let milestones = startup::Milestones::until_files_ready(&daemon, started).await?;
+    let files_ready_ms = milestones.files_ready_ms;
     super::progress(&format!(
         "  haproxy (running): files ready at {files_ready_ms} ms"
     ));
@@ -202,22 +186,12 @@ pub async fn run(
         })
         .collect();
     let sampled = samples.len();
-    let daemon_ready = {
-        let mut status = daemon.status();
-        tokio::spawn(async move {
-            status.wait_for(|status| status.ready).await.ok()?;
-            Some(ms(started.elapsed()))
-        })
-    };
+    let daemon_ready = startup::daemon_ready(&daemon, started);
     let (mut served, handshakes) = served_times(port, samples, started, daemon.status()).await;
     let sampled_served_ms = ms(started.elapsed());
     // Every route, not only the sample: certwatch is ready once HAProxy answered
     // `Success!` to every start-up route's commands.
-    let daemon_ready_ms = daemon_ready
-        .await
-        .ok()
-        .flatten()
-        .ok_or_else(|| failed("the daemon stopped before it was ready"))?;
+    let daemon_ready_ms = startup::daemon_ready_ms(daemon_ready).await?;
     let all_served_ms = sampled_served_ms.max(daemon_ready_ms);
     let haproxy_cpu_ms = other_process_cpu_ms(running.worker)
         .zip(haproxy_cpu_before)
@@ -237,19 +211,8 @@ pub async fn run(
     let served_haproxy = HaproxyResources::of_worker(running.worker);
 
     // HAProxy's own cold load of the same files, by a second HAProxy.
-    let cold_socket = root.join("cold.sock");
-    let cold_config = write_config(&setup, "cold.cfg", &cold_socket, free_port()?)?;
-    let mut cold = ProcessOptions::new("haproxy", &cold_config, root.join("cold-master.sock"));
-    cold.load_timeout = Duration::from_millis(spec.timeout_ms);
-    let (cold_process, cold_worker) = HaproxyProcess::start(cold)
-        .await
-        .map_err(|e| failed(format!("HAProxy's cold load: {e}")))?;
-    let cold_load_ms = ms(cold_process.start_duration());
-    let cold_haproxy = HaproxyResources::of_worker(cold_worker);
-    cold_process
-        .stop(&Drain::new(Duration::from_secs(10)))
-        .await;
-    let check = check_load(&cold_config, None).await?;
+    let cold = startup::ColdLoad::measure(&setup, spec.timeout_ms).await?;
+    let cold_load_ms = cold.ms;
     let pushed = commands
         .get("commit ssl cert/ok")
         .copied()
@@ -281,59 +244,47 @@ pub async fn run(
         commands,
     };
     super::progress(&format!(
-        "  haproxy (running): cold load {cold_load_ms} ms, haproxy -c {} ms; all served / cold load = {:.2}; {} certificates pushed, {:.3} ms of HAProxy's CPU each",
-        check.ms, push.all_over_cold_load, push.pushed, push.haproxy_cpu_per_cert_ms,
+        "  haproxy (running): {}; all served / cold load = {:.2}; {} certificates pushed, {:.3} ms of HAProxy's CPU each",
+        cold.summary(),
+        push.all_over_cold_load,
+        push.pushed,
+        push.haproxy_cpu_per_cert_ms,
     ));
 
-    super::protocol::record_rejections(&errors, ready.rejected, spec.expected_rejected);
     if ready
         .haproxy
         .is_none_or(|haproxy| haproxy.startup_unserved != 0)
     {
         errors.record("certwatch's HAProxy status does not say every start-up route is served");
     }
-    let (watched, _synced) = daemon.secret_counts();
-    let mut phases = BTreeMap::new();
-    phases.insert("routes_listed".to_owned(), routes_listed_ms);
-    phases.insert("pipeline_ready".to_owned(), pipeline_ready_ms);
-    phases.insert("files_ready".to_owned(), files_ready_ms);
-    phases.insert("first_served".to_owned(), first_served_ms);
-    phases.insert("half_served".to_owned(), half_served_ms);
-    phases.insert("ready".to_owned(), daemon_ready_ms);
-    phases.insert("served".to_owned(), all_served_ms);
+    let haproxy = HaproxyReady {
+        tls_port: port,
+        stats_socket: socket,
+        cert_dir: certs,
+        worker: Some(running.worker),
+        listed: lines.len(),
+        files_ready_ms,
+        daemon_ready_ms,
+        served_ms: all_served_ms,
+        sampled,
+        haproxy_start_ms: ms(running.took),
+        cold_load_ms,
+        metrics_addr: daemon.http_addr(),
+        threads: spec.haproxy_threads,
+        served_haproxy,
+        cold_haproxy: cold.haproxy,
+        check: cold.check,
+        push: Some(push),
+        config: super::deployment::HaproxyConfig::Certificates,
+        servers: 0,
+    };
+    let later = [
+        ("first_served", first_served_ms),
+        ("half_served", half_served_ms),
+        ("served", all_served_ms),
+    ];
     Ok((
-        ReadyReport {
-            ready_ms: daemon_ready_ms,
-            measured_routes: pipeline_ready.initial_routes,
-            measured_secrets: watched,
-            admitted: ready.admitted,
-            rejected: ready.rejected,
-            phases,
-            per_route_ms: None,
-            per_secret_ms: None,
-            cert_dir: Some(certs.clone()),
-            haproxy: Some(Box::new(HaproxyReady {
-                tls_port: port,
-                stats_socket: socket,
-                cert_dir: certs,
-                worker: Some(running.worker),
-                listed: lines.len(),
-                files_ready_ms,
-                daemon_ready_ms,
-                served_ms: all_served_ms,
-                sampled,
-                haproxy_start_ms: ms(running.took),
-                cold_load_ms,
-                metrics_addr: daemon.http_addr(),
-                threads: spec.haproxy_threads,
-                served_haproxy,
-                cold_haproxy,
-                check,
-                push: Some(push),
-                config: super::deployment::HaproxyConfig::Certificates,
-                servers: 0,
-            })),
-        },
+        startup::ready_report(&daemon, &milestones, &ready, &later, haproxy, spec, &errors),
         HaproxyRun {
             daemon,
             _haproxy: Some(running.process),

@@ -7,7 +7,8 @@
 //! start or reload made (every certificate not changed since it began is what the
 //! files held), asked certificate by certificate (`show ssl cert <name>`, its SHA-1)
 //! otherwise. What HAProxy holds of certwatch's and certwatch no longer wants is
-//! removed; everything else not held as wanted is pending.
+//! removed (once the first complete listing says what certwatch wants); everything
+//! else not held as wanted is pending.
 
 use std::time::Instant;
 
@@ -230,26 +231,20 @@ impl Machine {
                 });
             }
         }
-        // What HAProxy holds of certwatch's and certwatch no longer wants goes.
-        let strays: Vec<String> = known
-            .certs
-            .keys()
-            .chain(known.lines.keys())
-            .filter(|name| !self.wanted.contains_key(*name))
-            .cloned()
-            .collect();
-        for name in strays {
-            self.version += 1;
-            self.wanted.insert(
-                name,
-                Want {
-                    entry: None,
-                    version: self.version,
-                },
-            );
+        let (pid, certificates, lines) =
+            (connected.instance.pid, known.certs.len(), known.lines.len());
+        self.limits = Some(connected);
+        self.known = Some(known);
+        // What HAProxy holds of certwatch's and certwatch no longer wants goes, once
+        // the listing says what certwatch wants.
+        if self.listing_complete {
+            self.mark_strays(now);
         }
         // Everything HAProxy does not hold as wanted is pending; what it holds is
         // served.
+        let Some(known) = &self.known else {
+            return;
+        };
         let mut served = Vec::new();
         for (name, want) in &self.wanted {
             if known.holds(name, want.entry.as_ref()) {
@@ -262,14 +257,12 @@ impl Machine {
             self.served(&name, out);
         }
         debug!(
-            pid = connected.instance.pid,
-            certificates = known.certs.len(),
-            lines = known.lines.len(),
+            pid,
+            certificates,
+            lines,
             pending = self.pending.len(),
             "read HAProxy's certificates"
         );
-        self.limits = Some(connected);
-        self.known = Some(known);
         self.succeeded(out);
     }
 }

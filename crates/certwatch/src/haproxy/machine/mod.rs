@@ -13,8 +13,10 @@
 //! [`Action::Execute`]); its answer ([`Event::Identity`], [`Event::Answered`]) carries
 //! the cycle on, in this order:
 //!
-//! 1. nothing before the first complete listing; a managed HAProxy not running is
-//!    started ([`Action::Start`]) and nothing else happens until it serves;
+//! 1. a managed HAProxy waits for the first complete listing, then is started
+//!    ([`Action::Start`]) and nothing else happens until it serves; a HAProxy run by
+//!    others is reached as soon as a route is decided ([`Event::Decided`]), and only
+//!    adds go to it before the first complete listing (see *Before the listing* below);
 //! 2. every [`MachineOptions::check_interval`], unless a reload runs, HAProxy's
 //!    identity is checked: another process answering the persistent connection means
 //!    a reconnect and a new reading;
@@ -42,6 +44,13 @@
 //!   request; at least [`MachineOptions::min_reload_interval`] apart; possible only with
 //!   a master CLI. After a start or a reload, the new worker holds what did not change
 //!   since it began: that is known without asking.
+//! * **Before the listing.** Until the first complete listing, the set of routes is
+//!   half-built: what HAProxy holds and certwatch does not want yet may be a route not
+//!   decided yet. So a HAProxy run by others gets only adds then: a decided route's
+//!   certificate that HAProxy holds nothing of under its name (no store, no line) goes
+//!   to it at once; removals (strays HAProxy holds), replacements of what it holds, and
+//!   reloads wait for the complete listing. A decided route the complete listing does
+//!   not name (removed or refused meanwhile) is removed then.
 //! * **Answers.** What each answer means for the knowledge is [`super::certs`]'s
 //!   ([`Known::apply`]); an answer from another process than the known one voids the
 //!   knowledge; a broken batch makes it stale.
@@ -126,6 +135,19 @@ pub enum Event {
         /// Its newest line.
         entry: Option<CrtEntry>,
         /// When the change was published.
+        arrived: Instant,
+    },
+    /// A route's certificate decided before the first complete listing (its bundle on
+    /// disk): pushed at once to a HAProxy run by others that holds nothing under its
+    /// name; ignored once the listing is complete, and by a managed HAProxy (started
+    /// on the complete files). The complete listing names it again, or it is removed
+    /// then.
+    Decided {
+        /// The certificate's name.
+        name: String,
+        /// Its line.
+        entry: CrtEntry,
+        /// When it was published.
         arrived: Instant,
     },
     /// The first complete listing is in: start-up decided.
@@ -387,6 +409,9 @@ pub struct Machine {
     startup: Option<HashSet<String>>,
     startup_routes: usize,
     listing_complete: bool,
+    /// Names wanted from [`Event::Decided`] only, before the first complete listing:
+    /// those the complete listing does not name are removed then.
+    early: HashSet<String>,
     known: Option<Known>,
     /// The connection's process and limits, from the last exchange.
     limits: Option<Connected>,
@@ -460,6 +485,7 @@ impl Machine {
             startup: None,
             startup_routes: 0,
             listing_complete: false,
+            early: HashSet::new(),
             known: None,
             limits: None,
             loaded: None,
@@ -489,8 +515,21 @@ impl Machine {
                 name,
                 entry,
                 arrived,
-            } => self.changed(name, entry, arrived, &mut out),
-            Event::ListingComplete => self.listing_complete(),
+            } => {
+                self.early.remove(&name);
+                self.changed(name, entry, arrived, &mut out);
+            }
+            Event::Decided {
+                name,
+                entry,
+                arrived,
+            } => {
+                if self.early_pushes() {
+                    self.early.insert(name.clone());
+                    self.changed(name, Some(entry), arrived, &mut out);
+                }
+            }
+            Event::ListingComplete => self.listing_complete(now, &mut out),
             Event::Resync => {
                 info!(socket = %self.options.socket.display(), "re-reading HAProxy's certificates");
                 self.known = None;
@@ -537,7 +576,7 @@ impl Machine {
     /// on news). Only what the next turn would act on counts: a start, a reload or an
     /// exchange in progress ends with news, and a retry comes before anything else.
     pub fn next_wake(&self, now: Instant) -> Option<Instant> {
-        if !self.listing_complete || !matches!(self.op, Op::Idle) || self.closing {
+        if !self.acting() || !matches!(self.op, Op::Idle) || self.closing {
             return None;
         }
         if self.starting.is_some() {
@@ -555,7 +594,7 @@ impl Machine {
         };
         if self.reloading.is_none() {
             earliest(self.next_check.unwrap_or(now));
-            if self.reload_wanted.is_some() && self.can_reload {
+            if self.reload_wanted.is_some() && self.can_reload && self.listing_complete {
                 earliest(
                     self.last_reload
                         .map_or(now, |last| last + self.options.min_reload_interval),
@@ -563,7 +602,7 @@ impl Machine {
             }
         }
         if self.up && self.ready_to_push() {
-            for name in self.pending.keys() {
+            for name in self.pending.keys().filter(|name| self.may_push(name)) {
                 match self.deferred.get(name) {
                     None => return Some(now),
                     Some((_, due)) => earliest(*due),
@@ -631,7 +670,40 @@ impl Machine {
     }
 
     fn ready_to_push(&self) -> bool {
-        self.listing_complete && self.starting.is_none() && self.known.is_some()
+        self.acting() && self.starting.is_none() && self.known.is_some()
+    }
+
+    /// Whether decided routes go to HAProxy before the first complete listing: only
+    /// to one run by others (a managed HAProxy starts on the complete files).
+    fn early_pushes(&self) -> bool {
+        !self.listing_complete && !self.options.managed
+    }
+
+    /// Whether the machine acts on HAProxy now: once the listing is complete, or
+    /// before it for routes decided early ([`Event::Decided`]) and a HAProxy run by
+    /// others.
+    fn acting(&self) -> bool {
+        self.listing_complete || (self.early_pushes() && !self.early.is_empty())
+    }
+
+    /// Whether `name`'s pending change may go to HAProxy now: any once the listing is
+    /// complete; before it, only an add of a route decided early (a certificate HAProxy
+    /// holds nothing of under its name), so that a half-built set neither removes nor
+    /// replaces anything.
+    fn may_push(&self, name: &str) -> bool {
+        if self.listing_complete {
+            return true;
+        }
+        let Some(known) = &self.known else {
+            return false;
+        };
+        self.early.contains(name)
+            && self
+                .wanted
+                .get(name)
+                .is_some_and(|want| want.entry.is_some())
+            && !known.certs.contains_key(name)
+            && !known.lines.contains_key(name)
     }
 
     fn changed(
@@ -676,11 +748,24 @@ impl Machine {
         );
     }
 
-    fn listing_complete(&mut self) {
+    fn listing_complete(&mut self, now: Instant, out: &mut Vec<Action>) {
         if self.listing_complete {
             return;
         }
         self.listing_complete = true;
+        // Decided early, and not in the complete listing: removed or refused since.
+        for name in std::mem::take(&mut self.early) {
+            self.changed(name, None, now, out);
+        }
+        // What HAProxy holds of certwatch's and the complete set does not want goes.
+        self.mark_strays(now);
+        // Attempts made while HAProxy was not there yet (a sidecar that starts on the
+        // complete files) do not delay the first one now.
+        if !self.answered_once {
+            self.failures = 0;
+            self.retry_at = None;
+            self.backoff = Backoff::new(self.options.retry);
+        }
         let names: HashSet<String> = self
             .wanted
             .iter()
@@ -796,9 +881,36 @@ impl Machine {
         self.backoff.next_delay_at(now, draw)
     }
 
+    /// Names HAProxy holds under certwatch's prefix that are not wanted become
+    /// removals. Only with the complete listing: before it, such a name may be a route
+    /// not decided yet.
+    fn mark_strays(&mut self, now: Instant) {
+        let Some(known) = &self.known else {
+            return;
+        };
+        let strays: HashSet<String> = known
+            .certs
+            .keys()
+            .chain(known.lines.keys())
+            .filter(|name| !self.wanted.contains_key(*name))
+            .cloned()
+            .collect();
+        for name in strays {
+            self.version += 1;
+            self.pending.entry(name.clone()).or_insert(now);
+            self.wanted.insert(
+                name,
+                Want {
+                    entry: None,
+                    version: self.version,
+                },
+            );
+        }
+    }
+
     /// The start of a cycle (see the [module documentation](self)).
     fn decide(&mut self, now: Instant, out: &mut Vec<Action>) {
-        if !self.listing_complete {
+        if !self.acting() {
             return;
         }
         if self.options.managed && !self.running {
@@ -832,7 +944,10 @@ impl Machine {
     }
 
     fn after_discover(&mut self, now: Instant, out: &mut Vec<Action>) {
-        self.maybe_reload(now, out);
+        // A reload loads the files, which are complete only with the listing.
+        if self.listing_complete {
+            self.maybe_reload(now, out);
+        }
         if !self.pending.is_empty() && !self.push(now, out) {
             self.succeeded(out);
         }
@@ -1035,15 +1150,21 @@ impl Machine {
     fn failed(&mut self, now: Instant, failure: &Failure, out: &mut Vec<Action>) {
         self.failures = self.failures.saturating_add(1);
         self.up = false;
-        out.push(Action::Count(Count::Up(false)));
-        out.push(Action::Count(Count::SyncFailed));
-        let delay = self.next_delay(now);
         // HAProxy started beside certwatch (by its routing task, a sidecar) creates its
         // socket a moment after the files are complete: until it has answered once, a
         // missing socket is said at info, and warned about only once it lasts.
         let starting = !self.answered_once && failure.socket_missing();
+        out.push(Action::Count(Count::Up(false)));
+        if !starting || self.listing_complete {
+            out.push(Action::Count(Count::SyncFailed));
+        }
+        let delay = self.next_delay(now);
         let warn_at = if starting { STARTING_FAILURES } else { 1 };
-        if self.failures == warn_at {
+        if starting && !self.listing_complete {
+            // Before the files are complete, HAProxy may well not run yet; the count
+            // starts again with the complete listing.
+            debug!(error = %failure, retry_in = ?delay, "HAProxy's runtime API is not there yet");
+        } else if self.failures == warn_at {
             warn!(error = %failure, retry_in = ?delay, "HAProxy: cannot bring it up to date; retrying");
         } else if self.failures == 1 {
             info!(

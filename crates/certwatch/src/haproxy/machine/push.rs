@@ -2,7 +2,8 @@
 //! answers mean.
 //!
 //! Planning ([`super::certs::plan`]) takes pending certificates oldest change first,
-//! skipping those deferred, until the batch holds [`MachineOptions::batch_limit`]
+//! skipping those deferred (and, before the first complete listing, all but adds),
+//! until the batch holds [`MachineOptions::batch_limit`]
 //! certificates or [`MachineOptions::batch_bytes`] of requests; a certificate with
 //! nothing to do is served, one too large for a request waits for a reload or is
 //! refused. Transactions a busy `commit` may have left open are aborted first. Each
@@ -89,7 +90,7 @@ impl Machine {
             if certificates.len() >= self.options.batch_limit || bytes >= self.options.batch_bytes {
                 break;
             }
-            if self.deferred.get(name).is_some_and(|(_, due)| now < *due) {
+            if self.deferred.get(name).is_some_and(|(_, due)| now < *due) || !self.may_push(name) {
                 continue;
             }
             let Some(want) = self.wanted.get(name) else {

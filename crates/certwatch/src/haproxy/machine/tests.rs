@@ -471,6 +471,25 @@ impl Rig {
         });
     }
 
+    /// The cert directory writes `entry`'s bundle before start-up is complete and
+    /// publishes its line as decided.
+    fn decide(&mut self, entry: CrtEntry) {
+        self.files.insert(entry.name.clone(), entry.clone());
+        self.step(Event::Decided {
+            name: entry.name.clone(),
+            entry,
+            arrived: self.now,
+        });
+    }
+
+    /// The complete listing: every line of the files, then its end.
+    fn complete(&mut self) {
+        for entry in self.files.clone().into_values() {
+            self.change(entry);
+        }
+        self.step(Event::ListingComplete);
+    }
+
     fn remove(&mut self, n: &str) {
         self.files.remove(&name(n));
         self.step(Event::Changed {
@@ -921,6 +940,122 @@ fn nothing_happens_before_the_listing_is_complete() {
     assert_eq!(rig.machine.next_wake(rig.now), None, "no turn without news");
     assert_eq!(rig.machine.status().state, HaproxyState::WaitingForFiles);
     assert!(!rig.machine.status().ready());
+}
+
+/// HAProxy holds `n` with material `material_index` on its plain line, as an earlier
+/// run left it.
+fn held_before(rig: &mut Rig, n: &str, material_index: usize) {
+    let bundle = good(n, material_index)
+        .tls
+        .pem_bundle()
+        .expose_secret()
+        .to_owned();
+    rig.sim.certs.insert(name(n), Some(bundle));
+    rig.sim.lines.push((name(n), format!("{n}.example")));
+}
+
+/// The commands that remove or replace something: `del`, and `set ssl cert` of a name
+/// HAProxy held.
+fn removals_and_replacements(rig: &Rig, held: &[&str]) -> Vec<String> {
+    rig.executed()
+        .into_iter()
+        .filter(|line| {
+            line.starts_with("del ssl")
+                || held
+                    .iter()
+                    .any(|n| *line == format!("set ssl cert {}", name(n)))
+        })
+        .collect()
+}
+
+#[test]
+fn before_the_listing_only_adds_go_to_a_haproxy_run_by_others() {
+    let mut rig = Rig::new(options());
+    // An earlier run left a stray ("old") and an older version of "b".
+    held_before(&mut rig, "old", 2);
+    held_before(&mut rig, "b", 1);
+    rig.decide(good("a", 0));
+    rig.decide(good("b", 0));
+    rig.settle();
+    // a, which HAProxy held nothing of, is served; nothing was removed or replaced.
+    assert!(rig.sim.serves(&good("a", 0)), "{:?}", rig.executed());
+    assert!(
+        rig.sim
+            .serves(&entry("b", &material().good[1], "b.example"))
+    );
+    assert!(!rig.sim.lacks(&name("old")));
+    assert_eq!(
+        removals_and_replacements(&rig, &["old", "b"]),
+        Vec::<String>::new()
+    );
+    let adds = rig
+        .executed()
+        .iter()
+        .filter(|line| line.starts_with("add ssl crt-list"))
+        .count();
+    assert_eq!(adds, 1);
+    let status = rig.machine.status();
+    assert_eq!(status.state, HaproxyState::WaitingForFiles);
+    assert!(!status.ready());
+
+    // The complete listing: the replacement and the removal go now; a, served, needs
+    // no command.
+    rig.clear();
+    rig.complete();
+    rig.settle();
+    assert!(rig.sim.serves(&good("a", 0)) && rig.sim.serves(&good("b", 0)));
+    assert!(rig.sim.lacks(&name("old")));
+    let executed = rig.executed();
+    for expected in [
+        format!("del ssl cert {}", name("old")),
+        format!("set ssl cert {}", name("b")),
+    ] {
+        assert!(executed.contains(&expected), "{expected}: {executed:?}");
+    }
+    assert!(
+        !executed.iter().any(|line| line.ends_with(&name("a"))),
+        "{executed:?}"
+    );
+    let status = rig.machine.status();
+    assert_eq!((status.startup_routes, status.startup_unserved), (2, 0));
+    assert!(status.ready());
+}
+
+#[test]
+fn a_route_decided_early_and_left_out_of_the_listing_is_removed_with_it() {
+    let mut rig = Rig::new(options());
+    rig.decide(good("a", 0));
+    rig.decide(good("b", 0));
+    rig.settle();
+    assert!(rig.sim.serves(&good("a", 0)) && rig.sim.serves(&good("b", 0)));
+    // a's route was removed before start-up was decided: the listing names b only.
+    rig.files.remove(&name("a"));
+    rig.clear();
+    rig.complete();
+    rig.settle();
+    assert!(rig.sim.lacks(&name("a")), "{:?}", rig.sim);
+    assert!(rig.sim.serves(&good("b", 0)));
+    assert!(rig.machine.status().ready());
+}
+
+#[test]
+fn a_managed_haproxy_gets_nothing_before_the_listing() {
+    let mut rig = Rig::new(MachineOptions {
+        managed: true,
+        ..options()
+    });
+    rig.decide(good("a", 0));
+    rig.step(Event::Timer);
+    assert!(rig.actions.is_empty(), "{:?}", rig.actions);
+    assert_eq!(rig.machine.next_wake(rig.now), None);
+    rig.complete();
+    rig.settle();
+    assert!(rig.sim.serves(&good("a", 0)));
+    let executed = rig.executed();
+    assert!(
+        !executed.iter().any(|line| line.starts_with("set ssl cert")),
+        "loaded from the files: {executed:?}"
+    );
 }
 
 #[test]
@@ -1614,6 +1749,13 @@ fn settles_to_the_files(managed: bool, moves: &[Move]) -> Result<(), TestCaseErr
     rig.change(written(0, 0, 0));
     rig.step(Event::ListingComplete);
     play(&mut rig, moves);
+    settled(rig)
+}
+
+/// Once faults stop and time passes, HAProxy holds every certificate as written,
+/// except refused material, and holds nothing certwatch removed; the machine's reports
+/// and figures agree.
+fn settled(mut rig: Rig) -> Result<(), TestCaseError> {
     rig.sim.locked = 0;
     rig.sim.break_after = None;
     // A restart is noticed at the next identity check.
@@ -1672,8 +1814,79 @@ fn settles_to_the_files(managed: bool, moves: &[Move]) -> Result<(), TestCaseErr
     Ok(())
 }
 
+/// Before the complete listing, with routes decided in any order and HAProxy
+/// failing as it may, a HAProxy run by others loses nothing it held (no `del`, no
+/// `set` of a name it held: "c" and "d" were left by an earlier run); after it, the
+/// machine settles to the files as always.
+fn adds_only_until_the_listing(early: &[Move], after: &[Move]) -> Result<(), TestCaseError> {
+    let mut rig = Rig::new(options());
+    held_before(&mut rig, "c", 2);
+    held_before(&mut rig, "d", 2);
+    for next in early {
+        match next {
+            Move::Write {
+                name,
+                material,
+                line,
+            } => rig.decide(written(*name, *material, *line)),
+            // Nothing is removed from the files and no reload loads them before
+            // start-up is decided.
+            Move::Remove(_) | Move::Restart | Move::Reload => rig.step(Event::Timer),
+            other => play(&mut rig, std::slice::from_ref(other)),
+        }
+    }
+    rig.sim.locked = 0;
+    rig.sim.break_after = None;
+    rig.advance(Duration::from_secs(60));
+    rig.settle();
+    prop_assert_eq!(
+        removals_and_replacements(&rig, &["c", "d"]),
+        Vec::<String>::new()
+    );
+    prop_assert!(!rig.sim.lacks(&name("c")) && !rig.sim.lacks(&name("d")));
+    // A refused material's attempt, or a broken or busy batch, may leave a store
+    // behind, and a name decided again after its add holds a line: what follows is a
+    // replacement, which waits.
+    let faults = early
+        .iter()
+        .any(|next| matches!(next, Move::Break(_) | Move::Lock(_)));
+    let ever_refused: HashSet<String> = early
+        .iter()
+        .filter_map(|next| match next {
+            Move::Write { name, material, .. } if *material >= 3 => Some(self::name(NAMES[*name])),
+            _ => None,
+        })
+        .collect();
+    for (name, entry) in &rig.files {
+        let held_before = [self::name("c"), self::name("d")].contains(name);
+        let refused = ever_refused.contains(name)
+            || rig.machine.refused.contains_key(name)
+            || rig.machine.awaiting_reload.contains_key(name);
+        if !held_before && !refused && !faults {
+            prop_assert!(
+                !rig.sim.lacks(name) && rig.sim.lines.iter().any(|(n, _)| n == name),
+                "{} not added early: {:?}",
+                name,
+                entry.line
+            );
+        }
+    }
+    prop_assert!(!rig.machine.status().ready());
+    rig.complete();
+    play(&mut rig, after);
+    settled(rig)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_haproxy_run_by_others_gets_adds_only_until_the_listing(
+        early in proptest::collection::vec(a_move(), 0..30),
+        after in proptest::collection::vec(a_move(), 0..20),
+    ) {
+        adds_only_until_the_listing(&early, &after)?;
+    }
 
     #[test]
     fn external_haproxy_settles_to_the_files(moves in proptest::collection::vec(a_move(), 0..40)) {

@@ -35,6 +35,11 @@
 //! name), its watch from that list (events and generations), and the refusals of
 //! invalid objects and of what the router may not do, byte for byte.
 //!
+//! Watch ends: a per-secret watch that allows bookmarks gets one at the latest
+//! resourceVersion just before its `timeoutSeconds` when anything changed since it
+//! started (none without bookmarks, none when the timeout leaves no room, none when
+//! nothing changed), so that its renewal resumes from there.
+//!
 //! Leases, as one status writer among replicas uses them: create, create again,
 //! update without a resourceVersion, renewal, a stale take-over, the follower's watch,
 //! validation and decoding errors, create-on-update and a namespace without grant,
@@ -1991,4 +1996,112 @@ async fn routes_are_validated_as_the_route_crd_validates_them() {
         "kube-sim validates routes differently:\n{}",
         differ.join("\n")
     );
+}
+
+/// The events a per-secret watch from the secret's own resourceVersion gets until the
+/// server ends it at its `timeoutSeconds`, for each case (bookmarks allowed or not, the
+/// timeout, whether another secret changes once the watch is open): each event's
+/// type and whether its resourceVersion is the latest, consecutive equal ones once
+/// (kube-apiserver may send its last bookmark twice).
+async fn events_before_the_timeout(server: &Server) -> Vec<(String, Vec<String>)> {
+    let cluster = server.generate(&GenerateSpec::new(2, 1)).await;
+    let (own, other) = (&cluster.routes[0], &cluster.routes[1]);
+    let admin = server.client("admin").await;
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), &own.namespace);
+    let others: Api<Secret> = Api::namespaced(admin.clone(), &other.namespace);
+    let rv = |secret: &Secret| -> u64 {
+        secret
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let own_rv = rv(&secrets.get(&own.secret).await.unwrap());
+    let mut latest = own_rv;
+    let mut described = Vec::new();
+    for (bookmarks, timeout, change) in [
+        (true, 4, true),
+        (false, 4, true),
+        (true, 2, true),
+        (true, 4, false),
+    ] {
+        let path = format!(
+            "/api/v1/namespaces/{}/secrets?watch=true&fieldSelector=metadata.name%3D{}\
+             &resourceVersion={own_rv}&timeoutSeconds={timeout}{}",
+            own.namespace,
+            own.secret,
+            if bookmarks {
+                "&allowWatchBookmarks=true"
+            } else {
+                ""
+            }
+        );
+        let request = http::Request::get(&path)
+            .header("accept", "application/json")
+            .body(kube::client::Body::from(Vec::new()))
+            .unwrap();
+        // The answer's head comes once the watch is registered.
+        let response = admin.send(request).await.unwrap();
+        assert_eq!(response.status().as_u16(), 200, "{path}");
+        if change {
+            let changed = others
+                .patch(
+                    &other.secret,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {"changed": latest.to_string()}}})),
+                )
+                .await
+                .unwrap();
+            latest = rv(&changed);
+        }
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let mut events: Vec<String> = Vec::new();
+        for line in String::from_utf8_lossy(&body).lines() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let event: Value = serde_json::from_str(line).unwrap();
+            let at: u64 = event["object"]["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let position = if at >= latest {
+                "at or after the latest change"
+            } else {
+                "before the latest change"
+            };
+            let line = format!("{} {position}", event["type"].as_str().unwrap());
+            if events.last() != Some(&line) {
+                events.push(line);
+            }
+        }
+        described.push((
+            format!("allowWatchBookmarks={bookmarks} timeoutSeconds={timeout} change={change}"),
+            events,
+        ));
+    }
+    described
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_gets_a_bookmark_at_the_latest_version_before_its_timeout() {
+    let real = Server::real(ControlPlaneOptions::from_env()).await;
+    let sim = Server::sim(SimConfig::default()).await;
+    let (on_sim, on_real) = tokio::join!(
+        events_before_the_timeout(&sim),
+        events_before_the_timeout(&real)
+    );
+    for (case, events) in &on_real {
+        eprintln!("kube-apiserver, {case}: {events:?}");
+    }
+    assert_eq!(on_sim, on_real, "kube-sim's watches end differently");
+    // What the comparison rests on: with bookmarks, room for one and a change since
+    // the watch started, the last event is a bookmark that carries that change.
+    assert_eq!(on_real[0].1, ["BOOKMARK at or after the latest change"]);
 }

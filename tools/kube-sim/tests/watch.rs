@@ -350,6 +350,79 @@ async fn periodic_bookmarks_only_when_allowed() {
     sim.shutdown().await;
 }
 
+/// Opens a watch, makes `changes` other secrets once it is registered, and returns
+/// every event the watch got until the server ended it.
+async fn events_until_the_end(
+    sim: &kube_sim::Simulator,
+    conn: &H2Connection,
+    path: &str,
+    changes: usize,
+) -> Vec<Value> {
+    let mut watch = conn.watch(path).await.unwrap();
+    for _ in 0..changes {
+        sim.store()
+            .create(
+                "secrets",
+                json!({
+                    "apiVersion": "v1", "kind": "Secret",
+                    "metadata": {"namespace": "default", "generateName": "other-"},
+                }),
+            )
+            .unwrap();
+    }
+    let mut events = Vec::new();
+    while let Some(event) = watch.next_event().await {
+        events.push(event);
+    }
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_that_allows_bookmarks_gets_one_at_the_latest_version_before_its_timeout() {
+    // The periodic bookmarks at their default minute: the one seen is the last one.
+    let sim = start().await;
+    let token = sim.token("admin").unwrap();
+    let conn = H2Connection::connect(sim.addr(), &token).await.unwrap();
+    let own = sim
+        .store()
+        .create("secrets", opaque_secret("default", "own", &[]))
+        .unwrap();
+    let watch = |bookmarks: bool, timeout: u32| {
+        format!(
+            "/api/v1/namespaces/default/secrets?watch=true&fieldSelector=metadata.name%3Down\
+             &resourceVersion={}&timeoutSeconds={timeout}{}",
+            rv_of(&own),
+            if bookmarks {
+                "&allowWatchBookmarks=true"
+            } else {
+                ""
+            }
+        )
+    };
+    // Changes of other objects move the global resourceVersion past the watched
+    // one's; the client then resumes from the latest version, not its object's own.
+    let events = events_until_the_end(&sim, &conn, &watch(true, 3), 5).await;
+    let latest = sim.store().resource_version();
+    assert_eq!(latest, rv_of(&own) + 5);
+    let seen: Vec<(&str, u64)> = events
+        .iter()
+        .map(|e| (e["type"].as_str().unwrap(), rv_of(&e["object"])))
+        .collect();
+    assert_eq!(seen, [("BOOKMARK", latest)]);
+    // None without allowWatchBookmarks, none when the timeout leaves no room for it,
+    // and none when nothing changed since the watch started (the changes above came
+    // before it): the version the client started from is as good.
+    for (bookmarks, timeout, changes) in [(false, 3, 1), (true, 2, 1), (true, 3, 0)] {
+        let path = watch(bookmarks, timeout);
+        let events = events_until_the_end(&sim, &conn, &path, changes).await;
+        assert!(
+            events.is_empty(),
+            "bookmarks {bookmarks}, timeout {timeout} s, {changes} changes"
+        );
+    }
+    sim.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_list_protocol() {
     let sim = start().await;

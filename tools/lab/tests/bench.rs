@@ -425,6 +425,12 @@ fn the_deployments_haproxy_serves_every_route_and_every_rotation() {
     for phase in phases {
         assert!(number(phase, "probes") > 0, "{phase}");
         assert_eq!(number(phase, "write_errors"), 0, "{phase}");
+        // Every write's round trip is in its figure.
+        assert_eq!(
+            number(&phase["write"], "count"),
+            number(phase, "rotations"),
+            "{phase}"
+        );
         assert_eq!(number(phase, "never_on_disk"), 0, "{phase}");
         assert_eq!(number(phase, "never_served"), 0, "{phase}");
         assert_eq!(

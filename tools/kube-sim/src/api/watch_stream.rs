@@ -1,7 +1,7 @@
 //! The body of a watch response: initial state or replayed history, the
-//! `initial-events-end` bookmark, live events, periodic bookmarks; ended by
-//! `timeoutSeconds`, by the close-all fault, by the close-after fault, or when the
-//! watcher falls too far behind.
+//! `initial-events-end` bookmark, live events, periodic bookmarks and one shortly
+//! before `timeoutSeconds`; ended by `timeoutSeconds`, by the close-all fault, by the
+//! close-after fault, or when the watcher falls too far behind.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -26,6 +26,12 @@ use crate::transport::body::SimBody;
 
 /// The annotation that marks the end of the initial events of a streaming list.
 pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// How long before a watch's `timeoutSeconds` kube-apiserver sends its last bookmark
+/// (its watch cache schedules one at the deadline less this, when the client allows
+/// bookmarks): the client then resumes from a resourceVersion seconds old instead of
+/// one up to a bookmark interval old, and its renewal replays seconds of history.
+const PRE_TIMEOUT_BOOKMARK: Duration = Duration::from_secs(2);
 
 /// Options of one watch request.
 pub(crate) struct WatchOptions {
@@ -59,6 +65,8 @@ struct WatchState {
     close: CancellationToken,
     deadline: Option<Pin<Box<Sleep>>>,
     ticker: Option<Interval>,
+    /// When the bookmark before the deadline is due (taken once it fires).
+    pre_timeout: Option<Pin<Box<Sleep>>>,
     /// A bookmark is due at (at least) this resourceVersion once the channel is empty.
     pending_bookmark: Option<u64>,
     last_rv: u64,
@@ -135,6 +143,17 @@ impl WatchState {
         bookmark_line(self.def, self.last_rv, initial_end)
     }
 
+    /// A bookmark is due: it goes out at the current version once the channel, which
+    /// holds every event up to it, has been drained. As kube-apiserver does, only once
+    /// something changed since the watch started: until then the version the client
+    /// started from is as good a place to resume.
+    fn bookmark_due(&mut self) {
+        let rv = self.shared.store.published_rv();
+        if rv > self.sub.registered_rv {
+            self.pending_bookmark = Some(rv);
+        }
+    }
+
     async fn next_line(&mut self) -> Option<Bytes> {
         if self.done || self.close.is_cancelled() {
             return None;
@@ -185,6 +204,7 @@ impl WatchState {
                     close,
                     deadline,
                     ticker,
+                    pre_timeout,
                     ..
                 } = &mut *self;
                 let timeout = async {
@@ -201,12 +221,19 @@ impl WatchState {
                         None => std::future::pending().await,
                     }
                 };
+                let last_bookmark = async {
+                    match pre_timeout {
+                        Some(p) => p.as_mut().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     biased;
                     _ = close.cancelled() => Wake::Closed,
                     _ = timeout => Wake::Closed,
                     item = sub.rx.recv() => Wake::Item(item),
                     _ = tick => Wake::Tick,
+                    _ = last_bookmark => Wake::PreTimeout,
                 }
             };
             match wake {
@@ -216,10 +243,13 @@ impl WatchState {
                     let line = self.encode_live(item);
                     return self.counted(line);
                 }
-                Wake::Tick => {
-                    // Everything up to this version is already in the channel; the
-                    // bookmark goes out once the channel has been drained.
-                    self.pending_bookmark = Some(self.shared.store.published_rv());
+                Wake::Tick => self.bookmark_due(),
+                Wake::PreTimeout => {
+                    // The last bookmark: none is periodic between it and the deadline,
+                    // as kube-apiserver schedules the next one at whichever comes first.
+                    self.pre_timeout = None;
+                    self.ticker = None;
+                    self.bookmark_due();
                 }
             }
         }
@@ -230,6 +260,7 @@ enum Wake {
     Closed,
     Item(Option<DeliveryItem>),
     Tick,
+    PreTimeout,
 }
 
 /// Builds the streaming body of a watch that has been registered.
@@ -252,6 +283,10 @@ pub(crate) fn watch_body(
         t
     });
     let deadline = opts.timeout.map(|t| Box::pin(tokio::time::sleep(t)));
+    let pre_timeout = opts
+        .timeout
+        .filter(|t| opts.bookmarks && *t > PRE_TIMEOUT_BOOKMARK)
+        .map(|t| Box::pin(tokio::time::sleep(t - PRE_TIMEOUT_BOOKMARK)));
     let state = WatchState {
         close: shared.faults.watch_close_token(),
         last_rv: sub.start_rv,
@@ -262,6 +297,7 @@ pub(crate) fn watch_body(
         permit,
         deadline,
         ticker,
+        pre_timeout,
         pending_bookmark: None,
         sent_events: 0,
         table_columns_sent: false,

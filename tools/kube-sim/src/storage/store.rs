@@ -34,6 +34,7 @@ use crate::resources::{
     self, CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, ENDPOINT_SLICES, LEASES, NAMESPACES, ROLE_BINDINGS,
     ROLES, ResourceDef, ResourceId, SERVICES,
 };
+use crate::storage::history::History;
 use crate::storage::watch::{Bucket, ChangeKind, Delivery, DeliveryItem, StoredEvent, WatchIndex};
 
 /// Object key within one resource: (namespace or "" for cluster-scoped, name).
@@ -160,6 +161,9 @@ pub(crate) struct Subscription {
     pub initial: VecDeque<InitialItem>,
     /// The version the initial state corresponds to.
     pub start_rv: u64,
+    /// The store's version when the watcher was registered: the initial state or
+    /// replay reaches it, and live events come after it.
+    pub registered_rv: u64,
     pub rx: mpsc::Receiver<DeliveryItem>,
     _registration: Registration,
 }
@@ -194,9 +198,8 @@ struct StoreState {
     objects: Vec<BTreeMap<Key, Arc<Value>>>,
     /// The current objects' JSON, per resource like `objects`.
     encoded: Vec<HashMap<Key, EncodedObject>>,
-    /// Recent events in resourceVersion order.
-    history: VecDeque<Arc<StoredEvent>>,
-    history_limit: usize,
+    /// Recent events in resourceVersion order, indexed like the watchers.
+    history: History,
     /// Every event with a resourceVersion above `floor` is in `history`.
     floor: u64,
     watchers: WatchIndex,
@@ -307,8 +310,7 @@ impl Store {
                 rv: 0,
                 objects: (0..resources::count()).map(|_| BTreeMap::new()).collect(),
                 encoded: (0..resources::count()).map(|_| HashMap::new()).collect(),
-                history: VecDeque::new(),
-                history_limit,
+                history: History::new(history_limit, resources::count()),
                 floor: 0,
                 watchers: WatchIndex::new(resources::count()),
             }),
@@ -385,15 +387,8 @@ impl Store {
                 .fetch_add(slow as u64, Ordering::Relaxed);
             tracing::debug!(slow, "terminated watchers that could not keep up");
         }
-        if st.history_limit == 0 {
-            st.floor = rv;
-        } else {
-            st.history.push_back(event);
-            while st.history.len() > st.history_limit {
-                if let Some(old) = st.history.pop_front() {
-                    st.floor = old.rv;
-                }
-            }
+        if let Some(dropped) = st.history.push(event) {
+            st.floor = dropped;
         }
         if is_rbac(id) {
             self.rbac_generation.fetch_add(1, Ordering::AcqRel);
@@ -906,6 +901,7 @@ impl Store {
         filter: Arc<ObjectFilter>,
         start: WatchStart,
     ) -> Result<Subscription, WatchStartError> {
+        let bucket = Bucket::for_filter(&filter);
         let mut st = self.lock();
         let mut initial = VecDeque::new();
         let start_rv = match start {
@@ -931,11 +927,11 @@ impl Store {
                         current: st.rv,
                     });
                 }
-                let from = st.history.partition_point(|e| e.rv <= r);
-                for e in st.history.range(from..) {
-                    if e.resource == id
-                        && let Some(d) = e.delivery_for(&filter)
-                    {
+                // Only the events the filter can match: a renewal of a per-object
+                // watch walks that object's own events, not every recent change.
+                let since = st.history.since(id, id.def().namespaced, &bucket, r);
+                for e in since.events() {
+                    if let Some(d) = e.delivery_for(&filter) {
                         initial.push_back(InitialItem::Replay(e.clone(), d));
                     }
                 }
@@ -943,12 +939,13 @@ impl Store {
             }
         };
         let (tx, rx) = mpsc::channel(self.watch_buffer);
-        let bucket = Bucket::for_filter(&filter);
         let wid = st.watchers.insert(id, &bucket, filter, tx);
+        let registered_rv = st.rv;
         drop(st);
         Ok(Subscription {
             initial,
             start_rv,
+            registered_rv,
             rx,
             _registration: Registration {
                 store: self.clone(),
@@ -985,12 +982,8 @@ impl Store {
 /// history floor), by undoing later events.
 fn reconstruct(st: &StoreState, id: ResourceId, rv: u64) -> BTreeMap<Key, Arc<Value>> {
     let mut map = st.objects[id.0].clone();
-    let from = st.history.partition_point(|e| e.rv <= rv);
     let mut undone: std::collections::HashSet<Key> = std::collections::HashSet::new();
-    for e in st.history.range(from..) {
-        if e.resource != id {
-            continue;
-        }
+    for e in st.history.of_resource_since(id, rv).events() {
         let key = (e.namespace.clone(), e.name.clone());
         // Only the first change after `rv` tells the state at `rv`.
         if !undone.insert(key.clone()) {

@@ -509,6 +509,9 @@ pub struct RotationFigures {
     pub write_errors: usize,
     /// Wall time from the first write to the last write.
     pub writing_ms: u64,
+    /// From each write's request to its answer: the API server's own time (with its
+    /// latency), part of every latency below.
+    pub write: Percentiles,
     /// Rotations followed.
     pub probes: usize,
     /// From the write to the new certificate in its bundle file.
@@ -744,10 +747,11 @@ async fn rotate(
         };
         let sent = Instant::now();
         writes.push(tokio::spawn(async move {
-            secrets
+            let written = secrets
                 .patch(&secret, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-                .is_ok()
+                .is_ok();
+            (written, ms(sent.elapsed()))
         }));
         if i % every == 0 {
             probes.push(tokio::spawn(follow(
@@ -762,9 +766,11 @@ async fn rotate(
     }
     let writing_ms = ms(started.elapsed());
     let mut write_errors = 0;
+    let mut write_ms = Vec::with_capacity(writes.len());
     for write in writes {
-        if !write.await.unwrap_or(false) {
-            write_errors += 1;
+        match write.await {
+            Ok((true, took)) => write_ms.push(took),
+            _ => write_errors += 1,
         }
     }
     let mut to_file = Vec::new();
@@ -800,6 +806,7 @@ async fn rotate(
         rotations: count,
         write_errors,
         writing_ms,
+        write: Percentiles::of(write_ms),
         probes: probed,
         to_file: Percentiles::of(to_file),
         to_served: Percentiles::of(to_served),
@@ -855,7 +862,8 @@ pub async fn measure(
         .await?;
         first += figures.rotations;
         super::progress(&format!(
-            "  haproxy: {rate:.0} rotations/s: to file p50 {} p99 {}, served p50 {} p99 {} max {} ({} probes, {} never served), certwatch {} cores",
+            "  haproxy: {rate:.0} rotations/s: write p99 {}, to file p50 {} p99 {}, served p50 {} p99 {} max {} ({} probes, {} never served), certwatch {} cores",
+            figures.write.p99_ms,
             figures.to_file.p50_ms,
             figures.to_file.p99_ms,
             figures.to_served.p50_ms,

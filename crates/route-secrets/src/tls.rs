@@ -837,7 +837,7 @@ const PEM_LABEL_EC_PARAMETERS: &str = "EC PARAMETERS";
 /// and a block of an unknown kind, or of a kind that does not belong in this entry, is a
 /// rejection.
 fn read_entry(bytes: &[u8], entry: &'static str) -> Result<EntryBlocks, TlsRejection> {
-    let scan = pem::scan(&String::from_utf8_lossy(bytes));
+    let scan = pem::scan(&entry_text(bytes));
     let is_crt = entry == TLS_CERT_ENTRY;
     let mut blocks = EntryBlocks {
         certificates: Vec::new(),
@@ -869,6 +869,17 @@ fn read_entry(bytes: &[u8], entry: &'static str) -> Result<EntryBlocks, TlsRejec
         }
     }
     Ok(blocks)
+}
+
+/// An entry as text, bytes that are not UTF-8 replaced (they are never inside a block
+/// that decodes). Valid UTF-8, nearly every entry, is borrowed after the standard
+/// library's validation, which checks ASCII a word at a time; `String::from_utf8_lossy`
+/// gives the same result but checks byte by byte even then.
+fn entry_text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => std::borrow::Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(bytes),
+    }
 }
 
 /// Why an entry yielded nothing usable, most telling first.
@@ -990,4 +1001,29 @@ fn identities(certificate: &X509Certificate<'_>) -> (Vec<String>, Vec<IpAddr>) {
         }
     }
     (dns_names, ip_addresses)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_text_borrows_utf8_and_replaces_what_is_not() {
+        let valid = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let text = entry_text(valid.as_bytes());
+        assert!(matches!(text, std::borrow::Cow::Borrowed(_)));
+        assert_eq!(text, valid);
+        for bytes in [
+            b"abc\xffdef".as_slice(),
+            b"\xc3".as_slice(),
+            b"\xe2\x82".as_slice(),
+            b"ok \xf0\x9f\x92\x96 then \xed\xa0\x80 end".as_slice(),
+        ] {
+            assert_eq!(
+                entry_text(bytes),
+                String::from_utf8_lossy(bytes),
+                "{bytes:?}"
+            );
+        }
+    }
 }

@@ -716,6 +716,10 @@ impl Machine {
         self.version += 1;
         // A refusal holds until the material changes. A rejected certificate's line
         // leaves the crt-list because of the refusal itself: that is no change.
+        let refusal_holds = matches!(
+            (self.refused.get(&name), &entry),
+            (Some(refusal), Some(entry)) if refusal.digest == entry.digest
+        );
         if let Some(refusal) = self.refused.get(&name) {
             let changed = match &entry {
                 Some(entry) => entry.digest != refusal.digest,
@@ -738,7 +742,12 @@ impl Machine {
         // A change waiting for a reload keeps the time it has waited.
         let since = self.awaiting_reload.remove(&name).unwrap_or(arrived);
         self.deferred.remove(&name);
-        self.pending.entry(name.clone()).or_insert(since);
+        // The same refused material again (a route decided early, then named by the
+        // complete listing) is not offered again: it would be refused, and counted,
+        // twice.
+        if !refusal_holds {
+            self.pending.entry(name.clone()).or_insert(since);
+        }
         self.wanted.insert(
             name,
             Want {
@@ -766,10 +775,11 @@ impl Machine {
             self.retry_at = None;
             self.backoff = Backoff::new(self.options.retry);
         }
+        // A route refused already is not waited for.
         let names: HashSet<String> = self
             .wanted
             .iter()
-            .filter(|(_, want)| want.entry.is_some())
+            .filter(|(name, want)| want.entry.is_some() && !self.is_refused(name, want))
             .map(|(name, _)| name.clone())
             .collect();
         self.startup_routes = names.len();

@@ -1297,6 +1297,31 @@ fn a_bundle_too_large_without_a_master_is_refused() {
 }
 
 #[test]
+fn a_bundle_refused_before_the_listing_is_refused_once() {
+    let m = material();
+    let mut rig = Rig::new(MachineOptions {
+        external_master: false,
+        ..options()
+    });
+    rig.decide(good("a", 0));
+    rig.decide(entry("r", &m.large, "r.example"));
+    rig.settle();
+    assert_eq!(rig.stands("r"), "refused, too large");
+    // The complete listing names the same material again: not offered again.
+    rig.complete();
+    rig.settle();
+    assert_eq!(rig.stands("r"), "refused, too large");
+    assert_eq!(
+        rig.count(|c| *c == Count::Refused(RefusalReason::TooLarge)),
+        1
+    );
+    assert!(rig.sim.serves(&good("a", 0)));
+    let status = rig.machine.status();
+    assert_eq!((status.startup_routes, status.refused), (1, 1));
+    assert!(status.ready(), "a refusal does not hold readiness");
+}
+
+#[test]
 fn reloads_coalesce_and_keep_their_least_interval() {
     let mut rig = Rig::serving(&[good("a", 0)]);
     rig.auto_load = false;

@@ -74,6 +74,44 @@ const QUIET_BACKLOG_SAMPLE: Duration = Duration::from_secs(10);
 /// How often a probe looks at the file, and asks HAProxy, at first.
 const FILE_POLL: Duration = Duration::from_millis(5);
 const HANDSHAKE_POLL: Duration = Duration::from_millis(10);
+/// Handshakes all of a phase's probes make a second at most. Every handshake costs
+/// HAProxy a signature on the threads beside the one that commits the changes, on the
+/// same cores: unpaced, a backlog of hundreds of waiting probes made about as much
+/// HAProxy CPU as the commits it measured. At this pace a probe waits for its slot at
+/// most (probes waiting) / 400 s, which only the phases with a backlog of seconds reach.
+const PROBE_HANDSHAKES_PER_SECOND: u32 = 400;
+
+/// Paces the probes' handshakes of one phase to `PROBE_HANDSHAKES_PER_SECOND`, in the
+/// order probes ask, and counts them.
+struct HandshakePacer {
+    /// The earliest moment the next handshake may start.
+    next: Mutex<Instant>,
+    interval: Duration,
+    made: std::sync::atomic::AtomicUsize,
+}
+
+impl HandshakePacer {
+    fn new(per_second: u32) -> Self {
+        Self {
+            next: Mutex::new(Instant::now()),
+            interval: Duration::from_secs(1) / per_second.max(1),
+            made: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Reserves the next handshake slot at or after `now`: when it may start.
+    fn reserve(&self, now: Instant) -> Instant {
+        self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut next = sync::lock(&self.next);
+        let slot = (*next).max(now);
+        *next = slot + self.interval;
+        slot
+    }
+
+    fn made(&self) -> usize {
+        self.made.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
 
 /// The pause before a probe looks again, `waited` after its write: a tenth of the wait
 /// so far, at least `least`. Each latency is then known within 10 %, and probes that
@@ -569,6 +607,9 @@ pub struct RotationFigures {
     /// write until it drained; the CPU of those made before its last probe ended is in
     /// `certwatch_cores`.
     pub backlog_scrapes: usize,
+    /// TLS handshakes the probes made to see their rotations served (at most 400 a
+    /// second together): HAProxy's CPU for them is in `haproxy_cores`.
+    pub probe_handshakes: usize,
     /// Whether the backlog drained (nothing unserved) within 120 s after the phase.
     pub drained: bool,
 }
@@ -696,6 +737,7 @@ async fn follow(
     written: Written,
     index: usize,
     sent: Instant,
+    pacer: Arc<HandshakePacer>,
 ) -> (Option<u64>, Option<u64>) {
     let deadline = sent + PROBE_DEADLINE;
     let mut on_disk = None;
@@ -710,6 +752,8 @@ async fn follow(
         return (None, None);
     }
     while Instant::now() < deadline {
+        let slot = pacer.reserve(Instant::now());
+        tokio::time::sleep_until(tokio::time::Instant::from_std(slot)).await;
         if this_or_later(&written, index, presented(port, &host).await.as_ref()) {
             return (on_disk, Some(ms(sent.elapsed())));
         }
@@ -757,6 +801,7 @@ async fn rotate(
     }
     let cpu = |pid: Option<u32>| pid.and_then(super::process_stats::other_process_cpu_ms);
     let (certwatch_before, haproxy_before) = (cpu(client_pid), cpu(worker));
+    let pacer = Arc::new(HandshakePacer::new(PROBE_HANDSHAKES_PER_SECOND));
     let stop = Arc::new(tokio::sync::Notify::new());
     let backlog = tokio::spawn(watch_backlog(ready.metrics_addr, Arc::clone(&stop)));
     let started = Instant::now();
@@ -799,6 +844,7 @@ async fn rotate(
                 rotation.written,
                 position,
                 sent,
+                Arc::clone(&pacer),
             )));
         }
     }
@@ -856,6 +902,7 @@ async fn rotate(
         peak_unserved_routes: backlog.routes,
         peak_unserved_age_s: backlog.age_s,
         backlog_scrapes: backlog.scrapes,
+        probe_handshakes: pacer.made(),
         drained,
     })
 }
@@ -994,6 +1041,22 @@ mod tests {
         assert_eq!(peak.record(40.0, 3.0), BACKLOG_SAMPLE);
         assert_eq!(peak.record(0.0, 0.0), QUIET_BACKLOG_SAMPLE);
         assert_eq!((peak.routes, peak.age_s), (120.0, 3.0));
+    }
+
+    #[test]
+    fn handshake_slots_are_spaced_in_the_order_asked_and_counted() {
+        let pacer = HandshakePacer::new(400);
+        let now = Instant::now();
+        let first = pacer.reserve(now);
+        let second = pacer.reserve(now);
+        let third = pacer.reserve(now);
+        assert_eq!(first, now);
+        assert_eq!(second - first, Duration::from_micros(2_500));
+        assert_eq!(third - second, Duration::from_micros(2_500));
+        // A probe asking after the queue has emptied starts at once.
+        let later = now + Duration::from_secs(1);
+        assert_eq!(pacer.reserve(later), later);
+        assert_eq!(pacer.made(), 4);
     }
 
     #[test]

@@ -37,6 +37,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use route_secrets::route::RouteKey;
 
@@ -276,8 +277,12 @@ fn write_temp(dir: &Path, name: &str, contents: &[u8], sync: bool) -> io::Result
             .create_new(true)
             .mode(FILE_MODE)
             .open(&temp)?;
-        // The umask can only remove bits; make the mode exact anyway.
-        file.set_permissions(fs::Permissions::from_mode(FILE_MODE))?;
+        // The umask can only remove bits: where it removes some of the file's, set
+        // the mode exactly (one more system call per file, which a umask that leaves
+        // them, 022 or 077 as usual, does not need).
+        if !umask_keeps_file_mode() {
+            file.set_permissions(fs::Permissions::from_mode(FILE_MODE))?;
+        }
         file.write_all(contents)?;
         if sync {
             file.sync_all()?;
@@ -294,6 +299,27 @@ fn write_temp(dir: &Path, name: &str, contents: &[u8], sync: bool) -> io::Result
             Err(error)
         }
     }
+}
+
+/// Whether a file created with [`FILE_MODE`] gets exactly that mode: the process's
+/// umask, read once (nothing in certwatch changes it), removes none of its bits. When
+/// the umask cannot be read, `false`: the mode is then set after each create.
+fn umask_keeps_file_mode() -> bool {
+    static KEEPS: OnceLock<bool> = OnceLock::new();
+    *KEEPS.get_or_init(|| {
+        fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|status| umask_of_status(&status))
+            .is_some_and(|umask| umask & FILE_MODE == 0)
+    })
+}
+
+/// The `Umask:` field of `/proc/<pid>/status` (Linux 4.7 and later), in octal.
+fn umask_of_status(status: &str) -> Option<u32> {
+    let value = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Umask:"))?;
+    u32::from_str_radix(value.trim(), 8).ok()
 }
 
 /// Writes `contents` to a temporary file for `dir/name`, mode 0600, without flushing
@@ -487,6 +513,20 @@ mod tests {
             fs::read(root.join(LINKS_DIR).join("a_b.pem")).unwrap(),
             b"two"
         );
+    }
+
+    #[test]
+    fn the_umask_is_read_from_the_process_status() {
+        let status = "Name:\tcertwatch\nUmask:\t0022\nState:\tR (running)\n";
+        assert_eq!(umask_of_status(status), Some(0o022));
+        assert_eq!(umask_of_status("Umask:\t0077\n"), Some(0o077));
+        assert_eq!(umask_of_status("Umask:\t0277"), Some(0o277));
+        assert_eq!(umask_of_status("Name:\tx\n"), None);
+        assert_eq!(umask_of_status("Umask:\t08\n"), None);
+        // This process's own: the kernel has the field, and the decision follows it.
+        let own = fs::read_to_string("/proc/self/status").unwrap();
+        let umask = umask_of_status(&own).unwrap();
+        assert_eq!(umask_keeps_file_mode(), umask & FILE_MODE == 0);
     }
 
     #[test]

@@ -269,23 +269,21 @@ fn decode_block(label: &str, line: usize, body: &[&str]) -> Result<PemBlock, Pem
 
 /// Decodes a block's base64 body lines as Go does: as one text, whitespace removed.
 ///
-/// Where every line but the last holds whole four-character groups of the alphabet
-/// (no padding, no whitespace) and the last no whitespace, as encoders write them,
-/// each line decodes on its own straight into the result: base64 decodes group by
-/// group, so that is the decoding of the joined text, padding and its checks in the
-/// last line either way. Any other body is joined first.
+/// Each line is first decoded on its own straight into the result, as encoders write
+/// them (every line but the last whole four-character groups, no padding before the
+/// last line, no whitespace): base64 decodes group by group, so that is the decoding of
+/// the joined text, padding and its checks in the last line either way. The decoder
+/// checks every character as it goes, so no pass of its own looks at them first: a line
+/// it refuses (whitespace, a character outside the alphabet, padding inside a line)
+/// sends the whole body to the joined decoding, which gives the answer. Only padding
+/// at the end of a line before the last one decodes on its own but not joined; such a
+/// body is joined from the start.
 fn decode_body(lines: &[&str]) -> Option<Vec<u8>> {
-    let whole_groups = |line: &&str| {
-        line.len().is_multiple_of(4)
-            && line
-                .bytes()
-                .all(|byte| byte.is_ascii_alphanumeric() || byte == b'+' || byte == b'/')
-    };
     let by_line = match lines.split_last() {
         None => true,
-        Some((last, before)) => {
-            before.iter().all(whole_groups) && !last.bytes().any(|byte| byte.is_ascii_whitespace())
-        }
+        Some((_, before)) => before
+            .iter()
+            .all(|line| line.len().is_multiple_of(4) && !line.ends_with('=')),
     };
     if !by_line {
         return decode_joined(lines);
@@ -294,9 +292,10 @@ fn decode_body(lines: &[&str]) -> Option<Vec<u8>> {
     let mut der = vec![0; length.div_ceil(4) * 3];
     let mut written = 0;
     for line in lines {
-        written += STANDARD
-            .decode_slice(line.as_bytes(), &mut der[written..])
-            .ok()?;
+        match STANDARD.decode_slice(line.as_bytes(), &mut der[written..]) {
+            Ok(decoded) => written += decoded,
+            Err(_) => return decode_joined(lines),
+        }
     }
     der.truncate(written);
     Some(der)
@@ -460,6 +459,14 @@ mod tests {
             edited(&|lines| lines.last_mut().unwrap().push_str("QQ")),
             vec!["QR==".to_owned()],
             vec!["QQ==".to_owned(), "QQ==".to_owned()],
+            // Lines of whole groups that the decoder refuses on their own.
+            edited(&|lines| lines[0].replace_range(60.., " QQQ")),
+            edited(&|lines| lines[0].replace_range(60.., "QQ=Q")),
+            edited(&|lines| lines[0].replace_range(60.., "Q\u{e9}Q")),
+            edited(&|lines| lines[1].replace_range(0..4, "\tQQQ")),
+            edited(&|lines| lines.last_mut().unwrap().insert(0, ' ')),
+            vec!["QQ==".to_owned(), String::new()],
+            vec!["QUFB".to_owned(), " ".to_owned(), "QQ==".to_owned()],
         ]);
         for body in &bodies {
             let body: Vec<&str> = body.iter().map(String::as_str).collect();

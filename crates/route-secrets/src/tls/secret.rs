@@ -320,15 +320,23 @@ impl<'de> Deserialize<'de> for Base64Entry {
                 self.visit_none()
             }
 
+            // Asked for as bytes: serde_json then hands out the string's raw bytes
+            // without checking that they are UTF-8, a pass over the entry that the
+            // base64 decoder makes anyway (it refuses every byte outside its ASCII
+            // alphabet). Escapes are still unescaped; other deserializers give text.
             fn visit_some<D: Deserializer<'de>>(
                 self,
                 deserializer: D,
             ) -> Result<Base64Entry, D::Error> {
-                deserializer.deserialize_str(self)
+                deserializer.deserialize_bytes(self)
             }
 
             fn visit_str<E: de::Error>(self, text: &str) -> Result<Base64Entry, E> {
-                decode_base64(text).map(Base64Entry).map_err(E::custom)
+                self.visit_bytes(text.as_bytes())
+            }
+
+            fn visit_bytes<E: de::Error>(self, bytes: &[u8]) -> Result<Base64Entry, E> {
+                decode_base64(bytes).map(Base64Entry).map_err(E::custom)
             }
         }
 
@@ -337,11 +345,10 @@ impl<'de> Deserialize<'de> for Base64Entry {
 }
 
 /// Decodes standard, padded base64 into a buffer of exactly the decoded length.
-fn decode_base64(text: &str) -> Result<Box<[u8]>, base64::DecodeError> {
+fn decode_base64(bytes: &[u8]) -> Result<Box<[u8]>, base64::DecodeError> {
     use base64::Engine as _;
     use base64::engine::general_purpose::STANDARD;
 
-    let bytes = text.as_bytes();
     // Exact for valid input (a multiple of 4, with its padding); anything else fails
     // to decode below, whatever the buffer.
     let padding = bytes
@@ -478,15 +485,46 @@ mod tests {
         for length in 0..64_u8 {
             let bytes: Vec<u8> = (0..length).map(|b| b.wrapping_mul(37)).collect();
             let text = engine.encode(&bytes);
-            let decoded = decode_base64(&text).unwrap();
+            let decoded = decode_base64(text.as_bytes()).unwrap();
             assert_eq!(&*decoded, &bytes[..], "{length} bytes");
             let full: ByteString = serde_json::from_value(serde_json::json!(text)).unwrap();
             assert_eq!(full.0, bytes);
         }
         for broken in ["Y", "YW=", "Y===", "not base64!", "YWJj\n"] {
             let full = serde_json::from_value::<ByteString>(serde_json::json!(broken));
-            assert_eq!(decode_base64(broken).is_err(), full.is_err(), "{broken:?}");
+            assert_eq!(
+                decode_base64(broken.as_bytes()).is_err(),
+                full.is_err(),
+                "{broken:?}"
+            );
         }
+    }
+
+    #[test]
+    fn entries_read_as_raw_bytes_decode_and_refuse_as_the_full_secret() {
+        let cases: [&[u8]; 6] = [
+            br#"{"data":{"tls.crt":"Y2VydA=="}}"#,
+            // An escaped character is unescaped before decoding.
+            br#"{"data":{"tls.crt":"Y2Vy\u0064A=="}}"#,
+            // Not UTF-8, a raw control character, an escaped one: never base64.
+            b"{\"data\":{\"tls.crt\":\"Y2V\xffydA==\"}}",
+            b"{\"data\":{\"tls.crt\":\"Y2Vy\ndA==\"}}",
+            br#"{"data":{"tls.crt":"Y2Vy\ndA=="}}"#,
+            br#"{"data":{"tls.crt":["Y2VydA=="]}}"#,
+        ];
+        let mut read = 0;
+        for case in cases {
+            let full = serde_json::from_slice::<Secret>(case);
+            let compact = serde_json::from_slice::<TlsSecret>(case);
+            let shown = String::from_utf8_lossy(case);
+            assert_eq!(compact.is_ok(), full.is_ok(), "{shown}");
+            if let (Ok(full), Ok(compact)) = (full, compact) {
+                assert_eq!(TlsSecret::from(&full), compact, "{shown}");
+                assert_eq!(compact.entry(TLS_CERT_ENTRY), Some(&b"cert"[..]));
+                read += 1;
+            }
+        }
+        assert_eq!(read, 2);
     }
 
     #[test]

@@ -771,16 +771,18 @@ pub struct RunArgs {
     )]
     pub haproxy_max_connections: u32,
 
-    /// HAProxy's nbthread (the router's 4, whatever the node's CPUs).
+    /// HAProxy's nbthread. Default: the router's 4, or one per CPU where certwatch may
+    /// run on fewer (its CPU affinity and CPU quota, which HAProxy beside it shares in
+    /// the Deployment): threads beyond the cores only wait for one another, and the
+    /// runtime API's thread, which applies certificate changes, waits with them.
     #[arg(
         long,
         env = "CERTWATCH_HAPROXY_THREADS",
         value_name = "N",
-        default_value_t = 4,
         value_parser = clap::value_parser!(u32).range(1..=4096),
         help_heading = "Routing"
     )]
-    pub haproxy_threads: u32,
+    pub haproxy_threads: Option<u32>,
 
     // Production traffic: the TLS policy, shutdown and draining, HAProxy's bounds, the
     // metrics' exposure.
@@ -1065,7 +1067,28 @@ enum CertificateTarget<'a> {
     Managed(&'a ManagedHaproxy),
 }
 
+/// HAProxy's threads when `--haproxy-threads` is not given: the router's
+/// [`ROUTER_HAPROXY_THREADS`], or one per CPU when fewer are available (`None`: unknown,
+/// then the router's).
+pub fn default_haproxy_threads(available_cpus: Option<std::num::NonZeroUsize>) -> u32 {
+    available_cpus
+        .and_then(|cpus| u32::try_from(cpus.get()).ok())
+        .map_or(ROUTER_HAPROXY_THREADS, |cpus| {
+            cpus.min(ROUTER_HAPROXY_THREADS)
+        })
+}
+
+/// The OpenShift router's HAProxy threads (`ROUTER_THREADS`' default).
+pub const ROUTER_HAPROXY_THREADS: u32 = 4;
+
 impl RunArgs {
+    /// HAProxy's `nbthread`: `--haproxy-threads`, or [`default_haproxy_threads`] of the
+    /// CPUs this process may run on.
+    pub fn haproxy_threads(&self) -> u32 {
+        self.haproxy_threads
+            .unwrap_or_else(|| default_haproxy_threads(std::thread::available_parallelism().ok()))
+    }
+
     /// How long the HAProxy certwatch runs gets, after the shutdown delay, for its
     /// connections to finish once stopped softly: what the termination grace period
     /// leaves after the delay, and never longer than --haproxy-hard-stop-after (the
@@ -1257,7 +1280,7 @@ impl RunArgs {
         render.https_bind = haproxy_bind(&self.https_bind);
         render.spare_servers = self.haproxy_spare_servers;
         render.max_connections = self.haproxy_max_connections;
-        render.threads = Some(self.haproxy_threads);
+        render.threads = Some(self.haproxy_threads());
         render.tls = tls.clone();
         render.hard_stop_after = Some(self.haproxy_hard_stop_after);
         render.health_bind = self.haproxy_health_bind.as_deref().map(haproxy_bind);
@@ -1359,6 +1382,16 @@ impl RunArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn haproxy_runs_the_router_s_four_threads_or_one_per_cpu_when_fewer() {
+        let cpus = |n| std::num::NonZeroUsize::new(n);
+        assert_eq!(default_haproxy_threads(cpus(1)), 1);
+        assert_eq!(default_haproxy_threads(cpus(2)), 2);
+        assert_eq!(default_haproxy_threads(cpus(4)), 4);
+        assert_eq!(default_haproxy_threads(cpus(64)), 4);
+        assert_eq!(default_haproxy_threads(None), 4);
+    }
 
     #[test]
     fn header_names_are_tokens_as_the_router_takes_them() {

@@ -131,8 +131,14 @@ async fn haproxys_own_metrics_are_served_to_authorized_scrapers_only() {
     let (status, head, body) = https_get(addr, &ca, "/metrics/haproxy", Some(&prometheus)).await;
     assert_eq!(status, 200, "{body}");
     assert!(head.contains("content-type: text/plain"), "{head}");
+    // The default threads: the router's 4, or one per CPU where there are fewer.
+    let threads =
+        certwatch::args::default_haproxy_threads(std::thread::available_parallelism().ok());
+    assert!(
+        body.contains(&format!("haproxy_process_nbthread {threads}\n")),
+        "{body}"
+    );
     for series in [
-        "haproxy_process_nbthread 4",
         "haproxy_frontend_http_requests_total{proxy=\"public\"}",
         "haproxy_frontend_current_sessions{proxy=\"public_ssl\"}",
         "haproxy_backend_current_sessions{proxy=\"openshift_default\"}",

@@ -297,7 +297,7 @@ fn bad_tls_and_shutdown_settings_are_refused_at_start_naming_the_flag_and_the_fi
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn by_default_no_metrics_are_served_unauthenticated_and_haproxy_runs_four_threads() {
+async fn by_default_no_metrics_are_served_unauthenticated_and_haproxy_runs_a_thread_per_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let (sim, _) = policy_route(dir.path()).await;
 
@@ -308,7 +308,13 @@ async fn by_default_no_metrics_are_served_unauthenticated_and_haproxy_runs_four_
         free_port(),
         free_port(),
         &[],
-        |launch| launch.env("CERTWATCH_METRICS_UNAUTHENTICATED", "false"),
+        // One CPU: HAProxy gets one thread, not the router's four (that cap is the
+        // unit test's `haproxy_runs_the_router_s_four_threads_or_one_per_cpu_when_fewer`).
+        |launch| {
+            launch
+                .env("CERTWATCH_METRICS_UNAUTHENTICATED", "false")
+                .cpus("0")
+        },
     )
     .await;
     let certwatch = &default.certwatch;
@@ -319,7 +325,7 @@ async fn by_default_no_metrics_are_served_unauthenticated_and_haproxy_runs_four_
     assert!(!certwatch.log_text().contains("WITHOUT authentication"));
 
     let socket = default.config_dir.join("run").join("haproxy.sock");
-    assert_eq!(info_field(&socket, "Nbthread"), 4);
+    assert_eq!(info_field(&socket, "Nbthread"), 1);
     let config = std::fs::read_to_string(default.config_dir.join("haproxy.cfg")).unwrap();
     assert!(config.contains("  hard-stop-after 3600000ms\n"), "{config}");
 

@@ -232,6 +232,7 @@ pub struct Launch {
     user: Option<(u32, u32)>,
     json: bool,
     default_log_level: bool,
+    cpu_list: Option<String>,
 }
 
 impl Launch {
@@ -248,6 +249,7 @@ impl Launch {
             user: None,
             json: false,
             default_log_level: false,
+            cpu_list: None,
         }
     }
 
@@ -274,6 +276,13 @@ impl Launch {
     /// `--listen` (any port: the test finds it).
     pub fn listen(mut self, listen: &str) -> Self {
         self.listen = listen.to_owned();
+        self
+    }
+
+    /// Run on these CPUs only (`taskset -c LIST`, which then runs certwatch in its
+    /// place): what certwatch finds available.
+    pub fn cpus(mut self, list: &str) -> Self {
+        self.cpu_list = Some(list.to_owned());
         self
     }
 
@@ -312,7 +321,14 @@ impl Certwatch {
     /// Starts `certwatch run` as `launch` says, and waits until it serves HTTP.
     pub fn launch(launch: Launch) -> Self {
         use std::os::unix::process::CommandExt;
-        let mut command = Command::new(certwatch_binary());
+        let mut command = match &launch.cpu_list {
+            Some(list) => {
+                let mut taskset = Command::new("taskset");
+                taskset.args(["-c", list]).arg(certwatch_binary());
+                taskset
+            }
+            None => Command::new(certwatch_binary()),
+        };
         command
             .arg("run")
             .arg("--kubeconfig")

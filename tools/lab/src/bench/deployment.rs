@@ -476,7 +476,7 @@ pub async fn run(
             "the Deployment's certwatch arguments {args:?}: {e}"
         ))
     })?;
-    let threads = u16::try_from(parsed.run.haproxy_threads).ok();
+    let threads = u16::try_from(parsed.run.haproxy_threads()).ok();
     let mut options = parsed
         .run
         .daemon_options()

@@ -240,8 +240,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     pub rotation_seconds: f64,
 
-    /// The haproxy strategy: HAProxy's `nbthread` (default: HAProxy's own, one thread
-    /// per CPU). Each `commit ssl cert` takes the write lock of the SNI tree that every
+    /// The haproxy strategy: HAProxy's `nbthread` (default: certwatch's
+    /// `--haproxy-threads` default, the router's 4 or one per CPU when fewer). Each `commit ssl cert` takes the write lock of the SNI tree that every
     /// handshake reads, so with several threads serving handshakes HAProxy commits
     /// fewer certificates per second.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
@@ -623,7 +623,10 @@ async fn run_strategy(
         route_listing: args.route_listing,
         status_writes: args.status_writes,
         timeout_ms: u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX),
-        haproxy_threads: args.haproxy_threads,
+        haproxy_threads: args.haproxy_threads.or_else(|| {
+            let cpus = std::thread::available_parallelism().ok();
+            u16::try_from(certwatch::args::default_haproxy_threads(cpus)).ok()
+        }),
         haproxy_start: args.haproxy_start,
         haproxy_config: args.haproxy_config,
         expected_rejected: bad_secrets.map_or(0, |bad| bad.routes),

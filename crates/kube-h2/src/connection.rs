@@ -34,7 +34,7 @@ const READ_BURST: usize = 16 * 1024;
 
 /// How many requests may be queued on a connection between two polls of its task (see
 /// [`SendPace`]).
-const SEND_BURST: usize = 16;
+const SEND_BURST: usize = 8;
 
 /// The connection window is the sum of all stream windows, so that one watch whose
 /// consumer stopped reading cannot use up the window every other watch on the same

@@ -460,7 +460,7 @@ mod tests {
     fn an_applied_listing_gives_its_room_back() {
         let mut queue = ApplyQueue::default();
         for i in 0..5_000 {
-            queue.push(RouteKey::new("ns", &format!("r{i}")), i % 2 == 0);
+            queue.push(RouteKey::new("ns", format!("r{i}")), i % 2 == 0);
         }
         queue.push(RouteKey::new("ns", "r1"), true);
         assert!(queue.order.capacity() >= 5_000);

@@ -6,6 +6,7 @@ use std::{
     future::poll_fn,
     io,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
     time::Duration,
 };
@@ -17,6 +18,7 @@ use h2::{
 };
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Semaphore;
 
 use crate::transport::Io;
 
@@ -29,6 +31,10 @@ const MAX_CONNECTION_WINDOW: u32 = 1 << 30;
 /// How much a connection reads in one go before it lets the tasks it woke run (see
 /// [`PacedIo`]): a few watch events of a TLS Secret, one TLS record.
 const READ_BURST: usize = 16 * 1024;
+
+/// How many requests may be queued on a connection between two polls of its task (see
+/// [`SendPace`]).
+const SEND_BURST: usize = 8;
 
 /// The connection window is the sum of all stream windows, so that one watch whose
 /// consumer stopped reading cannot use up the window every other watch on the same
@@ -50,6 +56,8 @@ pub(crate) struct Handshaken {
     pub(crate) pings: PingPong,
     /// The server's SETTINGS_MAX_CONCURRENT_STREAMS (`usize::MAX` if it sent none).
     pub(crate) server_limit: usize,
+    /// Paces the requests queued on the connection between polls of its task.
+    pub(crate) pace: Arc<SendPace>,
 }
 
 /// The HTTP/2 exchange failed before the server's SETTINGS were seen.
@@ -106,6 +114,7 @@ pub(crate) async fn handshake(io: Io, stream_cap: usize) -> Result<Handshaken, H
         conn,
         pings,
         server_limit,
+        pace: Arc::new(SendPace::new(SEND_BURST)),
     })
 }
 
@@ -164,6 +173,7 @@ pub(crate) async fn drive(
         send,
         mut conn,
         pings,
+        pace,
         ..
     } = handshaken;
     // The pool keeps its own handle; holding one here would keep the connection open
@@ -172,6 +182,8 @@ pub(crate) async fn drive(
     let run = poll_fn(|cx| {
         let polled = Pin::new(&mut conn).poll(cx);
         if polled.is_pending() {
+            // h2 has written what was queued (as far as the socket took it).
+            pace.refill();
             owner.after_poll(cx);
         }
         polled
@@ -184,7 +196,10 @@ pub(crate) async fn drive(
         reason = keep_alive(pings, keepalive) => reason,
     };
     drop(conn);
+    // After the owner has taken the connection out of the pool, so that a request
+    // turned away here cannot be given the same connection again.
     owner.closed(reason);
+    pace.close();
 }
 
 /// Sends a PING every interval; returns when one goes unanswered.
@@ -206,6 +221,59 @@ async fn keep_alive(mut pings: PingPong, keepalive: Keepalive) -> CloseReason {
 /// the connection failed (h2 then refuses `send_request`).
 pub(crate) fn accepts_new_streams(send: &mut SendRequest<Bytes>, cx: &mut Context<'_>) -> bool {
     !matches!(send.poll_ready(cx), Poll::Ready(Err(_)))
+}
+
+/// How many requests may be queued on one connection before its task has run again.
+///
+/// h2 queues a request's HEADERS frame in a slab of frames to send, one per
+/// connection, which its task empties into the socket when it next runs; the slab grows
+/// to its largest fill and never shrinks. In a start-up burst every watch task placed on
+/// a connection sends its request before that connection's task runs once, so a
+/// hundred HEADERS frames (a couple of hundred bytes of slot each) wait there together
+/// and the slab keeps room for them for the connection's life. A request takes a permit
+/// before it queues its frame; the connection's task gives the permits back each time
+/// it has run (its frames written), and closes the pace when it ends so that requests
+/// waiting for a permit move to another connection.
+pub(crate) struct SendPace {
+    permits: Semaphore,
+    burst: usize,
+}
+
+impl SendPace {
+    /// A pace of `burst` requests between two runs of the connection's task.
+    pub(crate) fn new(burst: usize) -> Self {
+        Self {
+            permits: Semaphore::new(burst),
+            burst,
+        }
+    }
+
+    /// Waits until the connection takes another request. `false`: the connection's
+    /// task has ended, the request must go elsewhere.
+    pub(crate) async fn admit(&self) -> bool {
+        match self.permits.acquire().await {
+            Ok(permit) => {
+                // Given back by `refill`, once the queued frame has been written.
+                permit.forget();
+                true
+            }
+            Err(_closed) => false,
+        }
+    }
+
+    /// The connection's task has run: its queue is written, the whole burst is free
+    /// again.
+    fn refill(&self) {
+        let missing = self.burst.saturating_sub(self.permits.available_permits());
+        if missing > 0 {
+            self.permits.add_permits(missing);
+        }
+    }
+
+    /// The connection's task has ended: every waiting request is turned away.
+    fn close(&self) {
+        self.permits.close();
+    }
 }
 
 /// The connection's byte stream, read at most [`READ_BURST`] bytes at a time before
@@ -399,6 +467,65 @@ mod tests {
         let (received, bursts) = read_all(source);
         assert!(received == data, "bytes lost or reordered");
         assert_eq!(bursts, vec![READ_BURST; 5]);
+    }
+
+    /// A burst of requests is admitted at once, the next waits until the connection's
+    /// task has run (its queue written), in the order they came; once the task has
+    /// ended, waiting and later requests are turned away.
+    #[tokio::test]
+    async fn a_connection_queues_a_burst_of_requests_per_run_of_its_task() {
+        use futures::FutureExt;
+
+        let pace = Arc::new(SendPace::new(3));
+        for _ in 0..3 {
+            assert_eq!(pace.admit().now_or_never(), Some(true));
+        }
+        let waiting: Vec<_> = (0..4)
+            .map(|i| {
+                let pace = Arc::clone(&pace);
+                tokio::spawn(async move { (i, pace.admit().await) })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        assert!(waiting.iter().all(|task| !task.is_finished()));
+        assert_eq!(pace.admit().now_or_never(), None, "admitted past the burst");
+
+        pace.refill();
+        let mut admitted = Vec::new();
+        let mut rest = Vec::new();
+        for task in waiting {
+            tokio::task::yield_now().await;
+            if task.is_finished() {
+                admitted.push(task.await.expect("task ran"));
+            } else {
+                rest.push(task);
+            }
+        }
+        assert_eq!(admitted, vec![(0, true), (1, true), (2, true)]);
+        assert_eq!(rest.len(), 1);
+        // The next run admits the last waiter; runs never give back more than a burst.
+        pace.refill();
+        for task in rest {
+            assert_eq!(task.await.expect("task ran"), (3, true));
+        }
+        pace.refill();
+        pace.refill();
+        assert_eq!(pace.permits.available_permits(), 3);
+
+        for _ in 0..3 {
+            assert_eq!(pace.admit().now_or_never(), Some(true));
+        }
+        let waiter = tokio::spawn({
+            let pace = Arc::clone(&pace);
+            async move { pace.admit().await }
+        });
+        tokio::task::yield_now().await;
+        pace.close();
+        assert!(
+            !waiter.await.expect("task ran"),
+            "a waiter admitted after close"
+        );
+        assert_eq!(pace.admit().now_or_never(), Some(false));
     }
 
     /// A source found empty starts the count over: the task waited for the socket

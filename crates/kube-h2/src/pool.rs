@@ -55,7 +55,7 @@ use kube_common::sync::lock;
 use tokio::sync::Notify;
 
 use crate::{
-    connection::{self, CloseReason, ConnectionOwner, Handshaken, Keepalive},
+    connection::{self, CloseReason, ConnectionOwner, Handshaken, Keepalive, SendPace},
     error::{ConnectError, Error},
     options::Protocol,
     stats::{ConnectionInfo, Counters},
@@ -156,6 +156,17 @@ struct ConnEntry {
     peak: usize,
     /// A stream on it failed because the connection failed.
     failed: bool,
+    /// Paces the requests queued on it between runs of its task.
+    pace: Arc<SendPace>,
+}
+
+/// A slot [`OriginState::take_slot`] found.
+struct TakenSlot {
+    connection: u64,
+    send: SendRequest<Bytes>,
+    /// Slots of the connection in use, this one included.
+    in_use: usize,
+    pace: Arc<SendPace>,
 }
 
 /// The mutable state of one origin.
@@ -179,7 +190,7 @@ struct OriginState {
 }
 
 impl OriginState {
-    fn take_slot(&mut self, long_lived: bool) -> Option<(u64, SendRequest<Bytes>, usize)> {
+    fn take_slot(&mut self, long_lived: bool) -> Option<TakenSlot> {
         self.connections.iter_mut().find_map(|entry| {
             if entry.in_use >= entry.limit {
                 return None;
@@ -188,7 +199,12 @@ impl OriginState {
             entry.in_use += 1;
             entry.long_in_use += usize::from(long_lived);
             entry.peak = entry.peak.max(entry.in_use);
-            Some((entry.id, send, entry.in_use))
+            Some(TakenSlot {
+                connection: entry.id,
+                send,
+                in_use: entry.in_use,
+                pace: Arc::clone(&entry.pace),
+            })
         })
     }
 
@@ -260,6 +276,8 @@ pub(crate) struct Grant {
     pub(crate) send: SendRequest<Bytes>,
     /// Gives the slot back when dropped.
     pub(crate) slot: StreamSlot,
+    /// The connection's pace: a permit is taken before the request is queued.
+    pub(crate) pace: Arc<SendPace>,
 }
 
 /// Counts a request among the origin's waiting requests while it waits.
@@ -325,7 +343,13 @@ impl OriginPool {
                     waiter.leave(&mut state);
                     return Ok(Acquired::Http1);
                 }
-                if let Some((connection, send, in_use)) = state.take_slot(long_lived) {
+                if let Some(TakenSlot {
+                    connection,
+                    send,
+                    in_use,
+                    pace,
+                }) = state.take_slot(long_lived)
+                {
                     waiter.leave(&mut state);
                     drop(state);
                     let counters = &self.config.counters;
@@ -337,6 +361,7 @@ impl OriginPool {
                         connection,
                         send,
                         slot: StreamSlot::http2(self.clone(), connection, long_lived),
+                        pace,
                     }));
                 }
                 if waiter.registered
@@ -454,6 +479,7 @@ async fn connect(origin: Arc<OriginPool>) {
                     long_in_use: 0,
                     peak: 0,
                     failed: false,
+                    pace: Arc::clone(&handshaken.pace),
                 });
                 Counters::inc(&counters.http2_opened);
                 Counters::inc(&counters.http2_open);
@@ -800,6 +826,7 @@ mod tests {
             long_in_use: 100,
             peak: 100,
             failed: false,
+            pace: Arc::new(SendPace::new(1)),
         });
         assert!(origin.wants_connection(100));
         origin.connecting = 1;

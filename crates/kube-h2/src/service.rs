@@ -237,6 +237,22 @@ impl Dispatcher {
                 }
                 Acquired::Http2(grant) => grant,
             };
+            if !grant.pace.admit().await {
+                // The connection ended while this request waited for its turn: its
+                // slot goes back with the grant, and the next attempt finds another.
+                if attempt < MAX_REFUSED_ATTEMPTS {
+                    tracing::debug!(
+                        connection = grant.connection,
+                        "connection closed before the stream was opened; trying another"
+                    );
+                    continue;
+                }
+                return Err(Error::ConnectionLost {
+                    origin: pool.label.to_string(),
+                    connection: grant.connection,
+                    source: h2::Error::from(h2::Reason::REFUSED_STREAM),
+                });
+            }
             match open_http2(&pool, grant, &parts, &body) {
                 Ok(stream) => return Ok(Opened::Http2 { pool, stream }),
                 Err(AttemptFailed::Refused(error)) if attempt < MAX_REFUSED_ATTEMPTS => {
@@ -352,6 +368,7 @@ fn open_http2(
         connection,
         mut send,
         slot,
+        ..
     } = grant;
     let span = tracing::Span::current();
     span.record("network.protocol.version", "2");

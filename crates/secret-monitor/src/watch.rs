@@ -249,10 +249,20 @@ struct KeyWatch<K> {
     deadline: Instant,
     /// One sequence for the key's life: it starts over after a healthy period, not
     /// after every success, so a watch that opens and breaks at once keeps backing off
-    /// (and after an outage of the server: see [`back_off`]).
-    backoff: Backoff,
+    /// (and after an outage of the server: see [`back_off`]). Created at the key's
+    /// first retry and boxed: most keys never retry, and inline it would take its room
+    /// in every watch task for the key's whole life.
+    backoff: Option<Box<Backoff>>,
     /// The last request failed without an answer (refused connection, broken stream).
     unanswered: bool,
+}
+
+impl<K> KeyWatch<K> {
+    /// The key's backoff sequence, started at its first retry.
+    fn backoff(&mut self, ctx: &WatchContext) -> &mut Backoff {
+        self.backoff
+            .get_or_insert_with(|| Box::new(Backoff::new(backoff_policy(&ctx.options))))
+    }
 }
 
 impl<K: WatchedObject> KeyWatch<K> {
@@ -287,45 +297,49 @@ enum Happened<K> {
 }
 
 /// Runs the watch for the driver's key until the entry leaves the registry.
-pub(crate) async fn run<K>(
+///
+/// Not an `async fn`: an async fn keeps its arguments for its whole life beside the
+/// locals moved out of them, and would hold the transform twice (and the key's state
+/// twice, were it an argument). The async block below uses what it captured in place.
+pub(crate) fn run<K>(
     driver: SyncDriver<K, StdLocks>,
     ctx: Arc<WatchContext>,
     transform: Option<Transform<K>>,
-) where
+) -> impl Future<Output = ()> + Send + 'static
+where
     K: WatchedObject + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let stopped = driver.stopped();
-    tokio::select! {
-        biased;
-        // Dropping `drive` drops the open response, which closes its HTTP stream.
-        () = stopped => debug!(key = %driver.key(), "watch stopped: no handlers left"),
-        () = drive(&driver, &ctx, transform) => {}
-    }
-}
-
-async fn drive<K>(
-    driver: &SyncDriver<K, StdLocks>,
-    ctx: &WatchContext,
-    transform: Option<Transform<K>>,
-) where
-    K: WatchedObject + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    let key = driver.key();
     let mut watch = KeyWatch {
         machine: Machine::new(
-            key.name.clone(),
+            driver.key().name.clone(),
             ctx.streaming(),
             ctx.options.first_sync_attempts,
         ),
         transform,
         stream: None,
         deadline: Instant::now(),
-        backoff: Backoff::new(backoff_policy(&ctx.options)),
+        backoff: None,
         unanswered: false,
     };
+    async move {
+        let stopped = driver.stopped();
+        tokio::select! {
+            biased;
+            // Dropping `drive` drops the open response, which closes its HTTP stream.
+            () = stopped => debug!(key = %driver.key(), "watch stopped: no handlers left"),
+            () = drive(&driver, &ctx, &mut watch) => {}
+        }
+    }
+}
+
+async fn drive<K>(driver: &SyncDriver<K, StdLocks>, ctx: &WatchContext, watch: &mut KeyWatch<K>)
+where
+    K: WatchedObject + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let key = driver.key();
     // Boxed: needed once, while the task then lives on for as long as the key is
     // watched, so its size matters at thousands of keys.
-    let mut next = match Box::pin(bounded_first_sync(&mut watch, key, ctx)).await {
+    let mut next = match Box::pin(bounded_first_sync(watch, key, ctx)).await {
         Ok((object, next)) => {
             driver.synced(object);
             next
@@ -337,7 +351,16 @@ async fn drive<K>(
         }
     };
     loop {
-        let output = match advance(&mut watch, next, key, ctx).await {
+        // The common case, reading the open watch, is awaited here; everything else
+        // (a request, a backoff, the initial events of a streaming list) is boxed, so
+        // that this future, which every watched key holds for its whole life, keeps
+        // room for a read and no more.
+        let happened = if next == Next::Read && !watch.machine.awaits_initial_events() {
+            Happened::Input(read(watch).await)
+        } else {
+            Box::pin(advance(watch, next, key, ctx)).await
+        };
+        let output = match happened {
             Happened::Input(input) => watch.step(input),
             Happened::StreamingOff => match watch.machine.streaming_unsupported() {
                 Some(output) => output,
@@ -544,7 +567,7 @@ async fn back_off<K>(
     ctx: &WatchContext,
     retry_after: Option<Duration>,
 ) -> Waited {
-    let delay = retry_delay(&mut watch.backoff, retry_after);
+    let delay = retry_delay(watch.backoff(ctx), retry_after);
     // A failure with an answer during an outage counts too: a starting kube-apiserver
     // answers 403 to everything until its authorizer has loaded the RBAC rules.
     let Some(reconnect) = ctx
@@ -560,12 +583,15 @@ async fn back_off<K>(
     // While the server is down only its prober asks: a retry now would fail (or, from
     // a starting server, meet a 403 and start the key over with a list).
     while waited == Waited::Elapsed && reconnect.in_outage() {
-        let delay = retry_delay(&mut watch.backoff, retry_after);
+        let delay = retry_delay(watch.backoff(ctx), retry_after);
         waited = reconnect.unanswered().wait(delay).await;
     }
     if waited == Waited::ServerBack {
         debug!(%key, "the API server answers again: resuming now");
-        watch.backoff.reset();
+        // A sequence not yet started is as good as one started over.
+        if let Some(backoff) = &mut watch.backoff {
+            backoff.reset();
+        }
         tokio::time::sleep(RESUME_SPREAD.mul_f64(rand::random::<f64>())).await;
     }
     waited
@@ -792,6 +818,39 @@ mod tests {
         );
     }
 
+    /// Tokio allocates a task as one cell: the future, about a hundred bytes of its own,
+    /// rounded up to 128 bytes. An idle watch task (the open watch being read) stays
+    /// within a 768-byte cell in a debug build (it was 1,024 with an 840-byte future):
+    /// the key's state is built before the task's future and held once, its backoff is
+    /// made at its first retry, and a read is the only wait kept inline.
+    #[tokio::test]
+    async fn an_idle_watch_task_fits_a_768_byte_task_cell() {
+        let service = tower::service_fn(|_request: http::Request<kube::client::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(kube::client::Body::empty()))
+        });
+        let client = kube::Client::new(service, "default");
+        let registry: Registry<Secret, StdLocks> = Registry::new("secrets");
+        let (_ticket, driver) = registry.join(&ObjectKey::new("ns", "a"));
+        let ctx = Arc::new(WatchContext::new(
+            client,
+            MonitorOptions::default(),
+            "secrets".into(),
+        ));
+        let transform: Transform<Secret> = Arc::new(|_secret: &mut Secret| {});
+        let task = run(
+            driver.expect("a new entry has a driver"),
+            ctx,
+            Some(transform),
+        );
+        let size = std::mem::size_of_val(&task);
+        println!("watch task future: {size} bytes");
+        assert!(
+            size <= 640,
+            "the watch task's future grew to {size} bytes: past a 768-byte task cell"
+        );
+        assert!(std::mem::size_of::<KeyWatch<Secret>>() <= 256);
+    }
+
     /// During a start-up every key's first sync has its request out at once, ten
     /// thousand of them: the boxed first-sync state and the boxed request future are
     /// memory per key at the start-up's peak. Guards against room reserved in them for
@@ -810,7 +869,7 @@ mod tests {
             transform: None,
             stream: None,
             deadline: Instant::now(),
-            backoff: Backoff::new(backoff_policy(&ctx.options)),
+            backoff: None,
             unanswered: false,
         };
         let request_size =

@@ -40,6 +40,10 @@ impl Change {
     }
 }
 
+/// Room for this many waiting changes is kept once the mailbox is empty; the room a
+/// larger flood took is given back.
+const KEPT_ROOM: usize = 1024;
+
 /// The changes waiting, by registration, and their order.
 #[derive(Debug, Default)]
 struct Waiting {
@@ -93,6 +97,11 @@ impl SecretMailbox {
         let mut waiting = self.waiting();
         let tag = waiting.order.pop_front()?;
         let change = waiting.changes.remove(&tag)?;
+        if waiting.order.is_empty() && waiting.order.capacity() > KEPT_ROOM {
+            // A start-up's flood (one change per route) is over: its room would stay
+            // allocated for the process's life.
+            *waiting = Waiting::default();
+        }
         Some((tag, change))
     }
 
@@ -165,6 +174,29 @@ mod tests {
                 (route.unwrap_or_default(), change)
             })
             .collect()
+    }
+
+    #[test]
+    fn the_room_of_a_flood_is_given_back_once_it_is_taken() {
+        let mailbox = SecretMailbox::default();
+        for id in 0..5_000 {
+            mailbox.put(tag(&format!("r{id}"), id), updated("2"));
+        }
+        assert!(mailbox.waiting().order.capacity() >= 5_000);
+        let flood = taken(&mailbox);
+        assert_eq!(flood.len(), 5_000);
+        assert_eq!(flood[0], ("r0".to_owned(), "present 2".to_owned()));
+        assert_eq!(flood[4_999], ("r4999".to_owned(), "present 2".to_owned()));
+        let waiting = mailbox.waiting();
+        assert!(waiting.order.capacity() <= KEPT_ROOM);
+        assert!(waiting.changes.capacity() <= KEPT_ROOM);
+        drop(waiting);
+        // And the mailbox works on as before.
+        mailbox.put(tag("a", 1), updated("3"));
+        assert_eq!(
+            taken(&mailbox),
+            vec![("a".to_owned(), "present 3".to_owned())]
+        );
     }
 
     #[test]

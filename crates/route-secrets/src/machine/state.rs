@@ -362,6 +362,10 @@ pub(super) enum Told {
     },
 }
 
+/// Room for this many routes is kept in an empty [`ApplyQueue`]; the room a larger
+/// batch (a listing) took is given back once it is applied.
+const KEPT_ROOM: usize = 1024;
+
 /// Routes waiting to be applied, in order, each at most once (later events for a
 /// queued route coalesce into its place).
 #[derive(Debug, Default)]
@@ -398,6 +402,11 @@ impl ApplyQueue {
     pub fn pop(&mut self) -> Option<(RouteKey, bool)> {
         let key = self.order.pop_front()?;
         let forced = self.forced.remove(&key).unwrap_or(false);
+        if self.order.is_empty() && self.order.capacity() > KEPT_ROOM {
+            // The first listing's routes are all applied: their room would stay
+            // allocated for the process's life.
+            *self = Self::default();
+        }
         Some((key, forced))
     }
 
@@ -438,5 +447,36 @@ impl Jitter {
         z ^= z >> 31;
         // The top 53 bits as a fraction.
         (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listing's routes all applied, the queue gives their room back and queues on
+    /// in order, each route once.
+    #[test]
+    fn an_applied_listing_gives_its_room_back() {
+        let mut queue = ApplyQueue::default();
+        for i in 0..5_000 {
+            queue.push(RouteKey::new("ns", format!("r{i}")), i % 2 == 0);
+        }
+        queue.push(RouteKey::new("ns", "r1"), true);
+        assert!(queue.order.capacity() >= 5_000);
+        let popped: Vec<(RouteKey, bool)> = std::iter::from_fn(|| queue.pop()).collect();
+        assert_eq!(popped.len(), 5_000);
+        assert_eq!(popped[0], (RouteKey::new("ns", "r0"), true));
+        assert_eq!(popped[1], (RouteKey::new("ns", "r1"), true));
+        assert_eq!(popped[4_999], (RouteKey::new("ns", "r4999"), false));
+        assert!(queue.order.capacity() <= KEPT_ROOM);
+        assert!(queue.forced.capacity() <= KEPT_ROOM);
+
+        queue.push(RouteKey::new("ns", "b"), false);
+        queue.push_front(RouteKey::new("ns", "a"), true);
+        assert!(queue.contains(&RouteKey::new("ns", "b")));
+        assert_eq!(queue.pop(), Some((RouteKey::new("ns", "a"), true)));
+        assert_eq!(queue.pop(), Some((RouteKey::new("ns", "b"), false)));
+        assert_eq!(queue.pop(), None);
     }
 }

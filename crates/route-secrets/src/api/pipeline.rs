@@ -264,8 +264,9 @@ impl RoutePipeline {
                 self.access.prefetch(&reference.namespace, &reference.name);
             }
             Effect::ReleasePrefetched => {
+                // The validations stay: each registration's first change, which may
+                // arrive after this, hands over the version already validated.
                 self.manager.release_prefetched();
-                self.validations.clear();
             }
             Effect::Prepare(preparation) => return Some(self.prepare(preparation).boxed()),
             Effect::Unregister(id) => {
@@ -579,10 +580,6 @@ impl Validations {
             }
         };
         handed_over(Some(id), validated.unboxed())
-    }
-
-    fn clear(&self) {
-        self.map().clear();
     }
 }
 

@@ -682,6 +682,8 @@ mod tests {
         extra: Route,
         /// A new version of `s`, with another certificate.
         rotated: Arc<TlsSecret>,
+        /// The pipeline's validations (for their counts).
+        validations: Validations,
     }
 
     impl Flooded {
@@ -713,6 +715,7 @@ mod tests {
             );
             let (pipeline, mut outputs) = RoutePipeline::new(manager, access, None, options);
             let mailbox = pipeline.mailbox.clone();
+            let validations = pipeline.validations.clone();
             let (routes, events) = stream_channel::unbounded();
             let task = tokio::spawn(pipeline.run(events));
 
@@ -754,6 +757,7 @@ mod tests {
                 task,
                 extra,
                 rotated: Arc::new(TlsSecret::from(&rotated)),
+                validations,
             }
         }
 
@@ -923,6 +927,27 @@ mod tests {
             flooded_routes, FLOODED,
             "every flooded route re-admitted: {told:?}"
         );
+        flooded.stop().await;
+    }
+
+    /// A start-up validates the one version of the secret its routes share once: the
+    /// prefetch's validation serves every route's apply and, after the prefetch holds
+    /// are released, every registration's first change.
+    #[tokio::test]
+    async fn a_start_up_validates_a_secret_version_once() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let flooded = Flooded::start(PipelineOptions::default()).await;
+        // One ask by the prefetch, then per route one by its apply and one by its
+        // registration's first change.
+        let asks = 1 + 2 * (FLOODED + 1);
+        tokio::time::timeout(PATIENCE, async {
+            while flooded.validations.asked.load(SeqCst) < asks {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("every first change handled in time");
+        assert_eq!(flooded.validations.made.load(SeqCst), 1);
         flooded.stop().await;
     }
 

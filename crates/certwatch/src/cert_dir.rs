@@ -344,6 +344,22 @@ pub fn chain_digest(tls: &ValidatedTls) -> [u8; 32] {
     digest(tls.chain_pem().as_bytes())
 }
 
+/// [`bundle_digest`] and [`chain_digest`] together, in one pass over the chain: the
+/// bundle's digest continues from the chain's state.
+fn bundle_and_chain_digests(tls: &ValidatedTls) -> ([u8; 32], [u8; 32]) {
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    context.update(tls.chain_pem().as_bytes());
+    let chain = context.clone().finish();
+    context.update(tls.key_pem().expose_secret().as_bytes());
+    let bundle = context.finish();
+    let array = |digest: ring::digest::Digest| {
+        let mut out = [0; 32];
+        out.copy_from_slice(digest.as_ref());
+        out
+    };
+    (array(bundle), array(chain))
+}
+
 /// Runs `work` on the blocking pool. A panic or cancellation of the blocking task is an
 /// error like any other, never an empty result.
 async fn blocking<T: Send + 'static>(
@@ -601,8 +617,7 @@ impl CertDir {
     /// accepts).
     pub fn set(&mut self, cert: ServedCert) -> Result<(), files::UnsafeName> {
         let names = files::bundle_names(&cert.route)?;
-        let digest = bundle_digest(&cert.tls);
-        let chain = chain_digest(&cert.tls);
+        let (digest, chain) = bundle_and_chain_digests(&cert.tls);
         self.unwanted.remove(&names.bundle);
         self.held.remove(&names.bundle);
         self.dirty.insert(cert.route.clone());

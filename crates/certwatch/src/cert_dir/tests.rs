@@ -89,6 +89,19 @@ fn the_bundle_digest_is_the_digest_of_the_file_written() {
 }
 
 #[test]
+fn the_digests_made_in_one_pass_are_those_made_apart() {
+    let pki = Pki::new(Timestamp::now());
+    for (index, name) in ["a", "b"].into_iter().enumerate() {
+        let cert = served(&pki, "ns", name, i64::try_from(index).unwrap());
+        let (bundle, chain) = bundle_and_chain_digests(&cert.tls);
+        assert_eq!(bundle, bundle_digest(&cert.tls));
+        assert_eq!(chain, chain_digest(&cert.tls));
+        assert_eq!(chain, digest(cert.tls.chain_pem().as_bytes()));
+        assert_ne!(bundle, chain);
+    }
+}
+
+#[test]
 fn links_are_created_replaced_and_kept() {
     let temp = tempfile::tempdir().unwrap();
     let links = temp.path();

@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 use std::pin::pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::future::{BoxFuture, OptionFuture};
 use futures::{FutureExt, Stream, StreamExt};
@@ -264,8 +264,9 @@ impl RoutePipeline {
                 self.access.prefetch(&reference.namespace, &reference.name);
             }
             Effect::ReleasePrefetched => {
+                // The validations stay: each registration's first change, which may
+                // arrive after this, hands over the version already validated.
                 self.manager.release_prefetched();
-                self.validations.clear();
             }
             Effect::Prepare(preparation) => return Some(self.prepare(preparation).boxed()),
             Effect::Unregister(id) => {
@@ -407,17 +408,45 @@ impl RoutePipeline {
 /// TLS validations by secret version: each version of a secret is validated once, and
 /// every route using it shares the result (and one copy of the material). Prefetch
 /// tasks fill it in parallel, ahead of the queue.
+///
+/// A prefetch task and the route's own registration are handed a new secret at the
+/// same moment (both are sinks of the same watch), so both ask for its validation at
+/// once: the first to ask validates, and the other waits for that result instead of
+/// validating the same version a second time.
 #[derive(Clone)]
 struct Validations {
     validator: Arc<TlsValidator>,
-    /// Guards the latest validated version of each secret. Never held across an
-    /// `.await`, nor while validating: only for a lookup or an insert.
+    /// Guards the latest validation of each secret. Never held across an `.await`, nor
+    /// while validating: only for a lookup or an insert.
     latest: Arc<Mutex<HashMap<ObjectKey, Validation>>>,
+    /// For tests of the sharing: validations made, versions asked for, and how many
+    /// asks a validation waits for before it starts (none when 0), so that callers
+    /// asking at once overlap whatever the scheduling.
+    #[cfg(test)]
+    made: Arc<std::sync::atomic::AtomicUsize>,
+    #[cfg(test)]
+    asked: Arc<std::sync::atomic::AtomicUsize>,
+    #[cfg(test)]
+    hold_until_asked: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// The latest validation of one secret: its version, and the result or where it will
+/// be.
+struct Validation {
+    version: SecretVersionId,
+    state: ValidationState,
+}
+
+enum ValidationState {
+    /// Being validated now; whoever else asks for this version waits on the cell.
+    Pending(Arc<OnceLock<Validated>>),
+    /// Validated: the result, held without the cell (one allocation less per secret).
+    Done(Validated),
 }
 
 /// The validation of one version of a secret, without a host.
-struct Validation {
-    version: SecretVersionId,
+#[derive(Clone)]
+struct Validated {
     /// The rejection boxed: kept inline it would make every entry of the map (one per
     /// secret, nearly all of them accepted) as large as its largest variant.
     result: Result<Arc<ValidatedTls>, Box<TlsRejection>>,
@@ -426,11 +455,39 @@ struct Validation {
     at: Timestamp,
 }
 
+impl Validated {
+    /// Whether the result still holds at `now`.
+    fn holds(&self, now: Timestamp) -> bool {
+        match &self.result {
+            Ok(tls) => validation_holds(&Ok(Arc::clone(tls)), self.at, now),
+            Err(_) => true,
+        }
+    }
+
+    fn unboxed(&self) -> Result<Arc<ValidatedTls>, TlsRejection> {
+        self.result.clone().map_err(|rejection| *rejection)
+    }
+}
+
+/// What the map says about a version asked for.
+enum Lookup {
+    /// Validated, and the result still holds.
+    Done(Validated),
+    /// To be validated, or being validated, through this cell.
+    Cell(Arc<OnceLock<Validated>>),
+}
+
 impl Validations {
     fn new(validator: TlsValidator) -> Self {
         Self {
             validator: Arc::new(validator),
             latest: Arc::default(),
+            #[cfg(test)]
+            made: Arc::default(),
+            #[cfg(test)]
+            asked: Arc::default(),
+            #[cfg(test)]
+            hold_until_asked: Arc::default(),
         }
     }
 
@@ -439,60 +496,90 @@ impl Validations {
         kube_common::sync::lock(&self.latest)
     }
 
+    fn validate(&self, secret: &Arc<TlsSecret>, now: Timestamp) -> Validated {
+        #[cfg(test)]
+        {
+            use std::sync::atomic::Ordering::SeqCst;
+            self.made.fetch_add(1, SeqCst);
+            let patience = std::time::Instant::now();
+            while self.asked.load(SeqCst) < self.hold_until_asked.load(SeqCst)
+                && patience.elapsed() < std::time::Duration::from_secs(30)
+            {
+                std::thread::yield_now();
+            }
+        }
+        Validated {
+            result: self
+                .validator
+                .validate_shared_secret(secret, None, now)
+                .map(Arc::new)
+                .map_err(Box::new),
+            at: now,
+        }
+    }
+
     /// The validated version of `secret`: the recorded validation of this version
-    /// (unless its certificate became valid or expired since), or one made now and
-    /// recorded (unless another was recorded meanwhile, which wins).
+    /// (unless its certificate became valid or expired since), the one under way for
+    /// this version (waited for), or one made now and recorded.
     fn version(&self, secret: &Arc<TlsSecret>) -> SecretVersion {
+        #[cfg(test)]
+        self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let now = Timestamp::now();
-        let id = SecretVersionId::of(secret.as_ref());
-        let key = ObjectKey::new(
-            secret.namespace().unwrap_or_default(),
-            secret.name().unwrap_or_default(),
-        );
-        let current = |found: &Validation| match &found.result {
-            Ok(tls) => validation_holds(&Ok(Arc::clone(tls)), found.at, now),
-            Err(_) => true,
-        };
-        let unboxed = |found: &Validation| found.result.clone().map_err(|rejection| *rejection);
         let handed_over = |id, validation| SecretVersion {
             id,
             validation,
             as_of: now,
         };
-        if let Some(id) = &id
-            && let Some(found) = self.map().get(&key)
-            && &found.version == id
-            && current(found)
-        {
-            return handed_over(Some(id.clone()), unboxed(found));
-        }
-        let result = self
-            .validator
-            .validate_shared_secret(secret, None, now)
-            .map(Arc::new);
-        let Some(id) = id else {
-            return handed_over(None, result);
+        let Some(id) = SecretVersionId::of(secret.as_ref()) else {
+            return handed_over(None, self.validate(secret, now).unboxed());
         };
-        let mut latest = self.map();
-        let validation = match latest.get(&key) {
-            Some(found) if found.version == id && current(found) => unboxed(found),
-            _ => {
-                latest.insert(
-                    key,
-                    Validation {
-                        version: id.clone(),
-                        result: result.clone().map_err(Box::new),
-                        at: now,
-                    },
-                );
-                result
+        let key = ObjectKey::new(
+            secret.namespace().unwrap_or_default(),
+            secret.name().unwrap_or_default(),
+        );
+        let lookup = {
+            let mut latest = self.map();
+            let found = latest.get(&key).filter(|found| found.version == id);
+            match found.map(|found| &found.state) {
+                Some(ValidationState::Done(done)) if done.holds(now) => Lookup::Done(done.clone()),
+                Some(ValidationState::Pending(cell)) => Lookup::Cell(Arc::clone(cell)),
+                _ => {
+                    let cell = Arc::new(OnceLock::new());
+                    latest.insert(
+                        key.clone(),
+                        Validation {
+                            version: id.clone(),
+                            state: ValidationState::Pending(Arc::clone(&cell)),
+                        },
+                    );
+                    Lookup::Cell(cell)
+                }
             }
         };
-        handed_over(Some(id), validation)
-    }
-
-    fn clear(&self) {
-        self.map().clear();
+        let validated = match lookup {
+            Lookup::Done(done) => done,
+            Lookup::Cell(cell) => {
+                // Blocks this thread while another validates the same version: at most
+                // one validation's time, which this caller would otherwise spend
+                // validating it again itself. A validation that panics leaves the cell
+                // empty, and the next caller validates.
+                let shared = cell.get_or_init(|| self.validate(secret, now));
+                let validated = if shared.holds(now) {
+                    shared.clone()
+                } else {
+                    self.validate(secret, now)
+                };
+                let mut latest = self.map();
+                if let Some(found) = latest.get_mut(&key)
+                    && found.version == id
+                    && matches!(&found.state, ValidationState::Pending(pending) if Arc::ptr_eq(pending, &cell))
+                {
+                    found.state = ValidationState::Done(validated.clone());
+                }
+                validated
+            }
+        };
+        handed_over(Some(id), validated.unboxed())
     }
 }
 
@@ -526,7 +613,7 @@ mod tests {
     use std::time::Duration;
 
     use futures::channel::mpsc as stream_channel;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use kube_sim::{SimConfig, Simulator};
     use secret_monitor::ObjectEvent;
     use serde_json::json;
@@ -595,6 +682,8 @@ mod tests {
         extra: Route,
         /// A new version of `s`, with another certificate.
         rotated: Arc<TlsSecret>,
+        /// The pipeline's validations (for their counts).
+        validations: Validations,
     }
 
     impl Flooded {
@@ -626,6 +715,7 @@ mod tests {
             );
             let (pipeline, mut outputs) = RoutePipeline::new(manager, access, None, options);
             let mailbox = pipeline.mailbox.clone();
+            let validations = pipeline.validations.clone();
             let (routes, events) = stream_channel::unbounded();
             let task = tokio::spawn(pipeline.run(events));
 
@@ -667,6 +757,7 @@ mod tests {
                 task,
                 extra,
                 rotated: Arc::new(TlsSecret::from(&rotated)),
+                validations,
             }
         }
 
@@ -839,6 +930,27 @@ mod tests {
         flooded.stop().await;
     }
 
+    /// A start-up validates the one version of the secret its routes share once: the
+    /// prefetch's validation serves every route's apply and, after the prefetch holds
+    /// are released, every registration's first change.
+    #[tokio::test]
+    async fn a_start_up_validates_a_secret_version_once() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let flooded = Flooded::start(PipelineOptions::default()).await;
+        // One ask by the prefetch, then per route one by its apply and one by its
+        // registration's first change.
+        let asks = 1 + 2 * (FLOODED + 1);
+        tokio::time::timeout(PATIENCE, async {
+            while flooded.validations.asked.load(SeqCst) < asks {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("every first change handled in time");
+        assert_eq!(flooded.validations.made.load(SeqCst), 1);
+        flooded.stop().await;
+    }
+
     /// A consumer that takes no outcomes holds the pipeline at its outcome queue's
     /// bound: the rest of the flood waits in the mailbox (one change per registration),
     /// and flows once the consumer takes outcomes again.
@@ -872,5 +984,81 @@ mod tests {
         );
         assert_eq!(flooded.mailbox.len(), 0);
         flooded.stop().await;
+    }
+
+    /// Secret `name`, at `version`, with a valid certificate.
+    fn versioned_secret(pki: &Pki, now: Timestamp, name: &str, version: &str) -> Arc<TlsSecret> {
+        let leaf = pki.issue(&LeafSpec::new(&format!("{name}.app.example"), now));
+        let metadata = ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(NS.to_owned()),
+            uid: Some(format!("uid-{name}")),
+            resource_version: Some(version.to_owned()),
+            ..ObjectMeta::default()
+        };
+        Arc::new(TlsSecret::new(
+            metadata,
+            Some(crate::tls::SECRET_TYPE_TLS),
+            Some(leaf.chain_pem().into_bytes()),
+            Some(leaf.key.pem().into_bytes()),
+        ))
+    }
+
+    /// Several callers (a prefetch task and a route's registration) ask for the same
+    /// new version at the same moment: it is validated once, every caller gets that
+    /// one result, and a later version is validated again, once.
+    #[test]
+    fn a_version_asked_for_at_once_is_validated_once() {
+        use std::sync::atomic::Ordering::SeqCst;
+        const SECRETS: usize = 3;
+        const CALLERS: usize = 4;
+        let now = Timestamp::now();
+        let pki = Pki::new(now);
+        let validations = Validations::new(TlsValidator::default());
+        // Each validation waits until every caller of its round has asked: without the
+        // sharing, every caller would be validating.
+        let ask_at_once = |secret: &Arc<TlsSecret>| -> Vec<Arc<ValidatedTls>> {
+            validations
+                .hold_until_asked
+                .store(validations.asked.load(SeqCst) + CALLERS, SeqCst);
+            let results: Vec<Arc<ValidatedTls>> = std::thread::scope(|scope| {
+                let callers: Vec<_> = (0..CALLERS)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            let version = validations.version(secret);
+                            assert_eq!(version.id, SecretVersionId::of(secret.as_ref()));
+                            version.validation.expect("a valid secret")
+                        })
+                    })
+                    .collect();
+                callers
+                    .into_iter()
+                    .map(|caller| caller.join().expect("a caller"))
+                    .collect()
+            });
+            validations.hold_until_asked.store(0, SeqCst);
+            assert!(
+                results.iter().all(|one| Arc::ptr_eq(one, &results[0])),
+                "every caller holds the one validation"
+            );
+            results
+        };
+
+        let mut first = Vec::new();
+        for index in 0..SECRETS {
+            let secret = versioned_secret(&pki, now, &format!("s{index}"), "1");
+            first.push(ask_at_once(&secret).remove(0));
+            assert_eq!(validations.made.load(SeqCst), index + 1);
+            // Asked again: recorded, not validated again.
+            let again = validations.version(&secret).validation.expect("valid");
+            assert!(Arc::ptr_eq(&again, &first[index]));
+            assert_eq!(validations.made.load(SeqCst), index + 1);
+        }
+        for (index, earlier) in first.iter().enumerate() {
+            let secret = versioned_secret(&pki, now, &format!("s{index}"), "2");
+            let second = ask_at_once(&secret).remove(0);
+            assert_eq!(validations.made.load(SeqCst), SECRETS + index + 1);
+            assert!(!Arc::ptr_eq(&second, earlier), "the new version's own");
+        }
     }
 }

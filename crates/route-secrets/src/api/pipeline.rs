@@ -395,7 +395,15 @@ impl RoutePipeline {
     fn secret_inputs(&self, (consumer, registration): Tag, change: Change) -> Vec<Input> {
         let change = match change {
             Change::Present(object) => SecretChange::Present(self.validations.version(&object)),
-            Change::Deleted => SecretChange::Deleted,
+            Change::Deleted => {
+                // The secret is gone: its validation (and the material it holds) goes
+                // with it, so secrets created and deleted under new names leave
+                // nothing behind.
+                if let Some(held) = self.registrations.get(&registration) {
+                    self.validations.forget(held.key());
+                }
+                SecretChange::Deleted
+            }
         };
         vec![Input::Secret {
             consumer,
@@ -516,6 +524,12 @@ impl Validations {
                 .map_err(Box::new),
             at: now,
         }
+    }
+
+    /// Drops what is recorded for the secret `key` (it was deleted). A validation under
+    /// way for it still hands its result to those waiting on it.
+    fn forget(&self, key: &ObjectKey) {
+        self.map().remove(key);
     }
 
     /// The validated version of `secret`: the recorded validation of this version
@@ -1002,6 +1016,29 @@ mod tests {
             Some(leaf.chain_pem().into_bytes()),
             Some(leaf.key.pem().into_bytes()),
         ))
+    }
+
+    /// A deleted secret's validation is dropped: asked for again (re-created with the
+    /// same version, as a restore does), it is validated anew, and the other secrets'
+    /// validations stay.
+    #[test]
+    fn a_deleted_secret_leaves_no_validation_behind() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = Timestamp::now();
+        let pki = Pki::new(now);
+        let validations = Validations::new(TlsValidator::default());
+        let gone = versioned_secret(&pki, now, "gone", "1");
+        let kept = versioned_secret(&pki, now, "kept", "1");
+        validations.version(&gone).validation.expect("valid");
+        validations.version(&kept).validation.expect("valid");
+        assert_eq!(validations.map().len(), 2);
+
+        validations.forget(&ObjectKey::new(NS, "gone"));
+        assert_eq!(validations.map().len(), 1);
+        validations.version(&kept).validation.expect("valid");
+        assert_eq!(validations.made.load(SeqCst), 2, "the kept one is recorded");
+        validations.version(&gone).validation.expect("valid");
+        assert_eq!(validations.made.load(SeqCst), 3, "the deleted one anew");
     }
 
     /// Several callers (a prefetch task and a route's registration) ask for the same

@@ -45,10 +45,10 @@ fn replace(path: &Path, content: &[u8]) -> io::Result<()> {
 }
 
 /// Writes a rendered configuration into its directory: the error pages, the destination
-/// CA and allow list files, the maps, HAProxy's OpenSSL configuration, then `haproxy.cfg` (last, so
-/// that a configuration on disk never names a file that is not there yet: whoever
-/// starts HAProxy once `haproxy.cfg` exists finds every file it needs). Returns the
-/// configuration file's path.
+/// CA and allow list files, the maps, the Lua file HAProxy's Lua states load, HAProxy's
+/// OpenSSL configuration, then `haproxy.cfg` (last, so that a configuration on disk
+/// never names a file that is not there yet: whoever starts HAProxy once `haproxy.cfg`
+/// exists finds every file it needs). Returns the configuration file's path.
 pub fn write_config(rendered: &RenderedConfig, options: &RenderOptions) -> io::Result<PathBuf> {
     let dir = &options.config_dir;
     std::fs::create_dir_all(dir.join("run"))?;
@@ -73,6 +73,10 @@ pub fn write_config(rendered: &RenderedConfig, options: &RenderOptions) -> io::R
     }
     for (name, text) in &rendered.maps {
         replace(&dir.join(name), text.as_bytes())?;
+    }
+    let lua_init = options.lua_init();
+    if std::fs::read(&lua_init).ok().as_deref() != Some(render::LUA_INIT.as_bytes()) {
+        replace(&lua_init, render::LUA_INIT.as_bytes())?;
     }
     let openssl_conf = options.openssl_conf();
     if std::fs::read(&openssl_conf).ok().as_deref() != Some(rendered.openssl_conf.as_bytes()) {

@@ -385,6 +385,11 @@ impl RenderOptions {
     pub fn openssl_conf(&self) -> PathBuf {
         self.config_dir.join(OPENSSL_CONF_FILE)
     }
+
+    /// The Lua file every Lua state of HAProxy loads at start ([`LUA_INIT`]).
+    pub fn lua_init(&self) -> PathBuf {
+        self.config_dir.join(LUA_INIT_FILE)
+    }
 }
 
 /// The directory, in the configuration directory, of allow lists too long for a line.
@@ -393,6 +398,30 @@ pub const ALLOWLIST_DIR: &str = "allowlists";
 /// The OpenSSL configuration's file name in the configuration directory: HAProxy's
 /// `OPENSSL_CONF`, at certwatch's security level (Debian's OpenSSL alone is at 2).
 pub const OPENSSL_CONF_FILE: &str = "openssl.cnf";
+
+/// The Lua file's name in the configuration directory ([`LUA_INIT`]).
+pub const LUA_INIT_FILE: &str = "drop-proxy-tables.lua";
+
+/// What every Lua state of a HAProxy built with Lua runs at start, the shared state
+/// (`lua-load`) and each thread's (`lua-load-per-thread`). The configuration runs no
+/// Lua of its own, but HAProxy 2.6 fills `core.proxies`, `core.frontends` and
+/// `core.backends` in each of those states (one per thread and the shared one) with
+/// an object for every proxy and every server of it: at 4 threads 4.6 KB a backend
+/// and 2.4 KB a server, a third of what a route's backend holds (docs/BENCHMARKS.md,
+/// "What HAProxy 2.6 holds per backend and per server"). Nothing reads them; each
+/// state drops them and collects them in its init, before the next state fills its
+/// own, so they take their memory once at most, never each state's at once.
+pub const LUA_INIT: &str = "\
+-- Written by certwatch. HAProxy's Lua states each list every proxy and server
+-- (core.proxies, core.frontends, core.backends); the configuration runs no Lua
+-- that reads them, so each state drops its lists once they are made.
+core.register_init(function()
+  core.proxies = nil
+  core.frontends = nil
+  core.backends = nil
+  collectgarbage(\"collect\")
+end)
+";
 
 /// The environment variable the configuration sets to [`RenderedConfig::digest`]
 /// (`setenv` in a `global` section of its own, last): `show env` on the runtime API
@@ -733,7 +762,7 @@ fn global_and_frontends(out: &mut String, options: &RenderOptions) {
     default_backend(out, options);
 }
 
-/// The `global` section: limits, threads, logging, the admin socket, TLS defaults.
+/// The `global` section: limits, threads, logging, Lua, the admin socket, TLS defaults.
 fn global(out: &mut String, options: &RenderOptions) {
     let _ = writeln!(
         out,
@@ -750,6 +779,13 @@ fn global(out: &mut String, options: &RenderOptions) {
     if let Some(after) = options.hard_stop_after {
         let _ = writeln!(out, "  hard-stop-after {}ms", after.as_millis().max(1));
     }
+    // Only a HAProxy built with Lua has the lists LUA_INIT drops, and only it takes
+    // the keywords.
+    let _ = writeln!(
+        out,
+        "  .if feature(LUA)\n  lua-load {lua}\n  lua-load-per-thread {lua}\n  .endif",
+        lua = options.lua_init().display(),
+    );
     let _ = writeln!(
         out,
         "  ca-base /etc/ssl\n  crt-base /etc/ssl\n  \

@@ -996,6 +996,109 @@ fn custom_error_pages_are_written_and_taken_by_haproxy() {
     );
 }
 
+/// What a Lua probe loaded after the configuration's own Lua file finds in each Lua
+/// state HAProxy makes (the shared one, 0, and one per thread) once HAProxy's own
+/// lists are made: `state proxies frontends backends`, each the number of entries of
+/// `core.proxies`, `core.frontends` and `core.backends`, or `nil`. The probe ends
+/// HAProxy in the last thread's state, before it binds anything.
+fn lua_lists(dir: &Path, config: &str, threads: u32) -> Vec<String> {
+    let report = dir.join("lua-lists.txt");
+    let _ = std::fs::remove_file(&report);
+    let probe = dir.join("probe.lua");
+    std::fs::write(
+        &probe,
+        format!(
+            "core.register_init(function()\n\
+             \x20 local function count(list)\n\
+             \x20   if list == nil then return \"nil\" end\n\
+             \x20   local n = 0\n\
+             \x20   for _ in pairs(list) do n = n + 1 end\n\
+             \x20   return tostring(n)\n\
+             \x20 end\n\
+             \x20 local out = io.open(\"{report}\", \"a\")\n\
+             \x20 out:write(core.thread, \" \", count(core.proxies), \" \", count(core.frontends), \" \", count(core.backends), \"\\n\")\n\
+             \x20 out:close()\n\
+             \x20 if core.thread == {threads} then os.exit(0) end\n\
+             end)\n",
+            report = report.display(),
+        ),
+    )
+    .unwrap();
+    let probed = dir.join("probed.cfg");
+    std::fs::write(
+        &probed,
+        format!(
+            "{config}global\n  lua-load {probe}\n  lua-load-per-thread {probe}\n",
+            probe = probe.display()
+        ),
+    )
+    .unwrap();
+    // `timeout` only ends a HAProxy the probe did not end (a failure, reported below).
+    let output = Command::new("timeout")
+        .args(["120", "haproxy", "-db", "-f"])
+        .arg(&probed)
+        .output()
+        .expect("haproxy must be installed (scripts/test installs it)");
+    assert!(
+        output.status.success(),
+        "haproxy with the Lua probe: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::read_to_string(&report)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn haproxys_lua_states_drop_their_lists_of_every_proxy_and_server() {
+    let endpoints = endpoints();
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = options_in(dir.path());
+    options.threads = Some(3);
+    let mut table = RoutingTable::new();
+    for case in cases() {
+        table.upsert(case);
+    }
+    let rendered = render(&table, &endpoints, &options);
+    let lua = options.lua_init();
+    let lines = format!(
+        "\n  .if feature(LUA)\n  lua-load {lua}\n  lua-load-per-thread {lua}\n  .endif\n",
+        lua = lua.display()
+    );
+    let global = &rendered.config[..rendered.config.find("\ndefaults\n").unwrap()];
+    assert!(global.contains(&lines), "{global}");
+    haproxy_check(&write_config(&rendered, &options).unwrap());
+    assert_eq!(std::fs::read_to_string(&lua).unwrap(), LUA_INIT);
+    let sections = |kind: &str| {
+        rendered
+            .config
+            .lines()
+            .filter(|line| line.starts_with(kind))
+            .count()
+    };
+    let (frontends, backends) = (sections("frontend "), sections("backend "));
+    assert!(backends > cases().len(), "{backends} backends");
+    // Without the configuration's Lua file, every state lists every proxy.
+    let without = rendered.config.replacen(&lines, "\n", 1);
+    let listed = format!("{} {frontends} {backends}", frontends + backends);
+    assert_eq!(
+        lua_lists(dir.path(), &without, 3),
+        (0..=3)
+            .map(|state| format!("{state} {listed}"))
+            .collect::<Vec<_>>()
+    );
+    // With it, no state keeps them.
+    assert_eq!(
+        lua_lists(dir.path(), &rendered.config, 3),
+        (0..=3)
+            .map(|state| format!("{state} nil nil nil"))
+            .collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn backends_take_servers_at_run_time_where_their_balance_allows_and_keep_spares_otherwise() {
     let endpoints = endpoints();

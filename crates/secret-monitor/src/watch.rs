@@ -791,33 +791,6 @@ mod tests {
     /// A watch task lives as long as its key is watched, ten thousand of them at a
     /// time: its size is memory per watched object. Guards against a change that
     /// quietly keeps a large value (an object, an error, a first-sync state) inline.
-    #[tokio::test]
-    async fn a_watch_task_stays_small() {
-        let service = tower::service_fn(|_request: http::Request<kube::client::Body>| async {
-            Ok::<_, std::convert::Infallible>(http::Response::new(kube::client::Body::empty()))
-        });
-        let client = kube::Client::new(service, "default");
-        let registry: Registry<Secret, StdLocks> = Registry::new("secrets");
-        let (_ticket, driver) = registry.join(&ObjectKey::new("ns", "a"));
-        let ctx = Arc::new(WatchContext::new(
-            client,
-            MonitorOptions::default(),
-            "secrets".into(),
-        ));
-        let transform: Transform<Secret> = Arc::new(|_secret: &mut Secret| {});
-        let task = run(
-            driver.expect("a new entry has a driver"),
-            ctx,
-            Some(transform),
-        );
-        let size = std::mem::size_of_val(&task);
-        println!("watch task future: {size} bytes");
-        assert!(
-            size <= 2_200,
-            "the watch task's future grew to {size} bytes"
-        );
-    }
-
     /// Tokio allocates a task as one cell: the future, about a hundred bytes of its own,
     /// rounded up to 128 bytes. An idle watch task (the open watch being read) stays
     /// within a 768-byte cell in a debug build (it was 1,024 with an 840-byte future):

@@ -237,21 +237,16 @@ impl Dispatcher {
                 }
                 Acquired::Http2(grant) => grant,
             };
-            if !grant.pace.admit().await {
+            if !grant.pace.admit().await && attempt < MAX_REFUSED_ATTEMPTS {
                 // The connection ended while this request waited for its turn: its
                 // slot goes back with the grant, and the next attempt finds another.
-                if attempt < MAX_REFUSED_ATTEMPTS {
-                    tracing::debug!(
-                        connection = grant.connection,
-                        "connection closed before the stream was opened; trying another"
-                    );
-                    continue;
-                }
-                return Err(Error::ConnectionLost {
-                    origin: pool.label.to_string(),
-                    connection: grant.connection,
-                    source: h2::Error::from(h2::Reason::REFUSED_STREAM),
-                });
+                // On the last attempt, opening the stream returns the connection's own
+                // error.
+                tracing::debug!(
+                    connection = grant.connection,
+                    "connection closed before the stream was opened; trying another"
+                );
+                continue;
             }
             match open_http2(&pool, grant, &parts, &body) {
                 Ok(stream) => return Ok(Opened::Http2 { pool, stream }),

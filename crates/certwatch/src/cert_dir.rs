@@ -49,6 +49,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use jiff::Timestamp;
+use kube_common::hash::{NameMap, NameSet};
 use route_secrets::machine::Sni;
 use route_secrets::route::RouteKey;
 use route_secrets::tls::ValidatedTls;
@@ -207,15 +208,15 @@ pub struct CertDir {
     format: Arc<dyn IndexFormat>,
     /// Boxed, as the lines are: a map keeps up to as many spare slots as entries, and an
     /// entry of about 200 bytes inline cost that again in every spare slot.
-    desired: HashMap<RouteKey, Box<Desired>>,
+    desired: NameMap<RouteKey, Box<Desired>>,
     /// Bundles known to be on disk with their link, by file name.
-    on_disk: HashMap<String, OnDisk>,
+    on_disk: NameMap<String, OnDisk>,
     /// Bundle files on disk that no desired route names: removed once the index on
     /// disk no longer names them.
     unwanted: BTreeSet<String>,
     /// Unwanted bundles, with the [`FileLoads::mark`] taken once an index not
     /// naming them was on disk: removed once every load begun before it has ended.
-    held: HashMap<String, u64>,
+    held: NameMap<String, u64>,
     /// The loads of these files in progress.
     loads: FileLoads,
     /// Links found at start whose bundle is missing or elsewhere: removed with the
@@ -226,15 +227,15 @@ pub struct CertDir {
     /// Routes whose last write failed.
     failed: BTreeSet<RouteKey>,
     /// Routes whose line must be recomputed at the next flush.
-    relist: HashSet<RouteKey>,
+    relist: NameSet<RouteKey>,
     /// Every route's line is recomputed at the next flush (start-up just completed).
     relist_all: bool,
     /// The lines, by route.
-    lines: HashMap<RouteKey, Box<Listed>>,
+    lines: NameMap<RouteKey, Box<Listed>>,
     /// The lines in the index's order.
     order: BTreeMap<ListKey, RouteKey>,
     /// Desired routes per chain digest (for the ALPN rule: a shared certificate).
-    by_chain: HashMap<[u8; 32], ChainRoutes>,
+    by_chain: NameMap<[u8; 32], ChainRoutes>,
     /// Certificates (by name in the proxy: the link's path) whose material the proxy
     /// rejected, with that material's digest: their lines stay out of the index while
     /// they hold that material.
@@ -373,7 +374,7 @@ async fn blocking<T: Send + 'static>(
 /// What was found in the cert directory at start.
 struct Found {
     prepared: files::PreparedDir,
-    on_disk: HashMap<String, OnDisk>,
+    on_disk: NameMap<String, OnDisk>,
     unlinked: BTreeSet<String>,
     stray_links: BTreeSet<String>,
     index: Option<String>,
@@ -396,7 +397,7 @@ fn scan(dir: &Path, format: &dyn IndexFormat) -> io::Result<Found> {
             bundles.insert(name, digest(&content));
         }
     }
-    let mut on_disk = HashMap::new();
+    let mut on_disk = NameMap::default();
     let mut stray_links = BTreeSet::new();
     for entry in std::fs::read_dir(&links)? {
         let entry = entry?;
@@ -525,19 +526,19 @@ impl CertDir {
             owned: found.prepared.owned,
             mode: found.prepared.mode,
             format,
-            desired: HashMap::new(),
+            desired: NameMap::default(),
             on_disk: found.on_disk,
             unwanted,
-            held: HashMap::new(),
+            held: NameMap::default(),
             loads: FileLoads::new(),
             stray_links: found.stray_links,
             dirty: BTreeSet::new(),
             failed: BTreeSet::new(),
-            relist: HashSet::new(),
+            relist: NameSet::default(),
             relist_all: false,
-            lines: HashMap::new(),
+            lines: NameMap::default(),
             order: BTreeMap::new(),
-            by_chain: HashMap::new(),
+            by_chain: NameMap::default(),
             excluded: found.refused,
             excluded_dirty: false,
             list_dirty: false,

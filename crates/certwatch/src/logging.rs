@@ -255,7 +255,7 @@ pub enum Seen {
 /// keys together.
 #[derive(Debug)]
 pub struct StateLog<K> {
-    states: std::collections::HashMap<K, u64>,
+    states: kube_common::hash::NameMap<K, u64>,
     repeats: Repeats,
 }
 
@@ -263,7 +263,7 @@ impl<K: std::hash::Hash + Eq> StateLog<K> {
     /// Repeats summarised at most once per `interval`.
     pub fn new(interval: std::time::Duration) -> Self {
         Self {
-            states: std::collections::HashMap::new(),
+            states: kube_common::hash::NameMap::default(),
             repeats: Repeats::new(interval),
         }
     }

@@ -17,6 +17,8 @@
 //!   its method and URL as kube-apiserver reads it.
 //! - [`sync`]: the poison-ignoring lock helpers; [`time`]: `sleep_until` an optional
 //!   deadline.
+//! - [`hash`]: hash maps keyed by names tenants choose, with a faster keyed hasher
+//!   than the standard library's.
 //! - [`hint`]: what a caller tells the transport about a request ([`hint::LongLived`]).
 //! - [`listing`]: a watch's (re-)listings gathered into one event, as a stream
 //!   adapter ([`listing::ListingStreamExt::gather_listings`]).
@@ -41,6 +43,7 @@
 pub mod adaptive;
 pub mod backoff;
 pub mod duration;
+pub mod hash;
 pub mod hint;
 pub mod kubeconfig;
 pub mod labels;

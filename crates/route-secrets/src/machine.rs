@@ -53,11 +53,12 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube_common::backoff::{Backoff, BackoffPolicy};
+use kube_common::hash::{NameMap, NameSet};
 
 use claims::{Claim, HostClaims};
 pub use effects::{Effect, Preparation, RegistrationId};
@@ -157,7 +158,7 @@ struct InFlight {
 pub struct RouteMachine {
     options: MachineOptions,
     /// Every route known or still holding something.
-    routes: std::collections::HashMap<RouteKey, RouteEntry>,
+    routes: NameMap<RouteKey, RouteEntry>,
     /// Routes waiting to be applied.
     queue: ApplyQueue,
     /// Every route's claim on its host (from its latest copy).
@@ -273,7 +274,7 @@ impl RouteMachine {
                 route.key(),
             )
         });
-        let present: HashSet<RouteKey> = routes.iter().filter_map(|route| route.key()).collect();
+        let present: NameSet<RouteKey> = routes.iter().filter_map(|route| route.key()).collect();
         // Room for the listing at once: grown step by step, the route map (the
         // machine's largest) would hold its old and new tables together at each step.
         let additional = present.len().saturating_sub(self.routes.len());

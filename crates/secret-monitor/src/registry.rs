@@ -29,11 +29,12 @@
 //!
 //! The map lock may be taken before an entry's lock, never the other way round.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use kube_common::hash::NameMap;
 use tokio::sync::Notify;
 
 use crate::event::{EventSink, ObjectEvent};
@@ -121,7 +122,7 @@ impl<K: Send + Sync + 'static, L: LockFamily> Clone for Registry<K, L> {
 struct RegistryInner<K: Send + Sync + 'static, L: LockFamily> {
     /// Guards the set of live entries and each entry's holder count. See the module
     /// docs for why the count lives here and not in the entry.
-    slots: L::Lock<HashMap<ObjectKey, Slot<K, L>>>,
+    slots: L::Lock<NameMap<ObjectKey, Slot<K, L>>>,
     /// Source of entry and handler ids.
     next_id: AtomicU64,
     /// Plural resource name, for error messages.
@@ -221,7 +222,7 @@ where
     pub(crate) fn new(resource: impl Into<String>) -> Self {
         Self {
             inner: Arc::new(RegistryInner {
-                slots: L::Lock::new(HashMap::new()),
+                slots: L::Lock::new(NameMap::default()),
                 next_id: AtomicU64::new(1),
                 resource: resource.into(),
             }),

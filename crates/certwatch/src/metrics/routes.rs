@@ -10,10 +10,10 @@
 //! | `certwatch_certificate_warnings_total` | counter | `warning` | admissions of a route whose certificate has this warning (`expires_soon`, `host_not_covered`, ...: `TlsWarning::code`); the log names a route's warnings once, when they first apply to it |
 //! | `certwatch_routes_with_certificate_warning` | gauge | `warning` | routes served now with a certificate that has this warning |
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use jiff::Timestamp;
+use kube_common::hash::NameMap;
 use kube_common::sync;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -76,12 +76,12 @@ pub struct RouteMetrics {
     /// Guards the secret whose certificate each route's expiration series is labelled
     /// with (to replace the series when the route moves to another secret, and drop it
     /// when the route goes). Held only to read or update the map.
-    expiration_secrets: Mutex<HashMap<RouteKey, Arc<str>>>,
+    expiration_secrets: Mutex<NameMap<RouteKey, Arc<str>>>,
     warnings: Family<WarningLabels, Counter>,
     routes_with_warning: Family<WarningLabels, Gauge>,
     /// Guards the warnings of the certificate each route serves now (to move the
     /// per-warning gauges when they change). Held only to read or update the map.
-    served_warnings: Mutex<HashMap<RouteKey, Vec<&'static str>>>,
+    served_warnings: Mutex<NameMap<RouteKey, Vec<&'static str>>>,
 }
 
 impl RouteMetrics {
@@ -91,10 +91,10 @@ impl RouteMetrics {
             rejected: Family::default(),
             outcomes: Family::default(),
             expiration: Family::default(),
-            expiration_secrets: Mutex::new(HashMap::new()),
+            expiration_secrets: Mutex::new(NameMap::default()),
             warnings: Family::default(),
             routes_with_warning: Family::default(),
-            served_warnings: Mutex::new(HashMap::new()),
+            served_warnings: Mutex::new(NameMap::default()),
         };
         metrics.precreate();
         metrics
@@ -302,7 +302,7 @@ impl RouteMetrics {
 /// Keeps each route's state so that gauges by state stay exact.
 #[derive(Debug, Default)]
 pub struct RouteStates {
-    states: HashMap<RouteKey, RouteState>,
+    states: NameMap<RouteKey, RouteState>,
     /// Of those, routes admitted (so that the counts cost nothing per batch).
     admitted: usize,
 }

@@ -9,9 +9,10 @@
 //! (a deletion followed by a re-creation is the new version: what the route's answer
 //! depends on is the secret's state, never its history).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+use kube_common::hash::NameMap;
 use secret_monitor::{EventSink, ObjectEvent};
 use tokio::sync::Notify;
 
@@ -47,7 +48,7 @@ const KEPT_ROOM: usize = 1024;
 /// The changes waiting, by registration, and their order.
 #[derive(Debug, Default)]
 struct Waiting {
-    changes: HashMap<Tag, Change>,
+    changes: NameMap<Tag, Change>,
     /// Registrations with a change waiting, in the order their change first arrived.
     order: VecDeque<Tag>,
 }

@@ -16,11 +16,12 @@
 //! watches until [`SecretManager::release_prefetched`], so that each route's own
 //! registration later joins a sync that is already under way or done.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use kube_common::hash::NameMap;
 use secret_monitor::{
     EventSink, HandlerHandle, KeyCounts, KeyStatus, MonitorError, ObjectEvent, ObjectKey,
     ObjectMonitor,
@@ -42,7 +43,7 @@ pub struct SecretManager {
 struct Inner {
     monitor: TlsSecretMonitor,
     /// Guards the prefetch holds, keyed by secret. Never held across an `.await`.
-    prefetched: Mutex<HashMap<ObjectKey, Prefetch>>,
+    prefetched: Mutex<NameMap<ObjectKey, Prefetch>>,
     next_ticket: AtomicU64,
     /// Registrations alive (prefetch holds not counted).
     registrations: AtomicUsize,
@@ -123,7 +124,7 @@ impl SecretManager {
         Self {
             inner: Arc::new(Inner {
                 monitor,
-                prefetched: Mutex::new(HashMap::new()),
+                prefetched: Mutex::new(NameMap::default()),
                 next_ticket: AtomicU64::new(1),
                 registrations: AtomicUsize::new(0),
             }),
@@ -135,7 +136,7 @@ impl SecretManager {
         &self.inner.monitor
     }
 
-    fn prefetched(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Prefetch>> {
+    fn prefetched(&self) -> std::sync::MutexGuard<'_, NameMap<ObjectKey, Prefetch>> {
         // Every critical section is a single map operation: a poisoned map is intact.
         kube_common::sync::lock(&self.inner.prefetched)
     }

@@ -28,6 +28,7 @@ use futures::future::{BoxFuture, OptionFuture};
 use futures::{FutureExt, Stream, StreamExt};
 use jiff::Timestamp;
 use kube_common::backoff::BackoffPolicy;
+use kube_common::hash::NameMap;
 use kube_common::time::sleep_until;
 use secret_monitor::{MonitorErrorKind, ObjectKey};
 use tokio::sync::{mpsc, watch};
@@ -426,7 +427,7 @@ struct Validations {
     validator: Arc<TlsValidator>,
     /// Guards the latest validation of each secret. Never held across an `.await`, nor
     /// while validating: only for a lookup or an insert.
-    latest: Arc<Mutex<HashMap<ObjectKey, Validation>>>,
+    latest: Arc<Mutex<NameMap<ObjectKey, Validation>>>,
     /// For tests of the sharing: validations made, versions asked for, and how many
     /// asks a validation waits for before it starts (none when 0), so that callers
     /// asking at once overlap whatever the scheduling.
@@ -499,7 +500,7 @@ impl Validations {
         }
     }
 
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Validation>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, NameMap<ObjectKey, Validation>> {
         // Every critical section is a single map operation: a poisoned map is intact.
         kube_common::sync::lock(&self.latest)
     }

@@ -14,11 +14,10 @@
 //!   same host and path, only the oldest is.
 //! * A refused claim stays on file: when the claims before it go away (the route is
 //!   deleted, or changes host or path), it takes over.
-
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use jiff::Timestamp;
+use kube_common::hash::NameMap;
 
 use crate::route::{Route, RouteKey};
 
@@ -72,10 +71,10 @@ pub(super) struct HostClaims {
     /// Claims per host, oldest first, without duplicates. A sorted `Vec`, not a
     /// `BTreeSet`: nearly every host has one claim, and a B-tree node holds room for
     /// eleven (about 1 KB per host at 10,000 routes).
-    by_host: HashMap<Arc<str>, Vec<Claim>>,
+    by_host: NameMap<Arc<str>, Vec<Claim>>,
     /// The host each route claims (its claim is in `by_host`): one copy of each claim,
     /// and one of each host's name.
-    of_route: HashMap<RouteKey, Arc<str>>,
+    of_route: NameMap<RouteKey, Arc<str>>,
 }
 
 impl HostClaims {

@@ -1,12 +1,13 @@
 //! The machine's memory: one entry per route, the apply queue, start-up progress.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use jiff::Timestamp;
 use kube_common::backoff::Backoff;
+use kube_common::hash::{NameMap, NameSet};
 
 use super::inputs::SecretVersionId;
 use super::outcome::Sni;
@@ -373,7 +374,7 @@ pub(super) struct ApplyQueue {
     order: VecDeque<RouteKey>,
     /// Queued routes, and whether to apply them even if their spec did not change
     /// (retries, claims that changed, applies overtaken by a newer event).
-    forced: HashMap<RouteKey, bool>,
+    forced: NameMap<RouteKey, bool>,
 }
 
 impl ApplyQueue {
@@ -424,7 +425,7 @@ pub(super) enum Startup {
     /// Listed; these routes are not decided yet.
     Deciding {
         initial: usize,
-        undecided: HashSet<RouteKey>,
+        undecided: NameSet<RouteKey>,
     },
 }
 

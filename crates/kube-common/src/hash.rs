@@ -25,8 +25,6 @@ pub type NameSet<K> = HashSet<K, NameHasher>;
 
 #[cfg(test)]
 mod tests {
-    use std::hash::BuildHasher;
-
     use super::*;
 
     #[test]

@@ -22,7 +22,7 @@
 //! - during a re-issue, a sample of the rewritten secrets (50 a second of the window, at
 //!   most 1,000) is followed from its write to a handshake presenting its new leaf, with
 //!   the probes' handshakes paced together as the rotation phases pace theirs; certwatch's
-//!   backlog is read from its `/metrics` at the rotation phases' pace, and HAProxy's
+//!   backlog is read from its `/metrics` every second until it drained, and HAProxy's
 //!   pushes (`set ssl cert` + `commit ssl cert`), reloads, resident set and CPU over the
 //!   phase are reported beside certwatch's. A sampled route not served within a deadline
 //!   derived from the routes and HAProxy's own rate counts as never served.
@@ -429,8 +429,7 @@ pub struct ReissueServed {
     /// From the first write to the first read of `/metrics`, after every file held its
     /// new certificate, that showed nothing waiting (`None` if none did by the deadline).
     pub drained_ms: Option<u64>,
-    /// Reads of certwatch's `/metrics` for the backlog (every second while routes wait,
-    /// every 10 s while none do and the files are not all written yet).
+    /// Reads of certwatch's `/metrics` for the backlog (one a second until it drained).
     pub backlog_scrapes: usize,
     /// Certificates certwatch pushed to HAProxy over the phase
     /// (`certwatch_haproxy_pushed_certificates_total`).
@@ -745,9 +744,11 @@ impl PushCounters {
     }
 }
 
-/// Reads certwatch's backlog during a re-issue at the rotation phases' pace, until a
-/// read after every file was written shows nothing waiting (the moment it drained), or
-/// `follow` after the last write.
+/// Reads certwatch's backlog every second during a re-issue (the pace of the rotation
+/// phases while routes wait: a re-issue is changes from its first write to its drain,
+/// and the quiet pace of 10 s would miss the backlog's rise and blur its drain), until
+/// a read after every file was written shows nothing waiting (the moment it drained),
+/// or `follow` after the last write.
 async fn watch_reissue_backlog(
     addr: Option<std::net::SocketAddr>,
     writes_done: Arc<OnceLock<Instant>>,
@@ -759,27 +760,23 @@ async fn watch_reissue_backlog(
         return (peak, None);
     };
     loop {
-        let mut pause = BACKLOG_SAMPLE;
         if let Some(text) = fetch_metrics(addr).await {
             peak.scrapes += 1;
             let routes = metric_seconds(&text, "certwatch_routes_admitted_not_served");
-            pause = peak.record(
+            peak.record(
                 routes.unwrap_or(0.0),
                 metric_seconds(&text, "certwatch_oldest_unserved_change_age_seconds")
                     .unwrap_or(0.0),
             );
-            if files_done.get().is_some() {
-                if routes == Some(0.0) {
-                    return (peak, Some(Instant::now()));
-                }
-                // Every change is in certwatch: the drain is what is left to see.
-                pause = BACKLOG_SAMPLE;
+            // Only once every change is in certwatch does nothing waiting mean drained.
+            if files_done.get().is_some() && routes == Some(0.0) {
+                return (peak, Some(Instant::now()));
             }
         }
         if past(&writes_done, follow) {
             return (peak, None);
         }
-        tokio::time::sleep(pause).await;
+        tokio::time::sleep(BACKLOG_SAMPLE).await;
     }
 }
 

@@ -28,6 +28,9 @@
 //! # bad input at scale: 100 invalid secrets, then every secret re-issued in a minute
 //! certwatch-lab bench --routes 100000 --latency 100ms --strategy daemon \
 //!     --bad-secrets 100 --reissue 60s --timeout 20m
+//! # the same, followed to HAProxy too (served by handshakes)
+//! certwatch-lab bench --routes 100000 --latency 100ms --strategy haproxy \
+//!     --bad-secrets 100 --reissue 60s --timeout 40m
 //! ```
 
 mod bad_input;
@@ -272,7 +275,10 @@ pub struct BenchArgs {
     /// certificate of a new CA, the writes spread evenly over this window (a CA
     /// re-issue), and follow every route until its file holds its new certificate;
     /// reports the latencies, the routes never updated, and certwatch's memory and CPU
-    /// over it.
+    /// over it. With the haproxy strategy also a sample of the routes until a handshake
+    /// presents the new certificate: served latencies, HAProxy's backlog and pushes, and
+    /// HAProxy's memory and CPU; `--bad-secrets` routes are then asked too (HAProxy must
+    /// not present their certificate).
     #[arg(long, value_name = "WINDOW", value_parser = duration_arg)]
     pub reissue: Option<Duration>,
 

@@ -59,12 +59,12 @@ pub(super) const STARTUP_SAMPLE: usize = 200;
 /// Certificates of HAProxy's own rate measurement at most.
 const OWN_RATE_SAMPLE: usize = 1_000;
 /// Rotations followed per second at most.
-const PROBES_PER_SECOND: f64 = 50.0;
+pub(super) const PROBES_PER_SECOND: f64 = 50.0;
 /// How long a probe waits for its rotation before counting it as never seen.
 const PROBE_DEADLINE: Duration = Duration::from_secs(60);
 /// How often the backlog is read from certwatch's metrics during a rotation phase while
 /// the last read showed routes waiting for HAProxy.
-const BACKLOG_SAMPLE: Duration = Duration::from_secs(1);
+pub(super) const BACKLOG_SAMPLE: Duration = Duration::from_secs(1);
 /// How often it is read while the last read showed none waiting: a scrape encodes every
 /// route's series (at 100,000 routes 12.8 MB, about 0.1 CPU seconds of certwatch's), so
 /// reading every second would put the benchmark's own scrapes into certwatch's CPU figure
@@ -72,18 +72,18 @@ const BACKLOG_SAMPLE: Duration = Duration::from_secs(1);
 /// costs it.
 const QUIET_BACKLOG_SAMPLE: Duration = Duration::from_secs(10);
 /// How often a probe looks at the file, and asks HAProxy, at first.
-const FILE_POLL: Duration = Duration::from_millis(5);
-const HANDSHAKE_POLL: Duration = Duration::from_millis(10);
+pub(super) const FILE_POLL: Duration = Duration::from_millis(5);
+pub(super) const HANDSHAKE_POLL: Duration = Duration::from_millis(10);
 /// Handshakes all of a phase's probes make a second at most. Every handshake costs
 /// HAProxy a signature on the threads beside the one that commits the changes, on the
 /// same cores: unpaced, a backlog of hundreds of waiting probes made about as much
 /// HAProxy CPU as the commits it measured. At this pace a probe waits for its slot at
 /// most (probes waiting) / 400 s, which only the phases with a backlog of seconds reach.
-const PROBE_HANDSHAKES_PER_SECOND: u32 = 400;
+pub(super) const PROBE_HANDSHAKES_PER_SECOND: u32 = 400;
 
 /// Paces the probes' handshakes of one phase to `PROBE_HANDSHAKES_PER_SECOND`, in the
 /// order probes ask, and counts them.
-struct HandshakePacer {
+pub(super) struct HandshakePacer {
     /// The earliest moment the next handshake may start.
     next: Mutex<Instant>,
     interval: Duration,
@@ -91,7 +91,7 @@ struct HandshakePacer {
 }
 
 impl HandshakePacer {
-    fn new(per_second: u32) -> Self {
+    pub(super) fn new(per_second: u32) -> Self {
         Self {
             next: Mutex::new(Instant::now()),
             interval: Duration::from_secs(1) / per_second.max(1),
@@ -100,7 +100,7 @@ impl HandshakePacer {
     }
 
     /// Reserves the next handshake slot at or after `now`: when it may start.
-    fn reserve(&self, now: Instant) -> Instant {
+    pub(super) fn reserve(&self, now: Instant) -> Instant {
         self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut next = sync::lock(&self.next);
         let slot = (*next).max(now);
@@ -108,7 +108,7 @@ impl HandshakePacer {
         slot
     }
 
-    fn made(&self) -> usize {
+    pub(super) fn made(&self) -> usize {
         self.made.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
@@ -118,7 +118,7 @@ impl HandshakePacer {
 /// wait long do not flood HAProxy with handshakes (probes polling at a fixed pace
 /// would multiply the handshakes HAProxy answers exactly when it falls behind, and
 /// make it fall further behind).
-fn poll_pause(waited: Duration, least: Duration) -> Duration {
+pub(super) fn poll_pause(waited: Duration, least: Duration) -> Duration {
     least.max(waited / 10)
 }
 
@@ -446,7 +446,7 @@ pub(super) fn metric_seconds(text: &str, name: &str) -> Option<f64> {
 }
 
 /// The daemon's metrics over plain HTTP/1.0.
-async fn fetch_metrics(addr: std::net::SocketAddr) -> Option<String> {
+pub(super) async fn fetch_metrics(addr: std::net::SocketAddr) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
@@ -466,19 +466,19 @@ async fn fetch_metrics(addr: std::net::SocketAddr) -> Option<String> {
 
 /// The largest backlog certwatch reported during a phase, and how often it was read.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-struct BacklogPeak {
+pub(super) struct BacklogPeak {
     /// Routes admitted and not served, at most.
-    routes: f64,
+    pub(super) routes: f64,
     /// The oldest unserved change's age, at most, in seconds.
-    age_s: f64,
+    pub(super) age_s: f64,
     /// `/metrics` reads made.
-    scrapes: usize,
+    pub(super) scrapes: usize,
 }
 
 impl BacklogPeak {
     /// Takes one read's figures in; returns the pause before the next read: short while
     /// routes wait for HAProxy, long while none do.
-    fn record(&mut self, routes: f64, age_s: f64) -> Duration {
+    pub(super) fn record(&mut self, routes: f64, age_s: f64) -> Duration {
         self.routes = self.routes.max(routes);
         self.age_s = self.age_s.max(age_s);
         if routes > 0.0 {

@@ -28,6 +28,9 @@
 //! # bad input at scale: 100 invalid secrets, then every secret re-issued in a minute
 //! certwatch-lab bench --routes 100000 --latency 100ms --strategy daemon \
 //!     --bad-secrets 100 --reissue 60s --timeout 20m
+//! # the same, followed to HAProxy too (served by handshakes)
+//! certwatch-lab bench --routes 100000 --latency 100ms --strategy haproxy \
+//!     --bad-secrets 100 --reissue 60s --timeout 40m
 //! ```
 
 mod bad_input;
@@ -272,7 +275,10 @@ pub struct BenchArgs {
     /// certificate of a new CA, the writes spread evenly over this window (a CA
     /// re-issue), and follow every route until its file holds its new certificate;
     /// reports the latencies, the routes never updated, and certwatch's memory and CPU
-    /// over it.
+    /// over it. With the haproxy strategy also a sample of the routes until a handshake
+    /// presents the new certificate: served latencies, HAProxy's backlog and pushes, and
+    /// HAProxy's memory and CPU; `--bad-secrets` routes are then asked too (HAProxy must
+    /// not present their certificate).
     #[arg(long, value_name = "WINDOW", value_parser = duration_arg)]
     pub reissue: Option<Duration>,
 
@@ -665,6 +671,21 @@ async fn run_strategy(
         .map(|(after, before)| after.saturating_sub(before));
     client.request_measurement().await?;
     let measured = client.next_message(Duration::from_secs(30)).await;
+    // Before the rotation phases, which rewrite secrets (bad ones among them).
+    let bad_served = match (&ready.haproxy, bad_secrets) {
+        (Some(startup), Some(bad)) => {
+            let served = bad_input::check_served(startup.tls_port, &startup.cert_dir, bad).await;
+            progress(&format!(
+                "  haproxy: bad routes: {} asked, {} presenting their certificate; good routes beside them: {} of {} served",
+                served.bad_routes_asked,
+                served.bad_routes_presenting_their_certificate,
+                served.good_routes_served,
+                served.good_routes_asked,
+            ));
+            Some(served)
+        }
+        _ => None,
+    };
     let haproxy = match (&ready.haproxy, &*sim) {
         (Some(startup), Server::Sim(sim_process)) => {
             match haproxy::measure(
@@ -704,6 +725,16 @@ async fn run_strategy(
                 cert_dir,
                 window,
                 client.pid(),
+                ready
+                    .haproxy
+                    .as_ref()
+                    .map(|startup| bad_input::ServedTarget {
+                        tls_port: startup.tls_port,
+                        metrics_addr: startup.metrics_addr,
+                        haproxy_pid: startup.served_haproxy.master_pid.or(startup.worker),
+                        own_rate_per_s: haproxy.as_ref().map_or(0.0, |h| h.own_rate_per_s),
+                        cold_load_ms: startup.cold_load_ms,
+                    }),
             )
             .await
             {
@@ -745,13 +776,63 @@ async fn run_strategy(
             && args.route_listing == RouteListing::Streaming,
     });
     result.bad_secrets = bad_secrets.cloned();
+    let mut checks = Vec::new();
+    if let (Some(bad), Some(served)) = (result.bad_secrets.as_mut(), bad_served) {
+        checks.push((
+            "bad_routes_presenting_their_certificate",
+            scenario::Check::new(served.bad_routes_presenting_their_certificate as f64, 0.0),
+        ));
+        checks.push((
+            "good_routes_beside_bad_not_served",
+            scenario::Check::new(
+                served
+                    .good_routes_asked
+                    .saturating_sub(served.good_routes_served) as f64,
+                0.0,
+            ),
+        ));
+        bad.served = Some(served);
+    }
     if let Some(figures) = reissue {
-        let lost = scenario::Check::new(figures.never_on_disk as f64, 0.0);
-        result.targets_met = Some(result.targets_met.unwrap_or(true) && lost.met);
-        if let Some(targets) = result.targets.as_mut() {
-            targets.insert("reissue_never_on_disk", lost);
+        checks.push((
+            "reissue_never_on_disk",
+            scenario::Check::new(figures.never_on_disk as f64, 0.0),
+        ));
+        if let Some(served) = &figures.served {
+            progress(&format!(
+                "  haproxy: re-issue served p50 {} p99 {} max {} ({} probes, {} never served), backlog peak {} drained at {}, {} pushes for {} changes, {} reloads",
+                human_ms(served.to_served.p50_ms),
+                human_ms(served.to_served.p99_ms),
+                human_ms(served.to_served.max_ms),
+                served.probes,
+                served.never_served,
+                served.peak_unserved_routes,
+                served
+                    .drained_ms
+                    .map_or_else(|| "never".to_owned(), human_ms),
+                served.pushed_certificates,
+                served.changes,
+                served.reloads,
+            ));
+            checks.push((
+                "reissue_never_served",
+                scenario::Check::new(served.never_served as f64, 0.0),
+            ));
+            checks.push((
+                "reissue_pushes_per_change",
+                scenario::Check::new(
+                    served.pushed_certificates as f64 / served.changes.max(1) as f64,
+                    1.0,
+                ),
+            ));
         }
         result.reissue = Some(figures);
+    }
+    for (name, check) in checks {
+        result.targets_met = Some(result.targets_met.unwrap_or(true) && check.met);
+        if let Some(targets) = result.targets.as_mut() {
+            targets.insert(name, check);
+        }
     }
     if let Some(figures) = haproxy {
         let met = figures.bounds.values().all(|check| check.met);

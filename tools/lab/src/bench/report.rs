@@ -505,6 +505,17 @@ fn bad_input_section(out: &mut String, r: &RunResult) {
             r.measured_routes.saturating_sub(bad.routes),
             r.errors,
         );
+        if let Some(served) = &bad.served {
+            let _ = writeln!(
+                out,
+                "  haproxy: {} bad routes asked, {} presenting their certificate, {} without a handshake; {} of {} good routes beside them served",
+                served.bad_routes_asked,
+                served.bad_routes_presenting_their_certificate,
+                served.bad_routes_without_handshake,
+                served.good_routes_served,
+                served.good_routes_asked,
+            );
+        }
     }
     if let Some(re) = &r.reissue {
         let mib = super::process_stats::mib;
@@ -540,6 +551,50 @@ fn bad_input_section(out: &mut String, r: &RunResult) {
                 |ms| format!("{:.1} s", ms as f64 / 1000.0)
             ),
         );
+        if let Some(served) = &re.served {
+            let seconds = |ms: u64| format!("{:.1} s", ms as f64 / 1000.0);
+            let _ = writeln!(
+                out,
+                "  served ({} probes, {} handshakes): p50 / p95 / p99 / max {} / {} / {} / {}; all sampled served {}; never served {} (followed {} after the last write)",
+                served.probes,
+                served.probe_handshakes,
+                human_ms(served.to_served.p50_ms),
+                human_ms(served.to_served.p95_ms),
+                human_ms(served.to_served.p99_ms),
+                human_ms(served.to_served.max_ms),
+                served
+                    .all_sampled_served_ms
+                    .map_or_else(|| "never".to_owned(), human_ms),
+                served.never_served,
+                human_ms(served.follow_deadline_ms),
+            );
+            let _ = writeln!(
+                out,
+                "  HAProxy's backlog: peak {} routes (oldest {:.1} s), drained {}; pushes {} (set {}, commit {}, errors {}) for {} changes; reloads {}",
+                served.peak_unserved_routes,
+                served.peak_unserved_age_s,
+                served
+                    .drained_ms
+                    .map_or_else(|| "never".to_owned(), human_ms),
+                served.pushed_certificates,
+                served.set_ssl_cert,
+                served.commit_ssl_cert,
+                served.command_errors,
+                served.changes,
+                served.reloads,
+            );
+            let _ = writeln!(
+                out,
+                "  over {}: certwatch cpu {}; HAProxy resident {} MiB before, at most {} MiB, cpu {}",
+                human_ms(served.phase_ms),
+                served
+                    .certwatch_cpu_ms
+                    .map_or_else(|| "?".to_owned(), seconds),
+                mib(served.haproxy_rss_before_bytes),
+                mib(served.haproxy_rss_max_bytes),
+                seconds(served.haproxy_cpu_ms),
+            );
+        }
     }
 }
 

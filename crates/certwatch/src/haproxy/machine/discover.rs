@@ -5,7 +5,8 @@
 //! aborted, since one would block the next `set ssl cert`. Then what each certificate
 //! holds: known without asking when the answering worker is the one certwatch's last
 //! start or reload made (every certificate not changed since it began is what the
-//! files held), asked certificate by certificate (`show ssl cert <name>`, its SHA-1)
+//! files held; one changed once meanwhile, to another leaf, is asked: the worker read
+//! either file), asked certificate by certificate (`show ssl cert <name>`, its SHA-1)
 //! otherwise. What HAProxy holds of certwatch's and certwatch no longer wants is
 //! removed (once the first complete listing says what certwatch wants); everything
 //! else not held as wanted is pending.
@@ -14,7 +15,8 @@ use std::time::Instant;
 
 use tracing::debug;
 
-use super::{Action, BUSY_RETRY, Failure, Machine, Op, Want};
+use super::{Action, BUSY_RETRY, BeforeLoad, Failure, Machine, Op, Want};
+use crate::cert_dir::CrtEntry;
 use crate::haproxy::certs::{self, Held, HeldLine, Known};
 use crate::haproxy::runtime::{BatchOutcome, Command, Connected, RuntimeError};
 
@@ -159,25 +161,34 @@ impl Machine {
             .map(|(_, epoch)| epoch)
     }
 
-    /// What each certificate holds: known from the load, or asked.
+    /// What each certificate holds: known from the load, asked where the load may
+    /// have read either of two versions with different leaves, or asked one by one of
+    /// a process certwatch did not load.
     fn read_held(&mut self, mut discovery: Discovery, out: &mut Vec<Action>) -> Option<Discovery> {
-        match self.loaded_epoch(&discovery) {
-            Some(epoch) => {
-                let known = discovery.known.as_mut()?;
-                for name in &discovery.managed {
-                    let held = match self.wanted.get(name) {
-                        Some(Want {
-                            entry: Some(entry),
-                            version,
-                        }) if *version <= epoch => Held::Bundle(entry.digest),
-                        _ => Held::Unknown,
-                    };
-                    known.certs.insert(name.clone(), held);
+        let Some(epoch) = self.loaded_epoch(&discovery) else {
+            return self.ask_each(discovery, 0, out);
+        };
+        let before_load = std::mem::take(&mut self.changed_while_loading);
+        let known = discovery.known.as_mut()?;
+        let mut ask = Vec::new();
+        for name in &discovery.managed {
+            let held = match self.wanted.get(name) {
+                Some(Want {
+                    entry: Some(entry),
+                    version,
+                }) if *version <= epoch => Held::Bundle(entry.digest),
+                Some(Want {
+                    entry: Some(entry), ..
+                }) if leaf_tells(before_load.get(name), entry) => {
+                    ask.push(name.clone());
+                    continue;
                 }
-                Some(discovery)
-            }
-            None => self.ask_each(discovery, 0, out),
+                _ => Held::Unknown,
+            };
+            known.certs.insert(name.clone(), held);
         }
+        discovery.managed = ask;
+        self.ask_each(discovery, 0, out)
     }
 
     /// Asks the next chunk of certificates from `from`, or ends the reading.
@@ -264,6 +275,16 @@ impl Machine {
             "read HAProxy's certificates"
         );
         self.succeeded(out);
+    }
+}
+
+/// Whether the leaf a worker holds tells which of a certificate's versions it read: the
+/// one before the load's change (`before`) has no leaf or another leaf than `now`.
+fn leaf_tells(before: Option<&BeforeLoad>, now: &CrtEntry) -> bool {
+    match before {
+        Some(BeforeLoad::Nothing) => true,
+        Some(BeforeLoad::Leaf(leaf)) => certs::leaf_sha1(&now.tls).is_some_and(|now| now != *leaf),
+        Some(BeforeLoad::Ambiguous) | None => false,
     }
 }
 

@@ -44,6 +44,16 @@
 //!   request; at least [`MachineOptions::min_reload_interval`] apart; possible only with
 //!   a master CLI. After a start or a reload, the new worker holds what did not change
 //!   since it began: that is known without asking.
+//! * **While a reload runs.** The old worker serves until the new one is up, and keeps
+//!   getting changes, unless what is pending is itself worth a reload: then the new
+//!   worker loads it from the files faster than the old one would take it, and pushing
+//!   it to the old worker too would only take HAProxy's CPU from the load. Removals
+//!   still go to the old worker at once (a route gone or refused stops being served).
+//! * **After a start or a reload.** A certificate changed once while HAProxy loaded
+//!   may be in the new worker at either version: its leaf is asked (`show ssl cert
+//!   <name>`) when the two versions' leaves differ, and pushed only if the worker read
+//!   the older file. One changed more than once meanwhile, or whose leaf stayed the
+//!   same (the chain or the line changed), is pushed.
 //! * **Before the listing.** Until the first complete listing, the set of routes is
 //!   half-built: what HAProxy holds and certwatch does not want yet may be a route not
 //!   decided yet. So a HAProxy run by others gets only adds then: a decided route's
@@ -68,7 +78,7 @@ use std::time::{Duration, Instant};
 use kube_common::backoff::{Backoff, BackoffPolicy};
 use tracing::{debug, error, info, warn};
 
-use super::certs::Known;
+use super::certs::{self, Known};
 use super::process::ProcessError;
 use super::runtime::{BatchOutcome, Command, Connected, Instance, RuntimeError};
 use crate::cert_dir::CrtEntry;
@@ -347,6 +357,19 @@ struct Refusal {
     reason: RefusalReason,
 }
 
+/// What a certificate changed while HAProxy loaded was before its first change since
+/// the load began: what the new worker holds if it read the file before that change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BeforeLoad {
+    /// Nothing under its name: an add.
+    Nothing,
+    /// A bundle whose leaf has this SHA-1 (as `show ssl cert <name>` shows it).
+    Leaf([u8; 20]),
+    /// Changed more than once meanwhile, or a leaf that could not be read: the worker
+    /// may hold one of several versions, which the leaf alone cannot tell apart.
+    Ambiguous,
+}
+
 /// A start or reload in progress: the change counter when it began (the new worker
 /// holds every certificate not changed since), and why.
 #[derive(Clone, Copy, Debug)]
@@ -418,6 +441,9 @@ pub struct Machine {
     /// The worker certwatch's last start or reload made, and the change counter when
     /// it began.
     loaded: Option<(u32, u64)>,
+    /// Certificates changed since the last start or reload began, with what each was
+    /// before: read once after it, to tell what the new worker holds.
+    changed_while_loading: HashMap<String, BeforeLoad>,
     /// A managed HAProxy runs (started, not exited).
     running: bool,
     /// A master CLI can reload HAProxy.
@@ -489,6 +515,7 @@ impl Machine {
             known: None,
             limits: None,
             loaded: None,
+            changed_while_loading: HashMap::new(),
             running: false,
             starting: None,
             reloading: None,
@@ -692,7 +719,11 @@ impl Machine {
     /// replaces anything.
     fn may_push(&self, name: &str) -> bool {
         if self.listing_complete {
-            return true;
+            return !self.holding_for_reload()
+                || self
+                    .wanted
+                    .get(name)
+                    .is_none_or(|want| want.entry.is_none());
         }
         let Some(known) = &self.known else {
             return false;
@@ -739,6 +770,7 @@ impl Machine {
         {
             startup.remove(&name);
         }
+        self.note_change_while_loading(&name);
         // A change waiting for a reload keeps the time it has waited.
         let since = self.awaiting_reload.remove(&name).unwrap_or(arrived);
         self.deferred.remove(&name);
@@ -755,6 +787,26 @@ impl Machine {
                 version: self.version,
             },
         );
+    }
+
+    /// Records what `name` was before its first change since the load in progress
+    /// began. Another change before the new worker is read (during the load or
+    /// after it) makes it ambiguous.
+    fn note_change_while_loading(&mut self, name: &str) {
+        if let Some(before) = self.changed_while_loading.get_mut(name) {
+            *before = BeforeLoad::Ambiguous;
+            return;
+        }
+        if self.reloading.is_none() && self.starting.is_none() {
+            return;
+        }
+        let before = match self.wanted.get(name) {
+            None | Some(Want { entry: None, .. }) => BeforeLoad::Nothing,
+            Some(Want {
+                entry: Some(entry), ..
+            }) => certs::leaf_sha1(&entry.tls).map_or(BeforeLoad::Ambiguous, BeforeLoad::Leaf),
+        };
+        self.changed_while_loading.insert(name.to_owned(), before);
     }
 
     fn listing_complete(&mut self, now: Instant, out: &mut Vec<Action>) {
@@ -860,6 +912,7 @@ impl Machine {
                     took: None,
                 }));
                 error!(reason = reason.as_str(), %error, "HAProxy's reload failed; its previous worker keeps serving");
+                self.changed_while_loading.clear();
                 // Certificates waiting for it stay waiting: the next reload will try.
                 if !self.awaiting_reload.is_empty() {
                     self.reload_wanted.get_or_insert(reason);
@@ -969,6 +1022,7 @@ impl Machine {
         }
         self.retry_at = None;
         self.starting = Some(self.version);
+        self.changed_while_loading.clear();
         out.push(Action::Start);
     }
 
@@ -1037,7 +1091,15 @@ impl Machine {
             epoch: self.version,
             reason,
         });
+        self.changed_while_loading.clear();
         out.push(Action::Reload(reason));
+    }
+
+    /// Whether changes other than removals wait for the reload in progress instead of
+    /// going to the old worker: when what is pending would take longer to push than
+    /// HAProxy takes to load its files, the new worker reads it from them.
+    fn holding_for_reload(&self) -> bool {
+        self.reloading.is_some() && self.backlog_worth_a_reload()
     }
 
     /// Whether pushing what is pending takes longer than HAProxy loading its files.

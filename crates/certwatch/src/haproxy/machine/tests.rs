@@ -1426,6 +1426,7 @@ fn a_managed_haproxy_is_started_on_the_files_and_known_without_asking() {
     });
     rig.auto_load = false;
     rig.change(good("a", 0));
+    rig.change(good("b", 0));
     rig.step(Event::ListingComplete);
     rig.step(Event::Timer);
     assert!(rig.start_asked);
@@ -1447,11 +1448,12 @@ fn a_managed_haproxy_is_started_on_the_files_and_known_without_asking() {
     ));
     rig.settle();
     assert!(rig.sim.serves(&good("a", 1)));
-    assert!(
-        !rig.executed()
-            .iter()
-            .any(|line| line.starts_with("show ssl cert /"))
-    );
+    assert!(rig.sim.serves(&good("b", 0)));
+    // b, unchanged since the start began, is known; a, changed once to another leaf,
+    // is asked (the worker read the older file: then pushed).
+    assert_eq!(commands_for(&rig, "show ssl cert", "b"), 0);
+    assert_eq!(commands_for(&rig, "show ssl cert", "a"), 1);
+    assert_eq!(commands_for(&rig, "set ssl cert", "a"), 1);
     assert!(rig.machine.status().ready());
     // Reloads go through the master it started.
     rig.step(Event::ReloadRequested(ReloadReason::Routes));
@@ -1511,6 +1513,176 @@ fn an_exited_haproxy_is_started_again_and_its_reload_dropped() {
     rig.settle();
     assert!(rig.sim.serves(&good("a", 0)));
     assert_eq!(rig.machine.status().loads, 2);
+}
+
+/// The runtime API commands executed that name certificate `n`, by their verb.
+fn commands_for(rig: &Rig, verb: &str, n: &str) -> usize {
+    let wanted = format!("{verb} {}", name(n));
+    rig.executed()
+        .iter()
+        .filter(|line| line.starts_with(&wanted))
+        .count()
+}
+
+#[test]
+fn a_backlog_reload_leaves_the_old_worker_nothing_but_removals() {
+    let names: Vec<String> = (0..=BACKLOG_RELOAD_MIN).map(|i| format!("x{i}")).collect();
+    let mut served: Vec<CrtEntry> = names.iter().map(|n| good(n, 0)).collect();
+    served.extend([good("a", 0), good("b", 0)]);
+    let mut rig = Rig::serving(&served);
+    rig.auto_load = false;
+    rig.machine.push_rate = Some(100.0);
+    rig.machine.load_time = Some(Duration::from_secs(2));
+    // A re-issue: more than HAProxy loads faster than it takes them.
+    for n in &names {
+        rig.change(good(n, 1));
+    }
+    rig.clear();
+    rig.step(Event::Timer);
+    assert_eq!(rig.reload_asked, Some(ReloadReason::Backlog));
+    // While the new worker loads: replacements wait for it, a removal goes at once.
+    rig.change(good("a", 1));
+    rig.remove("b");
+    rig.advance(Duration::from_secs(1));
+    rig.step(Event::Timer);
+    assert!(
+        !rig.executed()
+            .iter()
+            .any(|line| line.starts_with("set ssl cert")),
+        "{:?}",
+        rig.executed()
+    );
+    assert_eq!(
+        commands_for(&rig, "del ssl cert", "b"),
+        1,
+        "{:?}",
+        rig.executed()
+    );
+    assert_eq!(rig.stands("a"), "pending");
+    // The new worker read the new files: a asked, nothing pushed.
+    rig.load();
+    rig.settle();
+    for n in names.iter().map(String::as_str).chain(["a"]) {
+        assert_eq!(rig.stands(n), "served", "{n}");
+        assert_eq!(rig.holds(n), "as written", "{n}");
+    }
+    assert_eq!(rig.holds("b"), "nothing");
+    assert_eq!(commands_for(&rig, "show ssl cert", "a"), 1);
+    assert!(
+        !rig.executed()
+            .iter()
+            .any(|line| line.starts_with("set ssl cert")),
+        "{:?}",
+        rig.executed()
+    );
+}
+
+#[test]
+fn a_small_backlog_still_reaches_the_old_worker_during_a_reload() {
+    let mut rig = Rig::serving(&[good("a", 0)]);
+    rig.auto_load = false;
+    rig.step(Event::ReloadRequested(ReloadReason::Routes));
+    rig.step(Event::Timer);
+    assert_eq!(rig.reload_asked, Some(ReloadReason::Routes));
+    rig.clear();
+    rig.change(good("a", 1));
+    rig.step(Event::Timer);
+    assert_eq!(
+        commands_for(&rig, "set ssl cert", "a"),
+        1,
+        "{:?}",
+        rig.executed()
+    );
+    assert_eq!(rig.holds("a"), "as written");
+}
+
+/// A rig serving `a`, `b`, `c`, `d` whose reload has begun (not answered yet), with
+/// the files as they were when it began.
+fn reloading_rig() -> (Rig, BTreeMap<String, CrtEntry>) {
+    let mut rig = Rig::serving(&[good("a", 0), good("b", 0), good("c", 0), good("d", 0)]);
+    rig.auto_load = false;
+    rig.step(Event::ReloadRequested(ReloadReason::Routes));
+    rig.step(Event::Timer);
+    assert_eq!(rig.reload_asked.take(), Some(ReloadReason::Routes));
+    let before = rig.files.clone();
+    (rig, before)
+}
+
+/// The reload ends with a new worker that loaded `files`.
+fn reloaded_with(rig: &mut Rig, files: &BTreeMap<String, CrtEntry>) {
+    rig.sim = rig.sim.load(300, files);
+    rig.clear();
+    rig.step(Event::Reloaded(Ok(Loaded {
+        worker: 300,
+        took: Duration::from_millis(300),
+    })));
+    rig.settle();
+}
+
+/// Changes while the reload runs, before the machine's next turn (so the old worker
+/// gets none of them, as when they are held for a backlog): `a` once to another leaf, `b` twice, `c` to another line with
+/// the same leaf, `e` added.
+fn change_while_reloading(rig: &mut Rig) {
+    rig.change(good("a", 1));
+    rig.change(good("b", 1));
+    rig.change(good("b", 2));
+    rig.change(entry("c", &material().good[0], "c.example other.example"));
+    rig.change(good("e", 0));
+}
+
+#[test]
+fn after_a_reload_what_changed_once_meanwhile_is_asked_and_pushed_only_if_old() {
+    // The new worker read every file after the changes.
+    let (mut rig, _) = reloading_rig();
+    change_while_reloading(&mut rig);
+    let after = rig.files.clone();
+    reloaded_with(&mut rig, &after);
+    for n in ["a", "b", "c", "d", "e"] {
+        assert_eq!(rig.stands(n), "served", "{n}");
+        assert_eq!(rig.holds(n), "as written", "{n}");
+    }
+    // a and e told by their leaves: asked, not pushed; d unchanged: neither.
+    assert_eq!(commands_for(&rig, "show ssl cert", "a"), 1);
+    assert_eq!(commands_for(&rig, "set ssl cert", "a"), 0);
+    assert_eq!(commands_for(&rig, "show ssl cert", "e"), 1);
+    assert_eq!(commands_for(&rig, "set ssl cert", "e"), 0);
+    assert_eq!(commands_for(&rig, "show ssl cert", "d"), 0);
+    // b (twice) cannot be told by its leaf: pushed again.
+    assert_eq!(commands_for(&rig, "show ssl cert", "b"), 0);
+    assert_eq!(commands_for(&rig, "set ssl cert", "b"), 1);
+
+    // The new worker read every file before the changes: a and e asked, then pushed.
+    let (mut rig, before) = reloading_rig();
+    change_while_reloading(&mut rig);
+    reloaded_with(&mut rig, &before);
+    for n in ["a", "b", "c", "d", "e"] {
+        assert_eq!(rig.stands(n), "served", "{n}");
+        assert_eq!(rig.holds(n), "as written", "{n}");
+    }
+    assert_eq!(commands_for(&rig, "show ssl cert", "a"), 1);
+    assert_eq!(commands_for(&rig, "set ssl cert", "a"), 1);
+    assert_eq!(commands_for(&rig, "set ssl cert", "e"), 1);
+}
+
+#[test]
+fn a_change_after_the_reload_ended_is_pushed_not_told_by_its_leaf() {
+    let (mut rig, _) = reloading_rig();
+    change_while_reloading(&mut rig);
+    let during = rig.files.clone();
+    // The reload ends (the worker read the changes), and before the worker is read, a
+    // changes again: a version the worker cannot hold, whatever its leaf says.
+    rig.sim = rig.sim.load(300, &during);
+    rig.step(Event::Reloaded(Ok(Loaded {
+        worker: 300,
+        took: Duration::from_millis(300),
+    })));
+    rig.change(good("a", 2));
+    rig.clear();
+    rig.settle();
+    assert_eq!(rig.stands("a"), "served");
+    assert_eq!(rig.holds("a"), "as written");
+    assert_eq!(commands_for(&rig, "show ssl cert", "a"), 0);
+    assert_eq!(commands_for(&rig, "set ssl cert", "a"), 1);
 }
 
 #[test]

@@ -70,6 +70,68 @@ async fn rules_review_answers_a_namespace_once() {
 }
 
 #[tokio::test]
+async fn prefetches_of_a_namespace_share_its_rules_review() {
+    let sim = world().await;
+    let checker = AccessChecker::new(
+        client(&sim, "router").await,
+        AccessPolicy::SelfRules,
+        Duration::from_secs(600),
+    );
+    for _ in 0..3 {
+        for name in ["s1", "s2", "other"] {
+            checker.prefetch(NS, name);
+        }
+    }
+    eventually("the namespace's rules asked", || {
+        reviews(&sim, "selfsubjectrulesreviews") == 1
+    })
+    .await;
+    assert!(checker.check(NS, "s1").await.unwrap().allowed());
+    assert!(checker.check(NS, "s2").await.unwrap().allowed());
+    assert_eq!(checker.check(NS, "other").await.unwrap().denied, Verb::READ);
+    // Prefetched again once answered: nothing more to ask.
+    for name in ["s1", "s2", "other"] {
+        checker.prefetch(NS, name);
+    }
+    assert!(checker.check(NS, "s1").await.unwrap().allowed());
+    assert_eq!(reviews(&sim, "selfsubjectrulesreviews"), 1);
+    assert_eq!(reviews(&sim, "selfsubjectaccessreviews"), 0);
+    assert_eq!(checker.stats().requests, 1);
+}
+
+#[tokio::test]
+async fn an_incomplete_rules_answer_has_the_prefetch_ask_what_it_does_not_grant() {
+    // An incomplete rules list cannot deny: each verb it does not grant is asked with
+    // a review. The prefetch asks them ahead of the checks, for the secret the rules
+    // do not grant only.
+    let sim = world().await;
+    sim.set_rules_incomplete(true);
+    let checker = AccessChecker::new(
+        client(&sim, "router").await,
+        AccessPolicy::SelfRules,
+        Duration::from_secs(600),
+    );
+    for name in ["s1", "other", "s2", "other"] {
+        checker.prefetch(NS, name);
+    }
+    eventually("the ungranted secret's three verbs asked", || {
+        reviews(&sim, "selfsubjectaccessreviews") == 3
+    })
+    .await;
+    eventually("every prefetched answer received", || {
+        checker.stats().requests == 4
+    })
+    .await;
+    assert_eq!(checker.check(NS, "other").await.unwrap().denied, Verb::READ);
+    assert!(checker.check(NS, "s1").await.unwrap().allowed());
+    assert!(checker.check(NS, "s2").await.unwrap().allowed());
+    // The checks were answered from what the prefetch asked.
+    assert_eq!(reviews(&sim, "selfsubjectrulesreviews"), 1);
+    assert_eq!(reviews(&sim, "selfsubjectaccessreviews"), 3);
+    assert_eq!(checker.stats().requests, 4);
+}
+
+#[tokio::test]
 async fn reviews_per_verb_are_cached_per_secret() {
     let sim = world().await;
     let checker = AccessChecker::new(

@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -310,6 +311,7 @@ impl Simulator {
             latency: RwLock::new(config.latency.clone()),
             faults: Arc::new(Faults::new()),
             features: RwLock::new(config.features),
+            rules_incomplete: AtomicBool::new(false),
             bookmark_interval: config.bookmark_interval,
             addr,
             url: url_for(addr, config.tls),
@@ -488,6 +490,15 @@ impl Simulator {
     /// What the server supports of streaming lists now.
     pub fn features(&self) -> ServerFeatures {
         self.shared.features()
+    }
+
+    /// Makes every later `SelfSubjectRulesReview` answer say `incomplete: true` (its
+    /// rules unchanged), as an API server with a webhook authorizer answers; `false`
+    /// (the default) makes them complete again.
+    pub fn set_rules_incomplete(&self, incomplete: bool) {
+        self.shared
+            .rules_incomplete
+            .store(incomplete, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Replaces the server's features (for example turns `WatchList` off mid-run).

@@ -4,6 +4,7 @@
 //! handlers read it; nothing below them knows it exists.
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -37,6 +38,9 @@ pub(crate) struct Shared {
     pub faults: Arc<Faults>,
     /// Guards the server's features (replaced whole by `set_features`).
     pub features: RwLock<ServerFeatures>,
+    /// Whether rules reviews say `incomplete`, as when an authorizer that cannot list
+    /// its rules (a webhook) is in the chain.
+    pub rules_incomplete: AtomicBool,
     pub bookmark_interval: Duration,
     pub addr: SocketAddr,
     pub url: String,

@@ -49,6 +49,7 @@ use kube::Client;
 use super::paced;
 use kube_common::Verb;
 use kube_common::adaptive::AdaptiveLimiter;
+use kube_common::hash::{NameMap, NameSet};
 use tokio::time::Instant;
 
 /// How long a cached denial is trusted by default.
@@ -247,6 +248,10 @@ struct Inner {
     /// Paces review requests by what the API server accepts, shared with the process's
     /// other bursts (first syncs); `None`: every review is sent at once.
     limiter: Option<AdaptiveLimiter>,
+    /// Under [`AccessPolicy::SelfRules`]: the namespaces whose rules review a prefetch
+    /// task is waiting for, each with the secrets prefetched meanwhile. Never held
+    /// across an `.await`.
+    prefetching: Mutex<NameMap<String, Vec<String>>>,
 }
 
 /// How many times a review refused for load (429, 5xx) is re-queued before the refusal
@@ -268,10 +273,77 @@ enum Question {
 #[derive(Clone, Debug)]
 enum Answer {
     Rules {
-        rules: Arc<Vec<ResourceRule>>,
+        grants: Arc<SecretGrants>,
         incomplete: bool,
     },
     Allowed(bool),
+}
+
+/// What a rules review grants on the secrets of its namespace, indexed once per answer:
+/// per verb, whether every secret is granted, and otherwise the names granted. Every
+/// route of the namespace is checked against the same answer, so a check is one set
+/// lookup per verb instead of a scan of every rule and its names per verb.
+#[derive(Debug, Default)]
+struct SecretGrants {
+    /// In [`Verb::ALL`] order.
+    verbs: [VerbGrant; Verb::ALL.len()],
+}
+
+/// What the rules grant for one verb on secrets.
+#[derive(Debug, Default)]
+struct VerbGrant {
+    /// A rule grants the verb on every secret (no `resourceNames`).
+    every_name: bool,
+    /// The secrets the rules name for the verb.
+    names: NameSet<String>,
+}
+
+impl SecretGrants {
+    /// The grants of `rules` (from a rules review of one namespace): a rule counts for
+    /// a verb when it names the verb or `*`, the core group (`""`) or `*`, and
+    /// `secrets` or `*`; without resource names (or with an empty list) it grants every
+    /// secret, otherwise the secrets it names.
+    fn of(rules: &[ResourceRule]) -> Self {
+        let any = |values: &Option<Vec<String>>, wanted: &str| {
+            values
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .any(|v| v == "*" || v == wanted)
+        };
+        let mut grants = Self::default();
+        for rule in rules {
+            if !(any(&rule.api_groups, "") && any(&rule.resources, "secrets")) {
+                continue;
+            }
+            for (verb, grant) in Verb::ALL.iter().zip(&mut grants.verbs) {
+                if !rule.verbs.iter().any(|v| v == "*" || v == verb.as_str()) {
+                    continue;
+                }
+                match rule.resource_names.as_deref() {
+                    None | Some([]) => grant.every_name = true,
+                    Some(names) if !grant.every_name => grant.names.extend(names.iter().cloned()),
+                    Some(_) => {}
+                }
+            }
+        }
+        // Once every secret is granted, the names add nothing.
+        for grant in &mut grants.verbs {
+            if grant.every_name {
+                grant.names = NameSet::default();
+            }
+        }
+        grants
+    }
+
+    /// Whether the rules allow `verb` on the secret called `name`.
+    fn allows(&self, verb: Verb, name: &str) -> bool {
+        Verb::ALL
+            .iter()
+            .zip(&self.verbs)
+            .find(|(v, _)| **v == verb)
+            .is_some_and(|(_, grant)| grant.every_name || grant.names.contains(name))
+    }
 }
 
 /// An answer, with how long ago it was asked.
@@ -342,6 +414,7 @@ impl AccessChecker {
                 requests: AtomicU64::new(0),
                 shared: AtomicU64::new(0),
                 limiter,
+                prefetching: Mutex::new(NameMap::default()),
             }),
         }
     }
@@ -367,13 +440,80 @@ impl AccessChecker {
 
     /// Starts answering the questions for `secret` in the background, so that a later
     /// [`check`](Self::check) finds the answer ready.
+    ///
+    /// Under [`AccessPolicy::SelfRules`] one task per namespace waits for its rules
+    /// review, and the secrets of that namespace prefetched meanwhile join it: a start-up
+    /// prefetches every route's secret at once, and one answer settles the whole
+    /// namespace. Only the secrets that answer does not grant outright (an incomplete
+    /// answer, a denial) are then checked further, on that task, all at once.
     pub fn prefetch(&self, namespace: &str, secret: &str) {
+        if self.inner.policy == AccessPolicy::SelfRules {
+            self.prefetch_rules(namespace, secret);
+            return;
+        }
         let this = self.clone();
         let (namespace, secret) = (namespace.to_owned(), secret.to_owned());
         tokio::spawn(async move {
             // The answer lands in the cache; an error is reported to the real caller.
             let _ = this.check(&namespace, &secret).await;
         });
+    }
+
+    /// [`prefetch`](Self::prefetch) under [`AccessPolicy::SelfRules`].
+    fn prefetch_rules(&self, namespace: &str, secret: &str) {
+        {
+            let mut prefetching = kube_common::sync::lock(&self.inner.prefetching);
+            if let Some(secrets) = prefetching.get_mut(namespace) {
+                secrets.push(secret.to_owned());
+                return;
+            }
+            if self.granted_by_cached_rules(namespace, secret) {
+                return;
+            }
+            prefetching.insert(namespace.to_owned(), vec![secret.to_owned()]);
+        }
+        let this = self.clone();
+        let namespace = namespace.to_owned();
+        tokio::spawn(async move {
+            let question = Question::Rules {
+                namespace: namespace.clone(),
+            };
+            // A failure is reported to the real callers, which ask again.
+            let answered = this.ask(question, this.inner.ttl).await.is_ok();
+            let secrets = kube_common::sync::lock(&this.inner.prefetching)
+                .remove(&namespace)
+                .unwrap_or_default();
+            if !answered {
+                return;
+            }
+            let checks = secrets
+                .iter()
+                .filter(|secret| !this.granted_by_cached_rules(&namespace, secret))
+                .map(|secret| this.check(&namespace, secret));
+            // The answers land in the cache; errors are reported to the real callers.
+            let _ = futures::future::join_all(checks).await;
+        });
+    }
+
+    /// Whether a cached, complete rules review of `namespace` (within the TTL) grants
+    /// every required verb on `secret`: then a check is answered from the cache alone.
+    fn granted_by_cached_rules(&self, namespace: &str, secret: &str) -> bool {
+        let question = Question::Rules {
+            namespace: namespace.to_owned(),
+        };
+        let now = Instant::now();
+        let cache = kube_common::sync::lock(&self.inner.cache);
+        let Some(slot) = cache
+            .get(&question)
+            .filter(|slot| now.saturating_duration_since(slot.asked_at) < self.inner.ttl)
+        else {
+            return false;
+        };
+        matches!(
+            slot.answer.peek(),
+            Some(Ok(Answer::Rules { grants, incomplete: false }))
+                if REQUIRED_VERBS.iter().all(|verb| grants.allows(*verb, secret))
+        )
     }
 
     /// Which of get, list and watch the identity may not use on `namespace/secret`.
@@ -443,12 +583,12 @@ impl AccessChecker {
         max_age: Duration,
     ) -> Result<Vec<(Verb, Duration)>, ReviewFailure> {
         let AgedAnswer { answer, age } = self.ask(question.clone(), max_age).await?;
-        let Answer::Rules { rules, incomplete } = answer else {
+        let Answer::Rules { grants, incomplete } = answer else {
             return Err(unexpected_answer(ReviewKind::Rules));
         };
         let mut denied = Vec::new();
         for verb in REQUIRED_VERBS {
-            if rules_allow(&rules, verb, secret) {
+            if grants.allows(verb, secret) {
                 continue;
             }
             // An incomplete rule list cannot prove a denial: ask precisely.
@@ -591,7 +731,7 @@ impl AccessChecker {
                         tracing::debug!(%namespace, %error, "rules review reported an evaluation error");
                     }
                     Ok(Answer::Rules {
-                        rules: Arc::new(status.resource_rules),
+                        grants: Arc::new(SecretGrants::of(&status.resource_rules)),
                         incomplete: status.incomplete,
                     })
                 }
@@ -676,30 +816,35 @@ fn unexpected_answer(review: ReviewKind) -> ReviewFailure {
     }
 }
 
-/// Whether `rules` (from a rules review of the secret's namespace) allow `verb` on the
-/// secret called `name`.
-fn rules_allow(rules: &[ResourceRule], verb: Verb, name: &str) -> bool {
-    let any = |values: &Option<Vec<String>>, wanted: &str| {
-        values
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .any(|v| v == "*" || v == wanted)
-    };
-    rules.iter().any(|rule| {
-        rule.verbs.iter().any(|v| v == "*" || v == verb.as_str())
-            && any(&rule.api_groups, "")
-            && any(&rule.resources, "secrets")
-            && rule
-                .resource_names
-                .as_deref()
-                .is_none_or(|names| names.is_empty() || names.iter().any(|n| n == name))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether `rules` allow `verb` on the secret called `name`, through the index.
+    fn rules_allow(rules: &[ResourceRule], verb: Verb, name: &str) -> bool {
+        SecretGrants::of(rules).allows(verb, name)
+    }
+
+    /// The plain reading of the rules, rule by rule: whether `rules` (from a rules review of the secret's namespace) allow `verb` on the
+    /// secret called `name`.
+    fn rules_allow_scan(rules: &[ResourceRule], verb: Verb, name: &str) -> bool {
+        let any = |values: &Option<Vec<String>>, wanted: &str| {
+            values
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .any(|v| v == "*" || v == wanted)
+        };
+        rules.iter().any(|rule| {
+            rule.verbs.iter().any(|v| v == "*" || v == verb.as_str())
+                && any(&rule.api_groups, "")
+                && any(&rule.resources, "secrets")
+                && rule
+                    .resource_names
+                    .as_deref()
+                    .is_none_or(|names| names.is_empty() || names.iter().any(|n| n == name))
+        })
+    }
 
     fn rule(verbs: &[&str], groups: &[&str], resources: &[&str], names: &[&str]) -> ResourceRule {
         let strings = |v: &[&str]| Some(v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
@@ -756,6 +901,81 @@ mod tests {
             REQUIRED_VERBS
                 .iter()
                 .all(|verb| rules_allow(&split, *verb, "x"))
+        );
+    }
+
+    #[test]
+    fn the_index_of_a_rules_answer_allows_what_the_rules_allow() {
+        // Rules of every shape (verbs, groups, resources, names, wildcards), combined by
+        // a fixed pseudo-random sequence into answers of one to four rules: for every verb
+        // and name the index says what reading the rules one by one says.
+        let verbs: &[&[&str]] = &[
+            &["get"],
+            &["list", "watch"],
+            &["*"],
+            &["delete"],
+            &[],
+            &["get", "list", "watch"],
+        ];
+        let groups: &[&[&str]] = &[&[""], &["apps"], &["*"], &["apps", ""], &[]];
+        let resources: &[&[&str]] = &[
+            &["secrets"],
+            &["configmaps"],
+            &["*"],
+            &["configmaps", "secrets"],
+            &[],
+        ];
+        let names: &[&[&str]] = &[&[], &["a"], &["a", "b"], &["c"], &["*"]];
+        let mut shapes = Vec::new();
+        for v in verbs {
+            for g in groups {
+                for r in resources {
+                    for n in names {
+                        shapes.push(rule(v, g, r, n));
+                    }
+                }
+            }
+        }
+        // Unset groups and resources, and an empty list of names, read as none / every.
+        let mut unset = rule(&["get"], &[], &[], &[]);
+        unset.api_groups = None;
+        unset.resources = None;
+        shapes.push(unset);
+        let mut empty_names = rule(&["get", "watch"], &[""], &["secrets"], &[]);
+        empty_names.resource_names = Some(Vec::new());
+        shapes.push(empty_names);
+
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |bound: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            usize::try_from(state % bound as u64).unwrap_or_default()
+        };
+        let mut allowed = 0;
+        for case in 0..4_000 {
+            let count = 1 + case % 4;
+            let rules: Vec<ResourceRule> = (0..count)
+                .map(|_| shapes[next(shapes.len())].clone())
+                .collect();
+            let grants = SecretGrants::of(&rules);
+            for verb in Verb::ALL {
+                for name in ["a", "b", "c", "d", "*", ""] {
+                    let expected = rules_allow_scan(&rules, verb, name);
+                    assert_eq!(
+                        grants.allows(verb, name),
+                        expected,
+                        "{verb} {name:?} {rules:?}"
+                    );
+                    allowed += usize::from(expected);
+                }
+            }
+        }
+        // Both answers were met often.
+        let asked = 4_000 * Verb::ALL.len() * 6;
+        assert!(
+            allowed > asked / 20 && allowed < asked - asked / 20,
+            "{allowed} of {asked}"
         );
     }
 }

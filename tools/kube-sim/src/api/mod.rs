@@ -13,6 +13,7 @@ pub(crate) mod table;
 pub(crate) mod watch_stream;
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -752,8 +753,16 @@ async fn resource(
         let body = read_body(body).await?;
         let obj = decode_object(content_type.as_deref(), &body)?;
         check_kind(def, &obj)?;
-        return review::answer(&shared.authorizer, def, rr.namespace.as_deref(), user, obj)
-            .map(|v| Reply::json(201, &v));
+        let rules_incomplete = shared.rules_incomplete.load(Ordering::Relaxed);
+        return review::answer(
+            &shared.authorizer,
+            def,
+            rr.namespace.as_deref(),
+            user,
+            obj,
+            rules_incomplete,
+        )
+        .map(|v| Reply::json(201, &v));
     }
     match rr.verb {
         Verb::Get => {

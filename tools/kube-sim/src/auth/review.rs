@@ -59,6 +59,7 @@ pub(crate) fn answer(
     url_namespace: Option<&str>,
     requester: &UserInfo,
     mut review: Value,
+    rules_incomplete: bool,
 ) -> Result<Value, ApiError> {
     let spec = review.get("spec").cloned().unwrap_or_else(|| json!({}));
     let invalid = |errs: Vec<FieldError>| ApiError::invalid(def, "", &errs);
@@ -108,7 +109,7 @@ pub(crate) fn answer(
             json!({
                 "resourceRules": resource_rules,
                 "nonResourceRules": non_resource_rules,
-                "incomplete": false,
+                "incomplete": rules_incomplete,
             })
         }
         _ => return Err(ApiError::no_route()),

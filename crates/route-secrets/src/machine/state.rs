@@ -207,20 +207,14 @@ static SPEC_DIGEST_KEYS: LazyLock<RandomState> = LazyLock::new(RandomState::new)
 /// A 64-bit keyed digest of `spec`'s JSON form and of the annotations a router reads
 /// (deterministic within the process: maps are ordered). Two different specs of one
 /// route share a digest with a chance of about 2^-64.
+///
+/// The JSON is written out whole and hashed in one piece: SipHash is a stream over the
+/// bytes written, so the digest is the one of hashing each of the serializer's small
+/// writes as it makes them, without the cost of a call per punctuation mark.
 fn spec_digest(spec: &RouteSpec, route: &Route) -> Option<u64> {
-    /// Feeds what is written to a hasher.
-    struct Digest(std::hash::DefaultHasher);
-    impl std::io::Write for Digest {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.write(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut digest = Digest(SPEC_DIGEST_KEYS.build_hasher());
-    serde_json::to_writer(&mut digest, spec).ok()?;
+    let json = serde_json::to_vec(spec).ok()?;
+    let mut digest = SPEC_DIGEST_KEYS.build_hasher();
+    digest.write(&json);
     for (key, value) in route
         .metadata
         .annotations
@@ -232,12 +226,12 @@ fn spec_digest(spec: &RouteSpec, route: &Route) -> Option<u64> {
                 .any(|prefix| key.starts_with(prefix))
         })
     {
-        digest.0.write(key.as_bytes());
-        digest.0.write_u8(0);
-        digest.0.write(value.as_bytes());
-        digest.0.write_u8(0);
+        digest.write(key.as_bytes());
+        digest.write_u8(0);
+        digest.write(value.as_bytes());
+        digest.write_u8(0);
     }
-    Some(digest.0.finish())
+    Some(digest.finish())
 }
 
 /// Everything the machine knows about one route.
@@ -454,6 +448,92 @@ impl Jitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The digest as the serializer's writes were hashed one by one.
+    fn spec_digest_streamed(spec: &RouteSpec, route: &Route) -> Option<u64> {
+        struct Digest(std::hash::DefaultHasher);
+        impl std::io::Write for Digest {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.write(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut digest = Digest(SPEC_DIGEST_KEYS.build_hasher());
+        serde_json::to_writer(&mut digest, spec).ok()?;
+        for (key, value) in route
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(key, _)| {
+                crate::route::routing::ROUTER_ANNOTATION_PREFIXES
+                    .iter()
+                    .any(|prefix| key.starts_with(prefix))
+            })
+        {
+            digest.0.write(key.as_bytes());
+            digest.0.write_u8(0);
+            digest.0.write(value.as_bytes());
+            digest.0.write_u8(0);
+        }
+        Some(digest.0.finish())
+    }
+
+    /// Hashing the spec's JSON in one piece gives the digest of hashing it write by
+    /// write, for routes of every shape; and a changed spec or router annotation still
+    /// changes it.
+    #[test]
+    fn a_spec_hashed_whole_has_the_digest_of_its_writes() {
+        let mut routes = Vec::new();
+        for (i, host) in ["a.example.com", "b.example.com", "*.wild.example", ""]
+            .into_iter()
+            .enumerate()
+        {
+            let mut route = crate::testing::route_with_external_certificate(
+                "ns",
+                &format!("r{i}"),
+                host,
+                &format!("secret-\"{i}\"\n\u{e9}"),
+            );
+            if i % 2 == 1 {
+                route.spec.path = Some(format!("/p{i}"));
+                let annotations = route.metadata.annotations.get_or_insert_default();
+                annotations.insert(
+                    "haproxy.router.openshift.io/timeout".to_owned(),
+                    format!("{i}s"),
+                );
+                annotations.insert("unrelated/x".to_owned(), "y".to_owned());
+            }
+            if i == 2 {
+                route.spec.tls = None;
+            }
+            routes.push(route);
+        }
+        let mut digests = NameSet::default();
+        for route in &routes {
+            let digest = spec_digest(&route.spec, route);
+            assert!(digest.is_some());
+            assert_eq!(digest, spec_digest_streamed(&route.spec, route));
+            digests.insert(digest);
+        }
+        assert_eq!(digests.len(), routes.len());
+        let mut changed = routes[1].clone();
+        changed.metadata.annotations.get_or_insert_default().insert(
+            "haproxy.router.openshift.io/timeout".to_owned(),
+            "9s".to_owned(),
+        );
+        assert_ne!(
+            spec_digest(&changed.spec, &changed),
+            spec_digest(&routes[1].spec, &routes[1])
+        );
+        assert_eq!(
+            spec_digest(&changed.spec, &changed),
+            spec_digest_streamed(&changed.spec, &changed)
+        );
+    }
 
     /// A listing's routes all applied, the queue gives their room back and queues on
     /// in order, each route once.

@@ -289,6 +289,16 @@ struct SecretGrants {
     verbs: [VerbGrant; Verb::ALL.len()],
 }
 
+/// Whether a rule's list of groups or resources (`None`: an empty list) holds `wanted`
+/// or the wildcard `*`.
+fn lists(values: &Option<Vec<String>>, wanted: &str) -> bool {
+    values
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .any(|v| v == "*" || v == wanted)
+}
+
 /// What the rules grant for one verb on secrets.
 #[derive(Debug, Default)]
 struct VerbGrant {
@@ -304,16 +314,9 @@ impl SecretGrants {
     /// `secrets` or `*`; without resource names (or with an empty list) it grants every
     /// secret, otherwise the secrets it names.
     fn of(rules: &[ResourceRule]) -> Self {
-        let any = |values: &Option<Vec<String>>, wanted: &str| {
-            values
-                .as_deref()
-                .unwrap_or_default()
-                .iter()
-                .any(|v| v == "*" || v == wanted)
-        };
         let mut grants = Self::default();
         for rule in rules {
-            if !(any(&rule.api_groups, "") && any(&rule.resources, "secrets")) {
+            if !(lists(&rule.api_groups, "") && lists(&rule.resources, "secrets")) {
                 continue;
             }
             for (verb, grant) in Verb::ALL.iter().zip(&mut grants.verbs) {
@@ -828,17 +831,10 @@ mod tests {
     /// The plain reading of the rules, rule by rule: whether `rules` (from a rules review of the secret's namespace) allow `verb` on the
     /// secret called `name`.
     fn rules_allow_scan(rules: &[ResourceRule], verb: Verb, name: &str) -> bool {
-        let any = |values: &Option<Vec<String>>, wanted: &str| {
-            values
-                .as_deref()
-                .unwrap_or_default()
-                .iter()
-                .any(|v| v == "*" || v == wanted)
-        };
         rules.iter().any(|rule| {
             rule.verbs.iter().any(|v| v == "*" || v == verb.as_str())
-                && any(&rule.api_groups, "")
-                && any(&rule.resources, "secrets")
+                && lists(&rule.api_groups, "")
+                && lists(&rule.resources, "secrets")
                 && rule
                     .resource_names
                     .as_deref()

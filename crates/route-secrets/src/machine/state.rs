@@ -215,7 +215,14 @@ fn spec_digest(spec: &RouteSpec, route: &Route) -> Option<u64> {
     let json = serde_json::to_vec(spec).ok()?;
     let mut digest = SPEC_DIGEST_KEYS.build_hasher();
     digest.write(&json);
-    for (key, value) in route
+    digest_router_annotations(&mut digest, route);
+    Some(digest.finish())
+}
+
+/// Adds the annotations a router reads (`route`'s, in the map's order) to `digest`, each
+/// key and value ended by a zero byte.
+fn digest_router_annotations(digest: &mut impl Hasher, route: &Route) {
+    let router_annotations = route
         .metadata
         .annotations
         .iter()
@@ -224,14 +231,13 @@ fn spec_digest(spec: &RouteSpec, route: &Route) -> Option<u64> {
             crate::route::routing::ROUTER_ANNOTATION_PREFIXES
                 .iter()
                 .any(|prefix| key.starts_with(prefix))
-        })
-    {
+        });
+    for (key, value) in router_annotations {
         digest.write(key.as_bytes());
         digest.write_u8(0);
         digest.write(value.as_bytes());
         digest.write_u8(0);
     }
-    Some(digest.finish())
 }
 
 /// Everything the machine knows about one route.
@@ -463,22 +469,7 @@ mod tests {
         }
         let mut digest = Digest(SPEC_DIGEST_KEYS.build_hasher());
         serde_json::to_writer(&mut digest, spec).ok()?;
-        for (key, value) in route
-            .metadata
-            .annotations
-            .iter()
-            .flatten()
-            .filter(|(key, _)| {
-                crate::route::routing::ROUTER_ANNOTATION_PREFIXES
-                    .iter()
-                    .any(|prefix| key.starts_with(prefix))
-            })
-        {
-            digest.0.write(key.as_bytes());
-            digest.0.write_u8(0);
-            digest.0.write(value.as_bytes());
-            digest.0.write_u8(0);
-        }
+        digest_router_annotations(&mut digest.0, route);
         Some(digest.0.finish())
     }
 

@@ -368,12 +368,7 @@ impl MasterCli {
     ) -> Result<Reloaded, ProcessError> {
         let before = self.processes().await?;
         let started = Instant::now();
-        // The master closes the connection when it re-executes; what it says before
-        // does not matter.
-        match one_shot(&self.socket, "reload", self.timeout).await {
-            Ok(_) | Err(RuntimeError::Io { .. } | RuntimeError::Closed { .. }) => {}
-            Err(error) => return Err(error.into()),
-        }
+        send_reload(&self.socket, self.timeout).await?;
         let after = self
             .wait_for_worker(
                 "reload",
@@ -401,6 +396,20 @@ impl MasterCli {
                 answer: "no worker after the reload".to_owned(),
             })?;
         Ok(Reloaded { worker, took })
+    }
+}
+
+/// Sends the master CLI's `reload`. How the reload went is read from `show proc`
+/// afterwards: HAProxy 2.6's master closes the connection when it re-executes, and
+/// later ones answer once the new worker has loaded, which can take longer than a
+/// command's `timeout`; neither is a failure of the command.
+async fn send_reload(socket: &Path, timeout: Duration) -> Result<(), RuntimeError> {
+    match one_shot(socket, "reload", timeout).await {
+        Ok(_)
+        | Err(
+            RuntimeError::Io { .. } | RuntimeError::Closed { .. } | RuntimeError::Timeout { .. },
+        ) => Ok(()),
+        Err(error) => Err(error),
     }
 }
 
@@ -667,12 +676,8 @@ impl HaproxyProcess {
                 Err(_) => tokio::time::sleep(POLL).await,
             }
         };
-        // The master closes the connection when it re-executes; what it says before
-        // does not matter.
-        match one_shot(master.socket(), "reload", command_timeout).await {
-            Ok(_) | Err(RuntimeError::Io { .. } | RuntimeError::Closed { .. }) => Ok(before),
-            Err(error) => Err(error.into()),
-        }
+        send_reload(master.socket(), command_timeout).await?;
+        Ok(before)
     }
 
     /// HAProxy's words when the load begun after `before` failed (its old worker keeps

@@ -4,10 +4,17 @@
 //! The connection is put in interactive mode (`prompt`), where HAProxy answers every
 //! command, payload or not, and keeps the connection open: a batch of commands is
 //! written in one go while their answers are read, in order. HAProxy ends each answer
-//! with an empty line followed by its prompt (`\n> `), and no answer contains an empty
-//! line, so answers are told apart without knowing the commands; a command with a
-//! payload is first answered with one `+ ` per line it took (the command line and each
-//! payload line).
+//! with an empty line followed by its prompt (`\n> `), and an answer holds no empty
+//! line followed by a prompt, so answers are told apart without knowing the commands;
+//! a command with a payload is first answered with a `+ ` per line it took while the
+//! payload was incomplete (HAProxy 2.6: one per line, the command line and each payload
+//! line; 3.2: one per read that left it incomplete, often none).
+//!
+//! HAProxy 3.2 and later print no prompt between the answers to commands that arrived
+//! together, and their empty lines alone would not tell the answers apart (HAProxy
+//! 2.6's error answers can hold one). On those versions (`Version` of `show info`) the
+//! commands of a batch are written one at a time, each once the previous one is
+//! answered; the commands opening a connection always are.
 //!
 //! What HAProxy accepts in one request is bounded: the command line and its payload
 //! must fit in one buffer (`tune.bufsize`, 16 KiB by default), and a longer request
@@ -580,6 +587,18 @@ pub async fn one_shot(
         })
 }
 
+/// HAProxy's major and minor version from a `show info` answer (`Version: 3.2.0-...`).
+pub fn parse_version(answer: &str) -> Option<(u32, u32)> {
+    let value = answer.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        (key.trim() == "Version").then(|| value.trim())
+    })?;
+    let mut parts = value.split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
 /// `Pid` and `Start_time_sec` of a `show info` answer.
 pub fn parse_instance(answer: &str) -> Option<Instance> {
     let field = |name: &str| {
@@ -608,6 +627,8 @@ struct Connection {
     /// Bytes read and not yet parsed into answers.
     pending: Vec<u8>,
     connected: Connected,
+    /// Whether a batch's commands are written in one go (HAProxy before 3.2).
+    pipelined: bool,
 }
 
 struct Task {
@@ -796,6 +817,7 @@ impl Connection {
                 bufsize: DEFAULT_BUFSIZE,
                 max_request: DEFAULT_BUFSIZE,
             },
+            pipelined: false,
         };
         // `prompt` must come first on the connection; its own answer is an empty one.
         // The CLI's idle timeout (`stats timeout`, 10 s by default) would close a
@@ -839,11 +861,36 @@ impl Connection {
             bufsize,
             max_request: bufsize.saturating_sub(RESERVED),
         };
+        connection.pipelined = replies
+            .get(2)
+            .and_then(|reply| parse_version(reply.text()))
+            .is_some_and(|version| version < (3, 2));
         Ok(connection)
     }
 
-    /// Writes `commands` while reading their answers.
+    /// Writes `commands` and reads their answers: in one go while reading when the
+    /// connection is pipelined, one at a time otherwise.
     async fn exchange(
+        &mut self,
+        options: &RuntimeOptions,
+        commands: &[&Command],
+    ) -> (Vec<Reply>, Option<RuntimeError>) {
+        if self.pipelined {
+            return self.exchange_together(options, commands).await;
+        }
+        let mut replies = Vec::with_capacity(commands.len());
+        for command in commands {
+            let (reply, error) = self.exchange_together(options, &[command]).await;
+            replies.extend(reply);
+            if let Some(error) = error {
+                return (replies, Some(error));
+            }
+        }
+        (replies, None)
+    }
+
+    /// Writes `commands` in one go while reading their answers.
+    async fn exchange_together(
         &mut self,
         options: &RuntimeOptions,
         commands: &[&Command],
@@ -971,18 +1018,23 @@ fn parse_reply_from(
 ) -> Result<Option<(Reply, usize)>, String> {
     let mut start = 0;
     for _ in 0..prompts {
-        if buffer.len() < start + 2 {
+        let rest = &buffer[start..];
+        if rest.len() < 2 && b"+ ".starts_with(rest) {
+            // Too short to tell a prompt from the answer's start.
             return Ok(None);
         }
-        if &buffer[start..start + 2] != b"+ " {
-            return Err(format!(
-                "expected a payload prompt, got {:?}",
-                summarize(&String::from_utf8_lossy(
-                    &buffer[start..buffer.len().min(start + 80)]
-                ))
-            ));
+        if !rest.starts_with(b"+ ") {
+            break;
         }
         start += 2;
+    }
+    if buffer[start..].starts_with(b"+ ") {
+        return Err(format!(
+            "more payload prompts than the {prompts} lines sent, then {:?}",
+            summarize(&String::from_utf8_lossy(
+                &buffer[start..buffer.len().min(start + 80)]
+            ))
+        ));
     }
     let body = &buffer[start..];
     // The answer ends at the first prompt that starts a line: at the very start (an
@@ -1067,7 +1119,116 @@ mod tests {
         let (reply, used) = parse_reply(stream, 3).unwrap().unwrap();
         assert_eq!(reply.text(), "Transaction created for certificate x!\n");
         assert_eq!(used, stream.len());
-        assert!(parse_reply(b"Transaction", 2).is_err());
+        // HAProxy 3.2 prints fewer when the payload arrived in fewer reads; never more.
+        for stream in [&b"+ Done!\n\n> "[..], b"Done!\n\n> "] {
+            let (reply, used) = parse_reply(stream, 3).unwrap().unwrap();
+            assert_eq!((reply.text(), used), ("Done!\n", stream.len()));
+        }
+        assert!(parse_reply(b"+ + + Transaction", 2).is_err());
+        assert!(parse_reply(b"+ Done!\n\n> ", 0).is_err());
+        assert!(parse_reply(b"+ +", 3).unwrap().is_none());
+    }
+
+    /// A stats socket framing its answers as HAProxy 3.2's CLI does (src/cli.c at
+    /// v3.2.0): in prompt mode an answer is followed by `\n> ` when no more input is
+    /// waiting, and by `\n` alone while commands that arrived with it still are; a
+    /// payload that arrived whole gets no `+ `. Answers as 3.2 words them.
+    async fn serve_like_haproxy_3_2(listener: tokio::net::UnixListener) {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut input = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut prompt = false;
+        loop {
+            let read = stream.read(&mut chunk).await.unwrap();
+            if read == 0 {
+                return;
+            }
+            input.extend_from_slice(&chunk[..read]);
+            let mut out = Vec::new();
+            // Every complete command (a payload ends at an empty line) in the input.
+            while let Some(line_end) = input.iter().position(|&b| b == b'\n') {
+                let line = String::from_utf8(input[..line_end].to_vec()).unwrap();
+                let mut used = line_end + 1;
+                if line.ends_with(" <<") {
+                    match find(&input[used..], b"\n\n") {
+                        Some(end) => used += end + 2,
+                        None => break,
+                    }
+                }
+                input.drain(..used);
+                let name = line.split(' ').nth(3).unwrap_or_default().to_owned();
+                let answer = match line.trim_end_matches(" <<") {
+                    "prompt" => {
+                        prompt = true;
+                        String::new()
+                    }
+                    "set timeout cli 1d" => String::new(),
+                    "show info" => {
+                        "Name: HAProxy\nVersion: 3.2.0-test\nPid: 42\nStart_time_sec: 7\n"
+                            .to_owned()
+                    }
+                    "show pools" => "  - Pool buffer (16384 bytes) : 3 allocated\n".to_owned(),
+                    set if set.starts_with("set ssl cert ") => {
+                        format!("Transaction created for certificate {name}!\n")
+                    }
+                    commit if commit.starts_with("commit ssl cert ") => {
+                        format!("Committing {name}.\nSuccess!\n")
+                    }
+                    _ => "Unknown command.\n".to_owned(),
+                };
+                out.extend_from_slice(answer.as_bytes());
+                out.extend_from_slice(match (prompt, input.is_empty()) {
+                    (true, true) => b"\n> ",
+                    _ => b"\n",
+                });
+            }
+            stream.write_all(&out).await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_haproxy_3_2_gets_a_batch_one_command_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("stats.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let server = tokio::spawn(serve_like_haproxy_3_2(listener));
+        let client = RuntimeClient::spawn(RuntimeOptions::new(&socket));
+        let pem = Payload::new("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
+        let mut commands = Vec::new();
+        for name in ["/a.pem", "/b.pem", "/c.pem"] {
+            commands.push(Command::with_payload(
+                format!("set ssl cert {name}"),
+                pem.clone(),
+            ));
+            commands.push(Command::new(format!("commit ssl cert {name}")));
+        }
+        let outcome = client.execute(commands).await;
+        assert!(outcome.error.is_none(), "{:?}", outcome.error);
+        let texts: Vec<&str> = outcome.replies.iter().map(Reply::text).collect();
+        assert_eq!(
+            texts,
+            [
+                "Transaction created for certificate /a.pem!\n",
+                "Committing /a.pem.\nSuccess!\n",
+                "Transaction created for certificate /b.pem!\n",
+                "Committing /b.pem.\nSuccess!\n",
+                "Transaction created for certificate /c.pem!\n",
+                "Committing /c.pem.\nSuccess!\n",
+            ]
+        );
+        assert_eq!(outcome.connected.map(|c| c.instance.pid), Some(42));
+        drop(client);
+        server.abort();
+    }
+
+    #[test]
+    fn the_version_says_whether_commands_are_pipelined() {
+        let info = |version: &str| format!("Name: HAProxy\nVersion: {version}\nPid: 3\n");
+        assert_eq!(parse_version(&info("2.6.12-1+deb12u4")), Some((2, 6)));
+        assert_eq!(parse_version(&info("3.2.0-e134140d2")), Some((3, 2)));
+        assert_eq!(parse_version(&info("3.10-dev1")), Some((3, 10)));
+        assert_eq!(parse_version("Name: HAProxy\n"), None);
+        assert!((2, 6) < (3, 2) && (3, 1) < (3, 2) && (3, 10) >= (3, 2));
     }
 
     #[test]

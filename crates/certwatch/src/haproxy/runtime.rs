@@ -589,10 +589,7 @@ pub async fn one_shot(
 
 /// HAProxy's major and minor version from a `show info` answer (`Version: 3.2.0-...`).
 pub fn parse_version(answer: &str) -> Option<(u32, u32)> {
-    let value = answer.lines().find_map(|line| {
-        let (key, value) = line.split_once(':')?;
-        (key.trim() == "Version").then(|| value.trim())
-    })?;
+    let value = info_field(answer, "Version")?;
     let mut parts = value.split(['.', '-']);
     let major = parts.next()?.parse().ok()?;
     let minor = parts.next()?.parse().ok()?;
@@ -601,15 +598,17 @@ pub fn parse_version(answer: &str) -> Option<(u32, u32)> {
 
 /// `Pid` and `Start_time_sec` of a `show info` answer.
 pub fn parse_instance(answer: &str) -> Option<Instance> {
-    let field = |name: &str| {
-        answer.lines().find_map(|line| {
-            let (key, value) = line.split_once(':')?;
-            (key.trim() == name).then(|| value.trim())
-        })
-    };
     Some(Instance {
-        pid: field("Pid")?.parse().ok()?,
-        started: field("Start_time_sec")?.parse().ok()?,
+        pid: info_field(answer, "Pid")?.parse().ok()?,
+        started: info_field(answer, "Start_time_sec")?.parse().ok()?,
+    })
+}
+
+/// The value of the `name: value` line `name` of a `show info` answer.
+fn info_field<'a>(answer: &'a str, name: &str) -> Option<&'a str> {
+    answer.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        (key.trim() == name).then(|| value.trim())
     })
 }
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use kube_common::adaptive::AdaptiveLimiter;
 use kube_sim::FailRule;
+use route_secrets::api::leader::Leadership;
 use route_secrets::api::status_writer::{StatusWriter, StatusWriterOptions};
 use route_secrets::route::Route;
 use route_secrets::route::admission::{Admission, RouterIdentity};
@@ -145,4 +146,80 @@ async fn a_route_deleted_before_the_re_read_is_not_a_failure() {
     assert_eq!(requests(&sim, "list", "routes").len(), 1, "one re-read");
     let stats = writer.stats();
     assert_eq!((stats.writes, stats.conflicts, stats.failed), (2, 1, 0));
+}
+
+/// A replica that starts leading writes nothing until every outcome has been recorded
+/// again: a route decided in between is written once, from the re-record, not a
+/// second time on the copy older than its first write (a 409). One write at a time,
+/// so the second route's write is the barrier: it starts after every write of the
+/// first has ended.
+#[tokio::test]
+async fn a_route_decided_before_the_re_record_is_written_once() {
+    let sim = sim_with_latency(Duration::from_millis(5)).await;
+    let route = stored_route(&sim);
+    let other: Arc<Route> = Arc::new(
+        serde_json::from_value(put_route(
+            &sim,
+            &route_with_external_certificate(NS, "other", "other.example", "tls"),
+        ))
+        .unwrap(),
+    );
+    let (elect, leading) = tokio::sync::watch::channel(false);
+    let writer = StatusWriter::spawn_with(
+        client(&sim, "router").await,
+        RouterIdentity::new(ROUTER_NAME),
+        StatusWriterOptions {
+            leadership: Leadership::from_decisions(leading),
+            ..StatusWriterOptions::new(1)
+        },
+    );
+    // This replica starts leading; the route is decided before the re-record comes.
+    elect.send_replace(true);
+    writer
+        .record(Arc::clone(&route), Admission::admitted())
+        .await;
+    // The re-record carries the same copy (the watch has not brought any write back).
+    writer.record(route, Admission::admitted()).await;
+    writer.rerecorded().await;
+    writer.record(other, Admission::admitted()).await;
+    within_patience("both statuses written", async {
+        while writer.stats().recorded < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        writes(&sim, 409),
+        0,
+        "no write on a copy older than a write"
+    );
+    assert_eq!(writes(&sim, 200), 2);
+    let stats = writer.stats();
+    assert_eq!((stats.writes, stats.conflicts), (2, 0));
+}
+
+/// While following, outcomes are the leader's to write; a replica that never leads
+/// writes nothing, re-record or not.
+#[tokio::test]
+async fn a_follower_writes_nothing() {
+    let sim = sim_with_latency(Duration::from_millis(5)).await;
+    let route = stored_route(&sim);
+    let (_elect, leading) = tokio::sync::watch::channel(false);
+    let writer = StatusWriter::spawn_with(
+        client(&sim, "router").await,
+        RouterIdentity::new(ROUTER_NAME),
+        StatusWriterOptions {
+            leadership: Leadership::from_decisions(leading),
+            ..StatusWriterOptions::new(1)
+        },
+    );
+    writer.record(route, Admission::admitted()).await;
+    writer.rerecorded().await;
+    within_patience("the outcome followed", async {
+        while writer.stats().followed < 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(writes(&sim, 200) + writes(&sim, 409), 0);
 }

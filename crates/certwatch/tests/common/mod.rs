@@ -446,7 +446,15 @@ impl Certwatch {
 impl Drop for Certwatch {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("--- certwatch run log ---\n{}", tail(&self.log));
+            let state = match self.child.try_wait() {
+                Ok(Some(status)) => format!("exited: {status}"),
+                _ => "running".to_owned(),
+            };
+            eprintln!(
+                "--- certwatch run log (pid {}, {state}) ---\n{}",
+                self.child.id(),
+                tail(&self.log)
+            );
         }
         // SIGTERM first: certwatch stops the HAProxy it runs (a SIGKILL would leave that
         // child running, its ports bound, after the test).

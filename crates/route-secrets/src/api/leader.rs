@@ -127,6 +127,22 @@ impl Leadership {
         }
     }
 
+    /// A leadership decided elsewhere (another election library, an operator's
+    /// switch): this replica leads while `leading` says `true`, with no term of its
+    /// own (a late decision is not caught by the clock).
+    pub fn from_decisions(leading: watch::Receiver<bool>) -> Self {
+        let (term_sender, term) = watch::channel(None);
+        let (leading_sender, _) = watch::channel(false);
+        Self {
+            leading,
+            term,
+            _fixed: Some(Arc::new(FixedLeadership {
+                _leading: leading_sender,
+                _term: term_sender,
+            })),
+        }
+    }
+
     /// Whether this replica may write now: the election holds the Lease and its last
     /// renewal, counted from when it was sent, is younger than the renew deadline.
     /// This reads the clock, so it turns `false` on time however late the election's

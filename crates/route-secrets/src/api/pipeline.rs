@@ -207,12 +207,14 @@ impl RoutePipeline {
             let wakeup = self.machine.next_wakeup();
             let received = tokio::select! {
                 biased;
+                // First: the status writer holds every write from the start of leading
+                // until this re-record has gone through.
+                () = starts_leading(&mut leading) => Received::Input(Input::RecordAll),
                 Some(done) = OptionFuture::from(head.as_mut()), if head.is_some() => {
                     head = None;
                     Received::Input(self.prepared_input(done))
                 }
                 () = sleep_until(wakeup.map(tokio::time::Instant::from_std)), if wakeup.is_some() => Received::Input(Input::Tick),
-                () = starts_leading(&mut leading) => Received::Input(Input::RecordAll),
                 () = mailbox.ready(), if secrets_turn => Received::Secret,
                 event = events.next() => match event {
                     Some(RouteEvent::Listed(routes)) => Received::Route(Input::Listed(routes)),
@@ -238,11 +240,15 @@ impl RoutePipeline {
                 }
             };
             for input in inputs {
+                let rerecord = matches!(input, Input::RecordAll);
                 let now = tokio::time::Instant::now().into_std();
                 for effect in self.machine.step(input, now) {
                     if let Some(network) = self.perform(effect).await {
                         head = Some(network);
                     }
+                }
+                if rerecord && let Some(status) = &self.status {
+                    status.rerecorded().await;
                 }
             }
         }

@@ -22,6 +22,12 @@
 //! held, not lost: it goes out when a renewal extends the term, or is left to the
 //! other replica when this one stops leading.
 //!
+//! When this replica starts leading, the pipeline records every route's outcome again
+//! on its latest copy, then says so ([`StatusWriter::rerecorded`]); until then the
+//! writer holds what it is given. A route decided in between is then written once,
+//! from the re-record, instead of a second time on a copy older than its first write
+//! (a 409 and a re-read, for every route decided while the re-record waited its turn).
+//!
 //! A write that would not change the status is skipped. Together with the pipeline
 //! ignoring route events that change nothing but status, this keeps the router from
 //! reacting to its own writes.
@@ -88,7 +94,7 @@ struct Counters {
 /// Records route outcomes in `status.ingress[]` for one router, in the background.
 #[derive(Clone, Debug)]
 pub struct StatusWriter {
-    sender: mpsc::Sender<Update>,
+    sender: mpsc::Sender<Message>,
     counters: Arc<Counters>,
     leadership: Leadership,
 }
@@ -97,6 +103,15 @@ impl std::fmt::Debug for Counters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Counters").finish_non_exhaustive()
     }
+}
+
+/// What the writer is sent, in order.
+enum Message {
+    /// A route's status to write.
+    Update(Update),
+    /// Every route's outcome has been recorded again since this replica last started
+    /// leading: writes may go out.
+    Rerecorded,
 }
 
 struct Update {
@@ -198,6 +213,7 @@ impl StatusWriter {
             router: Arc::new(router),
             concurrency: options.concurrency.max(1),
             counters: Arc::clone(&counters),
+            awaiting_rerecord: false,
             pending: HashMap::new(),
             order: VecDeque::new(),
             running: HashMap::new(),
@@ -233,13 +249,26 @@ impl StatusWriter {
         self.send(route, Change::Clear).await;
     }
 
+    /// Says that every route's outcome has been recorded again (through
+    /// [`StatusWriter::record`]) since this replica started leading. A writer under an
+    /// election holds its writes from the start of each leading until this comes:
+    /// whoever drives the writer under an election calls it after each re-record (the
+    /// pipeline does, on [`Input::RecordAll`](crate::machine::Input::RecordAll)).
+    pub async fn rerecorded(&self) {
+        // The worker only stops when every sender is gone, so this cannot fail while
+        // `self` exists.
+        let _ = self.sender.send(Message::Rerecorded).await;
+    }
+
     async fn send(&self, route: Arc<Route>, change: Change) {
         let Some(key) = route.key() else {
             return;
         };
-        // The worker only stops when every sender is gone, so this cannot fail while
-        // `self` exists.
-        let _ = self.sender.send(Update { route, key, change }).await;
+        // As in `rerecorded`: cannot fail while `self` exists.
+        let _ = self
+            .sender
+            .send(Message::Update(Update { route, key, change }))
+            .await;
     }
 
     /// The writer's counters.
@@ -268,6 +297,9 @@ struct Worker {
     router: Arc<RouterIdentity>,
     concurrency: usize,
     counters: Arc<Counters>,
+    /// This replica started leading and the re-record of every outcome has not come
+    /// yet ([`Message::Rerecorded`]): updates wait in `pending`, none is written.
+    awaiting_rerecord: bool,
     /// Latest wanted outcome per route not yet being written.
     pending: HashMap<RouteKey, Update>,
     /// Routes with a pending update, oldest first.
@@ -280,7 +312,8 @@ struct Worker {
 }
 
 impl Worker {
-    async fn run(mut self, mut updates: mpsc::Receiver<Update>) {
+    async fn run(mut self, mut messages: mpsc::Receiver<Message>) {
+        // Wakes the loop on a change; `follow_election` takes the change in.
         let mut leading = self.leading.clone();
         let mut terms = self.leadership.terms();
         // Until the election ends (its last value then stays).
@@ -300,16 +333,24 @@ impl Worker {
                 changed = leading.changed(), if electing => {
                     if changed.is_err() {
                         electing = false;
-                    } else if !*leading.borrow_and_update() {
-                        // Another replica writes now: what waits is its to write.
-                        let dropped = self.pending.len() as u64;
-                        self.counters.followed.fetch_add(dropped, Ordering::Relaxed);
-                        self.pending.clear();
-                        self.order.clear();
+                    } else {
+                        leading.borrow_and_update();
+                        self.follow_election();
                     }
                 }
-                update = updates.recv() => match update {
-                    Some(update) => self.enqueue(update),
+                message = messages.recv() => match message {
+                    Some(message) => {
+                        // A change of leading the loop has not woken for yet comes
+                        // first: the pipeline's re-record follows the change it saw.
+                        self.follow_election();
+                        match message {
+                            Message::Update(update) => self.enqueue(update),
+                            Message::Rerecorded => {
+                                self.awaiting_rerecord = false;
+                                self.start_writes();
+                            }
+                        }
+                    }
                     None if self.writes.is_empty() => return,
                     None => {
                         // Finish what is queued, then stop.
@@ -323,6 +364,22 @@ impl Worker {
                     self.finished(done);
                 }
             }
+        }
+    }
+
+    /// Takes in the election's latest decision, if it changed: to following, what waits
+    /// is the other replica's to write; to leading, writes wait for the re-record.
+    fn follow_election(&mut self) {
+        if !self.leading.has_changed().unwrap_or(false) {
+            return;
+        }
+        if *self.leading.borrow_and_update() {
+            self.awaiting_rerecord = true;
+        } else {
+            let dropped = self.pending.len() as u64;
+            self.counters.followed.fetch_add(dropped, Ordering::Relaxed);
+            self.pending.clear();
+            self.order.clear();
         }
     }
 
@@ -365,8 +422,9 @@ impl Worker {
     }
 
     fn start_writes(&mut self) {
-        if !self.leadership.is_leader() {
-            // Held until a renewal (`terms`) or the end of leading (cleared).
+        if self.awaiting_rerecord || !self.leadership.is_leader() {
+            // Held until the re-record, a renewal (`terms`) or the end of leading
+            // (cleared).
             return;
         }
         let mut deferred = Vec::new();

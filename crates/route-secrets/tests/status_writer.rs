@@ -24,9 +24,14 @@ const REFUSALS: u64 = 6;
 
 /// The route as the server holds it (with its resourceVersion), for the writer.
 fn stored_route(sim: &kube_sim::Simulator) -> Arc<Route> {
+    stored_route_named(sim, "shop")
+}
+
+/// Route `name` (host `<name>.example`) as the server holds it.
+fn stored_route_named(sim: &kube_sim::Simulator, name: &str) -> Arc<Route> {
     let stored = put_route(
         sim,
-        &route_with_external_certificate(NS, "shop", "shop.example", "tls"),
+        &route_with_external_certificate(NS, name, &format!("{name}.example"), "tls"),
     );
     Arc::new(serde_json::from_value(stored).unwrap())
 }
@@ -123,13 +128,7 @@ async fn without_a_limiter_the_same_refusals_give_the_write_up() {
 async fn a_route_deleted_before_the_re_read_is_not_a_failure() {
     let sim = sim_with_latency(Duration::from_millis(5)).await;
     let route = stored_route(&sim);
-    let other: Arc<Route> = Arc::new(
-        serde_json::from_value(put_route(
-            &sim,
-            &route_with_external_certificate(NS, "other", "other.example", "tls"),
-        ))
-        .unwrap(),
-    );
+    let other = stored_route_named(&sim, "other");
     // One write at a time: the second route's write starts once the first has ended.
     let writer = StatusWriter::spawn(
         client(&sim, "router").await,
@@ -148,6 +147,21 @@ async fn a_route_deleted_before_the_re_read_is_not_a_failure() {
     assert_eq!((stats.writes, stats.conflicts, stats.failed), (2, 1, 0));
 }
 
+/// A writer of one write at a time that leads while `leading` says so.
+async fn elected_writer(
+    sim: &kube_sim::Simulator,
+    leading: tokio::sync::watch::Receiver<bool>,
+) -> StatusWriter {
+    StatusWriter::spawn_with(
+        client(sim, "router").await,
+        RouterIdentity::new(ROUTER_NAME),
+        StatusWriterOptions {
+            leadership: Leadership::from_decisions(leading),
+            ..StatusWriterOptions::new(1)
+        },
+    )
+}
+
 /// A replica that starts leading writes nothing until every outcome has been recorded
 /// again: a route decided in between is written once, from the re-record, not a
 /// second time on the copy older than its first write (a 409). One write at a time,
@@ -157,22 +171,9 @@ async fn a_route_deleted_before_the_re_read_is_not_a_failure() {
 async fn a_route_decided_before_the_re_record_is_written_once() {
     let sim = sim_with_latency(Duration::from_millis(5)).await;
     let route = stored_route(&sim);
-    let other: Arc<Route> = Arc::new(
-        serde_json::from_value(put_route(
-            &sim,
-            &route_with_external_certificate(NS, "other", "other.example", "tls"),
-        ))
-        .unwrap(),
-    );
+    let other = stored_route_named(&sim, "other");
     let (elect, leading) = tokio::sync::watch::channel(false);
-    let writer = StatusWriter::spawn_with(
-        client(&sim, "router").await,
-        RouterIdentity::new(ROUTER_NAME),
-        StatusWriterOptions {
-            leadership: Leadership::from_decisions(leading),
-            ..StatusWriterOptions::new(1)
-        },
-    );
+    let writer = elected_writer(&sim, leading).await;
     // This replica starts leading; the route is decided before the re-record comes.
     elect.send_replace(true);
     writer
@@ -205,14 +206,7 @@ async fn a_follower_writes_nothing() {
     let sim = sim_with_latency(Duration::from_millis(5)).await;
     let route = stored_route(&sim);
     let (_elect, leading) = tokio::sync::watch::channel(false);
-    let writer = StatusWriter::spawn_with(
-        client(&sim, "router").await,
-        RouterIdentity::new(ROUTER_NAME),
-        StatusWriterOptions {
-            leadership: Leadership::from_decisions(leading),
-            ..StatusWriterOptions::new(1)
-        },
-    );
+    let writer = elected_writer(&sim, leading).await;
     writer.record(route, Admission::admitted()).await;
     writer.rerecorded().await;
     within_patience("the outcome followed", async {

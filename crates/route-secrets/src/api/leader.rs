@@ -105,39 +105,37 @@ pub struct Leadership {
     _fixed: Option<Arc<FixedLeadership>>,
 }
 
-/// The senders of a leadership that never changes.
+/// The senders of a leadership without an election of its own: the decisions' (when
+/// they never change) and the term's (which never ends).
 #[derive(Debug)]
 struct FixedLeadership {
-    _leading: watch::Sender<bool>,
+    _leading: Option<watch::Sender<bool>>,
     _term: watch::Sender<Option<Instant>>,
 }
 
 impl Leadership {
     /// A leadership that is always held: the only writer, without an election.
     pub fn always() -> Self {
-        let (leading_sender, leading) = watch::channel(true);
-        let (term_sender, term) = watch::channel(None);
-        Self {
-            leading,
-            term,
-            _fixed: Some(Arc::new(FixedLeadership {
-                _leading: leading_sender,
-                _term: term_sender,
-            })),
-        }
+        let (sender, leading) = watch::channel(true);
+        Self::untimed(leading, Some(sender))
     }
 
     /// A leadership decided elsewhere (another election library, an operator's
     /// switch): this replica leads while `leading` says `true`, with no term of its
     /// own (a late decision is not caught by the clock).
     pub fn from_decisions(leading: watch::Receiver<bool>) -> Self {
+        Self::untimed(leading, None)
+    }
+
+    /// `leading` without a term; `sender`, when the decisions never change, kept so
+    /// that the channel stays open.
+    fn untimed(leading: watch::Receiver<bool>, sender: Option<watch::Sender<bool>>) -> Self {
         let (term_sender, term) = watch::channel(None);
-        let (leading_sender, _) = watch::channel(false);
         Self {
             leading,
             term,
             _fixed: Some(Arc::new(FixedLeadership {
-                _leading: leading_sender,
+                _leading: sender,
                 _term: term_sender,
             })),
         }

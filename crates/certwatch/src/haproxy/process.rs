@@ -21,6 +21,12 @@
 //! leaves the old worker serving (HAProxy's own behaviour), and the failure is
 //! reported with the end of HAProxy's log.
 //!
+//! From HAProxy 3.1 the master no longer loads the configuration: it forks the worker,
+//! which loads it, and `show proc` lists that worker from its fork. For those versions
+//! (read from `show proc`'s version column) a start or a reload is over when the master
+//! CLI's `_loadstatus`, which answers once no worker is loading, says `Success=1`;
+//! `Success=0` is a refused configuration, with HAProxy's start-up messages.
+//!
 //! A [`MasterCli`] also works on a master socket certwatch did not create (HAProxy
 //! run by someone else in master-worker mode, `--haproxy-master-socket`).
 //!
@@ -209,6 +215,8 @@ pub struct Processes {
     pub workers: Vec<Proc>,
     /// Workers of earlier loads still finishing their connections.
     pub old_workers: Vec<Proc>,
+    /// The master's HAProxy version (major, minor), from its line's last column.
+    pub version: Option<(u32, u32)>,
 }
 
 impl Processes {
@@ -218,6 +226,37 @@ impl Processes {
             .iter()
             .min_by_key(|worker| worker.reloads)
             .map(|worker| worker.pid)
+    }
+
+    /// Whether a worker listed here may still be loading the configuration. From
+    /// HAProxy 3.1 the master forks the worker first and the worker loads (the master
+    /// CLI's `_loadstatus` answers once it has); earlier masters loaded the
+    /// configuration before forking, so a listed worker had loaded it.
+    pub fn lists_loading_workers(&self) -> bool {
+        self.version.is_some_and(|version| version >= (3, 1))
+    }
+}
+
+/// What the master CLI's `_loadstatus` says of the latest load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoadStatus {
+    /// The worker loaded the configuration and serves.
+    Loaded,
+    /// The load failed; HAProxy's start-up messages.
+    Failed(String),
+}
+
+/// Parses `_loadstatus`: `Success=1` or `Success=0`, then after a `--` line the
+/// start-up messages.
+pub fn parse_load_status(answer: &str) -> Option<LoadStatus> {
+    let mut lines = answer.lines();
+    match lines.next()?.trim() {
+        "Success=1" => Some(LoadStatus::Loaded),
+        "Success=0" => {
+            let log: Vec<&str> = lines.skip_while(|line| line.trim() == "--").collect();
+            Some(LoadStatus::Failed(log.join("\n").trim().to_owned()))
+        }
+        _ => None,
     }
 }
 
@@ -232,6 +271,7 @@ pub fn parse_processes(answer: &str) -> Option<Processes> {
     }
     let mut section = Section::Head;
     let mut master = None;
+    let mut version = None;
     let mut failed_reloads = 0;
     let mut workers = Vec::new();
     let mut old_workers = Vec::new();
@@ -261,6 +301,10 @@ pub fn parse_processes(answer: &str) -> Option<Processes> {
                             .and_then(|(_, rest)| rest.split_once(']'))
                             .and_then(|(count, _)| count.trim().parse().ok())
                             .unwrap_or(0);
+                        version = line
+                            .split_whitespace()
+                            .next_back()
+                            .and_then(super::runtime::major_minor);
                         master = Some(proc);
                     }
                     (Section::Workers, "worker") => workers.push(proc),
@@ -275,6 +319,7 @@ pub fn parse_processes(answer: &str) -> Option<Processes> {
         failed_reloads,
         workers,
         old_workers,
+        version,
     })
 }
 
@@ -324,8 +369,35 @@ impl MasterCli {
         })
     }
 
-    /// Waits until the master answers `show proc` with a worker, for at most
-    /// `timeout`; `alive` is asked between attempts (an exited HAProxy ends the wait).
+    /// `_loadstatus` (HAProxy 3.1 and later): how the latest load went, answered once
+    /// no worker is loading any more (which may take longer than a command's timeout).
+    pub async fn load_status(&self) -> Result<LoadStatus, ProcessError> {
+        let answer = one_shot(&self.socket, "_loadstatus", self.timeout).await?;
+        parse_load_status(&answer).ok_or_else(|| ProcessError::Unexpected {
+            socket: self.socket.clone(),
+            command: "_loadstatus",
+            answer: super::runtime::summarize(&answer),
+        })
+    }
+
+    /// HAProxy refused its configuration: `log`, or the end of its output when
+    /// certwatch runs it.
+    fn refused(&self, log: Option<String>) -> ProcessError {
+        let log = log.filter(|log| !log.is_empty()).unwrap_or_else(|| {
+            self.log
+                .as_ref()
+                .map(LogTail::text)
+                .unwrap_or_else(|| "see HAProxy's log".to_owned())
+        });
+        ProcessError::ConfigRefused {
+            config: self.config.clone().unwrap_or_default(),
+            log,
+        }
+    }
+
+    /// Waits until the master answers `show proc` as `accept` wants, with a worker that
+    /// has loaded ([`Processes::lists_loading_workers`]), for at most `timeout`; `alive`
+    /// is asked between attempts (an exited HAProxy ends the wait).
     async fn wait_for_worker(
         &self,
         what: &'static str,
@@ -338,7 +410,17 @@ impl MasterCli {
         loop {
             alive()?;
             match self.processes().await {
-                Ok(processes) if accept(&processes) => return Ok(processes),
+                Ok(processes) if accept(&processes) => {
+                    if !processes.lists_loading_workers() {
+                        return Ok(processes);
+                    }
+                    match self.load_status().await {
+                        Ok(LoadStatus::Loaded) => return Ok(processes),
+                        Ok(LoadStatus::Failed(log)) => return Err(self.refused(Some(log))),
+                        // Still loading (unanswered within a command's timeout).
+                        Err(error) => last_error = format!(": {error}"),
+                    }
+                }
                 Ok(_) => last_error.clear(),
                 // Refused or unanswered while the master loads: expected.
                 Err(error) => last_error = format!(": {error}"),
@@ -379,14 +461,7 @@ impl MasterCli {
             .await?;
         let took = started.elapsed();
         if after.failed_reloads > 0 {
-            return Err(ProcessError::ConfigRefused {
-                config: self.config.clone().unwrap_or_default(),
-                log: self
-                    .log
-                    .as_ref()
-                    .map(LogTail::text)
-                    .unwrap_or_else(|| "see HAProxy's log".to_owned()),
-            });
+            return Err(self.refused(None));
         }
         let worker = after
             .current_worker()
@@ -931,5 +1006,145 @@ mod tests {
         assert_eq!(processes.failed_reloads, 1);
         assert_eq!(processes.current_worker(), Some(7));
         assert!(parse_processes("Unknown command").is_none());
+    }
+
+    #[test]
+    fn the_master_version_says_whether_a_listed_worker_may_still_load() {
+        let show_proc = |version: &str| {
+            format!(
+                "#<PID> <type> <reloads> <uptime> <version>\n\
+                 10 master 0 [failed: 0] 0d00h00m01s {version}\n\
+                 # workers\n\
+                 11 worker 0 0d00h00m01s {version}\n"
+            )
+        };
+        for (version, loading) in [
+            ("2.6.12-1+deb12u4", false),
+            ("3.0.11", false),
+            ("3.1.0", true),
+            ("3.2.0-e134140d2", true),
+        ] {
+            let processes = parse_processes(&show_proc(version)).unwrap();
+            assert_eq!(processes.lists_loading_workers(), loading, "{version}");
+        }
+        assert_eq!(
+            parse_processes(&show_proc("3.2.0-e134140d2"))
+                .unwrap()
+                .version,
+            Some((3, 2))
+        );
+    }
+
+    #[test]
+    fn load_status_is_read() {
+        assert_eq!(
+            parse_load_status("Success=1\n--\n[NOTICE] loaded\n"),
+            Some(LoadStatus::Loaded)
+        );
+        assert_eq!(
+            parse_load_status(
+                "Success=0\n--\n[ALERT] (7) : config : parsing [/c.cfg:3] : unknown keyword 'bogus'\n"
+            ),
+            Some(LoadStatus::Failed(
+                "[ALERT] (7) : config : parsing [/c.cfg:3] : unknown keyword 'bogus'".to_owned()
+            ))
+        );
+        assert_eq!(parse_load_status("Unknown command: '_loadstatus'\n"), None);
+    }
+
+    /// A master CLI as HAProxy 3.2's answers a reload: the reload count goes up and the
+    /// new worker is listed at once, while `_loadstatus` stays unanswered for the first
+    /// `held` asks (the worker loads), then says `outcome`. Every command is logged.
+    async fn serve_like_a_3_2_master(
+        listener: tokio::net::UnixListener,
+        held: usize,
+        outcome: &'static str,
+        log: Arc<Mutex<Vec<String>>>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut reloaded = false;
+        let mut asked = 0;
+        let mut holding = Vec::new();
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut command = String::new();
+            stream.read_to_string(&mut command).await.unwrap();
+            let command = command.trim().to_owned();
+            sync::lock(&log).push(command.clone());
+            let answer = match command.as_str() {
+                "show proc" => {
+                    let (reloads, worker) = if reloaded { (1, 21) } else { (0, 20) };
+                    format!(
+                        "#<PID> <type> <reloads> <uptime> <version>\n\
+                         10 master {reloads} [failed: 0] 0d00h00m01s 3.2.0-test\n\
+                         # workers\n\
+                         {worker} worker 0 0d00h00m00s 3.2.0-test\n"
+                    )
+                }
+                "reload" => {
+                    reloaded = true;
+                    // Answered once the load is over; the client does not wait.
+                    holding.push(stream);
+                    continue;
+                }
+                "_loadstatus" => {
+                    asked += 1;
+                    if asked <= held {
+                        holding.push(stream);
+                        continue;
+                    }
+                    outcome.to_owned()
+                }
+                _ => "Unknown command.\n".to_owned(),
+            };
+            stream.write_all(answer.as_bytes()).await.unwrap();
+        }
+    }
+
+    async fn reload_a_3_2_master(
+        held: usize,
+        outcome: &'static str,
+    ) -> (Result<Reloaded, ProcessError>, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("master.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let server = tokio::spawn(serve_like_a_3_2_master(
+            listener,
+            held,
+            outcome,
+            Arc::clone(&log),
+        ));
+        let master = MasterCli::new(&socket, Duration::from_millis(100));
+        let reloaded = master.reload(Duration::from_secs(60)).await;
+        server.abort();
+        let log = sync::lock(&log).clone();
+        (reloaded, log)
+    }
+
+    #[tokio::test]
+    async fn a_3_2_reload_is_over_when_the_master_says_the_worker_loaded() {
+        let (reloaded, log) = reload_a_3_2_master(2, "Success=1\n--\n").await;
+        let reloaded = reloaded.unwrap();
+        assert_eq!(reloaded.worker, 21);
+        // Listed at once, the new worker counted as loaded only after the third ask.
+        let asks = log
+            .iter()
+            .filter(|command| *command == "_loadstatus")
+            .count();
+        assert_eq!(asks, 3, "{log:?}");
+        assert_eq!(log.last().map(String::as_str), Some("_loadstatus"));
+    }
+
+    #[tokio::test]
+    async fn a_3_2_reload_that_failed_says_what_haproxy_said() {
+        let (reloaded, _) =
+            reload_a_3_2_master(0, "Success=0\n--\n[ALERT] (10) : unknown keyword 'bogus'\n").await;
+        match reloaded {
+            Err(ProcessError::ConfigRefused { log, .. }) => {
+                assert_eq!(log, "[ALERT] (10) : unknown keyword 'bogus'");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

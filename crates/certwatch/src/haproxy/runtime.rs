@@ -589,8 +589,13 @@ pub async fn one_shot(
 
 /// HAProxy's major and minor version from a `show info` answer (`Version: 3.2.0-...`).
 pub fn parse_version(answer: &str) -> Option<(u32, u32)> {
-    let value = info_field(answer, "Version")?;
-    let mut parts = value.split(['.', '-']);
+    major_minor(info_field(answer, "Version")?)
+}
+
+/// The major and minor of an HAProxy version string (`3.2.0-e134140d2`,
+/// `2.6.12-1+deb12u2`).
+pub fn major_minor(version: &str) -> Option<(u32, u32)> {
+    let mut parts = version.split(['.', '-']);
     let major = parts.next()?.parse().ok()?;
     let minor = parts.next()?.parse().ok()?;
     Some((major, minor))

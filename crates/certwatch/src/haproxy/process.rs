@@ -370,9 +370,11 @@ impl MasterCli {
     }
 
     /// `_loadstatus` (HAProxy 3.1 and later): how the latest load went, answered once
-    /// no worker is loading any more (which may take longer than a command's timeout).
-    pub async fn load_status(&self) -> Result<LoadStatus, ProcessError> {
-        let answer = one_shot(&self.socket, "_loadstatus", self.timeout).await?;
+    /// no worker is loading any more, waited for at most `timeout` (a load's, not a
+    /// command's: HAProxy 3.2.0 keeps a `_loadstatus` its client gave up on for good,
+    /// and ten of them fill the master CLI, so it is asked once and waited for).
+    pub async fn load_status(&self, timeout: Duration) -> Result<LoadStatus, ProcessError> {
+        let answer = one_shot(&self.socket, "_loadstatus", timeout).await?;
         parse_load_status(&answer).ok_or_else(|| ProcessError::Unexpected {
             socket: self.socket.clone(),
             command: "_loadstatus",
@@ -414,10 +416,12 @@ impl MasterCli {
                     if !processes.lists_loading_workers() {
                         return Ok(processes);
                     }
-                    match self.load_status().await {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match self.load_status(left).await {
                         Ok(LoadStatus::Loaded) => return Ok(processes),
                         Ok(LoadStatus::Failed(log)) => return Err(self.refused(Some(log))),
-                        // Still loading (unanswered within a command's timeout).
+                        // Not answered by the deadline (checked below), or the master
+                        // went away meanwhile (`alive` says so).
                         Err(error) => last_error = format!(": {error}"),
                     }
                 }
@@ -1053,17 +1057,16 @@ mod tests {
     }
 
     /// A master CLI as HAProxy 3.2's answers a reload: the reload count goes up and the
-    /// new worker is listed at once, while `_loadstatus` stays unanswered for the first
-    /// `held` asks (the worker loads), then says `outcome`. Every command is logged.
+    /// new worker is listed at once, while `_loadstatus` is answered `outcome` only
+    /// after `loading` (the worker loads meanwhile). Every command is logged.
     async fn serve_like_a_3_2_master(
         listener: tokio::net::UnixListener,
-        held: usize,
+        loading: Duration,
         outcome: &'static str,
         log: Arc<Mutex<Vec<String>>>,
     ) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut reloaded = false;
-        let mut asked = 0;
         let mut holding = Vec::new();
         loop {
             let (mut stream, _) = listener.accept().await.unwrap();
@@ -1088,12 +1091,11 @@ mod tests {
                     continue;
                 }
                 "_loadstatus" => {
-                    asked += 1;
-                    if asked <= held {
-                        holding.push(stream);
-                        continue;
-                    }
-                    outcome.to_owned()
+                    tokio::spawn(async move {
+                        tokio::time::sleep(loading).await;
+                        let _ = stream.write_all(outcome.as_bytes()).await;
+                    });
+                    continue;
                 }
                 _ => "Unknown command.\n".to_owned(),
             };
@@ -1102,7 +1104,7 @@ mod tests {
     }
 
     async fn reload_a_3_2_master(
-        held: usize,
+        loading: Duration,
         outcome: &'static str,
     ) -> (Result<Reloaded, ProcessError>, Vec<String>) {
         let dir = tempfile::tempdir().unwrap();
@@ -1111,7 +1113,7 @@ mod tests {
         let log = Arc::new(Mutex::new(Vec::new()));
         let server = tokio::spawn(serve_like_a_3_2_master(
             listener,
-            held,
+            loading,
             outcome,
             Arc::clone(&log),
         ));
@@ -1122,24 +1124,29 @@ mod tests {
         (reloaded, log)
     }
 
+    /// The load outlasts a command's timeout (100 ms): `_loadstatus` is asked once and
+    /// waited for (HAProxy 3.2.0 keeps every ask its client abandoned, for good).
     #[tokio::test]
     async fn a_3_2_reload_is_over_when_the_master_says_the_worker_loaded() {
-        let (reloaded, log) = reload_a_3_2_master(2, "Success=1\n--\n").await;
+        let (reloaded, log) =
+            reload_a_3_2_master(Duration::from_millis(500), "Success=1\n--\n").await;
         let reloaded = reloaded.unwrap();
         assert_eq!(reloaded.worker, 21);
-        // Listed at once, the new worker counted as loaded only after the third ask.
         let asks = log
             .iter()
             .filter(|command| *command == "_loadstatus")
             .count();
-        assert_eq!(asks, 3, "{log:?}");
+        assert_eq!(asks, 1, "{log:?}");
         assert_eq!(log.last().map(String::as_str), Some("_loadstatus"));
     }
 
     #[tokio::test]
     async fn a_3_2_reload_that_failed_says_what_haproxy_said() {
-        let (reloaded, _) =
-            reload_a_3_2_master(0, "Success=0\n--\n[ALERT] (10) : unknown keyword 'bogus'\n").await;
+        let (reloaded, _) = reload_a_3_2_master(
+            Duration::ZERO,
+            "Success=0\n--\n[ALERT] (10) : unknown keyword 'bogus'\n",
+        )
+        .await;
         match reloaded {
             Err(ProcessError::ConfigRefused { log, .. }) => {
                 assert_eq!(log, "[ALERT] (10) : unknown keyword 'bogus'");

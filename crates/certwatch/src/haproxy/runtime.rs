@@ -8,13 +8,16 @@
 //! line followed by a prompt, so answers are told apart without knowing the commands;
 //! a command with a payload is first answered with a `+ ` per line it took while the
 //! payload was incomplete (HAProxy 2.6: one per line, the command line and each payload
-//! line; 3.2: one per read that left it incomplete, often none).
+//! line; 3.2.0: none for a payload that arrived whole).
 //!
-//! HAProxy 3.2 and later print no prompt between the answers to commands that arrived
-//! together, and their empty lines alone would not tell the answers apart (HAProxy
-//! 2.6's error answers can hold one). On those versions (`Version` of `show info`) the
-//! commands of a batch are written one at a time, each once the previous one is
-//! answered; the commands opening a connection always are.
+//! HAProxy 3.2.0 spins on a payload that arrived in pieces: while its end is still
+//! to come, it prints `+ ` again and again instead of waiting, and when the rest waits
+//! behind a full buffer it never reads it (a batch of 22 KiB of certificates written
+//! in one go, against its 16 KiB buffer, was answered with `+ ` forever). On 3.2 and
+//! later (`Version` of `show info`) a batch is therefore written in windows of at most
+//! half of HAProxy's buffer, each once the previous one is answered: a window then
+//! arrives whole in one of HAProxy's reads. A command longer than the window goes
+//! alone.
 //!
 //! What HAProxy accepts in one request is bounded: the command line and its payload
 //! must fit in one buffer (`tune.bufsize`, 16 KiB by default), and a longer request
@@ -631,8 +634,10 @@ struct Connection {
     /// Bytes read and not yet parsed into answers.
     pending: Vec<u8>,
     connected: Connected,
-    /// Whether a batch's commands are written in one go (HAProxy before 3.2).
-    pipelined: bool,
+    /// Bytes of requests written in one go before their answers are read: a whole
+    /// batch before HAProxy 3.2, half of HAProxy's buffer from 3.2 on (see the
+    /// [module documentation](self)).
+    window: usize,
 }
 
 struct Task {
@@ -821,7 +826,7 @@ impl Connection {
                 bufsize: DEFAULT_BUFSIZE,
                 max_request: DEFAULT_BUFSIZE,
             },
-            pipelined: false,
+            window: usize::MAX,
         };
         // `prompt` must come first on the connection; its own answer is an empty one.
         // The CLI's idle timeout (`stats timeout`, 10 s by default) would close a
@@ -865,27 +870,24 @@ impl Connection {
             bufsize,
             max_request: bufsize.saturating_sub(RESERVED),
         };
-        connection.pipelined = replies
-            .get(2)
-            .and_then(|reply| parse_version(reply.text()))
-            .is_some_and(|version| version < (3, 2));
+        connection.window = match replies.get(2).and_then(|reply| parse_version(reply.text())) {
+            Some(version) if version < (3, 2) => usize::MAX,
+            _ => bufsize / 2,
+        };
         Ok(connection)
     }
 
-    /// Writes `commands` and reads their answers: in one go while reading when the
-    /// connection is pipelined, one at a time otherwise.
+    /// Writes `commands` and reads their answers, window by window (see
+    /// [`Connection::window`]).
     async fn exchange(
         &mut self,
         options: &RuntimeOptions,
         commands: &[&Command],
     ) -> (Vec<Reply>, Option<RuntimeError>) {
-        if self.pipelined {
-            return self.exchange_together(options, commands).await;
-        }
         let mut replies = Vec::with_capacity(commands.len());
-        for command in commands {
-            let (reply, error) = self.exchange_together(options, &[command]).await;
-            replies.extend(reply);
+        for window in windows(commands, self.window) {
+            let (answered, error) = self.exchange_together(options, window).await;
+            replies.extend(answered);
             if let Some(error) = error {
                 return (replies, Some(error));
             }
@@ -941,6 +943,32 @@ impl Connection {
             }
         }
     }
+}
+
+/// `commands` cut, in order, into runs of at most `window` request bytes; a command
+/// longer than `window` is a run of its own.
+fn windows<'a, 'c>(
+    commands: &'a [&'c Command],
+    window: usize,
+) -> impl Iterator<Item = &'a [&'c Command]> {
+    let mut rest = commands;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut size = 0usize;
+        let taken = rest
+            .iter()
+            .take_while(|command| {
+                size = size.saturating_add(command.request_size());
+                size <= window
+            })
+            .count()
+            .max(1);
+        let (run, after) = rest.split_at(taken);
+        rest = after;
+        Some(run)
+    })
 }
 
 /// Reads one answer per command (see the [module documentation](self)).
@@ -1133,22 +1161,34 @@ mod tests {
         assert!(parse_reply(b"+ +", 3).unwrap().is_none());
     }
 
-    /// A stats socket framing its answers as HAProxy 3.2's CLI does (src/cli.c at
-    /// v3.2.0): in prompt mode an answer is followed by `\n> ` when no more input is
-    /// waiting, and by `\n` alone while commands that arrived with it still are; a
-    /// payload that arrived whole gets no `+ `. Answers as 3.2 words them.
-    async fn serve_like_haproxy_3_2(listener: tokio::net::UnixListener) {
+    /// What a [`serve_like_haproxy_3_2`] socket saw: the size of each read and the
+    /// commands each completed.
+    #[derive(Debug, Default)]
+    struct Reads {
+        bytes: Vec<usize>,
+        commands: Vec<usize>,
+    }
+
+    /// A stats socket answering as HAProxy 3.2.0's CLI does (src/cli.c at v3.2.0, and
+    /// measured against the real 3.2.0): it reads at most its buffer (16 KiB) at a
+    /// time; in prompt mode every answer is followed by `\n> `, commands that arrived
+    /// together included; a payload that arrived whole gets no `+ `, and one left
+    /// incomplete by a read makes it spin, printing `+ ` over and over. Answers as 3.2
+    /// words them. Returns what it read once the client leaves.
+    async fn serve_like_haproxy_3_2(listener: tokio::net::UnixListener) -> Reads {
         let (mut stream, _) = listener.accept().await.unwrap();
         let mut input = Vec::new();
-        let mut chunk = vec![0u8; 64 * 1024];
+        let mut chunk = vec![0u8; DEFAULT_BUFSIZE];
         let mut prompt = false;
+        let mut reads = Reads::default();
         loop {
             let read = stream.read(&mut chunk).await.unwrap();
             if read == 0 {
-                return;
+                return reads;
             }
             input.extend_from_slice(&chunk[..read]);
             let mut out = Vec::new();
+            let mut completed = 0;
             // Every complete command (a payload ends at an empty line) in the input.
             while let Some(line_end) = input.iter().position(|&b| b == b'\n') {
                 let line = String::from_utf8(input[..line_end].to_vec()).unwrap();
@@ -1156,10 +1196,14 @@ mod tests {
                 if line.ends_with(" <<") {
                     match find(&input[used..], b"\n\n") {
                         Some(end) => used += end + 2,
-                        None => break,
+                        None => {
+                            out.extend_from_slice("+ ".repeat(1000).as_bytes());
+                            break;
+                        }
                     }
                 }
                 input.drain(..used);
+                completed += 1;
                 let name = line.split(' ').nth(3).unwrap_or_default().to_owned();
                 let answer = match line.trim_end_matches(" <<") {
                     "prompt" => {
@@ -1176,30 +1220,35 @@ mod tests {
                         format!("Transaction created for certificate {name}!\n")
                     }
                     commit if commit.starts_with("commit ssl cert ") => {
-                        format!("Committing {name}.\nSuccess!\n")
+                        format!("Committing {name}\nSuccess!\n")
                     }
                     _ => "Unknown command.\n".to_owned(),
                 };
                 out.extend_from_slice(answer.as_bytes());
-                out.extend_from_slice(match (prompt, input.is_empty()) {
-                    (true, true) => b"\n> ",
-                    _ => b"\n",
-                });
+                out.extend_from_slice(if prompt { b"\n> " } else { b"\n" });
             }
+            reads.bytes.push(read);
+            reads.commands.push(completed);
             stream.write_all(&out).await.unwrap();
         }
     }
 
     #[tokio::test]
-    async fn a_haproxy_3_2_gets_a_batch_one_command_at_a_time() {
+    async fn a_haproxy_3_2_gets_a_batch_in_windows_of_half_its_buffer() {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("stats.sock");
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         let server = tokio::spawn(serve_like_haproxy_3_2(listener));
         let client = RuntimeClient::spawn(RuntimeOptions::new(&socket));
-        let pem = Payload::new("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
+        // 30 bundles of about 1.5 KiB: 45 KiB in all, about 5 certificates a window.
+        let body = "A".repeat(64);
+        let pem = Payload::new(format!(
+            "-----BEGIN CERTIFICATE-----\n{}-----END CERTIFICATE-----\n",
+            format!("{body}\n").repeat(22)
+        ));
+        let names: Vec<String> = (0..30).map(|n| format!("/certs/{n}.pem")).collect();
         let mut commands = Vec::new();
-        for name in ["/a.pem", "/b.pem", "/c.pem"] {
+        for name in &names {
             commands.push(Command::with_payload(
                 format!("set ssl cert {name}"),
                 pem.clone(),
@@ -1209,24 +1258,81 @@ mod tests {
         let outcome = client.execute(commands).await;
         assert!(outcome.error.is_none(), "{:?}", outcome.error);
         let texts: Vec<&str> = outcome.replies.iter().map(Reply::text).collect();
-        assert_eq!(
-            texts,
-            [
-                "Transaction created for certificate /a.pem!\n",
-                "Committing /a.pem.\nSuccess!\n",
-                "Transaction created for certificate /b.pem!\n",
-                "Committing /b.pem.\nSuccess!\n",
-                "Transaction created for certificate /c.pem!\n",
-                "Committing /c.pem.\nSuccess!\n",
-            ]
-        );
+        let expected: Vec<String> = names
+            .iter()
+            .flat_map(|name| {
+                [
+                    format!("Transaction created for certificate {name}!\n"),
+                    format!("Committing {name}\nSuccess!\n"),
+                ]
+            })
+            .collect();
+        assert_eq!(texts, expected);
         assert_eq!(outcome.connected.map(|c| c.instance.pid), Some(42));
         drop(client);
-        server.abort();
+        let reads = server.await.unwrap();
+        // The opening commands in one read, then the batch in windows of at most half
+        // the buffer, each read whole: several commands a read, never one cut.
+        assert_eq!(reads.commands[0], 4, "{reads:?}");
+        let batch_reads = &reads.bytes[1..];
+        assert!(
+            batch_reads
+                .iter()
+                .all(|&bytes| bytes <= DEFAULT_BUFSIZE / 2),
+            "{reads:?}"
+        );
+        assert_eq!(reads.commands[1..].iter().sum::<usize>(), 60, "{reads:?}");
+        assert!(batch_reads.len() < 20, "{reads:?}");
+    }
+
+    #[tokio::test]
+    async fn a_command_longer_than_the_window_goes_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("stats.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let server = tokio::spawn(serve_like_haproxy_3_2(listener));
+        let client = RuntimeClient::spawn(RuntimeOptions::new(&socket));
+        // 12 KiB: more than half the buffer, less than all of it.
+        let pem = Payload::new(format!("{}\n", "B".repeat(64)).repeat(190));
+        let commands = vec![
+            Command::new("commit ssl cert /before.pem"),
+            Command::with_payload("set ssl cert /big.pem", pem),
+            Command::new("commit ssl cert /big.pem"),
+        ];
+        let outcome = client.execute(commands).await;
+        assert!(outcome.error.is_none(), "{:?}", outcome.error);
+        assert_eq!(outcome.replies.len(), 3);
+        assert_eq!(
+            outcome.replies[1].text(),
+            "Transaction created for certificate /big.pem!\n"
+        );
+        drop(client);
+        let reads = server.await.unwrap();
+        assert_eq!(reads.commands[1..], [1, 1, 1], "{reads:?}");
     }
 
     #[test]
-    fn the_version_says_whether_commands_are_pipelined() {
+    fn a_batch_is_cut_into_windows_in_order() {
+        let commands: Vec<Command> = ["a", "bb", "ccc", "d"]
+            .iter()
+            .map(|line| Command::new(*line))
+            .collect();
+        let refs: Vec<&Command> = commands.iter().collect();
+        let lines = |window: usize| -> Vec<Vec<&str>> {
+            windows(&refs, window)
+                .map(|run| run.iter().map(|command| command.line.as_str()).collect())
+                .collect()
+        };
+        // Request sizes 2, 3, 4 and 2 bytes (each line and its newline).
+        assert_eq!(lines(usize::MAX), [vec!["a", "bb", "ccc", "d"]]);
+        assert_eq!(lines(5), [vec!["a", "bb"], vec!["ccc"], vec!["d"]]);
+        assert_eq!(lines(6), [vec!["a", "bb"], vec!["ccc", "d"]]);
+        assert_eq!(lines(1), [vec!["a"], vec!["bb"], vec!["ccc"], vec!["d"]]);
+        assert_eq!(windows(&[], 10).count(), 0);
+    }
+
+    #[test]
+    fn the_version_is_read_from_show_info() {
         let info = |version: &str| format!("Name: HAProxy\nVersion: {version}\nPid: 3\n");
         assert_eq!(parse_version(&info("2.6.12-1+deb12u4")), Some((2, 6)));
         assert_eq!(parse_version(&info("3.2.0-e134140d2")), Some((3, 2)));

@@ -1233,13 +1233,24 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_haproxy_3_2_gets_a_batch_in_windows_of_half_its_buffer() {
+    /// A runtime client of a [`serve_like_haproxy_3_2`] socket in a directory of its own
+    /// (kept as long as the first element lives), and the socket's task.
+    fn client_of_a_3_2_socket() -> (
+        tempfile::TempDir,
+        RuntimeClient,
+        tokio::task::JoinHandle<Reads>,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("stats.sock");
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         let server = tokio::spawn(serve_like_haproxy_3_2(listener));
         let client = RuntimeClient::spawn(RuntimeOptions::new(&socket));
+        (dir, client, server)
+    }
+
+    #[tokio::test]
+    async fn a_haproxy_3_2_gets_a_batch_in_windows_of_half_its_buffer() {
+        let (_dir, client, server) = client_of_a_3_2_socket();
         // 30 bundles of about 1.5 KiB: 45 KiB in all, about 5 certificates a window.
         let body = "A".repeat(64);
         let pem = Payload::new(format!(
@@ -1287,11 +1298,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_command_longer_than_the_window_goes_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("stats.sock");
-        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
-        let server = tokio::spawn(serve_like_haproxy_3_2(listener));
-        let client = RuntimeClient::spawn(RuntimeOptions::new(&socket));
+        let (_dir, client, server) = client_of_a_3_2_socket();
         // 12 KiB: more than half the buffer, less than all of it.
         let pem = Payload::new(format!("{}\n", "B".repeat(64)).repeat(190));
         let commands = vec![

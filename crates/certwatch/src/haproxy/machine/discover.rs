@@ -261,7 +261,8 @@ impl Machine {
             if known.holds(name, want.entry.as_ref()) {
                 served.push(name.clone());
             } else if !self.awaiting_reload.contains_key(name) && !self.is_refused(name, want) {
-                self.pending.entry(name.clone()).or_insert(now);
+                self.pending
+                    .insert_if_absent(name, now, want.entry.is_some());
             }
         }
         for name in served {

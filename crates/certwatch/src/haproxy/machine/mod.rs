@@ -30,6 +30,9 @@
 //! * **Batching.** Pending certificates go oldest change first, at most
 //!   [`MachineOptions::batch_limit`] certificates or [`MachineOptions::batch_bytes`] of
 //!   payload per batch; a certificate whose commands are not due yet (deferred) waits.
+//!   The pending set is kept in that order ([`pending`]), so a batch and the status
+//!   after it cost in proportion to the batch, not to everything pending (100,000
+//!   certificates at a large start).
 //! * **Deferring.** A step that failed (knowledge gone wrong) defers its certificate
 //!   along the retry backoff; one HAProxy could not do now (its certificate operations
 //!   locked, another transaction open) is tried again after [`BUSY_RETRY`], its open
@@ -66,6 +69,7 @@
 //!   knowledge; a broken batch makes it stale.
 
 mod discover;
+mod pending;
 mod push;
 #[cfg(test)]
 mod tests;
@@ -78,6 +82,7 @@ use std::time::{Duration, Instant};
 use kube_common::backoff::{Backoff, BackoffPolicy};
 use tracing::{debug, error, info, warn};
 
+use self::pending::Pending;
 use super::certs::{self, Known};
 use super::process::ProcessError;
 use super::runtime::{BatchOutcome, Command, Connected, Instance, RuntimeError};
@@ -415,8 +420,8 @@ pub struct Machine {
     /// Counts changes.
     version: u64,
     /// Certificates whose wanted state HAProxy may not hold, with when their oldest
-    /// unserved change came.
-    pending: HashMap<String, Instant>,
+    /// unserved change came, oldest first.
+    pending: Pending,
     /// Certificates too large for the runtime API, waiting for a reload to load their
     /// file.
     awaiting_reload: HashMap<String, Instant>,
@@ -503,7 +508,7 @@ impl Machine {
             options,
             wanted: HashMap::new(),
             version: 0,
-            pending: HashMap::new(),
+            pending: Pending::default(),
             awaiting_reload: HashMap::new(),
             refused,
             deferred: HashMap::new(),
@@ -629,7 +634,7 @@ impl Machine {
             }
         }
         if self.up && self.ready_to_push() {
-            for name in self.pending.keys().filter(|name| self.may_push(name)) {
+            for name in self.pending.names().filter(|name| self.may_push(name)) {
                 match self.deferred.get(name) {
                     None => return Some(now),
                     Some((_, due)) => earliest(*due),
@@ -664,22 +669,24 @@ impl Machine {
 
     /// What HAProxy serves, in figures.
     pub fn serving(&self) -> Serving {
-        let unserved = self
-            .pending
-            .keys()
-            .chain(self.awaiting_reload.keys())
-            .filter(|name| {
-                self.wanted
-                    .get(*name)
-                    .is_some_and(|want| want.entry.is_some())
-            })
-            .count();
+        // Pending removals are not routes to serve; a certificate waits for a reload
+        // only for its material, and those are few.
+        let unserved = self.pending.to_serve()
+            + self
+                .awaiting_reload
+                .keys()
+                .filter(|name| {
+                    self.wanted
+                        .get(*name)
+                        .is_some_and(|want| want.entry.is_some())
+                })
+                .count();
         let oldest = self
             .pending
-            .values()
-            .chain(self.awaiting_reload.values())
-            .min()
-            .copied();
+            .oldest()
+            .into_iter()
+            .chain(self.awaiting_reload.values().copied())
+            .min();
         Serving {
             unserved,
             refused: self.refused.len(),
@@ -777,8 +784,11 @@ impl Machine {
         // The same refused material again (a route decided early, then named by the
         // complete listing) is not offered again: it would be refused, and counted,
         // twice.
-        if !refusal_holds {
-            self.pending.entry(name.clone()).or_insert(since);
+        let serves = entry.is_some();
+        if refusal_holds {
+            self.pending.set_serves(&name, serves);
+        } else {
+            self.pending.insert_if_absent(&name, since, serves);
         }
         self.wanted.insert(
             name,
@@ -960,7 +970,7 @@ impl Machine {
             .collect();
         for name in strays {
             self.version += 1;
-            self.pending.entry(name.clone()).or_insert(now);
+            self.pending.insert_if_absent(&name, now, false);
             self.wanted.insert(
                 name,
                 Want {

@@ -74,19 +74,13 @@ impl Machine {
         let max_request = self
             .limits
             .map_or(runtime::DEFAULT_BUFSIZE - 1, |limits| limits.max_request);
-        let mut order: Vec<(Instant, &String)> = self
-            .pending
-            .iter()
-            .map(|(name, since)| (*since, name))
-            .collect();
-        order.sort_unstable();
         let mut planned: Vec<Planned> = Vec::new();
         let mut certificates = Vec::new();
         let mut bytes = 0;
         let mut served = Vec::new();
         let mut too_large = Vec::new();
         let mut stale = false;
-        for (_, name) in order {
+        for name in self.pending.oldest_first() {
             if certificates.len() >= self.options.batch_limit || bytes >= self.options.batch_bytes {
                 break;
             }
@@ -94,12 +88,12 @@ impl Machine {
                 continue;
             }
             let Some(want) = self.wanted.get(name) else {
-                served.push(name.clone());
+                served.push(name.to_owned());
                 continue;
             };
             let list = &self.options.list;
             match certs::plan(name, want.entry.as_ref(), known, list, max_request) {
-                Ok(steps) if steps.is_empty() => served.push(name.clone()),
+                Ok(steps) if steps.is_empty() => served.push(name.to_owned()),
                 Ok(steps) => {
                     let start = planned.len();
                     bytes += steps
@@ -107,10 +101,10 @@ impl Machine {
                         .map(|p| p.command.request_size())
                         .sum::<usize>();
                     planned.extend(steps);
-                    certificates.push((name.clone(), start..planned.len()));
+                    certificates.push((name.to_owned(), start..planned.len()));
                 }
                 Err(Unplannable::TooLarge { size, limit }) => {
-                    too_large.push((name.clone(), size, limit));
+                    too_large.push((name.to_owned(), size, limit));
                 }
                 Err(Unplannable::LinesUnknown) => stale = true,
             }

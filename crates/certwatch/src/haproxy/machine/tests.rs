@@ -401,13 +401,28 @@ impl Rig {
     fn step(&mut self, event: Event) {
         let mut queue: std::collections::VecDeque<Action> =
             self.machine.step(self.now, event).into();
+        self.check_unserved();
         while let Some(action) = queue.pop_front() {
             let answer = self.perform(&action);
             self.actions.push(action);
             if let Some(answer) = answer {
                 queue.extend(self.machine.step(self.now, answer));
+                self.check_unserved();
             }
         }
+    }
+
+    /// The unserved count the machine keeps is the one a walk over what is pending
+    /// finds.
+    fn check_unserved(&self) {
+        let m = &self.machine;
+        let walked = m
+            .pending
+            .names()
+            .chain(m.awaiting_reload.keys().map(String::as_str))
+            .filter(|name| m.wanted.get(*name).is_some_and(|want| want.entry.is_some()))
+            .count();
+        assert_eq!(m.serving().unserved, walked, "the unserved count drifted");
     }
 
     fn perform(&mut self, action: &Action) -> Option<Event> {
@@ -598,7 +613,7 @@ impl Rig {
         if m.deferred.contains_key(&name) {
             return "deferred";
         }
-        if m.pending.contains_key(&name) {
+        if m.pending.contains(&name) {
             return "pending";
         }
         "served"
@@ -1401,7 +1416,9 @@ fn a_backlog_longer_than_a_load_is_loaded_by_a_reload() {
     rig.machine.push_rate = Some(100.0);
     rig.machine.load_time = Some(Duration::from_secs(2));
     for i in 0..1_001 {
-        rig.machine.pending.insert(format!("{PREFIX}{i}"), rig.now);
+        rig.machine
+            .pending
+            .insert_if_absent(&format!("{PREFIX}{i}"), rig.now, false);
     }
     rig.step(Event::Timer);
     assert_eq!(rig.reload_asked, Some(ReloadReason::Backlog));
@@ -1411,7 +1428,9 @@ fn a_backlog_longer_than_a_load_is_loaded_by_a_reload() {
     rig.machine.push_rate = Some(10_000.0);
     rig.machine.load_time = Some(Duration::from_secs(2));
     for i in 0..1_001 {
-        rig.machine.pending.insert(format!("{PREFIX}{i}"), rig.now);
+        rig.machine
+            .pending
+            .insert_if_absent(&format!("{PREFIX}{i}"), rig.now, false);
     }
     rig.step(Event::Timer);
     assert_eq!(rig.reload_asked, None);

@@ -490,18 +490,32 @@ impl BacklogPeak {
 }
 
 /// Samples certwatch's backlog (routes not served, age of the oldest unserved change)
-/// until `stop` is set; returns the largest of each.
+/// until `stop` is set; returns the largest of each. The CPU certwatch's process
+/// (`client_pid`) spent while each read was served is added to `scrape_cpu_ms`: at
+/// 100,000 routes `/metrics` holds a series per route, and rendering it every second
+/// is the benchmark's load, not the rotations'.
 async fn watch_backlog(
     addr: Option<std::net::SocketAddr>,
     stop: Arc<tokio::sync::Notify>,
+    client_pid: Option<u32>,
+    scrape_cpu_ms: Arc<std::sync::atomic::AtomicU64>,
 ) -> BacklogPeak {
     let mut peak = BacklogPeak::default();
     let Some(addr) = addr else {
         return peak;
     };
+    let cpu = || client_pid.and_then(super::process_stats::other_process_cpu_ms);
     loop {
         let mut pause = BACKLOG_SAMPLE;
-        if let Some(text) = fetch_metrics(addr).await {
+        let before = cpu();
+        let text = fetch_metrics(addr).await;
+        if let (Some(before), Some(after)) = (before, cpu()) {
+            scrape_cpu_ms.fetch_add(
+                after.saturating_sub(before),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+        if let Some(text) = text {
             peak.scrapes += 1;
             pause = peak.record(
                 metric_seconds(&text, "certwatch_routes_admitted_not_served").unwrap_or(0.0),
@@ -595,6 +609,10 @@ pub struct RotationFigures {
     pub never_served: usize,
     /// certwatch's CPU over the phase, in cores.
     pub certwatch_cores: Option<f64>,
+    /// Of `certwatch_cores`, what certwatch's process spent while it served this
+    /// benchmark's `/metrics` reads made during the phase (anything else it did during
+    /// a read counts too, so certwatch's own work is at least the difference).
+    pub scrape_cores: Option<f64>,
     /// HAProxy's worker's CPU over the phase, in cores.
     pub haproxy_cores: Option<f64>,
     /// The most routes certwatch reported waiting for HAProxy during the phase
@@ -803,7 +821,13 @@ async fn rotate(
     let (certwatch_before, haproxy_before) = (cpu(client_pid), cpu(worker));
     let pacer = Arc::new(HandshakePacer::new(PROBE_HANDSHAKES_PER_SECOND));
     let stop = Arc::new(tokio::sync::Notify::new());
-    let backlog = tokio::spawn(watch_backlog(ready.metrics_addr, Arc::clone(&stop)));
+    let scrape_cpu_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let backlog = tokio::spawn(watch_backlog(
+        ready.metrics_addr,
+        Arc::clone(&stop),
+        client_pid,
+        Arc::clone(&scrape_cpu_ms),
+    ));
     let started = Instant::now();
     let interval = Duration::from_secs_f64(1.0 / rate);
     let mut writes = Vec::with_capacity(count);
@@ -882,6 +906,8 @@ async fn rotate(
         cores(certwatch_before, cpu(client_pid)),
         cores(haproxy_before, cpu(worker)),
     );
+    let scrape_cores = certwatch_cores
+        .map(|_| scrape_cpu_ms.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1000.0 / wall);
     let drained = wait_drained(ready.metrics_addr, Duration::from_secs(120)).await;
     // `notify_one` keeps the permit if the sampler is between reads.
     stop.notify_one();
@@ -898,6 +924,7 @@ async fn rotate(
         never_on_disk,
         never_served,
         certwatch_cores,
+        scrape_cores,
         haproxy_cores,
         peak_unserved_routes: backlog.routes,
         peak_unserved_age_s: backlog.age_s,
@@ -949,7 +976,7 @@ pub async fn measure(
         .await?;
         first += figures.rotations;
         super::progress(&format!(
-            "  haproxy: {rate:.0} rotations/s: write p99 {}, to file p50 {} p99 {}, served p50 {} p99 {} max {} ({} probes, {} never served), certwatch {} cores",
+            "  haproxy: {rate:.0} rotations/s: write p99 {}, to file p50 {} p99 {}, served p50 {} p99 {} max {} ({} probes, {} never served), certwatch {} cores ({} of them serving this benchmark's /metrics reads)",
             figures.write.p99_ms,
             figures.to_file.p50_ms,
             figures.to_file.p99_ms,
@@ -960,6 +987,9 @@ pub async fn measure(
             figures.never_served,
             figures
                 .certwatch_cores
+                .map_or("?".to_owned(), |cores| format!("{cores:.3}")),
+            figures
+                .scrape_cores
                 .map_or("?".to_owned(), |cores| format!("{cores:.3}")),
         ));
         phases.push(figures);

@@ -686,14 +686,14 @@ fn haproxy_section(out: &mut String, r: &RunResult, h: &super::haproxy::HaproxyF
     );
     let _ = writeln!(
         out,
-        "  {:>8}  {:>9}  {:>6}  {:>28}  {:>28}  {:>6}  {:>9}  {:>9}  {:>14}",
+        "  {:>8}  {:>9}  {:>6}  {:>28}  {:>28}  {:>6}  {:>15}  {:>9}  {:>14}",
         "rate/s",
         "rotations",
         "probes",
         "to file p50/p95/p99/max ms",
         "served p50/p95/p99/max ms",
         "never",
-        "certwatch",
+        "certwatch (scr)",
         "haproxy",
         "backlog peak"
     );
@@ -704,14 +704,18 @@ fn haproxy_section(out: &mut String, r: &RunResult, h: &super::haproxy::HaproxyF
         let cores = |c: Option<f64>| c.map_or("?".to_owned(), |c| format!("{c:.3}"));
         let _ = writeln!(
             out,
-            "  {:>8.0}  {:>9}  {:>6}  {:>28}  {:>28}  {:>6}  {:>9}  {:>9}  {:>14}",
+            "  {:>8.0}  {:>9}  {:>6}  {:>28}  {:>28}  {:>6}  {:>15}  {:>9}  {:>14}",
             phase.rate_per_s,
             phase.rotations,
             phase.probes,
             p(&phase.to_file),
             p(&phase.to_served),
             phase.never_served + phase.never_on_disk,
-            cores(phase.certwatch_cores),
+            format!(
+                "{} ({})",
+                cores(phase.certwatch_cores),
+                cores(phase.scrape_cores)
+            ),
             cores(phase.haproxy_cores),
             format!(
                 "{:.0} / {:.1} s{}",
@@ -723,7 +727,7 @@ fn haproxy_section(out: &mut String, r: &RunResult, h: &super::haproxy::HaproxyF
     }
     let _ = writeln!(
         out,
-        "  (cores: CPU over the phase; never: followed rotations not served within 60 s; backlog peak: most routes waiting for HAProxy / oldest wait, ! = not drained in 120 s)"
+        "  (cores: CPU over the phase; scr: certwatch's CPU while it served this benchmark's /metrics reads; never: followed rotations not served within 60 s; backlog peak: most routes waiting for HAProxy / oldest wait, ! = not drained in 120 s)"
     );
     for (name, check) in &h.bounds {
         let _ = writeln!(

@@ -110,7 +110,7 @@ impl Pending {
     }
 }
 
-/// Keeps the two views of one pending set in step (the lookup and the order).
+/// Whether the two views of the set (the lookup and the order) and the count agree.
 #[cfg(test)]
 impl Pending {
     fn consistent(&self) -> bool {

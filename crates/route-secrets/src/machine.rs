@@ -12,9 +12,10 @@
 //! route queued before it. Applying a route with an external certificate needs the
 //! network (an access check, the secret's first sync); only the route at the head of
 //! the queue waits for it ([`Effect::Prepare`]). So that this costs one round trip for
-//! any number of routes, the machine looks ahead: the moment a route is queued, its
-//! secret's watch and access question are started ([`Effect::Prefetch`]); by the time
-//! the queue reaches it, the answers are usually there. While the head waits, secret
+//! any number of routes, the machine looks ahead: the secrets of the next
+//! [`MachineOptions::prefetch_window`] queued routes have their watch and access
+//! question started ([`Effect::Prefetch`], [`lookahead`]); by the time the queue
+//! reaches a route, the answers are usually there. While the head waits, secret
 //! changes of routes already applied are still handled.
 //!
 //! # What happens to a route
@@ -48,6 +49,7 @@ mod claims;
 pub mod dates;
 mod effects;
 mod inputs;
+mod lookahead;
 mod outcome;
 mod state;
 #[cfg(test)]
@@ -65,6 +67,7 @@ pub use effects::{Effect, Preparation, RegistrationId};
 pub use inputs::{
     Input, Prepared, PreparedOutcome, SecretChange, SecretLookup, SecretVersion, SecretVersionId,
 };
+use lookahead::Lookahead;
 pub use outcome::{
     AdmittedRoute, CertificateSource, Readiness, RejectedRoute, RouteCertificate, RouteOutcome, Sni,
 };
@@ -125,7 +128,16 @@ pub struct MachineOptions {
     /// keeps each route's latest object for that write; without, it keeps only what it
     /// decides with (a tenth of the memory).
     pub record_status: bool,
+    /// How many queued routes beyond the head have their secret fetched ahead
+    /// ([`Effect::Prefetch`]); the rest start as the head moves on. Wider than what the
+    /// head applies in one round trip, narrow enough that the first route's answers
+    /// are not read behind every other route's requests.
+    pub prefetch_window: usize,
 }
+
+/// The default [`MachineOptions::prefetch_window`]: about a round trip of 100 ms at the
+/// rate a start-up applies prefetched routes on two cores (~15,000 a second), twice.
+pub const PREFETCH_WINDOW: usize = 4096;
 
 impl Default for MachineOptions {
     fn default() -> Self {
@@ -139,6 +151,7 @@ impl Default for MachineOptions {
             validator: TlsValidator::default(),
             router_domain: None,
             record_status: true,
+            prefetch_window: PREFETCH_WINDOW,
         }
     }
 }
@@ -171,8 +184,8 @@ pub struct RouteMachine {
     retries: BTreeSet<(Instant, RouteKey)>,
     /// The last registration id handed out.
     last_registration: u64,
-    /// Whether prefetch holds exist that should go once the queue drains.
-    prefetching: bool,
+    /// The secrets fetched ahead of the head, and those waiting for room.
+    lookahead: Lookahead,
     jitter: Jitter,
 }
 
@@ -181,6 +194,7 @@ impl RouteMachine {
     pub fn new(options: MachineOptions) -> Self {
         Self {
             jitter: Jitter::new(options.seed),
+            lookahead: Lookahead::new(options.prefetch_window),
             options,
             routes: Default::default(),
             queue: ApplyQueue::default(),
@@ -189,7 +203,6 @@ impl RouteMachine {
             startup: Startup::default(),
             retries: BTreeSet::new(),
             last_registration: 0,
-            prefetching: false,
         }
     }
 
@@ -322,9 +335,9 @@ impl RouteMachine {
                 .get(&key)
                 .and_then(RouteEntry::holdings)
                 .is_some_and(|held| held.of_reference(&reference).is_some());
-            if !held {
+            let queued = self.queue.len();
+            if !held && let Some(reference) = self.lookahead.queue(reference, queued) {
                 effects.push(Effect::Prefetch(reference));
-                self.prefetching = true;
             }
         }
         match self.routes.get_mut(&key) {
@@ -528,11 +541,15 @@ impl RouteMachine {
             };
             self.apply(key, forced, effects);
         }
-        if self.head.is_none() && self.prefetching {
+        if self.head.is_none() {
             // Every queued route has registered what it needs: prefetch holds on
             // secrets no route took up can go.
-            self.prefetching = false;
-            effects.push(Effect::ReleasePrefetched);
+            if self.lookahead.drained() {
+                effects.push(Effect::ReleasePrefetched);
+            }
+        } else {
+            let due = self.lookahead.due(self.queue.len());
+            effects.extend(due.into_iter().map(Effect::Prefetch));
         }
     }
 

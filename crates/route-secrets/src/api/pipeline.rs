@@ -42,8 +42,8 @@ use crate::api::status_writer::StatusWriter;
 use crate::machine::dates::validation_holds;
 pub use crate::machine::{AdmittedRoute, HostPolicy, Readiness, RejectedRoute, RouteOutcome, Sni};
 use crate::machine::{
-    Effect, Input, MachineOptions, Preparation, Prepared, PreparedOutcome, RegistrationId,
-    RouteMachine, SecretChange, SecretLookup, SecretVersion, SecretVersionId,
+    Effect, Input, MachineOptions, PREFETCH_WINDOW, Preparation, Prepared, PreparedOutcome,
+    RegistrationId, RouteMachine, SecretChange, SecretLookup, SecretVersion, SecretVersionId,
 };
 use crate::tls::{TlsRejection, TlsSecret, TlsValidator, ValidatedTls};
 
@@ -163,6 +163,7 @@ impl RoutePipeline {
             router_domain: options.router_domain.clone(),
             // Without a status writer the machine need not keep whole routes.
             record_status: status.is_some(),
+            prefetch_window: PREFETCH_WINDOW,
         });
         let pipeline = Self {
             machine,

@@ -365,7 +365,7 @@ pub(super) enum Told {
 
 /// Room for this many routes is kept in an empty [`ApplyQueue`]; the room a larger
 /// batch (a listing) took is given back once it is applied.
-const KEPT_ROOM: usize = 1024;
+pub(super) const KEPT_ROOM: usize = 1024;
 
 /// Routes waiting to be applied, in order, each at most once (later events for a
 /// queued route coalesce into its place).
@@ -413,6 +413,11 @@ impl ApplyQueue {
 
     pub fn contains(&self, key: &RouteKey) -> bool {
         self.forced.contains_key(key)
+    }
+
+    /// How many routes are queued.
+    pub fn len(&self) -> usize {
+        self.order.len()
     }
 }
 

@@ -162,6 +162,7 @@ impl Driver {
                 validator: crate::tls::TlsValidator::default(),
                 router_domain: None,
                 record_status: true,
+                prefetch_window: crate::machine::PREFETCH_WINDOW,
             }),
             now: Instant::now(),
             held: BTreeMap::new(),
@@ -1581,9 +1582,14 @@ struct World {
 }
 
 impl World {
-    fn new(initial: u8) -> Self {
+    fn new(initial: u8, prefetch_window: usize) -> Self {
+        let mut d = Driver::new();
+        d.machine = RouteMachine::new(MachineOptions {
+            prefetch_window,
+            ..d.machine.options.clone()
+        });
         let mut world = Self {
-            d: Driver::new(),
+            d,
             routes: BTreeMap::new(),
             secrets: BTreeMap::from([(0, (1, true)), (1, (2, true))]),
             events: Default::default(),
@@ -1806,6 +1812,14 @@ impl World {
             }
         }
         prop_assert_eq!(self.d.machine.registered_routes(), self.d.held.len());
+        // Nothing queued, nothing in flight: no prefetch hold outlives the queue.
+        if self.d.preparing.is_none() {
+            prop_assert!(
+                self.d.prefetched.is_empty(),
+                "prefetch holds kept with the queue drained: {:?}",
+                self.d.prefetched
+            );
+        }
         // No outcome for a deleted route but its removal.
         for (route, since) in &self.deleted {
             let after: Vec<Said> = self.d.outcomes[*since..]
@@ -1934,9 +1948,10 @@ proptest! {
     #[test]
     fn random_sequences_keep_the_invariants(
         initial in 0u8..16,
+        prefetch_window in prop_oneof![Just(crate::machine::PREFETCH_WINDOW), 1usize..4],
         actions in proptest::collection::vec(action(), 0..60),
     ) {
-        let mut world = World::new(initial);
+        let mut world = World::new(initial, prefetch_window);
         world.check()?;
         for action in actions {
             world.act(action);
@@ -1963,6 +1978,57 @@ fn a_route_entry_stays_small() {
     assert!(entry <= 128, "a route entry grew to {entry} bytes");
     assert!(key <= 32, "a route key grew to {key} bytes");
     assert!(holding <= 80, "a holding grew to {holding} bytes");
+}
+
+/// With a window of three, the secrets of the next three queued routes are fetched
+/// ahead of the head; the others start as the head moves on, in queue order, each
+/// before its route is applied.
+#[test]
+fn secrets_are_fetched_a_window_ahead_of_the_head() {
+    let mut d = Driver::new();
+    d.machine = RouteMachine::new(MachineOptions {
+        prefetch_window: 3,
+        ..d.machine.options.clone()
+    });
+    let names: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
+    let routes: Vec<Route> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let host = format!("{name}.example");
+            route(
+                name,
+                Some(&format!("s{i}")),
+                &host,
+                i as i64,
+                &format!("uid-{i}"),
+            )
+        })
+        .collect();
+    d.step(Input::Listed(routes));
+    let fetched =
+        |d: &Driver| -> Vec<String> { d.prefetches.iter().map(|(_, s)| s.clone()).collect() };
+    // The head (r0) and the three routes queued behind it.
+    assert_eq!(fetched(&d), ["s0", "s1", "s2", "s3"]);
+    let valid = || Ok(Arc::clone(&material().valid[0]));
+    let mut applied = Vec::new();
+    while let Some(preparation) = d.preparing.clone() {
+        let secret = preparation.secret().to_owned();
+        assert!(
+            d.prefetched.iter().any(|(_, s)| *s == secret),
+            "{secret} fetched before its route is applied"
+        );
+        applied.push(secret.clone());
+        let ahead = fetched(&d).len() - applied.len();
+        assert!(ahead <= 3, "{ahead} fetched ahead of the head");
+        d.found(version(&secret, 1, valid()));
+    }
+    assert_eq!(applied.len(), 10);
+    // Every secret fetched once, in queue order; the holds released at the end.
+    let expected: Vec<String> = (0..10).map(|i| format!("s{i}")).collect();
+    assert_eq!(fetched(&d), expected);
+    assert!(d.prefetched.is_empty());
+    assert!(d.readiness.is_ready());
 }
 
 /// Routes without certificate material of their own (here: external certificates)

@@ -344,6 +344,9 @@ fn a_running_haproxy_gets_every_certificate_pushed() {
     assert!(at("half_served_ms") <= at("all_served_ms"), "{push}");
     assert!(at("files_ready_ms") <= at("first_served_ms"), "{push}");
     assert!(at("handshakes") >= 30, "{push}");
+    // The first routes decided are asked from certwatch's start, and served by the time
+    // every route is.
+    assert!(at("first_route_served_ms") <= at("all_served_ms"), "{push}");
     // HAProxy held no route certificate: each one went through the runtime API, once,
     // and no command failed.
     let commands = push["commands"].as_object().expect("commands");

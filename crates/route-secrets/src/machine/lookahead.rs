@@ -13,7 +13,9 @@
 //! The count is kept from the queue's length: the references waiting here belong to
 //! the routes at the back of the queue, in the same order (a route queued again while
 //! still queued keeps its place and may leave a second reference here; that only
-//! starts its fetch one place early).
+//! widens the window by one). A prefetch is an advance, never a condition: a route
+//! that reaches the head before its turn here came (the routes ahead of it decided
+//! without the network in one step) is fetched by its own apply, as every head is.
 
 use std::collections::VecDeque;
 

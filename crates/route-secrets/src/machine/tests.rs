@@ -2031,6 +2031,39 @@ fn secrets_are_fetched_a_window_ahead_of_the_head() {
     assert!(d.readiness.is_ready());
 }
 
+/// A route that reaches the head before its turn in the window came (the routes ahead
+/// of it decided without the network, in one step) is applied all the same: the
+/// prefetch is an advance, never a condition.
+#[test]
+fn a_route_ahead_of_its_window_turn_is_applied_by_its_own_prepare() {
+    let mut d = Driver::new();
+    d.machine = RouteMachine::new(MachineOptions {
+        prefetch_window: 1,
+        ..d.machine.options.clone()
+    });
+    let mut routes = vec![route("a", Some("sa"), "a.example", 0, "uid-a")];
+    for i in 1..6 {
+        let name = format!("local{i}");
+        let host = format!("{name}.example");
+        routes.push(route(&name, None, &host, i, &format!("uid-{i}")));
+    }
+    routes.push(route("z", Some("sz"), "z.example", 6, "uid-z"));
+    d.step(Input::Listed(routes));
+    assert_eq!(d.prefetches, [(NS.to_owned(), "sa".to_owned())]);
+    let valid = || Ok(Arc::clone(&material().valid[0]));
+    d.found(version("sa", 1, valid()));
+    // The five routes between were decided in that step; z is the head now.
+    let head = d.preparing.clone().expect("z is prepared");
+    assert_eq!(head.route(), &key("z"));
+    d.found(version("sz", 1, valid()));
+    assert!(d.readiness.is_ready());
+    assert_eq!(d.outcomes.len(), 7);
+    assert!(
+        d.prefetched.is_empty(),
+        "holds released once the queue drained"
+    );
+}
+
 /// Routes without certificate material of their own (here: external certificates)
 /// share one copy of their TLS fields, and each copy shares its host with its routing
 /// data; a route with an inline certificate keeps its own.

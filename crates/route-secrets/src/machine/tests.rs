@@ -177,6 +177,16 @@ impl Driver {
         }
     }
 
+    /// A driver whose machine fetches secrets `window` queued routes ahead.
+    fn with_prefetch_window(window: usize) -> Self {
+        let mut d = Self::new();
+        d.machine = RouteMachine::new(MachineOptions {
+            prefetch_window: window,
+            ..d.machine.options.clone()
+        });
+        d
+    }
+
     fn step(&mut self, input: Input) {
         let effects = self.machine.step(input, self.now);
         for effect in effects {
@@ -1583,13 +1593,8 @@ struct World {
 
 impl World {
     fn new(initial: u8, prefetch_window: usize) -> Self {
-        let mut d = Driver::new();
-        d.machine = RouteMachine::new(MachineOptions {
-            prefetch_window,
-            ..d.machine.options.clone()
-        });
         let mut world = Self {
-            d,
+            d: Driver::with_prefetch_window(prefetch_window),
             routes: BTreeMap::new(),
             secrets: BTreeMap::from([(0, (1, true)), (1, (2, true))]),
             events: Default::default(),
@@ -1985,11 +1990,7 @@ fn a_route_entry_stays_small() {
 /// before its route is applied.
 #[test]
 fn secrets_are_fetched_a_window_ahead_of_the_head() {
-    let mut d = Driver::new();
-    d.machine = RouteMachine::new(MachineOptions {
-        prefetch_window: 3,
-        ..d.machine.options.clone()
-    });
+    let mut d = Driver::with_prefetch_window(3);
     let names: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
     let routes: Vec<Route> = names
         .iter()
@@ -2036,11 +2037,7 @@ fn secrets_are_fetched_a_window_ahead_of_the_head() {
 /// prefetch is an advance, never a condition.
 #[test]
 fn a_route_ahead_of_its_window_turn_is_applied_by_its_own_prepare() {
-    let mut d = Driver::new();
-    d.machine = RouteMachine::new(MachineOptions {
-        prefetch_window: 1,
-        ..d.machine.options.clone()
-    });
+    let mut d = Driver::with_prefetch_window(1);
     let mut routes = vec![route("a", Some("sa"), "a.example", 0, "uid-a")];
     for i in 1..6 {
         let name = format!("local{i}");

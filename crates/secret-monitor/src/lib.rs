@@ -73,7 +73,9 @@ pub use event::{EventSink, EventStream, ObjectEvent, TaggedSink};
 pub use key::ObjectKey;
 pub use monitor::{EventHandler, ObjectMonitor, Registration};
 pub use object::WatchedObject;
-pub use options::{InitialList, MonitorObserver, MonitorOptions};
+pub use options::{
+    DEFAULT_WATCH_RENEWALS_PER_SECOND, InitialList, MonitorObserver, MonitorOptions,
+};
 pub use registry::{HandlerHandle, KeyCounts, KeyStatus};
 
 /// A monitor of individual Secrets.

@@ -11,7 +11,7 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kube::Client;
@@ -36,6 +36,13 @@ use crate::{MonitorError, MonitorErrorKind, ObjectKey, WatchedObject};
 /// reflector asks for 5 to 10 minutes, at random, so that watches opened together are
 /// not all renewed together.
 const DEFAULT_MIN_WATCH_TIMEOUT: u32 = 300;
+
+/// The longest minimum the default timeout grows to with the number of keys:
+/// kube-apiserver's own `--min-request-timeout` default, which it applies to a watch
+/// that asks for none. A stalled stream is noticed at most this long (twice it, plus
+/// [`WATCH_DEADLINE_MARGIN`]) after it stalls; a dead connection sooner, by HTTP/2
+/// keep-alive.
+const MAX_DEFAULT_MIN_WATCH_TIMEOUT: u32 = 1_800;
 
 /// The longest a streaming probe holds first syncs back (it normally takes one round
 /// trip).
@@ -66,6 +73,9 @@ pub(crate) struct WatchContext {
     probe: tokio::sync::watch::Sender<ProbeState>,
     /// Paces first syncs (shared with other bursts when the options give one).
     limiter: AdaptiveLimiter,
+    /// How many watch tasks exist ([`WatchCount`]): the default watch timeout grows
+    /// with it.
+    watches: AtomicUsize,
 }
 
 impl WatchContext {
@@ -89,7 +99,26 @@ impl WatchContext {
             streaming_off_logged: AtomicBool::new(false),
             probe: tokio::sync::watch::Sender::new(ProbeState::None),
             limiter,
+            watches: AtomicUsize::new(0),
         }
+    }
+
+    /// `timeoutSeconds` of one watch request: at random between the minimum and twice
+    /// that, so that watches opened together are renewed spread out. The minimum is
+    /// the configured one or else grows with the keys watched
+    /// ([`default_min_watch_timeout`]).
+    fn watch_timeout_seconds(&self) -> u32 {
+        let min = self
+            .options
+            .watch_timeout
+            .unwrap_or_else(|| {
+                default_min_watch_timeout(
+                    self.watches.load(Ordering::Relaxed),
+                    self.options.watch_renewals_per_second,
+                )
+            })
+            .max(1);
+        min.saturating_add(rand::random_range(0..min))
     }
 
     /// Marks a streaming probe out, unless streaming lists are off already (then no
@@ -203,7 +232,7 @@ where
         request::Send {
             request: Request::StreamingList,
             resource_version: "",
-            timeout_seconds: watch_timeout_seconds(&ctx.options),
+            timeout_seconds: ctx.watch_timeout_seconds(),
             retry: false,
         },
     )
@@ -321,6 +350,7 @@ where
         backoff: None,
         unanswered: false,
     };
+    let ctx = WatchCount::new(ctx);
     async move {
         let stopped = driver.stopped();
         tokio::select! {
@@ -683,7 +713,7 @@ where
         }
     }
     let path = K::collection_path(&key.namespace);
-    let timeout_seconds = watch_timeout_seconds(&ctx.options);
+    let timeout_seconds = ctx.watch_timeout_seconds();
     let sending = request::send::<K>(
         &ctx.client,
         Target {
@@ -771,14 +801,40 @@ fn retry_delay(backoff: &mut Backoff, retry_after: Option<Duration>) -> Duration
     }
 }
 
-/// `timeoutSeconds` of one watch request: at random between the configured minimum and
-/// twice that, so that watches opened together are renewed spread out.
-fn watch_timeout_seconds(options: &MonitorOptions) -> u32 {
-    let min = options
-        .watch_timeout
-        .unwrap_or(DEFAULT_MIN_WATCH_TIMEOUT)
-        .max(1);
-    min.saturating_add(rand::random_range(0..min))
+/// The shortest `timeoutSeconds` when none is configured, for `watches` keys: client-go's
+/// 300 s, or long enough that watches opened together renew at no more than
+/// `renewals_per_second` (they renew evenly between the minimum and twice it), up to
+/// [`MAX_DEFAULT_MIN_WATCH_TIMEOUT`]. Every renewal costs a request and CPU on both
+/// sides whatever changed, so without this their cost would grow with the keys alone.
+fn default_min_watch_timeout(watches: usize, renewals_per_second: u32) -> u32 {
+    let rate = usize::try_from(renewals_per_second.max(1)).unwrap_or(usize::MAX);
+    let spread = u32::try_from(watches.div_ceil(rate)).unwrap_or(u32::MAX);
+    spread.clamp(DEFAULT_MIN_WATCH_TIMEOUT, MAX_DEFAULT_MIN_WATCH_TIMEOUT)
+}
+
+/// Counts a watch task in [`WatchContext::watches`] for as long as it exists, however
+/// it ends.
+struct WatchCount(Arc<WatchContext>);
+
+impl WatchCount {
+    fn new(ctx: Arc<WatchContext>) -> Self {
+        ctx.watches.fetch_add(1, Ordering::Relaxed);
+        Self(ctx)
+    }
+}
+
+impl Drop for WatchCount {
+    fn drop(&mut self) {
+        self.0.watches.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl std::ops::Deref for WatchCount {
+    type Target = WatchContext;
+
+    fn deref(&self) -> &WatchContext {
+        &self.0
+    }
 }
 
 #[cfg(test)]
@@ -861,21 +917,75 @@ mod tests {
         );
     }
 
-    #[test]
-    fn watch_timeouts_are_spread_between_the_minimum_and_twice_that() {
-        let options = MonitorOptions {
+    fn context(options: MonitorOptions) -> Arc<WatchContext> {
+        let service = tower::service_fn(|_request: http::Request<kube::client::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(kube::client::Body::empty()))
+        });
+        let client = kube::Client::new(service, "default");
+        Arc::new(WatchContext::new(client, options, "secrets".into()))
+    }
+
+    #[tokio::test]
+    async fn watch_timeouts_are_spread_between_the_minimum_and_twice_that() {
+        let ctx = context(MonitorOptions {
             watch_timeout: Some(100),
             ..MonitorOptions::default()
-        };
-        let timeouts: Vec<u32> = (0..1_000)
-            .map(|_| watch_timeout_seconds(&options))
-            .collect();
+        });
+        let timeouts: Vec<u32> = (0..1_000).map(|_| ctx.watch_timeout_seconds()).collect();
         assert!(timeouts.iter().all(|t| (100..200).contains(t)));
         // Spread, not all alike: a thousand draws land in most of the hundred values.
         let distinct: std::collections::BTreeSet<u32> = timeouts.into_iter().collect();
         assert!(distinct.len() > 50, "{}", distinct.len());
-        let default = watch_timeout_seconds(&MonitorOptions::default());
+        let default = context(MonitorOptions::default()).watch_timeout_seconds();
         assert!((300..600).contains(&default));
+    }
+
+    #[test]
+    fn the_default_timeout_keeps_renewals_to_the_rate_up_to_the_api_servers_own() {
+        let rate = crate::DEFAULT_WATCH_RENEWALS_PER_SECOND;
+        assert_eq!(default_min_watch_timeout(0, rate), 300);
+        assert_eq!(default_min_watch_timeout(10_000, rate), 300);
+        assert_eq!(default_min_watch_timeout(30_000, rate), 300);
+        assert_eq!(default_min_watch_timeout(30_001, rate), 301);
+        assert_eq!(default_min_watch_timeout(100_000, rate), 1_000);
+        assert_eq!(default_min_watch_timeout(180_000, rate), 1_800);
+        assert_eq!(default_min_watch_timeout(1_000_000, rate), 1_800);
+        assert_eq!(default_min_watch_timeout(usize::MAX, 0), 1_800);
+        assert_eq!(default_min_watch_timeout(500, 1), 500);
+    }
+
+    /// The minimum follows the watch tasks that exist: counted when a key's task is
+    /// made, uncounted when it goes, whether it ran to its end or was dropped.
+    #[tokio::test]
+    async fn the_default_timeout_grows_with_the_keys_watched() {
+        let ctx = context(MonitorOptions {
+            watch_renewals_per_second: 1,
+            ..MonitorOptions::default()
+        });
+        let registry: Registry<Secret, StdLocks> = Registry::new("secrets");
+        let mut tickets = Vec::new();
+        let mut tasks = Vec::new();
+        for i in 0..450 {
+            let (ticket, driver) = registry.join(&ObjectKey::new("ns", format!("s{i}")));
+            tickets.push(ticket);
+            let driver = driver.expect("a new entry has a driver");
+            tasks.push(run(driver, Arc::clone(&ctx), None));
+        }
+        assert_eq!(ctx.watches.load(Ordering::Relaxed), 450);
+        let timeouts: Vec<u32> = (0..200).map(|_| ctx.watch_timeout_seconds()).collect();
+        assert!(
+            timeouts.iter().all(|t| (450..900).contains(t)),
+            "{timeouts:?}"
+        );
+        tasks.truncate(100);
+        assert_eq!(ctx.watches.load(Ordering::Relaxed), 100);
+        let timeouts: Vec<u32> = (0..200).map(|_| ctx.watch_timeout_seconds()).collect();
+        assert!(
+            timeouts.iter().all(|t| (300..600).contains(t)),
+            "{timeouts:?}"
+        );
+        drop(tasks);
+        assert_eq!(ctx.watches.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -955,7 +955,7 @@ mod tests {
     }
 
     /// The minimum follows the watch tasks that exist: counted when a key's task is
-    /// made, uncounted when it goes, whether it ran to its end or was dropped.
+    /// made, uncounted when its future is dropped (as a finished task's is).
     #[tokio::test]
     async fn the_default_timeout_grows_with_the_keys_watched() {
         let ctx = context(MonitorOptions {

@@ -2088,6 +2088,46 @@ fn route_copies_share_what_does_not_differ() {
 }
 
 #[test]
+fn a_kept_object_holds_its_lists_without_spare_room() {
+    // As the watch delivers it: JSON with one router's entry, one condition, and one
+    // alternate backend (each list read from JSON has room for four).
+    let mut json = serde_json::to_value(route("r", Some("s"), "r.example", 1, "uid-1"))
+        .expect("route to JSON");
+    json["spec"]["alternateBackends"] = serde_json::json!([
+        {"kind": "Service", "name": "b", "weight": 1}
+    ]);
+    json["status"] = serde_json::json!({"ingress": [{
+        "host": "r.example",
+        "routerName": "default",
+        "conditions": [{"type": "Admitted", "status": "True"}]
+    }]});
+    let read: Route = serde_json::from_str(&json.to_string()).expect("route from JSON");
+    let spare = |route: &Route| {
+        let ingress = route.status.as_ref().and_then(|s| s.ingress.as_ref());
+        let conditions = ingress.and_then(|i| i[0].conditions.as_ref());
+        let backends = route.spec.alternate_backends.as_ref();
+        [
+            ingress.map(|v| v.capacity() - v.len()),
+            conditions.map(|v| v.capacity() - v.len()),
+            backends.map(|v| v.capacity() - v.len()),
+        ]
+    };
+    assert!(
+        spare(&read).iter().any(|room| room.unwrap_or(0) > 0),
+        "this serde_json leaves room in a list it reads: {:?}",
+        spare(&read)
+    );
+
+    // (A clone has no spare room: the copy is made of the object read itself.)
+    let expected = read.clone();
+    let kept = state::RouteCopy::of(read, true);
+    let object = kept.object.as_deref().expect("object kept");
+    assert_eq!(spare(object), [Some(0), Some(0), Some(0)]);
+    assert_eq!(object.status, expected.status);
+    assert_eq!(object.spec, expected.spec);
+}
+
+#[test]
 fn a_route_copy_keeps_what_the_machine_reads_and_the_object_only_for_status() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 

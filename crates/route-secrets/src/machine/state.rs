@@ -110,7 +110,7 @@ impl RouteCopy {
 /// Gives back the room deserializing left spare in the lists a kept object holds: a
 /// list read from JSON has room for four entries from its first, and a routed route's
 /// status is one router's entry with one condition; kept for every route, that spare
-/// room was about 0.8 KiB a route.
+/// room would be about 0.8 KiB a route.
 fn shrink_lists(route: &mut Route) {
     if let Some(backends) = route.spec.alternate_backends.as_mut() {
         backends.shrink_to_fit();
